@@ -1,0 +1,51 @@
+// The l3d program's shared pieces: flag parsing, exit codes, metrics output.
+#ifndef L3D_CLI_H
+#define L3D_CLI_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "llama3d/llama3d.h"
+
+// Exit codes: 0 success, 1 a runtime failure, 2 bad input (flags, config, files).
+#define L3D_EXIT_OK 0
+#define L3D_EXIT_FAIL 1
+#define L3D_EXIT_USAGE 2
+
+// A flag table row. Flags take one value unless `is_switch`.
+typedef struct l3d_cli_flag {
+    const char *name;  // "--steps"
+    const char *meta;  // "N" (NULL for switches)
+    const char *help;
+    const char **value;  // receives the value (or "1" for a switch)
+    int is_switch;
+} l3d_cli_flag_t;
+
+// Parses argv[first..argc) against flags. On an unknown flag, a missing value or a stray
+// positional argument, prints a one-line error (with the nearest flag) and returns -1.
+int l3d_cli_parse(const char *cmd, int argc, char **argv, int first, const l3d_cli_flag_t *flags,
+                  int nflags);
+void l3d_cli_usage(FILE *f, const char *cmd, const char *synopsis, const l3d_cli_flag_t *flags,
+                   int nflags);
+// Strict integer/float parsing: on failure prints "l3d CMD: FLAG: 'V' is not ..." and
+// returns -1.
+int l3d_cli_int(const char *cmd, const char *flag, const char *v, long long lo, long long hi,
+                long long *out);
+int l3d_cli_float(const char *cmd, const char *flag, const char *v, double lo, double hi,
+                  double *out);
+// Prints "l3d CMD: <detail or strerror>" and returns the exit code for `st`.
+int l3d_cli_fail(const char *cmd, l3d_ctx_t *ctx, l3d_status st);
+size_t l3d_cli_edit_distance(const char *a, const char *b);
+
+int l3d_cmd_train(int argc, char **argv);
+int l3d_cmd_generate(int argc, char **argv);
+int l3d_cmd_forward(int argc, char **argv);
+
+// Metrics: one JSON object per step, and an SVG loss curve written beside the JSONL file.
+typedef struct l3d_metrics l3d_metrics_t;
+int l3d_metrics_open(const char *path, int append, l3d_metrics_t **m_p);
+void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s);
+// Writes <path without .jsonl>.svg from every step recorded so far; returns 0 or -errno.
+int l3d_metrics_close(l3d_metrics_t *m);
+
+#endif

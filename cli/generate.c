@@ -1,0 +1,218 @@
+// l3d generate (KV-cached sampling, streamed) and l3d forward (logits for cross-checks).
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/data.h"
+#include "core/l3d_core.h"
+#include "devices/device.h"
+#include "platform/platform.h"
+
+static l3d_status open_model(l3d_ctx_t *ctx, const char *dir, l3d_device_t **dev_p,
+                             l3d_model_t **model_p) {
+    l3d_device_params_t p = {.num_threads = l3d_ctx_settings(ctx)->num_threads};
+    L3D_CHECK(ctx, l3d_device_create(ctx, l3d_ctx_settings(ctx)->device, &p, dev_p));
+    l3d_status st = l3d_model_open(ctx, *dev_p, dir, model_p);
+    if (st < 0) {
+        l3d_device_destroy(*dev_p);
+        *dev_p = NULL;
+    }
+    return st;
+}
+
+int l3d_cmd_generate(int argc, char **argv) {
+    const char *ckpt = NULL, *prompt = NULL, *maxt = NULL, *temp = NULL, *topp = NULL,
+               *seed = NULL, *help = NULL;
+    const l3d_cli_flag_t flags[] = {
+        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face layout)", &ckpt, 0},
+        {"--prompt", "TEXT", "text to continue", &prompt, 0},
+        {"--max-tokens", "N", "tokens to generate (default 128)", &maxt, 0},
+        {"--temperature", "T", "sampling temperature, 0 = greedy (default 0.8)", &temp, 0},
+        {"--top-p", "P", "nucleus sampling mass (default 0.95)", &topp, 0},
+        {"--seed", "S", "sampling seed (default 1)", &seed, 0},
+        {"--help", NULL, "this text", &help, 1},
+    };
+    int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
+    if (l3d_cli_parse("generate", argc, argv, 2, flags, nflags)) return L3D_EXIT_USAGE;
+    if (help) {
+        l3d_cli_usage(stdout, "generate", "--checkpoint DIR --prompt TEXT [FLAGS]", flags, nflags);
+        return L3D_EXIT_OK;
+    }
+    if (!ckpt || !prompt) {
+        fprintf(stderr, "l3d generate: --checkpoint and --prompt are required\n");
+        return L3D_EXIT_USAGE;
+    }
+    long long n_new = 128, s = 1;
+    double T = 0.8, P = 0.95;
+    if (maxt && l3d_cli_int("generate", "--max-tokens", maxt, 1, 1 << 20, &n_new)) return 2;
+    if (temp && l3d_cli_float("generate", "--temperature", temp, 0.0, 100.0, &T)) return 2;
+    if (topp && l3d_cli_float("generate", "--top-p", topp, 1e-6, 1.0, &P)) return 2;
+    if (seed && l3d_cli_int("generate", "--seed", seed, 0, INT64_MAX, &s)) return 2;
+
+    l3d_ctx_t *ctx = NULL;
+    l3d_status st = l3d_ctx_create(NULL, &ctx);
+    if (st < 0) return l3d_cli_fail("generate", NULL, st);
+    l3d_device_t *dev = NULL;
+    l3d_model_t *m = NULL;
+    l3d_tokenizer_t *tok = NULL;
+    l3d_kv_cache_t *cache = NULL;
+    l3d_sampler_t *sampler = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    int rc = L3D_EXIT_OK;
+    L3D_CHECK_GOTO(ctx, open_model(ctx, ckpt, &dev, &m), st, fail);
+    const l3d_model_config_t *cfg = l3d_model_config(m);
+    L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &tok), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n_ids), st, fail);
+    int cap = (int)L3D_MIN((long long)cfg->max_position_embeddings, (long long)n_ids + n_new);
+    if ((int)n_ids >= cap) {
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "the prompt has %zu tokens; the model's context is "
+                       "%d", n_ids, cfg->max_position_embeddings);
+        goto fail;
+    }
+    L3D_CHECK_GOTO(ctx, l3d_kv_cache_create(m, cap, &cache), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg->vocab_size, (float)T, (float)P, (uint64_t)s,
+                                           &sampler), st, fail);
+    logits = malloc((size_t)cfg->vocab_size * sizeof(float));
+    if (!logits) {
+        st = L3D_ERR_NOMEM;
+        goto fail;
+    }
+    fwrite(prompt, 1, strlen(prompt), stdout);
+    fflush(stdout);
+    double t0 = l3d_time_now();
+    L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, ids, (int)n_ids, logits), st, fail);
+    double t_prefill = l3d_time_now() - t0;
+    int produced = 0;
+    double t1 = l3d_time_now();
+    while (produced < n_new && l3d_kv_cache_len(cache) < cap) {
+        int32_t next = l3d_sampler_sample(sampler, logits);
+        produced++;
+        if (next == tok->eos_id) break;
+        char buf[16];
+        size_t len = 0;
+        if (next < tok->vocab_size) {
+            L3D_CHECK_GOTO(ctx, l3d_tokenizer_decode(tok, next, buf, sizeof(buf), &len), st, fail);
+            fwrite(buf, 1, len, stdout);
+            fflush(stdout);
+        }
+        if (l3d_kv_cache_len(cache) >= cap) break;
+        L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, &next, 1, logits), st, fail);
+    }
+    double dt = l3d_time_now() - t1;
+    fprintf(stderr, "\nl3d generate: prompt %zu tokens in %.3f s, %d tokens in %.3f s (%.1f "
+            "tokens/s)\n", n_ids, t_prefill, produced, dt, dt > 0 ? produced / dt : 0.0);
+    goto out;
+fail:
+    rc = l3d_cli_fail("generate", ctx, st);
+out:
+    free(logits);
+    l3d_sampler_destroy(sampler);
+    l3d_kv_cache_destroy(cache);
+    if (ids) l3d_tokens_free(ctx, ids, n_ids);
+    l3d_tokenizer_destroy(tok);
+    l3d_model_destroy(m);
+    l3d_device_destroy(dev);
+    l3d_ctx_destroy(ctx);
+    return rc;
+}
+
+// "1,2,3" -> ids; every entry a non-negative integer.
+static int parse_tokens(const char *s, int32_t **ids_p, int *n_p) {
+    int cap = 16, n = 0;
+    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
+    if (!ids) return -1;
+    const char *p = s;
+    while (*p) {
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+            fprintf(stderr, "l3d forward: --tokens: entry %d of '%s' is not a token id\n", n + 1, s);
+            free(ids);
+            return -1;
+        }
+        if (n == cap) {
+            cap *= 2;
+            int32_t *g = realloc(ids, (size_t)cap * sizeof(int32_t));
+            if (!g) {
+                free(ids);
+                return -1;
+            }
+            ids = g;
+        }
+        ids[n++] = (int32_t)v;
+        p = *end ? end + 1 : end;
+    }
+    if (!n) {
+        fprintf(stderr, "l3d forward: --tokens is empty\n");
+        free(ids);
+        return -1;
+    }
+    *ids_p = ids;
+    *n_p = n;
+    return 0;
+}
+
+int l3d_cmd_forward(int argc, char **argv) {
+    const char *ckpt = NULL, *tokens = NULL, *outp = NULL, *help = NULL;
+    const l3d_cli_flag_t flags[] = {
+        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face layout)", &ckpt, 0},
+        {"--tokens", "ID,ID,...", "token ids of one sequence", &tokens, 0},
+        {"--out", "FILE", "float32 little-endian logits (T x vocab), row-major", &outp, 0},
+        {"--help", NULL, "this text", &help, 1},
+    };
+    int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
+    if (l3d_cli_parse("forward", argc, argv, 2, flags, nflags)) return L3D_EXIT_USAGE;
+    if (help) {
+        l3d_cli_usage(stdout, "forward", "--checkpoint DIR --tokens IDS --out FILE", flags, nflags);
+        return L3D_EXIT_OK;
+    }
+    if (!ckpt || !tokens || !outp) {
+        fprintf(stderr, "l3d forward: --checkpoint, --tokens and --out are required\n");
+        return L3D_EXIT_USAGE;
+    }
+    int32_t *ids = NULL;
+    int n = 0;
+    if (parse_tokens(tokens, &ids, &n)) return L3D_EXIT_USAGE;
+    l3d_ctx_t *ctx = NULL;
+    l3d_status st = l3d_ctx_create(NULL, &ctx);
+    if (st < 0) {
+        free(ids);
+        return l3d_cli_fail("forward", NULL, st);
+    }
+    l3d_device_t *dev = NULL;
+    l3d_model_t *m = NULL;
+    float *logits = NULL;
+    int rc = L3D_EXIT_OK;
+    L3D_CHECK_GOTO(ctx, open_model(ctx, ckpt, &dev, &m), st, fail);
+    const l3d_model_config_t *cfg = l3d_model_config(m);
+    if (n > cfg->max_position_embeddings) {
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "--tokens has %d ids; the model's context is %d", n,
+                       cfg->max_position_embeddings);
+        goto fail;
+    }
+    size_t bytes = (size_t)n * (size_t)cfg->vocab_size * sizeof(float);
+    logits = malloc(bytes);
+    if (!logits) {
+        st = l3d_error(ctx, L3D_ERR_NOMEM, "allocating %zu bytes of logits", bytes);
+        goto fail;
+    }
+    L3D_CHECK_GOTO(ctx, l3d_model_logits(m, ids, n, logits), st, fail);
+    l3d_iovec_t io = {logits, bytes};
+    int e = l3d_file_write_atomic(outp, &io, 1);
+    if (e) {
+        st = l3d_error(ctx, L3D_ERR_IO, "writing %s: %s", outp, strerror(-e));
+        goto fail;
+    }
+    goto out;
+fail:
+    rc = l3d_cli_fail("forward", ctx, st);
+out:
+    free(logits);
+    free(ids);
+    l3d_model_destroy(m);
+    l3d_device_destroy(dev);
+    l3d_ctx_destroy(ctx);
+    return rc;
+}

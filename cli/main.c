@@ -1,0 +1,50 @@
+// l3d: train and serve Llama 3 models. Dispatches to the commands in cli/*.c.
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/l3d_core.h"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: l3d COMMAND [FLAGS]\n\n"
+            "commands:\n"
+            "  train      train a Llama 3 model (no flags: llama3-tiny on the default text)\n"
+            "  generate   generate text from a checkpoint with a KV cache\n"
+            "  forward    write the logits of a token sequence (for cross-checks)\n\n"
+            "  l3d COMMAND --help    flags of a command\n"
+            "  l3d --help-env        the L3D_* environment variables\n"
+            "  l3d --version\n");
+}
+
+static void help_env(void) {
+    size_t n = 0;
+    const l3d_setting_row_t *rows = l3d_settings_table(&n);
+    printf("environment variables (read once at start-up):\n");
+    for (size_t i = 0; i < n; i++)
+        printf("  %-18s default '%s'\n      %s\n", rows[i].name, rows[i].default_value,
+               rows[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return l3d_cmd_train(argc, argv);
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "train")) return l3d_cmd_train(argc, argv);
+    if (!strcmp(cmd, "generate")) return l3d_cmd_generate(argc, argv);
+    if (!strcmp(cmd, "forward")) return l3d_cmd_forward(argc, argv);
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return L3D_EXIT_OK;
+    }
+    if (!strcmp(cmd, "--help-env")) {
+        help_env();
+        return L3D_EXIT_OK;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("llama3d %d.%d.%d\n", LLAMA3D_VERSION_MAJOR, LLAMA3D_VERSION_MINOR,
+               LLAMA3D_VERSION_PATCH);
+        return L3D_EXIT_OK;
+    }
+    fprintf(stderr, "l3d: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return L3D_EXIT_USAGE;
+}

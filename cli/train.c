@@ -1,0 +1,176 @@
+// l3d train: the main job. Prints the effective configuration and memory once, then a
+// progress line every steps_per_print steps; writes metrics and checkpoints as asked.
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/l3d_core.h"
+#include "platform/platform.h"
+
+static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out, char *src,
+                         size_t srclen) {
+    l3d_status st;
+    snprintf(src, srclen, "%s", v);
+    for (const char *const *p = l3d_model_config_preset_names(); *p; p++)
+        if (!strcmp(*p, v)) return l3d_model_config_preset(ctx, v, out);
+    if (l3d_path_is_dir(v)) {
+        char path[1024];
+        snprintf(path, sizeof(path), "%s/config.json", v);
+        st = l3d_model_config_from_file(ctx, path, out);
+    } else if (l3d_path_exists(v)) {
+        st = l3d_model_config_from_file(ctx, v, out);
+    } else {
+        st = l3d_model_config_preset(ctx, v, out);  // reports the preset names
+    }
+    return st;
+}
+
+static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads) {
+    const l3d_model_config_t *m = &c->model;
+    double np = (double)l3d_model_config_num_params(m);
+    printf("llama3d train: model %s (%.2fM parameters: hidden %d, ffn %d, layers %d, heads %d, "
+           "kv heads %d, head dim %d, vocab %d%s)\n",
+           c->model_source[0] ? c->model_source : m->name, np / 1e6, m->hidden_size,
+           m->intermediate_size, m->num_hidden_layers, m->num_attention_heads,
+           m->num_key_value_heads, m->head_dim, m->vocab_size,
+           m->tie_word_embeddings ? ", tied embeddings" : "");
+    printf("  batch %d = micro %d x accumulation %d x dp %d; seq_len %d -> %d tokens per step\n",
+           c->train_batch_size, c->micro_batch_size, c->grad_accum_steps, c->dp, c->seq_len,
+           c->train_batch_size * c->seq_len);
+    printf("  optimizer AdamW lr %g betas (%g, %g) eps %g weight_decay %g; gradient_clipping "
+           "%g\n",
+           (double)c->lr, (double)c->beta1, (double)c->beta2, (double)c->eps,
+           (double)c->weight_decay, (double)c->gradient_clipping);
+    static const char *const sched[] = {"constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+    printf("  schedule %s", sched[c->sched]);
+    if (c->sched != L3D_SCHED_CONSTANT)
+        printf(" (%g -> %g over %d warmup steps, %s, total %d)", (double)c->warmup_min_lr,
+               (double)c->warmup_max_lr, c->warmup_num_steps, c->warmup_type_log ? "log" : "linear",
+               c->total_num_steps);
+    printf("; steps %d; seed %llu; activation checkpointing %s\n", c->steps,
+           (unsigned long long)c->seed, c->activation_checkpointing ? "on" : "off");
+    printf("  data %s (%lld tokens); device %s, %d threads; gemm peak %.1f GFLOP/s\n",
+           c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)",
+           (long long)l3d_trainer_data_tokens(t), c->device, threads,
+           l3d_trainer_gemm_peak(t));
+    for (int i = 0; i < c->n_notes; i++) printf("  note: %s\n", c->notes[i]);
+    l3d_mem_breakdown_t mem;
+    l3d_trainer_memory(t, &mem);
+    double MiB = 1024.0 * 1024.0;
+    printf("memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, activations "
+           "%.2f MiB, total %.2f MiB\n",
+           mem.params / MiB, mem.grads / MiB, mem.optim / MiB, mem.acts / MiB,
+           (mem.params + mem.grads + mem.optim + mem.acts) / MiB);
+    fflush(stdout);
+}
+
+int l3d_cmd_train(int argc, char **argv) {
+    const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
+               *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
+               *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL;
+    const l3d_cli_flag_t flags[] = {
+        {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
+        {"--model", "NAME|FILE|DIR", "preset name, HF config.json, or checkpoint dir", &model, 0},
+        {"--data", "FILE", "UTF-8 text, or .bin of little-endian uint32 token ids", &data, 0},
+        {"--steps", "N", "optimizer steps to run (total, counting resumed ones)", &steps, 0},
+        {"--seq-len", "T", "tokens per sequence", &seq, 0},
+        {"--seed", "S", "initialisation seed", &seed, 0},
+        {"--save", "DIR", "checkpoint directory, written at the end (and every interval)", &save, 0},
+        {"--save-interval", "N", "also save every N steps", &save_int, 0},
+        {"--resume", "DIR", "continue from a checkpoint written by --save", &resume, 0},
+        {"--metrics", "FILE.jsonl", "one JSON object per step, and an SVG loss curve", &metrics, 0},
+        {"--threads", "N", "CPU threads (default: L3D_NUM_THREADS or all cores)", &threads, 0},
+        {"--dp", "N", "data-parallel size", &dp, 0},
+        {"--tp", "N", "tensor-parallel size", &tp, 0},
+        {"--pp", "N", "pipeline-parallel size", &pp, 0},
+        {"--help", NULL, "this text", &help, 1},
+    };
+    int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
+    int first = argc >= 2 && !strcmp(argv[1], "train") ? 2 : 1;
+    if (l3d_cli_parse("train", argc, argv, first, flags, nflags)) return L3D_EXIT_USAGE;
+    if (help) {
+        l3d_cli_usage(stdout, "train", "[FLAGS]", flags, nflags);
+        return L3D_EXIT_OK;
+    }
+
+    l3d_ctx_t *ctx = NULL;
+    l3d_status st = l3d_ctx_create(NULL, &ctx);
+    if (st < 0) return l3d_cli_fail("train", NULL, st);
+    int rc = L3D_EXIT_USAGE;
+    l3d_train_config_t *cfg = calloc(1, sizeof(*cfg));
+    l3d_trainer_t *t = NULL;
+    l3d_metrics_t *mx = NULL;
+    if (!cfg) goto out;
+    l3d_train_config_default(ctx, cfg);
+    if (config && (st = l3d_train_config_from_file(ctx, config, cfg)) < 0) goto fail;
+    long long v;
+    if (model && (st = resolve_model(ctx, model, &cfg->model, cfg->model_source,
+                                     sizeof(cfg->model_source))) < 0)
+        goto fail;
+    if (data) snprintf(cfg->data_path, sizeof(cfg->data_path), "%s", data);
+#define INT_FLAG(str, flag, lo, hi, field)                                   \
+    if (str) {                                                               \
+        if (l3d_cli_int("train", flag, str, lo, hi, &v)) goto out;           \
+        cfg->field = v;                                                      \
+    }
+    INT_FLAG(steps, "--steps", 0, 1000000000, steps);
+    INT_FLAG(seq, "--seq-len", 1, 1 << 20, seq_len);
+    INT_FLAG(seed, "--seed", 0, INT64_MAX, seed);
+    INT_FLAG(save_int, "--save-interval", 0, 1000000000, save_interval);
+    INT_FLAG(threads, "--threads", 0, 4096, num_threads);
+    INT_FLAG(dp, "--dp", 1, 1 << 20, dp);
+    INT_FLAG(tp, "--tp", 1, 1 << 20, tp);
+    INT_FLAG(pp, "--pp", 1, 1 << 20, pp);
+#undef INT_FLAG
+    if (save) snprintf(cfg->save_dir, sizeof(cfg->save_dir), "%s", save);
+    if (metrics) snprintf(cfg->metrics_path, sizeof(cfg->metrics_path), "%s", metrics);
+    if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
+
+    if ((st = l3d_trainer_create(ctx, cfg, &t)) < 0) goto fail;
+    if (resume && (st = l3d_trainer_resume(t, resume)) < 0) goto fail;
+    int nthreads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
+    print_config(cfg, t, nthreads ? nthreads : l3d_num_cores());
+    if (cfg->metrics_path[0]) {
+        int e = l3d_metrics_open(cfg->metrics_path, resume != NULL, &mx);
+        if (e) {
+            fprintf(stderr, "l3d train: opening %s: %s\n", cfg->metrics_path, strerror(-e));
+            rc = L3D_EXIT_FAIL;
+            goto out;
+        }
+    }
+    int print_every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10;
+    while (l3d_trainer_steps_done(t) < cfg->steps) {
+        l3d_step_stats_t s;
+        if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
+        if (mx) l3d_metrics_write(mx, &s);
+        if (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps) {
+            printf("step %6d/%d | loss %.4f | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%\n",
+                   s.step, cfg->steps, s.loss, (double)s.lr, s.grad_norm, s.tokens_per_s,
+                   100.0 * s.mfu);
+            fflush(stdout);
+        }
+        if (cfg->save_dir[0] && cfg->save_interval > 0 && s.step % cfg->save_interval == 0 &&
+            s.step < cfg->steps && (st = l3d_trainer_save(t, cfg->save_dir)) < 0)
+            goto fail;
+    }
+    if (cfg->save_dir[0]) {
+        if ((st = l3d_trainer_save(t, cfg->save_dir)) < 0) goto fail;
+        printf("saved %s (step %d)\n", cfg->save_dir, l3d_trainer_steps_done(t));
+    }
+    rc = L3D_EXIT_OK;
+    goto out;
+fail:
+    rc = l3d_cli_fail("train", ctx, st);
+out:
+    if (mx) {
+        int e = l3d_metrics_close(mx);
+        if (e && rc == L3D_EXIT_OK) {
+            fprintf(stderr, "l3d train: writing the loss curve: %s\n", strerror(-e));
+            rc = L3D_EXIT_FAIL;
+        }
+    }
+    l3d_trainer_destroy(t);
+    free(cfg);
+    l3d_ctx_destroy(ctx);
+    return rc;
+}

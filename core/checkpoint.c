@@ -1,0 +1,291 @@
+// Checkpoints: a directory in Hugging Face layout (config.json + model.safetensors) that
+// transformers loads as is, plus optimizer.safetensors and trainer_state.json for resuming.
+// A save builds the whole directory beside the target and swaps it in, so a run killed while
+// saving leaves the previous checkpoint whole.
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/model_internal.h"
+#include "core/safetensors.h"
+#include "core/trainer_internal.h"
+#include "platform/platform.h"
+
+#define TRAINER_STATE_FORMAT "llama3d-trainer-1"
+
+static l3d_status sys_error(l3d_ctx_t *ctx, int rc, const char *what, const char *path) {
+    return l3d_error(ctx, L3D_ERR_IO, "%s %s: %s", what, path, strerror(-rc));
+}
+
+static void join(char *out, size_t cap, const char *dir, const char *name) {
+    snprintf(out, cap, "%s/%s", dir, name);
+}
+
+// Host view of a device arena (the arena itself on host devices, a copy otherwise).
+static l3d_status host_view(l3d_model_t *m, const float *dev_arena, float **host_p) {
+    if (l3d_dev_is_host(m->dev)) {
+        *host_p = (float *)dev_arena;
+        return L3D_OK;
+    }
+    size_t bytes = m->n_params * sizeof(float);
+    float *h = l3d_malloc(m->ctx, bytes, "staging");
+    if (!h) return L3D_ERR_NOMEM;
+    l3d_status st = l3d_dev_copy(m->dev, h, dev_arena, bytes, L3D_COPY_D2H);
+    if (st >= 0) st = l3d_dev_sync(m->dev);
+    if (st < 0) {
+        l3d_free(m->ctx, h, bytes, "staging");
+        return st;
+    }
+    *host_p = h;
+    return L3D_OK;
+}
+static void host_view_release(l3d_model_t *m, const float *dev_arena, float *h) {
+    if (h && h != dev_arena) l3d_free(m->ctx, h, m->n_params * sizeof(float), "staging");
+}
+
+// Writes arena `a` as safetensors with the model's tensor names plus `suffix`.
+static l3d_status write_arena(l3d_model_t *m, const float *a, const char *path, const char *suffix) {
+    l3d_ctx_t *ctx = m->ctx;
+    float *h = NULL;
+    L3D_CHECK(ctx, host_view(m, a, &h));
+    size_t n = (size_t)m->n_tensors;
+    l3d_st_entry_t *e = l3d_calloc(ctx, n, sizeof(*e), "staging");
+    char(*names)[80] = l3d_calloc(ctx, n, sizeof(*names), "staging");
+    l3d_status st = L3D_ERR_NOMEM;
+    if (e && names) {
+        for (size_t i = 0; i < n; i++) {
+            const l3d_param_t *p = &m->tensors[i];
+            snprintf(names[i], sizeof(names[i]), "%s%s", p->name, suffix);
+            e[i].name = names[i];
+            e[i].ndim = p->ndim;
+            e[i].shape[0] = p->shape[0];
+            e[i].shape[1] = p->shape[1];
+            e[i].data = h + p->offset;
+        }
+        const char *k[] = {"format"}, *v[] = {"pt"};
+        st = l3d_st_write(ctx, path, e, n, k, v, 1);
+    }
+    l3d_free(ctx, names, n * sizeof(*names), "staging");
+    l3d_free(ctx, e, n * sizeof(*e), "staging");
+    host_view_release(m, a, h);
+    return st;
+}
+
+// Reads every tensor (names + suffix) of `path` into device arena `a`.
+static l3d_status read_arena(l3d_model_t *m, float *a, const char *path, const char *suffix) {
+    l3d_ctx_t *ctx = m->ctx;
+    l3d_st_file_t *f = NULL;
+    L3D_CHECK(ctx, l3d_st_open(ctx, path, &f));
+    int host = l3d_dev_is_host(m->dev);
+    size_t bytes = m->n_params * sizeof(float);
+    float *h = host ? a : l3d_malloc(ctx, bytes, "staging");
+    l3d_status st = h ? L3D_OK : L3D_ERR_NOMEM;
+    // Every tensor in the file must be one the model has: a stray tensor means the file was
+    // written for another architecture. A tied model accepts (and ignores) lm_head.weight.
+    for (size_t i = 0; st >= 0 && i < l3d_st_count(f); i++) {
+        const char *name = l3d_st_at(f, i)->name;
+        int known = 0;
+        char want[80];
+        for (int j = 0; j < m->n_tensors && !known; j++) {
+            snprintf(want, sizeof(want), "%s%s", m->tensors[j].name, suffix);
+            known = !strcmp(want, name);
+        }
+        snprintf(want, sizeof(want), "lm_head.weight%s", suffix);
+        if (!known && !(m->cfg.tie_word_embeddings && !strcmp(name, want)))
+            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is not part of this model "
+                           "(config has %d layers)", path, name, m->L);
+    }
+    for (int j = 0; st >= 0 && j < m->n_tensors; j++) {
+        const l3d_param_t *p = &m->tensors[j];
+        char name[80];
+        snprintf(name, sizeof(name), "%s%s", p->name, suffix);
+        st = l3d_st_read_f32(ctx, f, name, p->shape, p->ndim, h + p->offset);
+        if (st == L3D_ERR_NOT_FOUND)
+            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
+    }
+    if (st >= 0 && !host) {
+        st = l3d_dev_copy(m->dev, a, h, bytes, L3D_COPY_H2D);
+        if (st >= 0) st = l3d_dev_sync(m->dev);
+    }
+    if (!host) l3d_free(ctx, h, bytes, "staging");
+    l3d_st_close(f);
+    return st;
+}
+
+static l3d_status write_text(l3d_ctx_t *ctx, const char *path, const char *text) {
+    l3d_iovec_t io = {text, strlen(text)};
+    int rc = l3d_file_write_atomic(path, &io, 1);
+    return rc ? sys_error(ctx, rc, "writing", path) : L3D_OK;
+}
+
+static l3d_status write_model_files(l3d_model_t *m, const char *dir) {
+    char path[1024];
+    char *json = NULL;
+    L3D_CHECK(m->ctx, l3d_model_config_to_json(m->ctx, &m->cfg, &json));
+    join(path, sizeof(path), dir, "config.json");
+    l3d_status st = write_text(m->ctx, path, json);
+    free(json);
+    L3D_CHECK(m->ctx, st);
+    join(path, sizeof(path), dir, "model.safetensors");
+    return write_arena(m, m->params, path, "");
+}
+
+// Creates "<dir>.tmp.<pid>" fresh, lets `fill` write into it, then swaps it in for `dir`.
+typedef l3d_status (*fill_fn)(void *arg, const char *tmpdir);
+static l3d_status publish_dir(l3d_ctx_t *ctx, const char *dir, fill_fn fill, void *arg) {
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dir, (long)getpid());
+    l3d_dir_remove_tree(tmp);
+    int rc = l3d_dir_create(tmp);
+    if (rc) return sys_error(ctx, rc, "creating", tmp);
+    l3d_status st = fill(arg, tmp);
+    if (st >= 0) {
+        rc = l3d_dir_replace(tmp, dir);
+        if (rc) st = sys_error(ctx, rc, "publishing checkpoint", dir);
+    }
+    if (st < 0) l3d_dir_remove_tree(tmp);
+    return st;
+}
+
+static l3d_status fill_model(void *arg, const char *tmp) { return write_model_files(arg, tmp); }
+
+l3d_status l3d_model_save(l3d_model_t *m, const char *dir) {
+    L3D_CHECK(m->ctx, publish_dir(m->ctx, dir, fill_model, m));
+    l3d_log(m->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved model to %s", dir);
+    return L3D_OK;
+}
+
+// The architecture fields must agree; the name and init std may differ.
+static l3d_status check_same_arch(l3d_ctx_t *ctx, const char *origin, const l3d_model_config_t *a,
+                                  const l3d_model_config_t *b) {
+#define SAME(field)                                                                        \
+    if (a->field != b->field)                                                              \
+        return l3d_error(ctx, L3D_ERR_FORMAT, "%s: %s is %g in the checkpoint but %g in the " \
+                         "model", origin, #field, (double)a->field, (double)b->field)
+    SAME(hidden_size);
+    SAME(intermediate_size);
+    SAME(num_hidden_layers);
+    SAME(num_attention_heads);
+    SAME(num_key_value_heads);
+    SAME(head_dim);
+    SAME(vocab_size);
+    SAME(tie_word_embeddings);
+    SAME(rms_norm_eps);
+    SAME(rope_theta);
+    SAME(rope_scaling_llama3);
+#undef SAME
+    return L3D_OK;
+}
+
+l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
+    char path[1024];
+    l3d_model_config_t cfg;
+    join(path, sizeof(path), dir, "config.json");
+    L3D_CHECK(m->ctx, l3d_model_config_from_file(m->ctx, path, &cfg));
+    L3D_CHECK(m->ctx, check_same_arch(m->ctx, path, &cfg, &m->cfg));
+    join(path, sizeof(path), dir, "model.safetensors");
+    return read_arena(m, m->params, path, "");
+}
+
+l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
+                          l3d_model_t **model_p) {
+    char path[1024];
+    l3d_model_config_t cfg;
+    if (!l3d_path_is_dir(dir))
+        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", dir);
+    join(path, sizeof(path), dir, "config.json");
+    L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &cfg));
+    l3d_model_t *m = NULL;
+    L3D_CHECK(ctx, l3d_model_create(ctx, dev, &cfg, &m));
+    l3d_status st = l3d_model_load(m, dir);
+    if (st < 0) {
+        l3d_model_destroy(m);
+        return st;
+    }
+    *model_p = m;
+    return L3D_OK;
+}
+
+// ---- trainer state -----------------------------------------------------------------------
+static l3d_status fill_trainer(void *arg, const char *tmp) {
+    l3d_trainer_t *t = arg;
+    l3d_model_t *m = t->model;
+    char path[1024];
+    L3D_CHECK(t->ctx, write_model_files(m, tmp));
+    join(path, sizeof(path), tmp, "optimizer.safetensors");
+    L3D_CHECK(t->ctx, write_arena(m, t->adam_m, path, ".exp_avg"));
+    // exp_avg_sq goes to its own file: each file holds one arena's worth of names.
+    join(path, sizeof(path), tmp, "optimizer_sq.safetensors");
+    L3D_CHECK(t->ctx, write_arena(m, t->adam_v, path, ".exp_avg_sq"));
+    json_t *s = json_pack("{s:s, s:i, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "format",
+                          TRAINER_STATE_FORMAT, "step", t->step, "seed", (json_int_t)t->cfg.seed,
+                          "train_batch_size", t->cfg.train_batch_size,
+                          "train_micro_batch_size_per_gpu", t->cfg.micro_batch_size,
+                          "gradient_accumulation_steps", t->cfg.grad_accum_steps, "seq_len",
+                          t->cfg.seq_len, "data", t->data->path, "data_tokens",
+                          (json_int_t)t->data->n_tokens);
+    if (!s) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building trainer_state.json");
+    char *text = json_dumps(s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    json_decref(s);
+    if (!text) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building trainer_state.json");
+    join(path, sizeof(path), tmp, "trainer_state.json");
+    l3d_status st = write_text(t->ctx, path, text);
+    free(text);
+    return st;
+}
+
+l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
+    L3D_CHECK(t->ctx, publish_dir(t->ctx, dir, fill_trainer, t));
+    l3d_log(t->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved checkpoint at step %d to %s", t->step,
+            dir);
+    return L3D_OK;
+}
+
+// Resuming must see the same run: the batch shape decides which tokens each step reads.
+static l3d_status check_state_int(l3d_ctx_t *ctx, const char *path, json_t *s, const char *key,
+                                  long long want) {
+    json_t *v = json_object_get(s, key);
+    if (!json_is_integer(v))
+        return l3d_error(ctx, L3D_ERR_FORMAT, "%s: '%s' is missing or not an integer", path, key);
+    if (json_integer_value(v) != want)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: the checkpoint was trained with %s %lld but "
+                         "this run has %lld; resume with the same value", path, key,
+                         (long long)json_integer_value(v), want);
+    return L3D_OK;
+}
+
+l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
+    l3d_ctx_t *ctx = t->ctx;
+    char path[1024];
+    if (!l3d_path_is_dir(dir))
+        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "resume: %s: no such directory", dir);
+    join(path, sizeof(path), dir, "trainer_state.json");
+    json_error_t jerr;
+    json_t *s = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!s)
+        return l3d_error(ctx, L3D_ERR_FORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
+                         jerr.text);
+    l3d_status st = L3D_OK;
+    json_t *fmt = json_object_get(s, "format");
+    if (!json_is_string(fmt) || strcmp(json_string_value(fmt), TRAINER_STATE_FORMAT))
+        st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: format is not '%s'", path, TRAINER_STATE_FORMAT);
+    if (st >= 0) st = check_state_int(ctx, path, s, "train_batch_size", t->cfg.train_batch_size);
+    if (st >= 0) st = check_state_int(ctx, path, s, "seq_len", t->cfg.seq_len);
+    if (st >= 0) st = check_state_int(ctx, path, s, "data_tokens", (long long)t->data->n_tokens);
+    json_t *step = json_object_get(s, "step");
+    if (st >= 0 && (!json_is_integer(step) || json_integer_value(step) < 0 ||
+                    json_integer_value(step) > (1 << 30)))
+        st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: 'step' is missing or out of range", path);
+    int nstep = st >= 0 ? (int)json_integer_value(step) : 0;
+    json_decref(s);
+    L3D_CHECK(ctx, st);
+    L3D_CHECK(ctx, l3d_model_load(t->model, dir));
+    join(path, sizeof(path), dir, "optimizer.safetensors");
+    L3D_CHECK(ctx, read_arena(t->model, t->adam_m, path, ".exp_avg"));
+    join(path, sizeof(path), dir, "optimizer_sq.safetensors");
+    L3D_CHECK(ctx, read_arena(t->model, t->adam_v, path, ".exp_avg_sq"));
+    t->step = nstep;
+    l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "resumed from %s at step %d", dir, nstep);
+    return L3D_OK;
+}

@@ -1,0 +1,78 @@
+// Tokenizer seam and the training data stream.
+// defines: l3d_tokenizer_t, l3d_dataset_t, l3d_dataset_load, l3d_dataset_batch
+#ifndef L3D_DATA_H
+#define L3D_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/ctx.h"
+#include "llama3d/status.h"
+
+// ---- tokenizer ---------------------------------------------------------------------------
+// A tokenizer maps UTF-8 text to ids and ids back to bytes. The byte-level one (ids 0..255 are
+// the bytes, then BOS 256, EOS 257, PAD 258) is built in; a Llama 3 BPE one plugs in later
+// through the same ops.
+typedef struct l3d_tokenizer l3d_tokenizer_t;
+
+typedef struct l3d_tokenizer_ops {
+    const char *name;
+    // Appends the ids of text[0..len) to *ids_p (realloc'd through the ctx, capacity *cap_p,
+    // count *n_p). No BOS/EOS is added.
+    l3d_status (*encode)(l3d_tokenizer_t *tok, const char *text, size_t len, int32_t **ids_p,
+                         size_t *n_p, size_t *cap_p);
+    // Writes the bytes of one id to buf (at most cap), *len_p = count. Specials give 0 bytes.
+    l3d_status (*decode)(l3d_tokenizer_t *tok, int32_t id, char *buf, size_t cap, size_t *len_p);
+    void (*destroy)(l3d_tokenizer_t *tok);
+} l3d_tokenizer_ops_t;
+
+struct l3d_tokenizer {
+    const l3d_tokenizer_ops_t *ops;
+    l3d_ctx_t *ctx;
+    void *priv;
+    int vocab_size;  // ids in [0, vocab_size)
+    int bos_id, eos_id, pad_id;
+};
+
+l3d_status l3d_tokenizer_create_bytes(l3d_ctx_t *ctx, l3d_tokenizer_t **tok_p);
+void l3d_tokenizer_destroy(l3d_tokenizer_t *tok);
+// Encodes text with BOS first. *ids_p is freed with l3d_free(ctx, ids, n_alloc_bytes, "data")
+// -- use l3d_tokens_free.
+l3d_status l3d_tokenizer_encode(l3d_tokenizer_t *tok, const char *text, size_t len, int add_bos,
+                                int32_t **ids_p, size_t *n_p);
+void l3d_tokens_free(l3d_ctx_t *ctx, int32_t *ids, size_t n);
+l3d_status l3d_tokenizer_decode(l3d_tokenizer_t *tok, int32_t id, char *buf, size_t cap,
+                                size_t *len_p);
+
+// ---- data set ----------------------------------------------------------------------------
+// A token stream in memory. Loaded from:
+//  - a file ending in ".bin": little-endian uint32 token ids (length a multiple of 4, every id
+//    < vocab_size: otherwise L3D_ERR_FORMAT naming the file, the offset and the id);
+//  - anything else: UTF-8 text, tokenized with `tok` as BOS + text + EOS (invalid UTF-8 is an
+//    error naming the byte offset).
+typedef struct l3d_dataset {
+    l3d_ctx_t *ctx;
+    int32_t *tokens;
+    size_t n_tokens;
+    char path[512];
+} l3d_dataset_t;
+
+// The default data set: real text that every Debian system has after set-up.
+#define L3D_DEFAULT_DATA "/usr/share/common-licenses/GPL-3"
+
+l3d_status l3d_dataset_load(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *tok,
+                            int vocab_size, l3d_dataset_t **ds_p);
+// Fewer than T + 1 tokens cannot make one sequence: L3D_ERR_FORMAT naming the counts.
+l3d_status l3d_dataset_check(l3d_ctx_t *ctx, const l3d_dataset_t *ds, int T);
+void l3d_dataset_free(l3d_dataset_t *ds);
+
+// The batching rule (exact; layout equivalence relies on it): at step s, sequence i of the
+// global batch of `global_batch` sequences starts at token offset
+//   o = ((s * global_batch + i) * T) mod n_tokens
+// its inputs are the T tokens at o, o+1, ... and its targets the next T (o+1 ...), each index
+// taken mod n_tokens (the stream wraps around). This fills sequences [first, first + count)
+// into inputs (count,T) and targets (count,T).
+void l3d_dataset_batch(const l3d_dataset_t *ds, int64_t step, int global_batch, int T, int first,
+                       int count, int32_t *inputs, int32_t *targets);
+
+#endif

@@ -1,0 +1,45 @@
+// The device registry: looks a name up in the CMake-generated table of built devices.
+#include <stdio.h>
+#include <string.h>
+
+#include "core/l3d_core.h"
+#include "devices/device.h"
+
+l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_params_t *params,
+                             l3d_device_t **dev_p) {
+    const l3d_device_ops_t *ops = NULL;
+    char built[128] = "";
+    size_t o = 0;
+    for (int i = 0; l3d_device_backends[i]; i++) {
+        if (!strcmp(l3d_device_backends[i]->name, name)) ops = l3d_device_backends[i];
+        o += (size_t)snprintf(built + o, sizeof(built) - o, "%s%s", i ? ", " : "",
+                              l3d_device_backends[i]->name);
+        if (o >= sizeof(built)) o = sizeof(built) - 1;
+    }
+    if (!ops)
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "device '%s' is not built in (built: %s)", name,
+                         built);
+    if (ops->abi_version != L3D_DEVICE_ABI_VERSION || ops->size != sizeof(l3d_device_ops_t))
+        return l3d_error(ctx, L3D_ERR_INTERNAL, "device '%s' has abi %u size %u, expected %u %zu",
+                         name, ops->abi_version, ops->size, L3D_DEVICE_ABI_VERSION,
+                         sizeof(l3d_device_ops_t));
+    l3d_device_t *dev = l3d_calloc(ctx, 1, sizeof(*dev), "other");
+    if (!dev) return L3D_ERR_NOMEM;
+    dev->ops = ops;
+    dev->ctx = ctx;
+    l3d_device_params_t defaults = {0, 0};
+    l3d_status st = ops->init(dev, params ? params : &defaults);
+    if (st < 0) {
+        l3d_free(ctx, dev, sizeof(*dev), "other");
+        return st;
+    }
+    l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DEV, "device %s with %d threads", name, dev->num_threads);
+    *dev_p = dev;
+    return L3D_OK;
+}
+
+void l3d_device_destroy(l3d_device_t *dev) {
+    if (!dev) return;
+    dev->ops->fini(dev);
+    l3d_free(dev->ctx, dev, sizeof(*dev), "other");
+}

@@ -1,0 +1,221 @@
+// The Llama 3 model: parameter layout, deterministic initialisation, RoPE tables.
+// The forward/backward math is in core/model_fwdbwd.c, inference in core/model_infer.c.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/model_internal.h"
+
+// ---- parameter layout --------------------------------------------------------------------
+// The arena holds the tensors in Hugging Face order: embed, then per layer input_layernorm,
+// q, k, v, o, post_attention_layernorm, gate, up, down; then model.norm, then lm_head when
+// the embeddings are not tied. Gradients and optimizer state use the same offsets.
+static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t rows, int64_t cols,
+                      int decay, size_t *slot) {
+    l3d_param_t *p = &m->tensors[m->n_tensors++];
+    snprintf(p->name, sizeof(p->name), "%s", name);
+    p->ndim = cols ? 2 : 1;
+    p->shape[0] = rows;
+    p->shape[1] = cols;
+    p->numel = (size_t)rows * (size_t)(cols ? cols : 1);
+    p->offset = *off;
+    p->decay = decay;
+    // Keep every tensor 16-float (64-byte) aligned so kernels can vectorise.
+    *off += (p->numel + 15) & ~(size_t)15;
+    if (slot) *slot = p->offset;
+}
+
+static void layout_params(l3d_model_t *m) {
+    size_t off = 0;
+    char name[64];
+    int64_t C = m->C, F = m->F, HD = (int64_t)m->H * m->D, KD = (int64_t)m->KVH * m->D;
+    add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed);
+    for (int l = 0; l < m->L; l++) {
+        l3d_layer_params_t *lp = &m->layer[l];
+#define LP(suffix, r, c, decay, slot)                                              \
+    snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);                 \
+    add_param(m, &off, name, r, c, decay, slot)
+        LP("input_layernorm.weight", C, 0, 0, &lp->ln1);
+        LP("self_attn.q_proj.weight", HD, C, 1, &lp->wq);
+        LP("self_attn.k_proj.weight", KD, C, 1, &lp->wk);
+        LP("self_attn.v_proj.weight", KD, C, 1, &lp->wv);
+        LP("self_attn.o_proj.weight", C, HD, 1, &lp->wo);
+        LP("post_attention_layernorm.weight", C, 0, 0, &lp->ln2);
+        LP("mlp.gate_proj.weight", F, C, 1, &lp->wg);
+        LP("mlp.up_proj.weight", F, C, 1, &lp->wu);
+        LP("mlp.down_proj.weight", C, F, 1, &lp->wd);
+#undef LP
+    }
+    add_param(m, &off, "model.norm.weight", C, 0, 0, &m->norm);
+    if (m->cfg.tie_word_embeddings) m->head = m->embed;
+    else add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head);
+    m->n_params = off;
+}
+
+l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                            l3d_model_t **model_p) {
+    L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
+    l3d_status st = L3D_OK;
+    l3d_model_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
+    if (!m) return L3D_ERR_NOMEM;
+    m->ctx = ctx;
+    m->dev = dev;
+    m->cfg = *cfg;
+    m->C = cfg->hidden_size;
+    m->F = cfg->intermediate_size;
+    m->L = cfg->num_hidden_layers;
+    m->H = cfg->num_attention_heads;
+    m->KVH = cfg->num_key_value_heads;
+    m->D = cfg->head_dim;
+    m->V = cfg->vocab_size;
+    int max_tensors = 3 + 9 * m->L;
+    m->tensors = l3d_calloc(ctx, (size_t)max_tensors, sizeof(l3d_param_t), "other");
+    m->layer = l3d_calloc(ctx, (size_t)m->L, sizeof(l3d_layer_params_t), "other");
+    if (!m->tensors || !m->layer) {
+        st = L3D_ERR_NOMEM;
+        goto err_free;
+    }
+    layout_params(m);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, m->n_params * sizeof(float), "params", (void **)&m->params),
+                   st, err_free);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, m->n_params * sizeof(float)), st,
+                   err_free_params);
+    *model_p = m;
+    return L3D_OK;
+err_free_params:
+    l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
+err_free:
+    l3d_free(ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
+    l3d_free(ctx, m->tensors, (size_t)max_tensors * sizeof(l3d_param_t), "other");
+    l3d_free(ctx, m, sizeof(*m), "other");
+    return st;
+}
+
+void l3d_model_destroy(l3d_model_t *m) {
+    if (!m) return;
+    l3d_device_t *dev = m->dev;
+    size_t rope_bytes = (size_t)m->rope_len * (size_t)(m->D / 2) * sizeof(float);
+    l3d_dev_free(dev, m->cos_tab, rope_bytes, "params");
+    l3d_dev_free(dev, m->sin_tab, rope_bytes, "params");
+    l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
+    l3d_free(m->ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
+    l3d_free(m->ctx, m->tensors, (size_t)(3 + 9 * m->L) * sizeof(l3d_param_t), "other");
+    l3d_free(m->ctx, m, sizeof(*m), "other");
+}
+
+const l3d_model_config_t *l3d_model_config(const l3d_model_t *m) { return &m->cfg; }
+
+// ---- initialisation ----------------------------------------------------------------------
+// A counter-based generator: the value of element i of a tensor is a pure function of
+// (seed, tensor name, i), so sharded layouts reproduce the single-rank initialisation.
+static uint64_t splitmix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+static uint64_t hash_name(const char *s) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+// Standard normal for (key, i) by Box-Muller on two counter-derived uniforms.
+static float normal_at(uint64_t key, uint64_t i) {
+    uint64_t a = splitmix64(key ^ splitmix64(2 * i));
+    uint64_t b = splitmix64(key ^ splitmix64(2 * i + 1));
+    double u1 = ((double)(a >> 11) + 1.0) * 0x1.0p-53;  // (0, 1]
+    double u2 = (double)(b >> 11) * 0x1.0p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
+    l3d_device_t *dev = m->dev;
+    size_t bytes = m->n_params * sizeof(float);
+    int host = l3d_dev_is_host(dev);
+    float *h = host ? m->params : l3d_malloc(m->ctx, bytes, "staging");
+    if (!h) return L3D_ERR_NOMEM;
+    float std = m->cfg.initializer_range;
+    for (int t = 0; t < m->n_tensors; t++) {
+        const l3d_param_t *p = &m->tensors[t];
+        float *w = h + p->offset;
+        if (p->ndim == 1) {
+            for (size_t i = 0; i < p->numel; i++) w[i] = 1.0f;
+            continue;
+        }
+        uint64_t key = splitmix64(seed) ^ hash_name(p->name);
+        for (size_t i = 0; i < p->numel; i++) w[i] = std * normal_at(key, i);
+    }
+    l3d_status st = L3D_OK;
+    if (!host) {
+        st = l3d_dev_copy(dev, m->params, h, bytes, L3D_COPY_H2D);
+        if (st >= 0) st = l3d_dev_sync(dev);
+        l3d_free(m->ctx, h, bytes, "staging");
+    }
+    return st;
+}
+
+// ---- RoPE --------------------------------------------------------------------------------
+// inv_freq_i = theta^(-2i/D); with rope_scaling "llama3" (Llama 3.1) long wavelengths are
+// divided by `factor`, short ones kept, and the band between blended smoothly.
+void l3d_rope_inv_freq(const l3d_model_config_t *cfg, double *inv_freq) {
+    int D = cfg->head_dim;
+    for (int i = 0; i < D / 2; i++) {
+        // HF computes this in float32; match it so logits agree to float precision.
+        float f = 1.0f / powf(cfg->rope_theta, (float)(2 * i) / (float)D);
+        double inv = f;
+        if (cfg->rope_scaling_llama3) {
+            double orig = cfg->rope_original_max_position_embeddings;
+            double lo = cfg->rope_low_freq_factor, hi = cfg->rope_high_freq_factor;
+            double factor = cfg->rope_factor;
+            double wavelen = 6.283185307179586 / inv;  // 2 pi
+            double low_wl = orig / lo, high_wl = orig / hi;
+            if (wavelen > low_wl) {
+                inv = inv / factor;
+            } else if (wavelen >= high_wl) {
+                double smooth = (orig / wavelen - lo) / (hi - lo);
+                inv = (1.0 - smooth) * inv / factor + smooth * inv;
+            }
+        }
+        inv_freq[i] = inv;
+    }
+}
+
+l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len) {
+    if (len <= m->rope_len) return L3D_OK;
+    int half = m->D / 2;
+    size_t n = (size_t)len * (size_t)half;
+    float *hc = l3d_malloc(m->ctx, n * sizeof(float), "staging");
+    float *hs = l3d_malloc(m->ctx, n * sizeof(float), "staging");
+    double *inv = l3d_malloc(m->ctx, (size_t)half * sizeof(double), "staging");
+    float *dc = NULL, *ds = NULL;
+    l3d_status st = L3D_ERR_NOMEM;
+    if (!hc || !hs || !inv) goto out;
+    l3d_rope_inv_freq(&m->cfg, inv);
+    for (int t = 0; t < len; t++)
+        for (int i = 0; i < half; i++) {
+            // float32 angle, as HF's (inv_freq @ position_ids).float()
+            float ang = (float)t * (float)inv[i];
+            hc[(size_t)t * half + i] = cosf(ang);
+            hs[(size_t)t * half + i] = sinf(ang);
+        }
+    L3D_CHECK_GOTO(m->ctx, l3d_dev_alloc(m->dev, n * sizeof(float), "params", (void **)&dc), st, out);
+    L3D_CHECK_GOTO(m->ctx, l3d_dev_alloc(m->dev, n * sizeof(float), "params", (void **)&ds), st, out);
+    L3D_CHECK_GOTO(m->ctx, l3d_dev_copy(m->dev, dc, hc, n * sizeof(float), L3D_COPY_H2D), st, out);
+    L3D_CHECK_GOTO(m->ctx, l3d_dev_copy(m->dev, ds, hs, n * sizeof(float), L3D_COPY_H2D), st, out);
+    L3D_CHECK_GOTO(m->ctx, l3d_dev_sync(m->dev), st, out);
+    size_t old = (size_t)m->rope_len * (size_t)half * sizeof(float);
+    l3d_dev_free(m->dev, m->cos_tab, old, "params");
+    l3d_dev_free(m->dev, m->sin_tab, old, "params");
+    m->cos_tab = dc;
+    m->sin_tab = ds;
+    m->rope_len = len;
+    dc = ds = NULL;
+    st = L3D_OK;
+out:
+    l3d_dev_free(m->dev, dc, n * sizeof(float), "params");
+    l3d_dev_free(m->dev, ds, n * sizeof(float), "params");
+    l3d_free(m->ctx, inv, (size_t)half * sizeof(double), "staging");
+    l3d_free(m->ctx, hs, n * sizeof(float), "staging");
+    l3d_free(m->ctx, hc, n * sizeof(float), "staging");
+    return st;
+}

@@ -1,0 +1,273 @@
+// Llama 3 forward and backward for training, one micro-batch at a time.
+//
+// Per layer (N = B*T rows, C hidden, F ffn, HD = H*D, KD = KVH*D):
+//   ln1 = rmsnorm(x_in)                         (N,C)
+//   q = ln1 Wq^T, k = ln1 Wk^T, v = ln1 Wv^T     (N,HD) (N,KD) (N,KD); rope on q and k
+//   att = causal_gqa_attention(q, k, v)          (N,HD)
+//   h = x_in + att Wo^T                          (N,C)
+//   ln2 = rmsnorm(h); gate = ln2 Wg^T; up = ln2 Wu^T          (N,F)
+//   x_out = h + (silu(gate) * up) Wd^T           (N,C)
+// The backward runs the same steps in reverse; `dres` carries dL/d(residual stream).
+#include <string.h>
+
+#include "core/model_internal.h"
+
+// ---- linear layers: y = x W^T with W (out,in) as Hugging Face stores it -------------------
+// y(N,O) = x(N,I) W(O,I)^T, beta = 0 overwrites, 1 accumulates. ldy lets k/v land in a cache.
+static l3d_status linear_fwd(l3d_device_t *dev, float *y, int ldy, const float *x,
+                             const float *W, int N, int I, int O, float beta) {
+    l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
+                    .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy};
+    return l3d_dev_gemm(dev, &g);
+}
+// dx(N,I) = dy(N,O) W(O,I)  (beta as above)
+static l3d_status linear_bwd_x(l3d_device_t *dev, float *dx, const float *dy, const float *W,
+                               int N, int I, int O, float beta) {
+    l3d_gemm_t g = {.trans_a = 0, .trans_b = 0, .M = N, .N = I, .K = O, .alpha = 1.0f,
+                    .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I};
+    return l3d_dev_gemm(dev, &g);
+}
+// dW(O,I) += dy(N,O)^T x(N,I)
+static l3d_status linear_bwd_w(l3d_device_t *dev, float *dW, const float *dy, const float *x,
+                               int N, int I, int O) {
+    l3d_gemm_t g = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
+                    .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I};
+    return l3d_dev_gemm(dev, &g);
+}
+
+// ---- activations -------------------------------------------------------------------------
+// A bump allocator over one arena: first pass (base NULL) measures, second assigns.
+typedef struct arena {
+    char *base;
+    size_t off;
+} arena_t;
+static void *take(arena_t *a, size_t bytes) {
+    void *p = a->base ? a->base + a->off : NULL;
+    a->off += (bytes + 63) & ~(size_t)63;
+    return p;
+}
+
+static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m, size_t N,
+                         int B, int T, int with_x_in) {
+    size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
+    size_t KD = (size_t)m->KVH * m->D, f = sizeof(float);
+    if (with_x_in) la->x_in = take(ar, N * C * f);
+    la->rstd1 = take(ar, N * f);
+    la->ln1 = take(ar, N * C * f);
+    la->q = take(ar, N * HD * f);
+    la->k = take(ar, N * KD * f);
+    la->v = take(ar, N * KD * f);
+    la->att = take(ar, N * HD * f);
+    la->lse = take(ar, (size_t)B * (size_t)m->H * (size_t)T * f);
+    la->h = take(ar, N * C * f);
+    la->rstd2 = take(ar, N * f);
+    la->ln2 = take(ar, N * C * f);
+    la->gate = take(ar, N * F * f);
+    la->up = take(ar, N * F * f);
+}
+
+static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
+    size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float);
+    size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
+    size_t KD = (size_t)m->KVH * m->D, V = (size_t)m->V;
+    if (a->recompute) {
+        // Checkpointing: only each layer's input survives the forward; the rest of a layer's
+        // activations are rebuilt in one shared set during its backward.
+        for (int l = 0; l < m->L; l++) a->layers[l].x_in = take(ar, N * C * f);
+        l3d_layer_acts_t shared = {0};
+        layout_layer(ar, &shared, m, N, a->B, a->T, 0);
+        for (int l = 0; l < m->L; l++) {
+            float *x_in = a->layers[l].x_in;
+            a->layers[l] = shared;
+            a->layers[l].x_in = x_in;
+        }
+    } else {
+        for (int l = 0; l < m->L; l++) layout_layer(ar, &a->layers[l], m, N, a->B, a->T, 1);
+    }
+    a->x_final = take(ar, N * C * f);
+    a->rstdf = take(ar, N * f);
+    a->lnf = take(ar, N * C * f);
+    a->logits = take(ar, N * V * f);
+    a->losses = take(ar, N * f);
+    a->sw = take(ar, N * F * f);
+    a->dres = take(ar, N * C * f);
+    a->dln = take(ar, N * C * f);
+    a->datt = take(ar, N * HD * f);
+    a->dq = take(ar, N * HD * f);
+    a->dk = take(ar, N * KD * f);
+    a->dv = take(ar, N * KD * f);
+    a->dgate = take(ar, N * F * f);
+    a->dup = take(ar, N * F * f);
+    a->tokens = take(ar, N * sizeof(int32_t));
+    a->targets = take(ar, N * sizeof(int32_t));
+}
+
+l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p) {
+    if (B < 1 || T < 1 || T > m->cfg.max_position_embeddings)
+        return l3d_error(m->ctx, L3D_ERR_CONFIG,
+                         "sequence length %d must be in [1, max_position_embeddings %d]", T,
+                         m->cfg.max_position_embeddings);
+    L3D_CHECK(m->ctx, l3d_model_rope_reserve(m, T));
+    l3d_acts_t *a = l3d_calloc(m->ctx, 1, sizeof(*a), "acts");
+    if (!a) return L3D_ERR_NOMEM;
+    a->layers = l3d_calloc(m->ctx, (size_t)m->L, sizeof(l3d_layer_acts_t), "acts");
+    if (!a->layers) {
+        l3d_free(m->ctx, a, sizeof(*a), "acts");
+        return L3D_ERR_NOMEM;
+    }
+    a->B = B;
+    a->T = T;
+    a->recompute = recompute;
+    arena_t ar = {NULL, 0};
+    layout_acts(&ar, a, m);
+    a->bytes = ar.off;
+    l3d_status st = l3d_dev_alloc(m->dev, a->bytes, "acts", &a->mem);
+    if (st < 0) {
+        l3d_free(m->ctx, a->layers, (size_t)m->L * sizeof(l3d_layer_acts_t), "acts");
+        l3d_free(m->ctx, a, sizeof(*a), "acts");
+        return st;
+    }
+    ar = (arena_t){a->mem, 0};
+    layout_acts(&ar, a, m);
+    *acts_p = a;
+    return L3D_OK;
+}
+
+void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a) {
+    if (!a) return;
+    l3d_dev_free(m->dev, a->mem, a->bytes, "acts");
+    l3d_free(m->ctx, a->layers, (size_t)m->L * sizeof(l3d_layer_acts_t), "acts");
+    l3d_free(m->ctx, a, sizeof(*a), "acts");
+}
+
+// ---- one layer ---------------------------------------------------------------------------
+l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, float *x_out,
+                             float *sw, int B, int T, int pos0, int Tk, size_t kv_bstride) {
+    l3d_device_t *dev = m->dev;
+    l3d_ctx_t *ctx = m->ctx;
+    const float *W = m->params;
+    const l3d_layer_params_t *lp = &m->layer[l];
+    int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
+    float eps = m->cfg.rms_norm_eps;
+    float *k_new = a->k + (size_t)pos0 * KD, *v_new = a->v + (size_t)pos0 * KD;
+
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, a->x_in, W + lp->ln1, N, C, eps));
+    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, W + lp->wq, N, C, HD, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, W + lp->wk, N, C, KD, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, W + lp->wv, N, C, KD, 0.0f));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0));
+    l3d_attn_dims_t dims = {B, T, Tk, m->H, m->KVH, m->D, kv_bstride};
+    L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims));
+    // h = x_in + att Wo^T
+    L3D_CHECK(ctx, l3d_dev_copy(dev, a->h, a->x_in, (size_t)N * C * sizeof(float), L3D_COPY_D2D));
+    L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, W + lp->wo, N, HD, C, 1.0f));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, N, C, eps));
+    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, W + lp->wg, N, C, F, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, W + lp->wu, N, C, F, 0.0f));
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F));
+    // x_out = h + swiglu Wd^T
+    L3D_CHECK(ctx, l3d_dev_copy(dev, x_out, a->h, (size_t)N * C * sizeof(float), L3D_COPY_D2D));
+    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, W + lp->wd, N, F, C, 1.0f));
+    return L3D_OK;
+}
+
+// On entry acts->dres = dL/dx_out of layer l; on return dL/dx_in. Gradients += into G.
+static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float *G) {
+    l3d_device_t *dev = m->dev;
+    l3d_ctx_t *ctx = m->ctx;
+    const float *W = m->params;
+    const l3d_layer_params_t *lp = &m->layer[l];
+    const l3d_layer_acts_t *a = &acts->layers[l];
+    int B = acts->B, T = acts->T;
+    int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
+    size_t NF = (size_t)N * F;
+    float *dres = acts->dres, *sw = acts->sw;
+
+    // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF));
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wd, dres, sw, N, F, C));
+    L3D_CHECK(ctx, linear_bwd_x(dev, sw, dres, W + lp->wd, N, F, C, 0.0f));  // sw <- dsw
+    L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF));
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wg, acts->dgate, a->ln2, N, C, F));
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wu, acts->dup, a->ln2, N, C, F));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, W + lp->wg, N, C, F, 0.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, W + lp->wu, N, C, F, 1.0f));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln2, acts->dln, a->h, W + lp->ln2,
+                                       a->rstd2, N, C));
+    // attention: h = x_in + att Wo^T
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wo, dres, a->att, N, HD, C));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, dres, W + lp->wo, N, HD, C, 0.0f));
+    l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
+    L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
+                                         a->k, a->v, a->att, a->lse, &dims));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1));
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wq, acts->dq, a->ln1, N, C, HD));
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wk, acts->dk, a->ln1, N, C, KD));
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wv, acts->dv, a->ln1, N, C, KD));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, W + lp->wq, N, C, HD, 0.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, W + lp->wk, N, C, KD, 1.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, W + lp->wv, N, C, KD, 1.0f));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln1, acts->dln, a->x_in, W + lp->ln1,
+                                       a->rstd1, N, C));
+    return L3D_OK;
+}
+
+// ---- a micro-batch -----------------------------------------------------------------------
+l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float grad_scale,
+                                 double *loss_sum_p) {
+    l3d_device_t *dev = m->dev;
+    l3d_ctx_t *ctx = m->ctx;
+    const float *W = m->params;
+    int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
+    float eps = m->cfg.rms_norm_eps;
+
+    L3D_CHECK(ctx, l3d_dev_embedding_fwd(dev, a->layers[0].x_in, a->tokens, W + m->embed, N, C, V));
+    for (int l = 0; l < L; l++) {
+        float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
+        L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], x_out, a->sw, B, T, 0, T, 0));
+    }
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf, a->rstdf, a->x_final, W + m->norm, N, C, eps));
+    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, W + m->head, N, C, V, 0.0f));
+    L3D_CHECK(ctx, l3d_dev_xent_fwd_bwd(dev, a->logits, a->losses, a->targets, N, V, grad_scale));
+
+    // The loss is summed on the host in double, in row order: deterministic for any layout.
+    size_t lbytes = (size_t)N * sizeof(float);
+    const float *losses = a->losses;
+    float *staged = NULL;
+    if (!l3d_dev_is_host(dev)) {
+        staged = l3d_malloc(ctx, lbytes, "staging");
+        if (!staged) return L3D_ERR_NOMEM;
+        l3d_status st = l3d_dev_copy(dev, staged, a->losses, lbytes, L3D_COPY_D2H);
+        if (st >= 0) st = l3d_dev_sync(dev);
+        if (st < 0) {
+            l3d_free(ctx, staged, lbytes, "staging");
+            return st;
+        }
+        losses = staged;
+    } else {
+        L3D_CHECK(ctx, l3d_dev_sync(dev));
+    }
+    double sum = 0.0;
+    for (int i = 0; i < N; i++) sum += losses[i];
+    l3d_free(ctx, staged, lbytes, "staging");
+    *loss_sum_p = sum;
+
+    // head and final norm: logits now hold dL/dlogits
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + m->head, a->logits, a->lnf, N, C, V));
+    L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
+    L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, (size_t)N * C * sizeof(float)));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln, a->x_final, W + m->norm,
+                                       a->rstdf, N, C));
+    for (int l = L - 1; l >= 0; l--) {
+        if (a->recompute) {
+            // Rebuild this layer's activations from its saved input. x_out is written to a
+            // scratch that is free now (dln), not to the next layer's saved input.
+            L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
+        }
+        L3D_CHECK(ctx, layer_backward(m, l, a, G));
+    }
+    L3D_CHECK(ctx, l3d_dev_embedding_bwd(dev, G + m->embed, a->dres, a->tokens, N, C));
+    return L3D_OK;
+}

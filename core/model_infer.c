@@ -1,0 +1,153 @@
+// Inference over one sequence with a KV cache: prefill in chunks, then one token at a time.
+// The layer math is l3d_layer_forward (core/model_fwdbwd.c) with k/v rows written straight
+// into the cache at the current position.
+#include <string.h>
+
+#include "core/model_internal.h"
+
+#define INFER_CHUNK 64  // prompt rows processed per pass (bounds the scratch memory)
+
+struct l3d_kv_cache {
+    l3d_model_t *m;
+    int cap, len;
+    float *k, *v;  // (L, cap, KVH*D)
+    size_t kv_bytes;
+    void *scratch;
+    size_t scratch_bytes;
+    l3d_layer_acts_t la;  // k, v, x_in set per layer
+    float *xa, *xb, *sw, *rstdf, *lnf, *logits;  // logits (INFER_CHUNK, V)
+    int32_t *tok;
+};
+
+static size_t scratch_layout(l3d_kv_cache_t *c, char *base) {
+    const l3d_model_t *m = c->m;
+    size_t n = INFER_CHUNK, f = sizeof(float), off = 0;
+    size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D, V = (size_t)m->V;
+#define TAKE(ptr, bytes)                                    \
+    do {                                                    \
+        if (base) ptr = (void *)(base + off);               \
+        off += ((bytes) + 63) & ~(size_t)63;                \
+    } while (0)
+    TAKE(c->la.rstd1, n * f);
+    TAKE(c->la.ln1, n * C * f);
+    TAKE(c->la.q, n * HD * f);
+    TAKE(c->la.att, n * HD * f);
+    TAKE(c->la.h, n * C * f);
+    TAKE(c->la.rstd2, n * f);
+    TAKE(c->la.ln2, n * C * f);
+    TAKE(c->la.gate, n * F * f);
+    TAKE(c->la.up, n * F * f);
+    TAKE(c->xa, n * C * f);
+    TAKE(c->xb, n * C * f);
+    TAKE(c->sw, n * F * f);
+    TAKE(c->rstdf, n * f);
+    TAKE(c->lnf, n * C * f);
+    TAKE(c->logits, n * V * f);
+    TAKE(c->tok, n * sizeof(int32_t));
+#undef TAKE
+    return off;
+}
+
+l3d_status l3d_kv_cache_create(l3d_model_t *m, int capacity, l3d_kv_cache_t **cache_p) {
+    l3d_ctx_t *ctx = m->ctx;
+    if (capacity < 1 || capacity > m->cfg.max_position_embeddings)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG,
+                         "kv cache capacity %d must be in [1, max_position_embeddings %d]",
+                         capacity, m->cfg.max_position_embeddings);
+    L3D_CHECK(ctx, l3d_model_rope_reserve(m, capacity));
+    l3d_kv_cache_t *c = l3d_calloc(ctx, 1, sizeof(*c), "acts");
+    if (!c) return L3D_ERR_NOMEM;
+    c->m = m;
+    c->cap = capacity;
+    c->kv_bytes = (size_t)m->L * (size_t)capacity * (size_t)(m->KVH * m->D) * sizeof(float);
+    c->scratch_bytes = scratch_layout(c, NULL);
+    l3d_status st;
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(m->dev, c->kv_bytes, "acts", (void **)&c->k), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(m->dev, c->kv_bytes, "acts", (void **)&c->v), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(m->dev, c->scratch_bytes, "acts", &c->scratch), st, err);
+    scratch_layout(c, c->scratch);
+    *cache_p = c;
+    return L3D_OK;
+err:
+    l3d_kv_cache_destroy(c);
+    return st;
+}
+
+void l3d_kv_cache_destroy(l3d_kv_cache_t *c) {
+    if (!c) return;
+    l3d_device_t *dev = c->m->dev;
+    l3d_dev_free(dev, c->scratch, c->scratch_bytes, "acts");
+    l3d_dev_free(dev, c->v, c->kv_bytes, "acts");
+    l3d_dev_free(dev, c->k, c->kv_bytes, "acts");
+    l3d_free(c->m->ctx, c, sizeof(*c), "acts");
+}
+
+int l3d_kv_cache_len(const l3d_kv_cache_t *c) { return c->len; }
+
+// Runs n <= INFER_CHUNK new tokens; writes logits of rows [first_row, n) to host `out`.
+static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
+                               float *out) {
+    l3d_model_t *m = c->m;
+    l3d_device_t *dev = m->dev;
+    l3d_ctx_t *ctx = m->ctx;
+    const float *W = m->params;
+    int C = m->C, V = m->V, KD = m->KVH * m->D, pos0 = c->len;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d at position %d is outside the "
+                             "vocabulary [0, %d)", tokens[i], pos0 + i, V);
+    L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)n * sizeof(int32_t), L3D_COPY_H2D));
+    L3D_CHECK(ctx, l3d_dev_embedding_fwd(dev, c->xa, c->tok, W + m->embed, n, C, V));
+    float *x = c->xa, *y = c->xb;
+    for (int l = 0; l < m->L; l++) {
+        l3d_layer_acts_t la = c->la;
+        la.x_in = x;
+        la.k = c->k + (size_t)l * c->cap * KD;
+        la.v = c->v + (size_t)l * c->cap * KD;
+        la.lse = NULL;
+        L3D_CHECK(ctx, l3d_layer_forward(m, l, &la, y, c->sw, 1, n, pos0, pos0 + n, 0));
+        float *t = x;
+        x = y;
+        y = t;
+    }
+    int rows = n - first_row;
+    const float *xr = x + (size_t)first_row * C;
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, xr, W + m->norm, rows, C,
+                                       m->cfg.rms_norm_eps));
+    l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
+                    .beta = 0.0f, .A = c->lnf, .lda = C, .B = W + m->head, .ldb = C,
+                    .C = c->logits, .ldc = V};
+    L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
+    L3D_CHECK(ctx, l3d_dev_copy(dev, out, c->logits, (size_t)rows * V * sizeof(float), L3D_COPY_D2H));
+    L3D_CHECK(ctx, l3d_dev_sync(dev));
+    c->len += n;
+    return L3D_OK;
+}
+
+l3d_status l3d_model_decode(l3d_model_t *m, l3d_kv_cache_t *c, const int32_t *tokens, int n,
+                            float *last_logits) {
+    if (n < 1 || c->len + n > c->cap)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "decoding %d tokens at position %d "
+                         "exceeds the kv cache capacity %d", n, c->len, c->cap);
+    for (int done = 0; done < n;) {
+        int k = L3D_MIN(INFER_CHUNK, n - done);
+        // Only the last chunk's last row is wanted; earlier chunks still need some output
+        // row, so they compute one row into last_logits and it is overwritten later.
+        L3D_CHECK(m->ctx, decode_chunk(c, tokens + done, k, k - 1, last_logits));
+        done += k;
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_model_logits(l3d_model_t *m, const int32_t *tokens, int n, float *logits) {
+    l3d_kv_cache_t *c = NULL;
+    L3D_CHECK(m->ctx, l3d_kv_cache_create(m, n, &c));
+    l3d_status st = L3D_OK;
+    for (int done = 0; done < n && st >= 0;) {
+        int k = L3D_MIN(INFER_CHUNK, n - done);
+        st = decode_chunk(c, tokens + done, k, 0, logits + (size_t)done * m->V);
+        done += k;
+    }
+    l3d_kv_cache_destroy(c);
+    return st;
+}

@@ -1,0 +1,96 @@
+// The model's internals shared by core/model*.c, core/trainer.c and core/checkpoint.c.
+// defines: l3d_model (struct), l3d_param_t, l3d_layer_acts_t, l3d_acts_t
+#ifndef L3D_MODEL_INTERNAL_H
+#define L3D_MODEL_INTERNAL_H
+
+#include "core/l3d_core.h"
+#include "devices/device.h"
+#include "llama3d/model.h"
+
+// One named parameter tensor: a slice of the parameter arena (and of the gradient arena,
+// at the same offset). Names are Hugging Face's.
+typedef struct l3d_param {
+    char name[64];
+    int ndim;
+    int64_t shape[2];
+    size_t offset;  // floats from the arena start
+    size_t numel;
+    int decay;      // weight decay applies (matrices and embeddings, not norms)
+} l3d_param_t;
+
+// Offsets (in floats) of one layer's tensors in the arena.
+typedef struct l3d_layer_params {
+    size_t ln1, wq, wk, wv, wo, ln2, wg, wu, wd;
+} l3d_layer_params_t;
+
+// The activations one layer saves for its backward. // shapes with N = B*T rows
+typedef struct l3d_layer_acts {
+    float *x_in;   // (N,C) residual stream entering the layer
+    float *rstd1;  // (N)
+    float *ln1;    // (N,C)
+    float *q;      // (N,H*D) after rope
+    float *k;      // (N,KVH*D) after rope (or the KV cache)
+    float *v;      // (N,KVH*D)
+    float *att;    // (N,H*D) attention output before o_proj
+    float *lse;    // (B,H,T)
+    float *h;      // (N,C) residual after attention
+    float *rstd2;  // (N)
+    float *ln2;    // (N,C)
+    float *gate;   // (N,F)
+    float *up;     // (N,F)
+} l3d_layer_acts_t;
+
+// Training activations for micro-batches of B sequences of T tokens.
+typedef struct l3d_acts {
+    int B, T;
+    int recompute;  // activation checkpointing: layers share one buffer set, x_in kept each
+    void *mem;
+    size_t bytes;
+    l3d_layer_acts_t *layers;  // L entries
+    float *x_final, *rstdf, *lnf, *logits, *losses;
+    float *sw;                 // (N,F) SwiGLU output scratch
+    // backward scratch
+    float *dres, *dln, *datt, *dq, *dk, *dv, *dgate, *dup;
+    int32_t *tokens, *targets;  // (N) on the device
+} l3d_acts_t;
+
+struct l3d_model {
+    l3d_ctx_t *ctx;
+    l3d_device_t *dev;
+    l3d_model_config_t cfg;
+    int C, F, L, H, KVH, D, V;
+    float *params;  // arena on the device
+    size_t n_params;
+    l3d_param_t *tensors;
+    int n_tensors;
+    size_t embed;                  // offset of model.embed_tokens.weight
+    size_t norm;                   // offset of model.norm.weight
+    size_t head;                   // offset of lm_head.weight (== embed when tied)
+    l3d_layer_params_t *layer;     // L entries
+    float *cos_tab, *sin_tab;      // (rope_len, D/2) on the device
+    int rope_len;
+};
+
+// Grows the rope tables to cover positions [0, len).
+l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
+// inv_freq (D/2) with the Llama 3.1 scaling applied, in double (exposed for tests).
+void l3d_rope_inv_freq(const l3d_model_config_t *cfg, double *inv_freq);
+
+l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p);
+void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
+
+// One layer forward. x_out (N,C) receives the residual stream leaving the layer.
+// pos0/Tk: the new rows sit at positions pos0.. of a sequence of Tk keys (training: 0 and T;
+// then B may be > 1). a->k and a->v point at position 0 of the key/value rows; kv_bstride as
+// in l3d_attn_dims_t (0 = contiguous). sw is (N,F) scratch.
+l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, float *x_out,
+                             float *sw, int B, int T, int pos0, int Tk, size_t kv_bstride);
+
+// Training forward + loss + backward of one micro-batch whose tokens/targets are already in
+// a->tokens / a->targets. Gradients are accumulated (+=) into grads (same layout as params),
+// scaled by grad_scale (1 / target tokens in the global batch). *loss_sum_p receives the sum
+// of the per-token losses (not scaled).
+l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *grads, float grad_scale,
+                                 double *loss_sum_p);
+
+#endif

@@ -1,0 +1,106 @@
+// The one settings table: every L3D_* environment variable is a row here, read once into the
+// context, and listed by `l3d --help-env`.
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "core/l3d_core.h"
+
+static const l3d_setting_row_t settings_rows[] = {
+    {"L3D_LOG", "warn", "log level: none, error, warn, info, debug, trace"},
+    {"L3D_LOG_SUBSYS", "all",
+     "comma list of subsystems to log: init,comm,pp,dev,train,ckpt,data,cfg (^ negates)"},
+    {"L3D_LOG_FILE", "", "write logs to this file instead of stderr; %r becomes the rank"},
+    {"L3D_NUM_THREADS", "0", "CPU device threads per rank (0 = number of cores)"},
+    {"L3D_COMM_TIMEOUT", "300", "seconds any communication wait may take before failing"},
+    {"L3D_ALGO", "", "collective algorithm overrides, op:algo[,op:algo]"},
+    {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
+};
+
+const l3d_setting_row_t *l3d_settings_table(size_t *n_p) {
+    *n_p = L3D_ARRAY_LEN(settings_rows);
+    return settings_rows;
+}
+
+void l3d_settings_default(l3d_settings_t *s) {
+    memset(s, 0, sizeof(*s));
+    s->log_level = L3D_LOG_WARN;
+    s->log_subsys = L3D_SUBSYS_ALL;
+    s->comm_timeout_s = 300.0;
+    snprintf(s->device, sizeof(s->device), "cpu");
+}
+
+static int parse_level(const char *v, int *out) {
+    static const char *names[] = {"none", "error", "warn", "info", "debug", "trace"};
+    for (int i = 0; i < (int)L3D_ARRAY_LEN(names); i++)
+        if (!strcasecmp(v, names[i])) {
+            *out = i;
+            return 0;
+        }
+    return -1;
+}
+
+static int parse_subsys(const char *v, uint32_t *out) {
+    static const struct {
+        const char *name;
+        uint32_t bit;
+    } names[] = {{"init", L3D_SUBSYS_INIT}, {"comm", L3D_SUBSYS_COMM}, {"pp", L3D_SUBSYS_PP},
+                 {"dev", L3D_SUBSYS_DEV},   {"train", L3D_SUBSYS_TRAIN}, {"ckpt", L3D_SUBSYS_CKPT},
+                 {"data", L3D_SUBSYS_DATA}, {"cfg", L3D_SUBSYS_CFG},   {"all", L3D_SUBSYS_ALL}};
+    int negate = v[0] == '^';
+    if (negate) v++;
+    uint32_t mask = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", v);
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+        size_t i = 0;
+        for (; i < L3D_ARRAY_LEN(names); i++)
+            if (!strcasecmp(tok, names[i].name)) break;
+        if (i == L3D_ARRAY_LEN(names)) return -1;
+        mask |= names[i].bit;
+    }
+    *out = negate ? ~mask : mask;
+    return 0;
+}
+
+static int parse_num(const char *v, double lo, double hi, double *out) {
+    char *end = NULL;
+    errno = 0;
+    double d = strtod(v, &end);
+    if (errno || end == v || *end || d < lo || d > hi) return -1;
+    *out = d;
+    return 0;
+}
+
+l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
+    const char *v;
+    double d;
+    if ((v = getenv("L3D_LOG")) && *v && parse_level(v, &s->log_level)) {
+        snprintf(err, errlen, "L3D_LOG: '%s' is not one of none,error,warn,info,debug,trace", v);
+        return L3D_ERR_CONFIG;
+    }
+    if ((v = getenv("L3D_LOG_SUBSYS")) && *v && parse_subsys(v, &s->log_subsys)) {
+        snprintf(err, errlen, "L3D_LOG_SUBSYS: '%s' names an unknown subsystem", v);
+        return L3D_ERR_CONFIG;
+    }
+    if ((v = getenv("L3D_LOG_FILE"))) snprintf(s->log_file, sizeof(s->log_file), "%s", v);
+    if ((v = getenv("L3D_NUM_THREADS")) && *v) {
+        if (parse_num(v, 0, 4096, &d) || d != (int)d) {
+            snprintf(err, errlen, "L3D_NUM_THREADS: '%s' is not an integer in [0, 4096]", v);
+            return L3D_ERR_CONFIG;
+        }
+        s->num_threads = (int)d;
+    }
+    if ((v = getenv("L3D_COMM_TIMEOUT")) && *v) {
+        if (parse_num(v, 0.001, 1e9, &s->comm_timeout_s)) {
+            snprintf(err, errlen, "L3D_COMM_TIMEOUT: '%s' is not a positive number of seconds", v);
+            return L3D_ERR_CONFIG;
+        }
+    }
+    if ((v = getenv("L3D_ALGO"))) snprintf(s->algo, sizeof(s->algo), "%s", v);
+    if ((v = getenv("L3D_DEVICE")) && *v) snprintf(s->device, sizeof(s->device), "%s", v);
+    return L3D_OK;
+}

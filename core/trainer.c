@@ -1,0 +1,202 @@
+// The training loop: micro-batches with gradient accumulation, global-norm clipping with
+// torch.nn.utils.clip_grad_norm_ semantics, AdamW with torch.optim.AdamW semantics.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/data.h"
+#include "core/model_internal.h"
+#include "core/trainer_internal.h"
+#include "platform/platform.h"
+
+// Best-of-3 sgemm on a square problem: the roof for the MFU figure on the progress line.
+static l3d_status measure_gemm_peak(l3d_trainer_t *t) {
+    const int n = 512;
+    size_t bytes = (size_t)n * n * sizeof(float);
+    float *a = NULL, *b = NULL, *c = NULL;
+    l3d_status st;
+    L3D_CHECK_GOTO(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&a), st, out);
+    L3D_CHECK_GOTO(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&b), st, out);
+    L3D_CHECK_GOTO(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&c), st, out);
+    L3D_CHECK_GOTO(t->ctx, l3d_dev_memset(t->dev, a, 0, bytes), st, out);
+    L3D_CHECK_GOTO(t->ctx, l3d_dev_memset(t->dev, b, 0, bytes), st, out);
+    l3d_gemm_t g = {.M = n, .N = n, .K = n, .alpha = 1, .beta = 0, .A = a, .lda = n, .B = b,
+                    .ldb = n, .C = c, .ldc = n};
+    double best = 1e30;
+    for (int i = 0; i < 4; i++) {
+        double t0 = l3d_time_now();
+        L3D_CHECK_GOTO(t->ctx, l3d_dev_gemm(t->dev, &g), st, out);
+        L3D_CHECK_GOTO(t->ctx, l3d_dev_sync(t->dev), st, out);
+        double dt = l3d_time_now() - t0;
+        if (i > 0 && dt < best) best = dt;  // the first run warms up
+    }
+    t->gemm_peak = 2.0 * n * n * (double)n / best / 1e9;
+out:
+    l3d_dev_free(t->dev, c, bytes, "staging");
+    l3d_dev_free(t->dev, b, bytes, "staging");
+    l3d_dev_free(t->dev, a, bytes, "staging");
+    return st;
+}
+
+// Model FLOPs per trained token (PaLM's convention, as llm.c): 6 per matrix parameter for
+// forward + backward, plus 12 * L * H * D * T for attention scores and values.
+static double flops_per_token(const l3d_model_t *m, int T) {
+    double mat = 0;
+    for (int i = 0; i < m->n_tensors; i++)
+        if (m->tensors[i].ndim == 2 && m->tensors[i].offset != m->embed) mat += m->tensors[i].numel;
+    mat += (double)m->V * m->C;  // the head (the embedding itself is a lookup, not a matmul)
+    return 6.0 * mat + 12.0 * m->L * m->H * m->D * (double)T;
+}
+
+l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                              l3d_trainer_t **trainer_p) {
+    l3d_status st;
+    l3d_trainer_t *t = l3d_calloc(ctx, 1, sizeof(*t), "other");
+    if (!t) return L3D_ERR_NOMEM;
+    t->ctx = ctx;
+    t->cfg = *cfg;
+    if (cfg->dp * cfg->tp * cfg->pp != 1) {
+        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "parallel: dp %d x tp %d x pp %d needs a "
+                       "multi-rank launch, which this build does not do yet (use 1 x 1 x 1)",
+                       cfg->dp, cfg->tp, cfg->pp);
+        goto err;
+    }
+    if (!cfg->adam_w_mode && cfg->weight_decay != 0.0f) {
+        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "optimizer: Adam with L2 weight decay "
+                       "(adam_w_mode false) is not supported; use AdamW or weight_decay 0");
+        goto err;
+    }
+    int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
+    l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
+    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_model_create(ctx, t->dev, &cfg->model, &t->model), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
+
+    L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);
+    const char *data = cfg->data_path[0] ? cfg->data_path : L3D_DEFAULT_DATA;
+    L3D_CHECK_GOTO(ctx, l3d_dataset_load(ctx, data, t->tok, cfg->model.vocab_size, &t->data), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dataset_check(ctx, t->data, cfg->seq_len), st, err);
+
+    size_t pbytes = t->model->n_params * sizeof(float);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, pbytes, "grads", (void **)&t->grads), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, pbytes, "optim", (void **)&t->adam_m), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, pbytes, "optim", (void **)&t->adam_v), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, pbytes), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_v, 0, pbytes), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_acts_create(t->model, cfg->micro_batch_size, cfg->seq_len,
+                                        cfg->activation_checkpointing, &t->acts), st, err);
+    size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
+    t->h_tokens = l3d_malloc(ctx, n * sizeof(int32_t), "data");
+    t->h_targets = l3d_malloc(ctx, n * sizeof(int32_t), "data");
+    if (!t->h_tokens || !t->h_targets) {
+        st = L3D_ERR_NOMEM;
+        goto err;
+    }
+    L3D_CHECK_GOTO(ctx, measure_gemm_peak(t), st, err);
+    t->flops_per_token = flops_per_token(t->model, cfg->seq_len);
+    *trainer_p = t;
+    return L3D_OK;
+err:
+    l3d_trainer_destroy(t);
+    return st;
+}
+
+void l3d_trainer_destroy(l3d_trainer_t *t) {
+    if (!t) return;
+    l3d_ctx_t *ctx = t->ctx;
+    size_t n = (size_t)t->cfg.micro_batch_size * t->cfg.seq_len;
+    l3d_free(ctx, t->h_targets, n * sizeof(int32_t), "data");
+    l3d_free(ctx, t->h_tokens, n * sizeof(int32_t), "data");
+    if (t->model) {
+        size_t pbytes = t->model->n_params * sizeof(float);
+        l3d_acts_destroy(t->model, t->acts);
+        l3d_dev_free(t->dev, t->adam_v, pbytes, "optim");
+        l3d_dev_free(t->dev, t->adam_m, pbytes, "optim");
+        l3d_dev_free(t->dev, t->grads, pbytes, "grads");
+    }
+    l3d_dataset_free(t->data);
+    l3d_tokenizer_destroy(t->tok);
+    l3d_model_destroy(t->model);
+    l3d_device_destroy(t->dev);
+    l3d_free(ctx, t, sizeof(*t), "other");
+}
+
+l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
+    l3d_ctx_t *ctx = t->ctx;
+    l3d_device_t *dev = t->dev;
+    l3d_model_t *m = t->model;
+    const l3d_train_config_t *cfg = &t->cfg;
+    int Bg = cfg->train_batch_size, mb = cfg->micro_batch_size, T = cfg->seq_len;
+    size_t n = (size_t)mb * T;
+    double t0 = l3d_time_now();
+
+    L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, m->n_params * sizeof(float)));
+    // Loss = mean over every target token of the global batch, so each micro-batch's
+    // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens).
+    float grad_scale = (float)(1.0 / ((double)Bg * T));
+    double loss_sum = 0.0;
+    for (int j = 0; j < cfg->grad_accum_steps; j++) {
+        l3d_dataset_batch(t->data, t->step, Bg, T, j * mb, mb, t->h_tokens, t->h_targets);
+        L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->tokens, t->h_tokens, n * sizeof(int32_t),
+                                    L3D_COPY_H2D));
+        L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->targets, t->h_targets, n * sizeof(int32_t),
+                                    L3D_COPY_H2D));
+        double s = 0.0;
+        L3D_CHECK(ctx, l3d_model_train_micro(m, t->acts, t->grads, grad_scale, &s));
+        loss_sum += s;
+    }
+    double loss = loss_sum / ((double)Bg * T);
+    if (!isfinite(loss))
+        return l3d_error(ctx, L3D_ERR_INTERNAL, "step %d: loss is %g; lower the learning rate "
+                         "or enable gradient_clipping", t->step + 1, loss);
+
+    double sumsq = 0.0;
+    L3D_CHECK(ctx, l3d_dev_sumsq(dev, t->grads, m->n_params, &sumsq));
+    double norm = sqrt(sumsq);
+    // clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied only when below 1.
+    float gscale = 1.0f;
+    if (cfg->gradient_clipping > 0.0f) {
+        double coef = cfg->gradient_clipping / (norm + 1e-6);
+        if (coef < 1.0) gscale = (float)coef;
+    }
+    float lr = l3d_train_config_lr(cfg, t->step);
+    int k = t->step + 1;
+    float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        float wd = p->decay ? cfg->weight_decay : 0.0f;
+        L3D_CHECK(ctx, l3d_dev_adamw(dev, m->params + p->offset, t->grads + p->offset,
+                                     t->adam_m + p->offset, t->adam_v + p->offset, p->numel, lr,
+                                     cfg->beta1, cfg->beta2, cfg->eps, wd, bc1, bc2, gscale));
+    }
+    L3D_CHECK(ctx, l3d_dev_sync(dev));
+    t->step++;
+    double dt = l3d_time_now() - t0;
+    if (stats) {
+        stats->step = t->step;
+        stats->loss = loss;
+        stats->lr = lr;
+        stats->grad_norm = norm;
+        stats->step_time_s = dt;
+        stats->tokens_per_s = (double)Bg * T / dt;
+        stats->mfu = t->gemm_peak > 0
+                         ? stats->tokens_per_s * t->flops_per_token / (t->gemm_peak * 1e9)
+                         : 0.0;
+        stats->mem_peak = l3d_ctx_mem_peak(ctx);
+    }
+    return L3D_OK;
+}
+
+int l3d_trainer_steps_done(const l3d_trainer_t *t) { return t->step; }
+l3d_model_t *l3d_trainer_model(l3d_trainer_t *t) { return t->model; }
+double l3d_trainer_gemm_peak(const l3d_trainer_t *t) { return t->gemm_peak; }
+double l3d_trainer_flops_per_token(const l3d_trainer_t *t) { return t->flops_per_token; }
+int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->data->n_tokens; }
+
+void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
+    size_t p = t->model->n_params * sizeof(float);
+    mem->params = p;
+    mem->grads = p;
+    mem->optim = 2 * p;
+    mem->acts = t->acts->bytes;
+}

@@ -1,0 +1,125 @@
+// Internals of the CPU device: its private state, the thread-pool helpers every kernel uses,
+// and the op entry points the table in cpu_device.c points at.
+// defines: l3d_cpu_t, l3d_cpu_run, l3d_cpu_scratch_*, l3d_cpu_<op>
+//
+// Threading model: the device owns one l3d_pool_t and is the only source of threads
+// (OpenBLAS is pinned to one thread and called from inside our tasks). Every kernel splits its
+// work into tasks whose boundaries depend only on the shapes, never on the thread count, and
+// every reduction sums fixed-size partials in a fixed order, so the results are bit-identical
+// for any number of threads.
+#ifndef L3D_DEVICES_CPU_H
+#define L3D_DEVICES_CPU_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/l3d_core.h"
+#include "devices/device.h"
+#include "platform/platform.h"
+
+typedef struct l3d_cpu {
+    l3d_allocator_t pool_alloc;  // routes the pool's own memory through the ctx
+    l3d_pool_t *pool;
+    int nthreads;
+    // Per-thread scratch: at most `nthreads` tasks run at once, so a task takes a free slot
+    // (atomic flag) for the duration of its run. The contents never leak into results.
+    atomic_int *slot_busy;  // (nthreads)
+    float *scratch;         // (nthreads, scratch_slot_floats)
+    size_t scratch_bytes;   // allocated size of `scratch`
+    size_t scratch_slot_floats;
+} l3d_cpu_t;
+
+static inline l3d_cpu_t *l3d_cpu_priv(const l3d_device_t *dev) { return (l3d_cpu_t *)dev->priv; }
+
+// Runs fn(arg, task, ntasks) for every task on the device's pool (the caller works too).
+void l3d_cpu_run(l3d_device_t *dev, l3d_pool_fn fn, void *arg, int ntasks);
+
+// Makes sure every slot has `slot_floats` floats (64-byte aligned). Call before l3d_cpu_run;
+// inside tasks use acquire/release. The buffer is reused between ops (one stream per device).
+l3d_status l3d_cpu_scratch_reserve(l3d_device_t *dev, size_t slot_floats);
+float *l3d_cpu_scratch_acquire(l3d_cpu_t *cpu, int *slot_p);
+void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
+
+// ---- vectorisation ---------------------------------------------------------------------------
+// Kernel files compile their loops with the full vectoriser (-O2's "very cheap" model skips
+// every loop with a remainder) and, on x86-64 ELF with GCC, hot functions are cloned for
+// AVX2 and AVX-512 and picked at load time from the CPU (ifunc), with the baseline (SSE2)
+// version as the fallback, so no machine-specific flag is needed at build time. The build is
+// ISO C (-std=c11, hence -ffp-contract=off): elementwise results are identical in every clone.
+#if defined(__GNUC__) && !defined(__clang__)
+#define L3D_CPU_VECTORIZE _Pragma("GCC optimize(\"O3\")")
+#else
+#define L3D_CPU_VECTORIZE
+#endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
+    !defined(L3D_CPU_NO_CLONES)
+#define L3D_CPU_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
+#else
+#define L3D_CPU_SIMD
+#endif
+
+// exp(x) for float, written so loops calling it vectorise (no calls, no branches):
+// x = n ln2 + r with |r| <= ln2/2 (two-part ln2), exp(r) by Cephes' degree-6 polynomial
+// (relative error about 2e-7), times 2^n built in the exponent bits. Below -87.3 it returns
+// 0 (masked scores are -inf); above 88 it saturates at exp(88) (1.65e38) instead of inf.
+// The same function serves forward and backward, so they agree exactly.
+static inline float l3d_cpu_expf(float x) {
+    const float hi = 88.0f, lo = -87.3f;  // keeps 2^n a normal float
+    float xc = x > hi ? hi : (x < lo ? lo : x);
+    const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    float t = xc * 1.44269504088896341f + magic;
+    float n = t - magic;
+    float r = xc - n * 0.693359375f;  // ln2 split: exact high part, then the low part
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int32_t ti;
+    memcpy(&ti, &t, sizeof(ti));
+    int32_t bits = (ti - 0x4B400000 + 127) << 23;  // the low bits of t hold n
+    float scale;
+    memcpy(&scale, &bits, sizeof(scale));
+    return x < lo ? 0.0f : p * scale;
+}
+
+// Fixed chunk for elementwise ops and for the partials of reductions.
+#define L3D_CPU_CHUNK 16384
+
+// ---- ops (the contracts are in devices/device.h) -------------------------------------------
+l3d_status l3d_cpu_gemm(l3d_device_t *dev, const l3d_gemm_t *g);
+l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *tokens,
+                                 const float *table, int N, int C, int V);
+l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *dout,
+                                 const int32_t *tokens, int N, int C);
+l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, float *out, float *rstd, const float *x,
+                               const float *w, int N, int C, float eps);
+l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const float *dout,
+                               const float *x, const float *w, const float *rstd, int N, int C);
+l3d_status l3d_cpu_rope(l3d_device_t *dev, float *x, const float *cos_tab, const float *sin_tab,
+                        int B, int T, int NH, int D, int pos0, int inverse);
+l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, float *out, float *lse, const float *q,
+                                 const float *k, const float *v, const l3d_attn_dims_t *d);
+l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k,
+                                 const float *v, const float *out, const float *lse,
+                                 const l3d_attn_dims_t *d);
+l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, float *out, const float *gate, const float *up,
+                              size_t n);
+l3d_status l3d_cpu_swiglu_bwd(l3d_device_t *dev, float *dgate, float *dup, const float *dout,
+                              const float *gate, const float *up, size_t n);
+l3d_status l3d_cpu_add(l3d_device_t *dev, float *out, const float *a, const float *b, size_t n);
+l3d_status l3d_cpu_scale(l3d_device_t *dev, float *x, float s, size_t n);
+l3d_status l3d_cpu_xent_fwd_bwd(l3d_device_t *dev, float *logits, float *losses,
+                                const int32_t *targets, int N, int V, float grad_scale);
+l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const float *x, size_t n, double *out_host);
+l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const float *grad, float *m, float *v,
+                         size_t n, float lr, float beta1, float beta2, float eps,
+                         float weight_decay, float bc1, float bc2, float grad_scale);
+
+#endif

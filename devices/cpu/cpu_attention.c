@@ -1,0 +1,200 @@
+// Causal grouped-query attention, flash-attention style: queries and keys are walked in tiles,
+// scores live only in one (BQ,BK) tile, and the softmax is computed online (running max and
+// sum per query row), so the extra memory is O(BQ*(BK+D)) per thread plus the lse (B,H,Tq).
+// Tile products are single-threaded OpenBLAS calls on strided views of q, k, v (no copies).
+// defines: l3d_cpu_attention_fwd, l3d_cpu_attention_bwd
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+#include "devices/cpu/cpu.h"
+
+#define BQ 64  // query rows per tile
+#define BK 64  // keys per tile
+
+typedef struct {
+    float *out, *lse, *dq, *dk, *dv;
+    const float *q, *k, *v, *dout, *o, *lse_in;
+    int B, Tq, Tk, H, KVH, D, off, nqb;
+    size_t kvbs;
+    float scale;
+    l3d_cpu_t *cpu;
+} attn_t;
+
+static l3d_status attn_setup(l3d_device_t *dev, const char *op, const l3d_attn_dims_t *d,
+                             attn_t *a) {
+    if (d->B < 0 || d->Tq < 0 || d->Tk < 0 || d->H <= 0 || d->KVH <= 0 || d->D <= 0 ||
+        d->H % d->KVH || d->Tq > d->Tk)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "%s: bad dims B %d Tq %d Tk %d H %d KVH %d D %d (need H %% KVH == 0, "
+                         "Tq <= Tk)", op, d->B, d->Tq, d->Tk, d->H, d->KVH, d->D);
+    size_t dense = (size_t)d->Tk * (size_t)d->KVH * (size_t)d->D;
+    if (d->kv_bstride && d->kv_bstride < dense)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "%s: kv_bstride %zu is below Tk*KVH*D = %zu", op, d->kv_bstride, dense);
+    a->B = d->B, a->Tq = d->Tq, a->Tk = d->Tk, a->H = d->H, a->KVH = d->KVH, a->D = d->D;
+    a->off = d->Tk - d->Tq;
+    a->nqb = (d->Tq + BQ - 1) / BQ;
+    a->kvbs = d->kv_bstride ? d->kv_bstride : dense;
+    a->scale = 1.0f / sqrtf((float)d->D);
+    return L3D_OK;
+}
+
+// Row i of q or out for (b, h): (B,Tq,H,D).
+static size_t q_at(const attn_t *a, int b, int h, int i) {
+    return (((size_t)b * (size_t)a->Tq + (size_t)i) * (size_t)a->H + (size_t)h) * (size_t)a->D;
+}
+// Row j of k or v for (b, kvh): batch stride kvbs, then (Tk,KVH,D).
+static size_t kv_at(const attn_t *a, int b, int g, int j) {
+    return (size_t)b * a->kvbs + ((size_t)j * (size_t)a->KVH + (size_t)g) * (size_t)a->D;
+}
+// Row j of the dense dk/dv (B,Tk,KVH,D).
+static size_t dkv_at(const attn_t *a, int b, int g, int j) {
+    return (((size_t)b * (size_t)a->Tk + (size_t)j) * (size_t)a->KVH + (size_t)g) * (size_t)a->D;
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+// Task (b, h, query tile). Scratch: S (BQ,BK), O (BQ,D), m (BQ), l (BQ).
+static void attn_fwd_task(void *arg, int task, int ntasks) {
+    const attn_t *a = arg;
+    int qb = task % a->nqb, h = (task / a->nqb) % a->H, b = task / (a->nqb * a->H);
+    int g = h / (a->H / a->KVH), D = a->D;
+    int i0 = qb * BQ, mq = L3D_MIN(BQ, a->Tq - i0);
+    int jend = i0 + mq - 1 + a->off + 1;  // keys [0, jend) are seen by some row of the tile
+    int slot;
+    float *S = l3d_cpu_scratch_acquire(a->cpu, &slot);
+    float *O = S + BQ * BK, *mrow = O + (size_t)BQ * (size_t)D, *lrow = mrow + BQ;
+    memset(O, 0, sizeof(float) * (size_t)mq * (size_t)D);
+    for (int r = 0; r < mq; r++) mrow[r] = -INFINITY, lrow[r] = 0.0f;
+    const float *Q = a->q + q_at(a, b, h, i0);
+    int ldq = a->H * D, ldkv = a->KVH * D;
+    for (int j0 = 0; j0 < jend; j0 += BK) {
+        int nk = L3D_MIN(BK, jend - j0);
+        const float *K = a->k + kv_at(a, b, g, j0), *V = a->v + kv_at(a, b, g, j0);
+        // S(mq,nk) = scale * Q K^T
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mq, nk, D, a->scale, Q, ldq, K,
+                    ldkv, 0.0f, S, BK);
+        for (int r = 0; r < mq; r++) {
+            float *restrict s = S + (size_t)r * BK;
+            int nv = L3D_MIN(nk, i0 + r + a->off + 1 - j0);  // visible keys in this tile
+            if (nv < 0) nv = 0;
+            float mx = mrow[r];
+            for (int c = 0; c < nv; c++) mx = s[c] > mx ? s[c] : mx;
+            float corr = expf(mrow[r] - mx);  // exp(-inf) = 0 on the first tile
+            float sum = 0.0f;
+            for (int c = 0; c < nv; c++) {
+                float p = expf(s[c] - mx);
+                s[c] = p;
+                sum += p;
+            }
+            for (int c = nv; c < nk; c++) s[c] = 0.0f;
+            lrow[r] = lrow[r] * corr + sum;
+            mrow[r] = mx;
+            if (corr != 1.0f) {
+                float *restrict o = O + (size_t)r * (size_t)D;
+                for (int c = 0; c < D; c++) o[c] *= corr;
+            }
+        }
+        // O(mq,D) += P V
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mq, D, nk, 1.0f, S, BK, V, ldkv,
+                    1.0f, O, D);
+    }
+    for (int r = 0; r < mq; r++) {
+        float *restrict out = a->out + q_at(a, b, h, i0 + r);
+        const float *restrict o = O + (size_t)r * (size_t)D;
+        float inv = 1.0f / lrow[r];
+        for (int c = 0; c < D; c++) out[c] = o[c] * inv;
+        if (a->lse) a->lse[((size_t)b * (size_t)a->H + (size_t)h) * (size_t)a->Tq + (size_t)(i0 + r)] =
+            mrow[r] + logf(lrow[r]);
+    }
+    l3d_cpu_scratch_release(a->cpu, slot);
+}
+
+// out(B,Tq,H,D) = softmax(q k^T / sqrt(D), causal) v; lse(B,H,Tq) may be NULL
+l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, float *out, float *lse, const float *q,
+                                 const float *k, const float *v, const l3d_attn_dims_t *d) {
+    attn_t a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .cpu = l3d_cpu_priv(dev)};
+    L3D_CHECK(dev->ctx, attn_setup(dev, "attention_fwd", d, &a));
+    if (a.B == 0 || a.Tq == 0) return L3D_OK;
+    L3D_CHECK(dev->ctx, l3d_cpu_scratch_reserve(dev, BQ * BK + (size_t)BQ * (size_t)a.D + 2 * BQ));
+    l3d_cpu_run(dev, attn_fwd_task, &a, a.B * a.H * a.nqb);
+    return L3D_OK;
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+// Task (b, kv head g): owns dk, dv of g and dq of the query heads of g, so nothing races and
+// every sum runs in a fixed order (head, query tile, key tile). Scratch: P (BQ,BK),
+// dP (BQ,BK), Drow (BQ).
+static void attn_bwd_task(void *arg, int task, int ntasks) {
+    const attn_t *a = arg;
+    int g = task % a->KVH, b = task / a->KVH, D = a->D, grp = a->H / a->KVH;
+    int ldq = a->H * D, ldkv = a->KVH * D;
+    int slot;
+    float *P = l3d_cpu_scratch_acquire(a->cpu, &slot);
+    float *dP = P + BQ * BK, *Drow = dP + BQ * BK;
+    for (int j = 0; j < a->Tk; j++) {
+        memset(a->dk + dkv_at(a, b, g, j), 0, sizeof(float) * (size_t)D);
+        memset(a->dv + dkv_at(a, b, g, j), 0, sizeof(float) * (size_t)D);
+    }
+    for (int h = g * grp; h < (g + 1) * grp; h++) {
+        const float *lse = a->lse_in + ((size_t)b * (size_t)a->H + (size_t)h) * (size_t)a->Tq;
+        for (int qb = 0; qb < a->nqb; qb++) {
+            int i0 = qb * BQ, mq = L3D_MIN(BQ, a->Tq - i0);
+            int jend = i0 + mq + a->off;
+            const float *Q = a->q + q_at(a, b, h, i0), *dO = a->dout + q_at(a, b, h, i0);
+            float *dQ = a->dq + q_at(a, b, h, i0);
+            for (int r = 0; r < mq; r++) {
+                const float *restrict o = a->o + q_at(a, b, h, i0 + r);
+                const float *restrict go = dO + (size_t)r * (size_t)ldq;
+                float s = 0.0f;
+                for (int c = 0; c < D; c++) s += go[c] * o[c];
+                Drow[r] = s;
+                memset(dQ + (size_t)r * (size_t)ldq, 0, sizeof(float) * (size_t)D);
+            }
+            for (int j0 = 0; j0 < jend; j0 += BK) {
+                int nk = L3D_MIN(BK, jend - j0);
+                const float *K = a->k + kv_at(a, b, g, j0), *V = a->v + kv_at(a, b, g, j0);
+                float *dK = a->dk + dkv_at(a, b, g, j0), *dV = a->dv + dkv_at(a, b, g, j0);
+                // P = exp(scale Q K^T - lse), dP = dO V^T
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mq, nk, D, a->scale, Q, ldq,
+                            K, ldkv, 0.0f, P, BK);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mq, nk, D, 1.0f, dO, ldq, V,
+                            ldkv, 0.0f, dP, BK);
+                for (int r = 0; r < mq; r++) {
+                    float *restrict p = P + (size_t)r * BK, *restrict dp = dP + (size_t)r * BK;
+                    int nv = L3D_MIN(nk, i0 + r + a->off + 1 - j0);
+                    if (nv < 0) nv = 0;
+                    float l = lse[i0 + r], dr = Drow[r];
+                    for (int c = 0; c < nv; c++) {
+                        p[c] = expf(p[c] - l);
+                        dp[c] = p[c] * (dp[c] - dr);  // dS
+                    }
+                    for (int c = nv; c < nk; c++) p[c] = 0.0f, dp[c] = 0.0f;
+                }
+                // dV += P^T dO;  dK += scale dS^T Q;  dQ += scale dS K
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, mq, 1.0f, P, BK, dO,
+                            ldq, 1.0f, dV, ldkv);
+                cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, D, mq, a->scale, dP, BK,
+                            Q, ldq, 1.0f, dK, ldkv);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mq, D, nk, a->scale, dP, BK,
+                            K, ldkv, 1.0f, dQ, ldq);
+            }
+        }
+    }
+    l3d_cpu_scratch_release(a->cpu, slot);
+}
+
+// dq (B,Tq,H,D), dk, dv (B,Tk,KVH,D dense) overwritten
+l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, float *dq, float *dk, float *dv,
+                                 const float *dout, const float *q, const float *k,
+                                 const float *v, const float *out, const float *lse,
+                                 const l3d_attn_dims_t *d) {
+    attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
+                .lse_in = lse, .cpu = l3d_cpu_priv(dev)};
+    L3D_CHECK(dev->ctx, attn_setup(dev, "attention_bwd", d, &a));
+    if (a.B == 0) return L3D_OK;
+    if (!lse) return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "attention_bwd: lse is NULL");
+    L3D_CHECK(dev->ctx, l3d_cpu_scratch_reserve(dev, 2 * BQ * BK + BQ));
+    l3d_cpu_run(dev, attn_bwd_task, &a, a.B * a.KVH);
+    return L3D_OK;
+}

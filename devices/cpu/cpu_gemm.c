@@ -1,0 +1,101 @@
+// SGEMM on the device's pool: the output is cut into fixed tiles (their size depends only on
+// M, N and K), and each task calls single-threaded OpenBLAS on its tile. K is never split,
+// so every output element is one OpenBLAS dot product whatever the thread count.
+// defines: l3d_cpu_gemm
+#include <cblas.h>
+#include <string.h>
+
+#include "devices/cpu/cpu.h"
+
+// Below this many multiply-adds the pool's wake-up costs more than it saves.
+#define GEMM_SERIAL_MACS ((size_t)1 << 20)
+// Target tile: large enough that each task's packing of its A rows and B columns is a small
+// fraction of its work (the cost goes as 1/TILE_M + 1/TILE_N), halved (down to the minimums)
+// until there are GEMM_MIN_TASKS tiles so that mid-sized products still spread over cores.
+// All of it depends on the shape only.
+#define GEMM_TILE_M 256
+#define GEMM_TILE_N 768
+#define GEMM_MIN_TILE_M 64
+#define GEMM_MIN_TILE_N 128
+#define GEMM_MIN_TASKS 8
+
+typedef struct {
+    const l3d_gemm_t *g;
+    int tile_m, tile_n;  // rows and columns per tile (the last one may be smaller)
+    int ntm, ntn;        // tiles along M and N
+} gemm_job_t;
+
+static void gemm_tile(const l3d_gemm_t *g, int i0, int m, int j0, int n) {
+    // op(A) rows i0.. : A(M,K) row i0, or A(K,M) column i0. op(B) columns j0.. likewise.
+    const float *a = g->trans_a ? g->A + i0 : g->A + (size_t)i0 * (size_t)g->lda;
+    const float *b = g->trans_b ? g->B + (size_t)j0 * (size_t)g->ldb : g->B + j0;
+    float *c = g->C + (size_t)i0 * (size_t)g->ldc + j0;
+    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
+                g->trans_b ? CblasTrans : CblasNoTrans, m, n, g->K, g->alpha, a, g->lda, b,
+                g->ldb, g->beta, c, g->ldc);
+}
+
+static void gemm_task(void *arg, int task, int ntasks) {
+    const gemm_job_t *j = arg;
+    int ti = task / j->ntn, tj = task % j->ntn;
+    int i0 = ti * j->tile_m, j0 = tj * j->tile_n;
+    int m = L3D_MIN(j->tile_m, j->g->M - i0), n = L3D_MIN(j->tile_n, j->g->N - j0);
+    gemm_tile(j->g, i0, m, j0, n);
+}
+
+// Splits `len` into about len/target equal tiles, each a multiple of 16 (SIMD width).
+static void gemm_split(int len, int target, int *tile_p, int *ntiles_p) {
+    int nt = (len + target - 1) / target;
+    if (nt < 1) nt = 1;
+    int tile = (len + nt - 1) / nt;
+    tile = (tile + 15) & ~15;
+    if (tile > len) tile = len;
+    *tile_p = tile;
+    *ntiles_p = (len + tile - 1) / tile;
+}
+
+// C(M,N) = beta C without reading C when beta is 0 (BLAS semantics), for K == 0.
+static void gemm_scale_c(const l3d_gemm_t *g) {
+    for (int i = 0; i < g->M; i++) {
+        float *c = g->C + (size_t)i * (size_t)g->ldc;
+        if (g->beta == 0.0f) memset(c, 0, sizeof(float) * (size_t)g->N);
+        else
+            for (int jj = 0; jj < g->N; jj++) c[jj] *= g->beta;
+    }
+}
+
+l3d_status l3d_cpu_gemm(l3d_device_t *dev, const l3d_gemm_t *g) {
+    if (g->M < 0 || g->N < 0 || g->K < 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "gemm: negative shape %dx%dx%d", g->M,
+                         g->N, g->K);
+    if (g->M == 0 || g->N == 0) return L3D_OK;
+    int min_lda = g->trans_a ? g->M : g->K, min_ldb = g->trans_b ? g->K : g->N;
+    if (g->lda < L3D_MAX(min_lda, 1) || g->ldb < L3D_MAX(min_ldb, 1) || g->ldc < g->N)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "gemm: strides lda %d ldb %d ldc %d too small for %dx%dx%d (ta %d tb %d)",
+                         g->lda, g->ldb, g->ldc, g->M, g->N, g->K, g->trans_a, g->trans_b);
+    if (g->K == 0) {
+        gemm_scale_c(g);
+        return L3D_OK;
+    }
+    size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;
+    if (macs <= GEMM_SERIAL_MACS) {
+        gemm_tile(g, 0, g->M, 0, g->N);
+        return L3D_OK;
+    }
+    gemm_job_t j = {.g = g};
+    int tm = GEMM_TILE_M, tn = GEMM_TILE_N;
+    gemm_split(g->M, tm, &j.tile_m, &j.ntm);
+    gemm_split(g->N, tn, &j.tile_n, &j.ntn);
+    while (j.ntm * j.ntn < GEMM_MIN_TASKS) {
+        int can_m = tm > GEMM_MIN_TILE_M && g->M > tm / 2;  // halving adds a tile
+        int can_n = tn > GEMM_MIN_TILE_N && g->N > tn / 2;
+        if (!can_m && !can_n) break;
+        if (can_n && (!can_m || tn >= 3 * tm)) tn /= 2;  // keep tiles roughly 3:1 or squarer
+        else tm /= 2;
+        gemm_split(g->M, tm, &j.tile_m, &j.ntm);
+        gemm_split(g->N, tn, &j.tile_n, &j.ntn);
+    }
+    l3d_cpu_run(dev, gemm_task, &j, j.ntm * j.ntn);
+    return L3D_OK;
+}

@@ -1,0 +1,227 @@
+// Row-wise kernels: token embedding, RMSNorm and rotary position embedding (RoPE).
+// defines: l3d_cpu_embedding_fwd/bwd, l3d_cpu_rmsnorm_fwd/bwd, l3d_cpu_rope
+#include <math.h>
+#include <string.h>
+
+#include "devices/cpu/cpu.h"
+
+// Rows per task for row-wise kernels; also the chunk of rows behind each partial of the
+// RMSNorm weight gradient, so that reduction's order is fixed by the shape alone.
+#define ROWS_PER_TASK 32
+// Columns per task when a task owns a slice of columns (embedding and dw reductions).
+#define COLS_PER_TASK 64
+
+static int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// ---- embedding ----------------------------------------------------------------------------------
+typedef struct {
+    float *out;
+    const int32_t *tokens;
+    const float *table;
+    int N, C;
+} emb_fwd_t;
+
+static void emb_fwd_task(void *arg, int task, int ntasks) {
+    const emb_fwd_t *e = arg;
+    int n1 = L3D_MIN(e->N, (task + 1) * ROWS_PER_TASK);
+    for (int n = task * ROWS_PER_TASK; n < n1; n++)
+        memcpy(e->out + (size_t)n * (size_t)e->C, e->table + (size_t)e->tokens[n] * (size_t)e->C,
+               sizeof(float) * (size_t)e->C);
+}
+
+// out(N,C) = table(V,C)[tokens(N)]
+l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *tokens,
+                                 const float *table, int N, int C, int V) {
+    if (N < 0 || C < 0 || V < 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "embedding_fwd: bad shape N %d C %d V %d",
+                         N, C, V);
+    for (int n = 0; n < N; n++)  // checked up front: an error leaves `out` untouched
+        if (tokens[n] < 0 || tokens[n] >= V)
+            return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                             "embedding_fwd: token[%d] = %d is outside [0, %d)", n, tokens[n], V);
+    emb_fwd_t e = {out, tokens, table, N, C};
+    l3d_cpu_run(dev, emb_fwd_task, &e, ceil_div(N, ROWS_PER_TASK));
+    return L3D_OK;
+}
+
+typedef struct {
+    float *dtable;
+    const float *dout;
+    const int32_t *tokens;
+    int N, C;
+} emb_bwd_t;
+
+// A task owns a slice of columns of every table row and adds the rows in token order, so the
+// sums are the serial ones and no two tasks touch the same element.
+static void emb_bwd_task(void *arg, int task, int ntasks) {
+    const emb_bwd_t *e = arg;
+    int c0 = task * COLS_PER_TASK, c1 = L3D_MIN(e->C, c0 + COLS_PER_TASK);
+    for (int n = 0; n < e->N; n++) {
+        float *restrict dst = e->dtable + (size_t)e->tokens[n] * (size_t)e->C;
+        const float *restrict src = e->dout + (size_t)n * (size_t)e->C;
+        for (int c = c0; c < c1; c++) dst[c] += src[c];
+    }
+}
+
+// dtable(V,C) += dout(N,C) scattered by tokens(N)
+l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *dout,
+                                 const int32_t *tokens, int N, int C) {
+    if (N < 0 || C < 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "embedding_bwd: bad shape N %d C %d", N,
+                         C);
+    // The contract gives no V, so only negative ids can be caught here (the forward checked
+    // the same tokens against V).
+    for (int n = 0; n < N; n++)
+        if (tokens[n] < 0)
+            return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                             "embedding_bwd: token[%d] = %d is negative", n, tokens[n]);
+    emb_bwd_t e = {dtable, dout, tokens, N, C};
+    l3d_cpu_run(dev, emb_bwd_task, &e, ceil_div(C, COLS_PER_TASK));
+    return L3D_OK;
+}
+
+// ---- rmsnorm ----------------------------------------------------------------------------------------
+// Sum of squares of a row in a fixed order: 16 interleaved float partials (vectorisable
+// without reassociation), folded pairwise, then the tail.
+static float row_sumsq(const float *restrict x, int C) {
+    float acc[16] = {0};
+    int c = 0;
+    for (; c + 16 <= C; c += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[c + k] * x[c + k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+    float s = acc[0];
+    for (; c < C; c++) s += x[c] * x[c];
+    return s;
+}
+
+static float row_dot3(const float *restrict a, const float *restrict b, const float *restrict c3,
+                      int C) {
+    float acc[16] = {0};
+    int c = 0;
+    for (; c + 16 <= C; c += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[c + k] * b[c + k] * c3[c + k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+    float s = acc[0];
+    for (; c < C; c++) s += a[c] * b[c] * c3[c];
+    return s;
+}
+
+typedef struct {
+    float *out, *rstd, *dx, *dw, *dw_part;
+    const float *x, *w, *dout, *rstd_in;
+    int N, C, nchunks;
+    float eps;
+} rms_t;
+
+static void rms_fwd_task(void *arg, int task, int ntasks) {
+    const rms_t *r = arg;
+    int C = r->C, n1 = L3D_MIN(r->N, (task + 1) * ROWS_PER_TASK);
+    for (int n = task * ROWS_PER_TASK; n < n1; n++) {
+        const float *restrict x = r->x + (size_t)n * (size_t)C;
+        float *restrict y = r->out + (size_t)n * (size_t)C;
+        const float *restrict w = r->w;
+        float rs = 1.0f / sqrtf(row_sumsq(x, C) / (float)C + r->eps);
+        for (int c = 0; c < C; c++) y[c] = x[c] * rs * w[c];
+        if (r->rstd) r->rstd[n] = rs;
+    }
+}
+
+// out(N,C) = x / sqrt(mean(x^2) + eps) * w(C); rstd(N)
+l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, float *out, float *rstd, const float *x,
+                               const float *w, int N, int C, float eps) {
+    if (N < 0 || C <= 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_fwd: bad shape N %d C %d", N, C);
+    rms_t r = {.out = out, .rstd = rstd, .x = x, .w = w, .N = N, .C = C, .eps = eps};
+    l3d_cpu_run(dev, rms_fwd_task, &r, ceil_div(N, ROWS_PER_TASK));
+    return L3D_OK;
+}
+
+// Pass 1, per chunk of rows: dx += rstd*(dout*w) - rstd^3/C * x * sum(dout*w*x), and the
+// chunk's partial of dw(C) = sum over its rows of dout * x * rstd.
+static void rms_bwd_rows_task(void *arg, int task, int ntasks) {
+    const rms_t *r = arg;
+    int C = r->C, n0 = task * ROWS_PER_TASK, n1 = L3D_MIN(r->N, n0 + ROWS_PER_TASK);
+    float *restrict part = r->dw_part + (size_t)task * (size_t)C;
+    memset(part, 0, sizeof(float) * (size_t)C);
+    const float *restrict w = r->w;
+    for (int n = n0; n < n1; n++) {
+        const float *restrict x = r->x + (size_t)n * (size_t)C;
+        const float *restrict g = r->dout + (size_t)n * (size_t)C;
+        float *restrict dx = r->dx + (size_t)n * (size_t)C;
+        float rs = r->rstd_in[n];
+        float k = row_dot3(g, w, x, C) * rs * rs * rs / (float)C;
+        for (int c = 0; c < C; c++) {
+            dx[c] += rs * g[c] * w[c] - k * x[c];
+            part[c] += g[c] * x[c] * rs;
+        }
+    }
+}
+
+// Pass 2, per slice of columns: dw += the partials in chunk order.
+static void rms_bwd_dw_task(void *arg, int task, int ntasks) {
+    const rms_t *r = arg;
+    int c0 = task * COLS_PER_TASK, c1 = L3D_MIN(r->C, c0 + COLS_PER_TASK);
+    for (int p = 0; p < r->nchunks; p++) {
+        const float *restrict part = r->dw_part + (size_t)p * (size_t)r->C;
+        float *restrict dw = r->dw;
+        for (int c = c0; c < c1; c++) dw[c] += part[c];
+    }
+}
+
+// dx(N,C) += d/dx, dw(C) += d/dw
+l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const float *dout,
+                               const float *x, const float *w, const float *rstd, int N, int C) {
+    if (N < 0 || C <= 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_bwd: bad shape N %d C %d", N, C);
+    if (N == 0) return L3D_OK;
+    int nchunks = ceil_div(N, ROWS_PER_TASK);
+    size_t part_bytes = sizeof(float) * (size_t)nchunks * (size_t)C;
+    float *part = l3d_malloc(dev->ctx, part_bytes, "scratch");
+    if (!part) return L3D_ERR_NOMEM;
+    rms_t r = {.dx = dx, .dw = dw, .dw_part = part, .x = x, .w = w, .dout = dout,
+               .rstd_in = rstd, .N = N, .C = C, .nchunks = nchunks};
+    l3d_cpu_run(dev, rms_bwd_rows_task, &r, nchunks);
+    l3d_cpu_run(dev, rms_bwd_dw_task, &r, ceil_div(C, COLS_PER_TASK));
+    l3d_free(dev->ctx, part, part_bytes, "scratch");
+    return L3D_OK;
+}
+
+// ---- rope -------------------------------------------------------------------------------------------
+typedef struct {
+    float *x;
+    const float *cos_tab, *sin_tab;
+    int T, NH, D, pos0;
+    float sign;  // +1 forward, -1 inverse
+} rope_t;
+
+// One task per (b, t): NH heads of D.
+static void rope_task(void *arg, int task, int ntasks) {
+    const rope_t *r = arg;
+    int t = task % r->T, half = r->D / 2;
+    const float *restrict cs = r->cos_tab + (size_t)(r->pos0 + t) * (size_t)half;
+    const float *restrict sn = r->sin_tab + (size_t)(r->pos0 + t) * (size_t)half;
+    float sign = r->sign;
+    for (int h = 0; h < r->NH; h++) {
+        float *restrict x1 = r->x + ((size_t)task * (size_t)r->NH + (size_t)h) * (size_t)r->D;
+        float *restrict x2 = x1 + half;
+        for (int i = 0; i < half; i++) {
+            float a = x1[i], b = x2[i], c = cs[i], s = sign * sn[i];
+            x1[i] = a * c - b * s;
+            x2[i] = b * c + a * s;
+        }
+    }
+}
+
+// In place on x(B,T,NH,D), rotate-half convention; cos/sin (Tmax, D/2)
+l3d_status l3d_cpu_rope(l3d_device_t *dev, float *x, const float *cos_tab, const float *sin_tab,
+                        int B, int T, int NH, int D, int pos0, int inverse) {
+    if (B < 0 || T < 0 || NH < 0 || D <= 0 || (D & 1) || pos0 < 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "rope: bad shape B %d T %d NH %d D %d pos0 %d (D must be even)", B, T, NH,
+                         D, pos0);
+    rope_t r = {x, cos_tab, sin_tab, T, NH, D, pos0, inverse ? -1.0f : 1.0f};
+    l3d_cpu_run(dev, rope_task, &r, B * T);
+    return L3D_OK;
+}

@@ -1,0 +1,263 @@
+// The device vtable: memory and every op the Llama 3 model needs, forward and backward.
+// defines: l3d_device_t, l3d_device_ops_t, l3d_dev_* wrappers, l3d_device_create/destroy
+//
+// Shaped like ggml's backend interface and NCCL's net plugin: a const table of function
+// pointers with an ABI version, its size and a name; each entry's contract is written above
+// it. core/ calls only the l3d_dev_* wrappers below, never `ops->` directly.
+//
+// Conventions for every op entry:
+// - Pointers are device memory returned by `alloc` (for the CPU device, host memory), never
+//   owned by the op. Shapes are row-major, written as comments: // (B,T,C).
+// - Ops are ordered on the device's one stream and may return before they finish (CUDA);
+//   `sync` waits for all of them. The CPU device finishes each op before returning.
+// - Every op is deterministic: the same inputs give bit-identical outputs for a given device
+//   and thread count (reductions have a fixed order that does not depend on scheduling).
+// - "+=" in a contract means the op accumulates into the output; otherwise it overwrites.
+// - Token ids and targets are int32 in device memory. A target < 0 is ignored.
+#ifndef L3D_DEVICE_H
+#define L3D_DEVICE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/ctx.h"
+#include "llama3d/status.h"
+
+#define L3D_DEVICE_ABI_VERSION 1
+
+typedef struct l3d_device_ops l3d_device_ops_t;
+
+// Object shape { ops, parent, priv } (STYLE.md point 5).
+typedef struct l3d_device {
+    const l3d_device_ops_t *ops;
+    l3d_ctx_t *ctx;
+    void *priv;
+    int num_threads;  // as resolved by init (CPU); informational for others
+} l3d_device_t;
+
+typedef struct l3d_device_params {
+    int num_threads;   // CPU: worker threads including the caller; 0 = number of cores
+    int device_index;  // CUDA: which GPU; ignored by the CPU
+} l3d_device_params_t;
+
+typedef enum l3d_copy_kind {
+    L3D_COPY_H2D = 0,
+    L3D_COPY_D2H = 1,
+    L3D_COPY_D2D = 2,
+} l3d_copy_kind;
+
+// A GEMM in row-major terms: C(M,N) = alpha * op(A) * op(B) + beta * C, where op(A) is
+// (M,K) and op(B) is (K,N). A is stored (M,K) with row stride lda, or (K,M) if trans_a;
+// B is stored (K,N) with row stride ldb, or (N,K) if trans_b. A Linear layer y = x W^T with
+// W (out,in) is trans_b = 1.
+typedef struct l3d_gemm {
+    int trans_a, trans_b;
+    int M, N, K;
+    float alpha, beta;
+    const float *A;
+    int lda;
+    const float *B;
+    int ldb;
+    float *C;
+    int ldc;
+} l3d_gemm_t;
+
+// Causal grouped-query attention dimensions. Queries are the last Tq positions of a
+// sequence of Tk keys (Tq == Tk in training; Tq < Tk when decoding with a KV cache):
+// query i sees keys j <= i + (Tk - Tq). H % KVH == 0; query head h uses kv head h/(H/KVH).
+// kv_bstride: elements between batch entries of k and v (0 means Tk*KVH*D), so a KV cache
+// of capacity Tmax can be passed without copying.
+typedef struct l3d_attn_dims {
+    int B, Tq, Tk, H, KVH, D;
+    size_t kv_bstride;
+} l3d_attn_dims_t;
+
+struct l3d_device_ops {
+    uint32_t abi_version;  // L3D_DEVICE_ABI_VERSION
+    uint32_t size;         // sizeof(l3d_device_ops_t) the backend was built with
+    const char *name;      // "cpu", "cuda"
+
+    // ---- lifetime -------------------------------------------------------------------------
+    // Initialises dev->priv and dev->num_threads. Blocking. On failure leaves nothing
+    // allocated and records the cause with l3d_error on dev->ctx.
+    l3d_status (*init)(l3d_device_t *dev, const l3d_device_params_t *params);
+    // Releases everything init made. Buffers still allocated are the caller's leak.
+    void (*fini)(l3d_device_t *dev);
+
+    // ---- memory ---------------------------------------------------------------------------
+    // Allocates `bytes` (0 gives a valid unique pointer or NULL, both freeable) aligned to at
+    // least 64 bytes, contents undefined. `tag` is the accounting category (static string).
+    l3d_status (*alloc)(l3d_device_t *dev, size_t bytes, const char *tag, void **ptr_p);
+    // Frees what alloc returned; NULL is a no-op. `bytes` and `tag` are those given to alloc.
+    void (*free)(l3d_device_t *dev, void *ptr, size_t bytes, const char *tag);
+    // Nonzero when device pointers are host pointers (the caller may read them directly).
+    int (*is_host)(const l3d_device_t *dev);
+    // Copies `bytes`; host memory must stay valid until `sync` (async devices).
+    l3d_status (*copy)(l3d_device_t *dev, void *dst, const void *src, size_t bytes,
+                       l3d_copy_kind kind);
+    // Sets `bytes` of device memory to the byte `value`.
+    l3d_status (*memset)(l3d_device_t *dev, void *dst, int value, size_t bytes);
+    // Blocks until every op issued so far has finished.
+    l3d_status (*sync)(l3d_device_t *dev);
+
+    // ---- ops ------------------------------------------------------------------------------
+    l3d_status (*gemm)(l3d_device_t *dev, const l3d_gemm_t *g);
+
+    // out(N,C) = table(V,C)[tokens(N)]. A token outside [0,V) is L3D_ERR_INVALID_ARG.
+    l3d_status (*embedding_fwd)(l3d_device_t *dev, float *out, const int32_t *tokens,
+                                const float *table, int N, int C, int V);
+    // dtable(V,C) += dout(N,C) scattered by tokens(N).
+    l3d_status (*embedding_bwd)(l3d_device_t *dev, float *dtable, const float *dout,
+                                const int32_t *tokens, int N, int C);
+
+    // out(N,C) = x / sqrt(mean(x^2) + eps) * w(C); rstd(N) = that 1/sqrt (rstd may be NULL).
+    l3d_status (*rmsnorm_fwd)(l3d_device_t *dev, float *out, float *rstd, const float *x,
+                              const float *w, int N, int C, float eps);
+    // dx(N,C) += d/dx, dw(C) += d/dw, given dout(N,C), x, w and rstd from the forward.
+    l3d_status (*rmsnorm_bwd)(l3d_device_t *dev, float *dx, float *dw, const float *dout,
+                              const float *x, const float *w, const float *rstd, int N, int C);
+
+    // In place on x(B,T,NH,D), Hugging Face rotate-half convention: for i < D/2,
+    // (x_i, x_{i+D/2}) is rotated by angle pos*inv_freq_i where pos = pos0 + t. cos/sin are
+    // tables (Tmax, D/2) with Tmax >= pos0 + T. inverse != 0 rotates by -angle (that is the
+    // backward: the rotation is orthogonal).
+    l3d_status (*rope)(l3d_device_t *dev, float *x, const float *cos_tab, const float *sin_tab,
+                       int B, int T, int NH, int D, int pos0, int inverse);
+
+    // out(B,Tq,H,D) = softmax(q k^T / sqrt(D), causal) v, computed in O(Tq) extra memory
+    // (online softmax). q (B,Tq,H,D), k and v (B,Tk,KVH,D) with batch stride kv_bstride.
+    // lse(B,H,Tq) receives the log-sum-exp of each score row (scaled scores); may be NULL.
+    l3d_status (*attention_fwd)(l3d_device_t *dev, float *out, float *lse, const float *q,
+                                const float *k, const float *v, const l3d_attn_dims_t *d);
+    // dq (B,Tq,H,D), dk and dv (B,Tk,KVH,D, contiguous) are overwritten, given dout, the
+    // forward's inputs, its out and lse. Scores are recomputed from lse, not stored.
+    l3d_status (*attention_bwd)(l3d_device_t *dev, float *dq, float *dk, float *dv,
+                                const float *dout, const float *q, const float *k,
+                                const float *v, const float *out, const float *lse,
+                                const l3d_attn_dims_t *d);
+
+    // out(n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)). out may alias gate or up.
+    l3d_status (*swiglu_fwd)(l3d_device_t *dev, float *out, const float *gate, const float *up,
+                             size_t n);
+    // dgate(n), dup(n) overwritten from dout(n). They may alias gate and up respectively.
+    l3d_status (*swiglu_bwd)(l3d_device_t *dev, float *dgate, float *dup, const float *dout,
+                             const float *gate, const float *up, size_t n);
+
+    // out(n) = a + b. out may alias a or b.
+    l3d_status (*add)(l3d_device_t *dev, float *out, const float *a, const float *b, size_t n);
+    // x(n) *= s.
+    l3d_status (*scale)(l3d_device_t *dev, float *x, float s, size_t n);
+
+    // Fused softmax + cross-entropy over logits(N,V), in place: on return logits holds
+    // grad_scale * (softmax - onehot(target)) and losses(N) the per-row -log p(target)
+    // (0 and a zero gradient row where target < 0). No second copy of the logits is made.
+    // A target >= V is L3D_ERR_INVALID_ARG. losses may be NULL (gradient only).
+    l3d_status (*xent_fwd_bwd)(l3d_device_t *dev, float *logits, float *losses,
+                               const int32_t *targets, int N, int V, float grad_scale);
+
+    // *out_host = sum of x(n)^2, accumulated in double. Blocking (the result is on the host).
+    l3d_status (*sumsq)(l3d_device_t *dev, const float *x, size_t n, double *out_host);
+
+    // AdamW with torch.optim.AdamW semantics, one step over n elements:
+    //   g = grad * grad_scale;  p *= 1 - lr * weight_decay
+    //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+    //   p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
+    // where bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are given by the caller.
+    l3d_status (*adamw)(l3d_device_t *dev, float *param, const float *grad, float *m, float *v,
+                        size_t n, float lr, float beta1, float beta2, float eps,
+                        float weight_decay, float bc1, float bc2, float grad_scale);
+};
+
+// ---- registry (core/device.c, table generated by CMake) ---------------------------------
+// The built devices, NULL-terminated (generated l3d_backends.c).
+extern const l3d_device_ops_t *const l3d_device_backends[];
+// Creates the device named `name` ("cpu", "cuda"); an unknown or unbuilt name is an
+// L3D_ERR_UNSUPPORTED error listing the built ones. On success *dev_p is owned by the caller.
+l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_params_t *params,
+                             l3d_device_t **dev_p);
+void l3d_device_destroy(l3d_device_t *dev);
+
+// ---- wrappers: the only way core/ reaches a device -----------------------------------------
+static inline l3d_status l3d_dev_alloc(l3d_device_t *d, size_t bytes, const char *tag, void **p) {
+    return d->ops->alloc(d, bytes, tag, p);
+}
+static inline void l3d_dev_free(l3d_device_t *d, void *p, size_t bytes, const char *tag) {
+    d->ops->free(d, p, bytes, tag);
+}
+static inline int l3d_dev_is_host(const l3d_device_t *d) { return d->ops->is_host(d); }
+static inline l3d_status l3d_dev_copy(l3d_device_t *d, void *dst, const void *src, size_t n,
+                                      l3d_copy_kind k) {
+    return d->ops->copy(d, dst, src, n, k);
+}
+static inline l3d_status l3d_dev_memset(l3d_device_t *d, void *dst, int v, size_t n) {
+    return d->ops->memset(d, dst, v, n);
+}
+static inline l3d_status l3d_dev_sync(l3d_device_t *d) { return d->ops->sync(d); }
+static inline l3d_status l3d_dev_gemm(l3d_device_t *d, const l3d_gemm_t *g) {
+    return d->ops->gemm(d, g);
+}
+static inline l3d_status l3d_dev_embedding_fwd(l3d_device_t *d, float *out, const int32_t *tok,
+                                               const float *table, int N, int C, int V) {
+    return d->ops->embedding_fwd(d, out, tok, table, N, C, V);
+}
+static inline l3d_status l3d_dev_embedding_bwd(l3d_device_t *d, float *dtable, const float *dout,
+                                               const int32_t *tok, int N, int C) {
+    return d->ops->embedding_bwd(d, dtable, dout, tok, N, C);
+}
+static inline l3d_status l3d_dev_rmsnorm_fwd(l3d_device_t *d, float *out, float *rstd,
+                                             const float *x, const float *w, int N, int C,
+                                             float eps) {
+    return d->ops->rmsnorm_fwd(d, out, rstd, x, w, N, C, eps);
+}
+static inline l3d_status l3d_dev_rmsnorm_bwd(l3d_device_t *d, float *dx, float *dw,
+                                             const float *dout, const float *x, const float *w,
+                                             const float *rstd, int N, int C) {
+    return d->ops->rmsnorm_bwd(d, dx, dw, dout, x, w, rstd, N, C);
+}
+static inline l3d_status l3d_dev_rope(l3d_device_t *d, float *x, const float *cos_tab,
+                                      const float *sin_tab, int B, int T, int NH, int D, int pos0,
+                                      int inverse) {
+    return d->ops->rope(d, x, cos_tab, sin_tab, B, T, NH, D, pos0, inverse);
+}
+static inline l3d_status l3d_dev_attention_fwd(l3d_device_t *d, float *out, float *lse,
+                                               const float *q, const float *k, const float *v,
+                                               const l3d_attn_dims_t *dims) {
+    return d->ops->attention_fwd(d, out, lse, q, k, v, dims);
+}
+static inline l3d_status l3d_dev_attention_bwd(l3d_device_t *d, float *dq, float *dk, float *dv,
+                                               const float *dout, const float *q, const float *k,
+                                               const float *v, const float *out,
+                                               const float *lse, const l3d_attn_dims_t *dims) {
+    return d->ops->attention_bwd(d, dq, dk, dv, dout, q, k, v, out, lse, dims);
+}
+static inline l3d_status l3d_dev_swiglu_fwd(l3d_device_t *d, float *out, const float *gate,
+                                            const float *up, size_t n) {
+    return d->ops->swiglu_fwd(d, out, gate, up, n);
+}
+static inline l3d_status l3d_dev_swiglu_bwd(l3d_device_t *d, float *dgate, float *dup,
+                                            const float *dout, const float *gate,
+                                            const float *up, size_t n) {
+    return d->ops->swiglu_bwd(d, dgate, dup, dout, gate, up, n);
+}
+static inline l3d_status l3d_dev_add(l3d_device_t *d, float *out, const float *a, const float *b,
+                                     size_t n) {
+    return d->ops->add(d, out, a, b, n);
+}
+static inline l3d_status l3d_dev_scale(l3d_device_t *d, float *x, float s, size_t n) {
+    return d->ops->scale(d, x, s, n);
+}
+static inline l3d_status l3d_dev_xent_fwd_bwd(l3d_device_t *d, float *logits, float *losses,
+                                              const int32_t *targets, int N, int V,
+                                              float grad_scale) {
+    return d->ops->xent_fwd_bwd(d, logits, losses, targets, N, V, grad_scale);
+}
+static inline l3d_status l3d_dev_sumsq(l3d_device_t *d, const float *x, size_t n, double *out) {
+    return d->ops->sumsq(d, x, n, out);
+}
+static inline l3d_status l3d_dev_adamw(l3d_device_t *d, float *p, const float *g, float *m,
+                                       float *v, size_t n, float lr, float b1, float b2,
+                                       float eps, float wd, float bc1, float bc2, float gscale) {
+    return d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+}
+
+#endif

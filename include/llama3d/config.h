@@ -1,0 +1,139 @@
+// Model and training configuration: Hugging Face config.json for the model, DeepSpeed's
+// ds_config.json (plus llama3d's own sections) for the run.
+// defines: l3d_model_config_t, l3d_train_config_t, l3d_model_config_*, l3d_train_config_*
+#ifndef LLAMA3D_CONFIG_H
+#define LLAMA3D_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/ctx.h"
+#include "llama3d/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- model -------------------------------------------------------------------------------
+// The Llama 3 architecture, field names as Hugging Face's LlamaConfig.
+typedef struct l3d_model_config {
+    char name[64];               // preset name, or "custom"
+    int hidden_size;             // C
+    int intermediate_size;       // F (SwiGLU width)
+    int num_hidden_layers;       // L
+    int num_attention_heads;     // H
+    int num_key_value_heads;     // KVH (GQA); H % KVH == 0
+    int head_dim;                // D = hidden_size / H unless config.json says otherwise
+    int vocab_size;              // V
+    int max_position_embeddings;
+    float rms_norm_eps;
+    float rope_theta;
+    // rope_scaling {"rope_type": "llama3", factor, low_freq_factor, high_freq_factor,
+    // original_max_position_embeddings}; rope_scaling_llama3 = 0 means no scaling.
+    int rope_scaling_llama3;
+    float rope_factor;
+    float rope_low_freq_factor;
+    float rope_high_freq_factor;
+    int rope_original_max_position_embeddings;
+    int tie_word_embeddings;
+    int bos_token_id;
+    int eos_token_id;
+    float initializer_range;     // std of the normal init of matrices (HF default 0.02)
+} l3d_model_config_t;
+
+// Fills `cfg` from a built-in preset: "llama3-tiny", "llama3.2-1b", "llama3.2-3b",
+// "llama3-8b", "llama3-70b", "llama3-405b". Unknown: L3D_ERR_NOT_FOUND naming the presets.
+l3d_status l3d_model_config_preset(l3d_ctx_t *ctx, const char *name, l3d_model_config_t *cfg);
+// Lists the preset names, NULL-terminated.
+const char *const *l3d_model_config_preset_names(void);
+// Parses a Hugging Face config.json text. Unknown keys that HF writes (architectures,
+// torch_dtype, ...) are ignored; keys that change the math and that llama3d does not do
+// (e.g. attention_bias true, hidden_act other than silu) are L3D_ERR_CONFIG errors.
+l3d_status l3d_model_config_from_json(l3d_ctx_t *ctx, const char *text, size_t len,
+                                      const char *origin, l3d_model_config_t *cfg);
+l3d_status l3d_model_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_model_config_t *cfg);
+// Checks internal consistency (divisibility, positivity). Error names the field.
+l3d_status l3d_model_config_validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg);
+// Writes a Hugging Face config.json that transformers' LlamaConfig loads. *json_p is
+// allocated with malloc; free() it.
+l3d_status l3d_model_config_to_json(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, char **json_p);
+// Parameter count (embedding and head counted once when tied).
+uint64_t l3d_model_config_num_params(const l3d_model_config_t *cfg);
+
+// ---- training ----------------------------------------------------------------------------
+typedef enum l3d_sched_type {
+    L3D_SCHED_CONSTANT = 0,      // no "scheduler" section
+    L3D_SCHED_WARMUP_LR,         // DeepSpeed WarmupLR: warm up, then hold warmup_max_lr
+    L3D_SCHED_WARMUP_DECAY_LR,   // DeepSpeed WarmupDecayLR: warm up, then linear decay to 0
+    L3D_SCHED_WARMUP_COSINE_LR,  // DeepSpeed WarmupCosineLR: warm up, then cosine decay
+} l3d_sched_type;
+
+#define L3D_MAX_NOTES 32
+
+typedef struct l3d_train_config {
+    l3d_model_config_t model;
+    char model_source[512];      // preset name or path, as given
+
+    // batch identity (DeepSpeed): train_batch_size = micro * accum * dp
+    int train_batch_size;
+    int micro_batch_size;        // train_micro_batch_size_per_gpu
+    int grad_accum_steps;        // gradient_accumulation_steps
+
+    float gradient_clipping;     // 0 = off
+    int steps_per_print;
+    int wall_clock_breakdown;
+
+    // optimizer (DeepSpeed "optimizer": {"type": "AdamW"|"Adam", "params": {...}})
+    float lr, beta1, beta2, eps, weight_decay;
+    int adam_w_mode;             // 1: decoupled decay (AdamW); 0: L2 in the gradient (Adam)
+
+    // scheduler (DeepSpeed "scheduler")
+    l3d_sched_type sched;
+    float warmup_min_lr, warmup_max_lr;
+    int warmup_num_steps;
+    int warmup_type_log;         // WarmupLR/WarmupDecayLR warmup_type "log" (DeepSpeed default)
+    int total_num_steps;
+    float warmup_min_ratio, cos_min_ratio;  // WarmupCosineLR
+
+    // precision, memory (accepted; effective or reported as notes)
+    int fp16, bf16;
+    int zero_stage;
+    int overlap_comm;
+    double reduce_bucket_size;
+    int activation_checkpointing;
+
+    // llama3d's own sections
+    char data_path[512];         // "" = the default data set
+    int seq_len;                 // data.seq_len: T
+    int steps;                   // train.steps
+    uint64_t seed;               // train.seed
+    char save_dir[512];          // train.save_dir ("" = no saving)
+    int save_interval;           // train.save_interval (0 = only at the end)
+    char metrics_path[512];      // train.metrics ("" = none)
+    int dp, tp, pp;              // parallel section
+    char device[32];             // train.device ("cpu")
+    int num_threads;             // train.threads (0 = L3D_NUM_THREADS or cores)
+
+    // keys accepted but not yet effective here, one line each, printed at start-up
+    int n_notes;
+    char notes[L3D_MAX_NOTES][160];
+} l3d_train_config_t;
+
+// Defaults: llama3-tiny, batch 8 = micro 8 x accum 1, T 64, AdamW lr 1e-3, 200 steps, seed 1.
+void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
+// Applies a ds_config.json text on top of `cfg`. Every key is honoured, noted in cfg->notes
+// as not yet effective, or rejected with L3D_ERR_CONFIG naming the key, its path and the
+// nearest valid key. Resolves the batch identity with DeepSpeed's rules (any two of the
+// three numbers determine the third; a mismatch is an error naming all three and dp).
+l3d_status l3d_train_config_from_json(l3d_ctx_t *ctx, const char *text, size_t len,
+                                      const char *origin, l3d_train_config_t *cfg);
+l3d_status l3d_train_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_train_config_t *cfg);
+// Re-checks the batch identity and the rest after command-line overrides.
+l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
+// Learning rate at optimizer step `step` (0-based) for the configured schedule.
+float l3d_train_config_lr(const l3d_train_config_t *cfg, int step);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

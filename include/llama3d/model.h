@@ -1,0 +1,69 @@
+// The Llama 3 model: parameters on a device, forward, backward, inference with a KV cache.
+// defines: l3d_model_t, l3d_model_create/destroy, l3d_model_init_weights, l3d_model_logits
+#ifndef LLAMA3D_MODEL_H
+#define LLAMA3D_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/config.h"
+#include "llama3d/ctx.h"
+#include "llama3d/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct l3d_model l3d_model_t;
+typedef struct l3d_device l3d_device_t;
+
+// Creates a model with uninitialised parameters on `dev` (see l3d_model_init_weights or
+// l3d_model_load). The model keeps pointers to ctx and dev; both must outlive it.
+l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                            l3d_model_t **model_p);
+void l3d_model_destroy(l3d_model_t *model);
+const l3d_model_config_t *l3d_model_config(const l3d_model_t *model);
+
+// Deterministic initialisation from `seed`: matrices N(0, initializer_range), norms 1.
+// Each element's value depends only on (seed, tensor name, element index), so every
+// parallel layout initialises its shard identically.
+l3d_status l3d_model_init_weights(l3d_model_t *model, uint64_t seed);
+
+// Loads a Hugging Face layout directory (config.json + model.safetensors) into the model;
+// shapes must match the model's config (error names the tensor). Saves the same layout,
+// atomically (a crash leaves the previous directory whole).
+l3d_status l3d_model_load(l3d_model_t *model, const char *dir);
+l3d_status l3d_model_save(l3d_model_t *model, const char *dir);
+// Creates a model from a checkpoint directory's config.json and loads its weights.
+l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
+                          l3d_model_t **model_p);
+
+// Forward over one sequence tokens[0..n) at positions 0..n-1; writes float32 logits (n, V)
+// row-major to host memory `logits`.
+l3d_status l3d_model_logits(l3d_model_t *model, const int32_t *tokens, int n, float *logits);
+
+// ---- KV-cached inference (one sequence) --------------------------------------------------
+typedef struct l3d_kv_cache l3d_kv_cache_t;
+// A cache for up to `capacity` positions (<= max_position_embeddings).
+l3d_status l3d_kv_cache_create(l3d_model_t *model, int capacity, l3d_kv_cache_t **cache_p);
+void l3d_kv_cache_destroy(l3d_kv_cache_t *cache);
+int l3d_kv_cache_len(const l3d_kv_cache_t *cache);
+// Appends tokens[0..n) at the cache's current length and writes the logits of the LAST of
+// them (V floats, host memory). Beyond the capacity: L3D_ERR_INVALID_ARG.
+l3d_status l3d_model_decode(l3d_model_t *model, l3d_kv_cache_t *cache, const int32_t *tokens,
+                            int n, float *last_logits);
+
+// ---- sampling ----------------------------------------------------------------------------
+// temperature 0 is greedy (argmax, lowest id on ties); otherwise softmax(logits / T)
+// restricted to the smallest set of ids whose probability reaches top_p (nucleus; 1 = all).
+// The random stream is a pure function of `seed`: the same seed gives the same text.
+typedef struct l3d_sampler l3d_sampler_t;
+l3d_status l3d_sampler_create(l3d_ctx_t *ctx, int vocab_size, float temperature, float top_p,
+                              uint64_t seed, l3d_sampler_t **sampler_p);
+void l3d_sampler_destroy(l3d_sampler_t *s);
+int32_t l3d_sampler_sample(l3d_sampler_t *s, const float *logits);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,371 @@
+// Files: whole reads, read-only maps, crash-safe replacement of files and directories.
+// Every function returns 0 or a negative errno value; callers add the words.
+#define _GNU_SOURCE  // renameat2 + RENAME_EXCHANGE, nftw
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "platform/platform.h"
+
+// ---- helpers -----------------------------------------------------------------------------
+
+// `path` without trailing slashes ("ckpt/" and "ckpt" name the same directory, and
+// "<dst>.old.<pid>" must not become "ckpt/.old.<pid>"), malloc'd.
+static char *strip_slashes(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    char *s = malloc(n + 1);
+    if (!s) return NULL;
+    memcpy(s, path, n);
+    s[n] = '\0';
+    return s;
+}
+
+// The directory that holds `path` ("." when there is none), malloc'd.
+static char *dir_of(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    while (n > 0 && path[n - 1] != '/') n--;
+    while (n > 1 && path[n - 1] == '/') n--;
+    if (n == 0) return strip_slashes(".");
+    char *d = malloc(n + 1);
+    if (!d) return NULL;
+    memcpy(d, path, n);
+    d[n] = '\0';
+    return d;
+}
+
+// Makes the directory entries of `dir` durable (a rename is only on disk once its directory
+// is synced). File systems that cannot sync a directory say EINVAL; there is nothing more
+// to do on those, so that is not an error.
+static int fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    int rc = 0;
+    while (fsync(fd) != 0) {
+        if (errno == EINTR) continue;
+        if (errno != EINVAL && errno != ENOTSUP) rc = -errno;
+        break;
+    }
+    close(fd);
+    return rc;
+}
+
+static int write_full(int fd, const void *data, size_t len) {
+    const char *p = data;
+    while (len > 0) {
+        // Linux writes at most ~2 GiB per call; ask for 1 GiB pieces.
+        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
+        ssize_t w = write(fd, p, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (w == 0) return -EIO;
+        p += w;
+        len -= (size_t)w;
+    }
+    return 0;
+}
+
+// ---- reading -----------------------------------------------------------------------------
+
+int l3d_file_read_all(const char *path, size_t max_len, char **buf_p, size_t *len_p) {
+    *buf_p = NULL;
+    if (len_p) *len_p = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    int rc = 0;
+    char *buf = NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        rc = -errno;
+        goto fail;
+    }
+    if (S_ISDIR(st.st_mode)) {
+        rc = -EISDIR;
+        goto fail;
+    }
+    // Regular files: size the buffer once, +1 for the NUL and +1 so that the read that sees
+    // EOF has room and no regrowth happens. Pipes and the like grow as they go.
+    size_t cap = 4096;
+    if (S_ISREG(st.st_mode)) {
+        if (max_len && (uint64_t)st.st_size > max_len) {
+            rc = -EFBIG;
+            goto fail;
+        }
+        if ((uint64_t)st.st_size > SIZE_MAX - 2) {
+            rc = -EFBIG;
+            goto fail;
+        }
+        cap = (size_t)st.st_size + 2;
+    }
+    buf = malloc(cap);
+    if (!buf) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    size_t len = 0;
+    for (;;) {
+        if (len + 1 == cap) {
+            if (cap > SIZE_MAX / 2) {
+                rc = -EFBIG;
+                goto fail;
+            }
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                rc = -ENOMEM;
+                goto fail;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t r = read(fd, buf + len, cap - 1 - len);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            rc = -errno;
+            goto fail;
+        }
+        if (r == 0) break;
+        len += (size_t)r;
+        // The file may have grown since fstat.
+        if (max_len && len > max_len) {
+            rc = -EFBIG;
+            goto fail;
+        }
+    }
+    close(fd);
+    buf[len] = '\0';
+    *buf_p = buf;
+    if (len_p) *len_p = len;
+    return 0;
+fail:
+    free(buf);
+    close(fd);
+    return rc;
+}
+
+// The mapping is MAP_PRIVATE and read-only; if another process truncates the file while it
+// is mapped, touching the lost pages raises SIGBUS. Checkpoints are replaced by rename, never
+// rewritten in place, so a mapped file is never truncated by llama3d itself.
+int l3d_file_map(const char *path, const void **data_p, size_t *len_p) {
+    *data_p = NULL;
+    *len_p = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int rc = -errno;
+        close(fd);
+        return rc;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return 0;
+    }
+    if ((uint64_t)st.st_size > SIZE_MAX) {
+        close(fd);
+        return -EFBIG;
+    }
+    size_t len = (size_t)st.st_size;
+    void *p = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd);  // the mapping keeps its own reference to the file
+    if (p == MAP_FAILED) return -err;
+    *data_p = p;
+    *len_p = len;
+    return 0;
+}
+
+void l3d_file_unmap(const void *data, size_t len) {
+    if (data && len) munmap((void *)data, len);
+}
+
+// ---- writing -----------------------------------------------------------------------------
+
+// One writer per `path` at a time: two threads of one process would share the temp name.
+int l3d_file_write_atomic(const char *path, const l3d_iovec_t *pieces, size_t n) {
+    size_t tlen = strlen(path) + 32;
+    char *tmp = malloc(tlen);
+    if (!tmp) return -ENOMEM;
+    snprintf(tmp, tlen, "%s.tmp.%ld", path, (long)getpid());
+    // O_NOFOLLOW: a symlink planted at the temp name must not redirect the write.
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0) {
+        int rc = -errno;
+        free(tmp);
+        return rc;
+    }
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (pieces[i].len) rc = write_full(fd, pieces[i].data, pieces[i].len);
+    while (rc == 0 && fsync(fd) != 0) {
+        if (errno != EINTR) rc = -errno;
+    }
+    // Linux closes the descriptor even when close() says EINTR, and the data is already
+    // synced, so only a real error counts.
+    if (close(fd) != 0 && rc == 0 && errno != EINTR) rc = -errno;
+    if (rc == 0 && rename(tmp, path) != 0) rc = -errno;
+    if (rc != 0) {
+        unlink(tmp);
+        free(tmp);
+        return rc;
+    }
+    free(tmp);
+    // The new file is in place; syncing the directory makes the rename itself durable.
+    char *dir = dir_of(path);
+    if (!dir) return -ENOMEM;
+    rc = fsync_dir(dir);
+    free(dir);
+    return rc;
+}
+
+// ---- directories -------------------------------------------------------------------------
+
+int l3d_dir_create(const char *path) {
+    if (!path[0]) return -ENOENT;
+    char *p = strip_slashes(path);
+    if (!p) return -ENOMEM;
+    size_t n = strlen(p);
+    int rc = 0;
+    for (size_t i = 1; i <= n; i++) {
+        if (p[i] != '/' && p[i] != '\0') continue;
+        if (p[i - 1] == '/') continue;  // "a//b"
+        char c = p[i];
+        p[i] = '\0';
+        if (mkdir(p, 0777) != 0) {
+            int err = errno;
+            struct stat st;
+            // Existing directories are fine, whatever mkdir said about them (EEXIST, or
+            // EACCES/EROFS on some systems for a directory we could not create anyway).
+            if (stat(p, &st) != 0 || !S_ISDIR(st.st_mode)) {
+                rc = err == EEXIST ? -ENOTDIR : -err;
+                break;
+            }
+        }
+        p[i] = c;
+    }
+    free(p);
+    return rc;
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    int r = (flag == FTW_DP || flag == FTW_DNR) ? rmdir(p) : unlink(p);
+    if (r != 0 && errno != ENOENT) return errno;
+    return 0;
+}
+
+int l3d_dir_remove_tree(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -errno;
+    if (!S_ISDIR(st.st_mode)) return (unlink(path) == 0 || errno == ENOENT) ? 0 : -errno;
+    // FTW_PHYS: symlinks are removed, never followed out of the tree.
+    int r = nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (r > 0) return -r;
+    if (r < 0) return -errno;
+    return 0;
+}
+
+// Publishing a directory. On Linux renameat2(RENAME_EXCHANGE) swaps src and dst in one
+// atomic step, so `dst` always names a whole version. Where the file system cannot exchange,
+// dst is renamed to "<dst>.old.<pid>" and src to dst: between those two renames `dst` does
+// not exist. A crash in that window leaves the previous version at "<dst>.old.<pid>" and the
+// new one at `src`; a reader that finds no `dst` should look for those.
+int l3d_dir_replace(const char *src_in, const char *dst_in) {
+    char *src = strip_slashes(src_in), *dst = strip_slashes(dst_in);
+    char *old = NULL, *dst_parent = NULL, *src_parent = NULL;
+    int rc = 0;
+    if (!src || !dst) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    dst_parent = dir_of(dst);
+    src_parent = dir_of(src);
+    if (!dst_parent || !src_parent) {
+        rc = -ENOMEM;
+        goto out;
+    }
+    struct stat st;
+    if (lstat(src, &st) != 0) {
+        rc = -errno;
+        goto out;
+    }
+    if (!S_ISDIR(st.st_mode)) {
+        rc = -ENOTDIR;
+        goto out;
+    }
+    int have_dst = lstat(dst, &st) == 0;
+    if (!have_dst && errno != ENOENT) {
+        rc = -errno;
+        goto out;
+    }
+#ifdef RENAME_EXCHANGE
+    if (have_dst) {
+        if (renameat2(AT_FDCWD, src, AT_FDCWD, dst, RENAME_EXCHANGE) == 0) {
+            rc = fsync_dir(dst_parent);
+            if (rc == 0 && strcmp(src_parent, dst_parent) != 0) rc = fsync_dir(src_parent);
+            int r2 = l3d_dir_remove_tree(src);  // src now names the previous version
+            if (rc == 0) rc = r2;
+            goto out;
+        }
+        if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
+            rc = -errno;
+            goto out;
+        }
+    }
+#endif
+    if (have_dst) {
+        size_t olen = strlen(dst) + 32;
+        old = malloc(olen);
+        if (!old) {
+            rc = -ENOMEM;
+            goto out;
+        }
+        snprintf(old, olen, "%s.old.%ld", dst, (long)getpid());
+        l3d_dir_remove_tree(old);  // left over by an earlier process with this pid
+        if (rename(dst, old) != 0) {
+            rc = -errno;
+            goto out;
+        }
+    }
+    // The window: `dst` does not exist until this rename succeeds.
+    if (rename(src, dst) != 0) {
+        rc = -errno;
+        if (old) rename(old, dst);  // put the previous version back
+        goto out;
+    }
+    rc = fsync_dir(dst_parent);
+    if (rc == 0 && strcmp(src_parent, dst_parent) != 0) rc = fsync_dir(src_parent);
+    if (old) {
+        int r2 = l3d_dir_remove_tree(old);
+        if (rc == 0) rc = r2;
+    }
+out:
+    free(src);
+    free(dst);
+    free(old);
+    free(dst_parent);
+    free(src_parent);
+    return rc;
+}
+
+int l3d_path_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+int l3d_path_is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}

@@ -1,0 +1,62 @@
+// OS glue: threads and a thread pool, time, files. Knows nothing of llama3d's objects.
+// defines: l3d_pool_t, l3d_time_*, l3d_file_*, l3d_num_cores
+//
+// Functions here return 0 on success or a negative errno value, so callers in core/ can
+// turn them into an l3d_status with their own text (strerror(-rc)).
+#ifndef L3D_PLATFORM_H
+#define L3D_PLATFORM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/ctx.h"
+
+// ---- threads -----------------------------------------------------------------------------
+int l3d_num_cores(void);
+
+// A fixed pool of worker threads. l3d_pool_run() runs fn(arg, task, ntasks) for every task
+// in [0, ntasks) and returns when all are done; the calling thread works too. Which thread
+// runs a task is not fixed, so results must depend only on the task decomposition (this is
+// how kernels stay bit-deterministic for any thread count). Not reentrant: one run at a time
+// per pool; a task must not call l3d_pool_run on the same pool.
+typedef struct l3d_pool l3d_pool_t;
+typedef void (*l3d_pool_fn)(void *arg, int task, int ntasks);
+
+// nthreads counts the caller: 1 means no extra threads. alloc may be NULL (malloc).
+int l3d_pool_create(int nthreads, const l3d_allocator_t *alloc, l3d_pool_t **pool_p);
+void l3d_pool_destroy(l3d_pool_t *pool);
+int l3d_pool_size(const l3d_pool_t *pool);
+void l3d_pool_run(l3d_pool_t *pool, l3d_pool_fn fn, void *arg, int ntasks);
+
+// ---- time --------------------------------------------------------------------------------
+double l3d_time_now(void);  // monotonic seconds
+
+// ---- files -------------------------------------------------------------------------------
+// Reads a whole file into a malloc'd NUL-terminated buffer (*len_p excludes the NUL).
+// Caller frees with free(). max_len caps the size (0 = no cap; over the cap is -EFBIG).
+int l3d_file_read_all(const char *path, size_t max_len, char **buf_p, size_t *len_p);
+
+// Maps a file read-only. l3d_file_unmap releases it. A zero-length file maps to NULL, 0.
+int l3d_file_map(const char *path, const void **data_p, size_t *len_p);
+void l3d_file_unmap(const void *data, size_t len);
+
+// Atomic replace: writes to "<path>.tmp.<pid>", fsyncs it, renames over `path`, fsyncs the
+// directory. A crash at any point leaves either the old file or the new one, whole.
+// The writer is given `n` pieces so callers need not concatenate large buffers.
+typedef struct l3d_iovec {
+    const void *data;
+    size_t len;
+} l3d_iovec_t;
+int l3d_file_write_atomic(const char *path, const l3d_iovec_t *pieces, size_t n);
+
+// mkdir -p. Existing directories are fine.
+int l3d_dir_create(const char *path);
+// Atomically replaces directory `dst` by `src` (both on one file system): dst is renamed
+// aside, src renamed to dst, then the old one removed. Used to publish a whole checkpoint.
+int l3d_dir_replace(const char *src, const char *dst);
+// Removes a directory tree (files and sub-directories). Missing is fine.
+int l3d_dir_remove_tree(const char *path);
+int l3d_path_exists(const char *path);
+int l3d_path_is_dir(const char *path);
+
+#endif

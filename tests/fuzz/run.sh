@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target of a -DL3D_BUILD_FUZZ=ON build for SECONDS each, starting from
+# a small seed corpus written here (no binary blobs in the repository). Exits non-zero on any
+# crash, sanitizer report, leak or timeout; the input that did it is left under
+# BUILD_DIR/fuzz-work/<target>-crash-* (reproduce: BUILD_DIR/tests/fuzz/<target> FILE).
+#   usage: tests/fuzz/run.sh BUILD_DIR SECONDS
+set -euo pipefail
+export LC_ALL=C  # ${#s} must count bytes
+
+build=${1:?usage: run.sh BUILD_DIR SECONDS}
+secs=${2:?usage: run.sh BUILD_DIR SECONDS}
+bin=$build/tests/fuzz
+work=$build/fuzz-work
+for t in fuzz_safetensors fuzz_config; do
+    [[ -x $bin/$t ]] || { echo "run.sh: $bin/$t missing (configure with -DL3D_BUILD_FUZZ=ON)" >&2; exit 2; }
+done
+rm -rf "$work/seeds-"*
+mkdir -p "$work/seeds-fuzz_safetensors" "$work/seeds-fuzz_config" \
+    "$work/corpus-fuzz_safetensors" "$work/corpus-fuzz_config"
+
+# ---- safetensors seeds: 8-byte LE header length, the header, NBYTES data bytes ----------
+le64() {
+    local n=$1 i
+    for i in 0 1 2 3 4 5 6 7; do
+        printf "\\$(printf '%03o' $((n & 255)))"
+        n=$((n >> 8))
+    done
+}
+st_seed() {  # FILE HEADER NBYTES
+    { le64 "${#2}"; printf '%s' "$2"; head -c "$3" /dev/zero | tr '\000' '\074'; } >"$1"
+}
+s=$work/seeds-fuzz_safetensors
+st_seed "$s/f32" '{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}' 16
+st_seed "$s/empty" '{}      ' 0
+st_seed "$s/meta" '{"__metadata__":{"format":"pt"},"w":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},"b":{"dtype":"BF16","shape":[1,1],"data_offsets":[6,8]}}' 8
+st_seed "$s/mixed" '{"z":{"dtype":"F64","shape":[],"data_offsets":[4,12]},"i":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},"e":{"dtype":"BOOL","shape":[0,7],"data_offsets":[12,12]}}' 12
+dict=$work/safetensors.dict
+printf '%s\n' '"dtype"' '"shape"' '"data_offsets"' '"__metadata__"' '"F32"' '"F16"' \
+    '"BF16"' '"F64"' '"I32"' '"I64"' '"U8"' '"BOOL"' '"{"' '"}"' '"["' '"]"' '":"' '","' >"$dict"
+
+# ---- config seeds: a DeepSpeed ds_config.json and a Hugging Face config.json -------------
+c=$work/seeds-fuzz_config
+cat >"$c/ds_config.json" <<'JSON'
+{
+  "train_batch_size": 16,
+  "train_micro_batch_size_per_gpu": 4,
+  "gradient_accumulation_steps": 4,
+  "gradient_clipping": 1.0,
+  "steps_per_print": 10,
+  "optimizer": {"type": "AdamW",
+                "params": {"lr": 3e-4, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+  "scheduler": {"type": "WarmupDecayLR",
+                "params": {"warmup_min_lr": 0, "warmup_max_lr": 3e-4, "warmup_num_steps": 10,
+                           "total_num_steps": 100}},
+  "bf16": {"enabled": true},
+  "zero_optimization": {"stage": 1, "overlap_comm": true, "reduce_bucket_size": 5e8},
+  "model": "llama3-tiny",
+  "data": {"seq_len": 64},
+  "train": {"steps": 100, "seed": 7, "save_interval": 50},
+  "parallel": {"dp": 1, "tp": 1, "pp": 1}
+}
+JSON
+cat >"$c/hf_config.json" <<'JSON'
+{
+  "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+  "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+  "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+  "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-05,
+  "rope_theta": 500000.0, "attention_bias": false, "mlp_bias": false,
+  "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                   "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+  "tie_word_embeddings": true, "bos_token_id": 128000, "eos_token_id": 128001,
+  "initializer_range": 0.02, "torch_dtype": "bfloat16"
+}
+JSON
+printf '{}' >"$c/empty.json"
+
+# ---- run ---------------------------------------------------------------------------------
+status=0
+for t in fuzz_safetensors fuzz_config; do
+    extra=()
+    [[ $t == fuzz_safetensors ]] && extra=(-dict="$dict")
+    echo "== $t for ${secs}s"
+    if ! "$bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+        -print_final_stats=1 -artifact_prefix="$work/$t-" "${extra[@]}" \
+        "$work/corpus-$t" "$work/seeds-$t" 2>"$work/$t.log"; then
+        echo "== $t FAILED (log: $work/$t.log)"
+        tail -n 40 "$work/$t.log"
+        status=1
+    else
+        grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb|#[0-9]+ *DONE)' \
+            "$work/$t.log" || true
+    fi
+done
+exit $status

@@ -1,0 +1,632 @@
+// The CPU device's ops against naive double-precision references written here (materialised
+// attention with an explicit softmax, textbook loops), plus argument errors and bit-identical
+// results across thread counts.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "devices/device.h"
+
+// ---- helpers ------------------------------------------------------------------------------------
+typedef struct {
+    l3d_ctx_t *ctx;
+    l3d_device_t *dev;
+} env_t;
+
+static env_t env_open(int nthreads) {
+    env_t e;
+    cr_assert_eq(l3d_ctx_create(NULL, &e.ctx), L3D_OK);
+    l3d_device_params_t p = {.num_threads = nthreads};
+    cr_assert_eq(l3d_device_create(e.ctx, "cpu", &p, &e.dev), L3D_OK);
+    cr_assert_eq(e.dev->num_threads, nthreads);
+    return e;
+}
+static void env_close(env_t e) {
+    l3d_device_destroy(e.dev);
+    l3d_ctx_destroy(e.ctx);
+}
+
+// A 64-bit LCG (Knuth's MMIX constants): uniform in [-1, 1).
+static uint64_t rng_state = 1;
+static void rng_seed(uint64_t s) { rng_state = s * 2862933555777941757ull + 3037000493ull; }
+static float frand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(rng_state >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
+}
+static float *fvec(size_t n, float amp) {
+    float *x = malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) x[i] = amp * frand();
+    return x;
+}
+static double *dvec(size_t n) { return calloc(n ? n : 1, sizeof(double)); }
+static float *fdup(const float *x, size_t n) {
+    float *y = malloc(sizeof(float) * (n ? n : 1));
+    memcpy(y, x, sizeof(float) * n);
+    return y;
+}
+
+// max |got - ref| / max |ref|: the error relative to the output's scale.
+static void check_close(const char *what, const float *got, const double *ref, size_t n,
+                        double rtol) {
+    double scale = 0.0, err = 0.0;
+    size_t worst = 0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]);
+        cr_assert(isfinite(got[i]), "%s: element %zu is %g", what, i, (double)got[i]);
+        if (e > err) err = e, worst = i;
+    }
+    if (scale == 0.0) scale = 1.0;
+    cr_assert(err <= rtol * scale, "%s: max error %.3g at %zu (got %.9g ref %.9g, scale %.3g)",
+              what, err, worst, n ? (double)got[worst] : 0.0, n ? ref[worst] : 0.0, scale);
+}
+
+// ---- gemm ---------------------------------------------------------------------------------------
+static void ref_gemm(const l3d_gemm_t *g, const float *C0, double *out) {
+    for (int i = 0; i < g->M; i++)
+        for (int j = 0; j < g->N; j++) {
+            double s = 0.0;
+            for (int k = 0; k < g->K; k++) {
+                double a = g->trans_a ? g->A[(size_t)k * g->lda + i] : g->A[(size_t)i * g->lda + k];
+                double b = g->trans_b ? g->B[(size_t)j * g->ldb + k] : g->B[(size_t)k * g->ldb + j];
+                s += a * b;
+            }
+            out[(size_t)i * g->N + j] = g->alpha * s + g->beta * (double)C0[(size_t)i * g->ldc + j];
+        }
+}
+
+static void gemm_case(env_t e, int ta, int tb, int M, int N, int K, float alpha, float beta,
+                      int pad) {
+    int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+    size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
+    float *A = fvec(na, 1.0f), *B = fvec(nb, 1.0f), *C = fvec(nc, 1.0f), *C0 = fdup(C, nc);
+    l3d_gemm_t g = {ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    double *ref = dvec((size_t)M * N);
+    ref_gemm(&g, C0, ref);
+    cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
+    float *got = malloc(sizeof(float) * ((size_t)M * N + 1));
+    for (int i = 0; i < M; i++) {
+        memcpy(got + (size_t)i * N, C + (size_t)i * ldc, sizeof(float) * N);
+        for (int j = N; j < ldc; j++)  // the padding is not touched
+            cr_assert_eq(C[(size_t)i * ldc + j], C0[(size_t)i * ldc + j]);
+    }
+    char what[96];
+    snprintf(what, sizeof(what), "gemm ta %d tb %d %dx%dx%d", ta, tb, M, N, K);
+    check_close(what, got, ref, (size_t)M * N, 1e-5);
+    free(A), free(B), free(C), free(C0), free(ref), free(got);
+}
+
+Test(cpu_gemm, transposes_strides_beta) {
+    env_t e = env_open(2);
+    rng_seed(11);
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            gemm_case(e, ta, tb, 37, 29, 53, 0.7f, 0.3f, 3);  // one serial call
+            gemm_case(e, ta, tb, 300, 700, 40, 1.0f, -0.5f, 5);  // tiled over M and N
+            gemm_case(e, ta, tb, 3, 1100, 130, 1.5f, 0.0f, 1);   // decode-like: tiled over N
+        }
+    env_close(e);
+}
+
+Test(cpu_gemm, k_zero_scales_c) {
+    env_t e = env_open(1);
+    float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
+    l3d_gemm_t g = {0, 0, 2, 3, 0, 1.0f, 2.0f, A, 1, B, 3, C, 3};
+    cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
+    for (int i = 0; i < 6; i++) cr_assert_eq(C[i], 2.0f * (float)(i + 1));
+    g.beta = 0.0f;
+    C[0] = NAN;  // beta 0 must not read C
+    cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
+    for (int i = 0; i < 6; i++) cr_assert_eq(C[i], 0.0f);
+    env_close(e);
+}
+
+Test(cpu_gemm, bad_stride_is_invalid_arg) {
+    env_t e = env_open(1);
+    float A[16] = {0}, B[16] = {0}, C[16] = {0};
+    l3d_gemm_t g = {0, 0, 4, 4, 4, 1.0f, 0.0f, A, 3, B, 4, C, 4};
+    cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_ERR_INVALID_ARG);
+    cr_assert(strstr(l3d_ctx_last_error(e.ctx), "gemm"));
+    env_close(e);
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+Test(cpu_memory, alloc_copy_memset) {
+    env_t e = env_open(1);
+    cr_assert(l3d_dev_is_host(e.dev));
+    cr_assert_eq(e.dev->ops->abi_version, L3D_DEVICE_ABI_VERSION);
+    cr_assert_eq(e.dev->ops->size, sizeof(l3d_device_ops_t));
+    cr_assert_str_eq(e.dev->ops->name, "cpu");
+    void *p = NULL, *q = NULL, *z = (void *)1;
+    cr_assert_eq(l3d_dev_alloc(e.dev, 1000, "acts", &p), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(e.dev, 1000, "acts", &q), L3D_OK);
+    cr_assert_eq(((uintptr_t)p) % 64, 0);
+    cr_assert_geq(l3d_ctx_mem_in_use(e.ctx, "acts"), 2000);
+    cr_assert_eq(l3d_dev_alloc(e.dev, 0, "acts", &z), L3D_OK);
+    cr_assert_eq(l3d_dev_memset(e.dev, p, 0x5a, 1000), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(e.dev, q, p, 1000, L3D_COPY_D2D), L3D_OK);
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+    for (int i = 0; i < 1000; i++) cr_assert_eq(((unsigned char *)q)[i], 0x5a);
+    l3d_dev_free(e.dev, z, 0, "acts");
+    l3d_dev_free(e.dev, p, 1000, "acts");
+    l3d_dev_free(e.dev, q, 1000, "acts");
+    l3d_dev_free(e.dev, NULL, 0, "acts");
+    cr_assert_eq(l3d_ctx_mem_in_use(e.ctx, "acts"), 0);
+    env_close(e);
+}
+
+Test(cpu_memory, default_threads_is_cores) {
+    l3d_ctx_t *ctx;
+    l3d_device_t *dev;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    cr_assert_eq(l3d_device_create(ctx, "cpu", NULL, &dev), L3D_OK);
+    cr_assert_geq(dev->num_threads, 1);
+    l3d_device_destroy(dev);
+    l3d_ctx_destroy(ctx);
+}
+
+// ---- embedding ----------------------------------------------------------------------------------
+Test(cpu_embedding, fwd_bwd_and_bad_tokens) {
+    env_t e = env_open(2);
+    rng_seed(3);
+    int N = 45, C = 70, V = 11;
+    float *table = fvec((size_t)V * C, 1.0f), *out = fvec((size_t)N * C, 1.0f);
+    int32_t tok[45];
+    for (int n = 0; n < N; n++) tok[n] = (n * 7 + n / 3) % V;  // repeats: scatter must add
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V), L3D_OK);
+    for (int n = 0; n < N; n++)
+        cr_assert_eq(memcmp(out + (size_t)n * C, table + (size_t)tok[n] * C, sizeof(float) * C), 0);
+
+    float *dout = fvec((size_t)N * C, 1.0f), *dtab = fvec((size_t)V * C, 1.0f);
+    double *ref = dvec((size_t)V * C);
+    for (size_t i = 0; i < (size_t)V * C; i++) ref[i] = dtab[i];
+    for (int n = 0; n < N; n++)
+        for (int c = 0; c < C; c++) ref[(size_t)tok[n] * C + c] += dout[(size_t)n * C + c];
+    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dtab, dout, tok, N, C), L3D_OK);
+    check_close("embedding_bwd", dtab, ref, (size_t)V * C, 1e-6);
+
+    tok[17] = V;
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V), L3D_ERR_INVALID_ARG);
+    const char *msg = l3d_ctx_last_error(e.ctx);
+    cr_assert(strstr(msg, "embedding") && strstr(msg, "17") && strstr(msg, "11"), "%s", msg);
+    tok[17] = -1;
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dtab, dout, tok, N, C), L3D_ERR_INVALID_ARG);
+    free(table), free(out), free(dout), free(dtab), free(ref);
+    env_close(e);
+}
+
+// ---- rmsnorm ------------------------------------------------------------------------------------
+static void rmsnorm_case(env_t e, int N, int C) {
+    float eps = 1e-5f;
+    float *x = fvec((size_t)N * C, 2.0f), *w = fvec(C, 1.0f), *out = fvec((size_t)N * C, 1.0f);
+    float *rstd = fvec(N, 1.0f), *dout = fvec((size_t)N * C, 1.0f);
+    float *dx = fvec((size_t)N * C, 1.0f), *dw = fvec(C, 1.0f);
+    double *rout = dvec((size_t)N * C), *rrstd = dvec(N), *rdx = dvec((size_t)N * C),
+           *rdw = dvec(C);
+    for (int c = 0; c < C; c++) rdw[c] = dw[c];
+    for (int n = 0; n < N; n++) {
+        const float *xr = x + (size_t)n * C, *g = dout + (size_t)n * C;
+        double ss = 0.0, dot = 0.0;
+        for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+        double r = 1.0 / sqrt(ss / C + eps);
+        rrstd[n] = r;
+        for (int c = 0; c < C; c++) {
+            rout[(size_t)n * C + c] = xr[c] * r * w[c];
+            dot += (double)g[c] * w[c] * xr[c];
+            rdw[c] += (double)g[c] * xr[c] * r;
+        }
+        for (int c = 0; c < C; c++)
+            rdx[(size_t)n * C + c] =
+                dx[(size_t)n * C + c] + r * g[c] * w[c] - r * r * r / C * dot * xr[c];
+    }
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, rstd, x, w, N, C, eps), L3D_OK);
+    check_close("rmsnorm out", out, rout, (size_t)N * C, 1e-5);
+    check_close("rmsnorm rstd", rstd, rrstd, N, 1e-5);
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, NULL, x, w, N, C, eps), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_bwd(e.dev, dx, dw, dout, x, w, rstd, N, C), L3D_OK);
+    check_close("rmsnorm dx", dx, rdx, (size_t)N * C, 1e-5);
+    check_close("rmsnorm dw", dw, rdw, C, 1e-5);
+    free(x), free(w), free(out), free(rstd), free(dout), free(dx), free(dw);
+    free(rout), free(rrstd), free(rdx), free(rdw);
+}
+
+Test(cpu_rmsnorm, fwd_bwd) {
+    env_t e = env_open(2);
+    rng_seed(5);
+    rmsnorm_case(e, 1, 16);
+    rmsnorm_case(e, 37, 100);
+    rmsnorm_case(e, 200, 67);
+    env_close(e);
+}
+
+// ---- rope ---------------------------------------------------------------------------------------
+static void rope_tables(int Tmax, int D, float **cs, float **sn) {
+    int half = D / 2;
+    *cs = malloc(sizeof(float) * (size_t)Tmax * half);
+    *sn = malloc(sizeof(float) * (size_t)Tmax * half);
+    for (int t = 0; t < Tmax; t++)
+        for (int i = 0; i < half; i++) {
+            double ang = t * pow(500000.0, -2.0 * i / D);
+            (*cs)[(size_t)t * half + i] = (float)cos(ang);
+            (*sn)[(size_t)t * half + i] = (float)sin(ang);
+        }
+}
+
+Test(cpu_rope, rotate_half_and_inverse) {
+    env_t e = env_open(2);
+    rng_seed(7);
+    int B = 2, T = 37, NH = 3, D = 32, pos0 = 5, half = D / 2;
+    size_t n = (size_t)B * T * NH * D;
+    float *cs, *sn;
+    rope_tables(pos0 + T, D, &cs, &sn);
+    float *x = fvec(n, 1.0f), *x0 = fdup(x, n);
+    double *ref = dvec(n);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++)
+            for (int h = 0; h < NH; h++) {
+                size_t o = (((size_t)b * T + t) * NH + h) * D;
+                for (int i = 0; i < D; i++) {
+                    // out = x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1)
+                    int k = i % half;
+                    double c = cs[(size_t)(pos0 + t) * half + k], s = sn[(size_t)(pos0 + t) * half + k];
+                    double rot = i < half ? -(double)x0[o + i + half] : (double)x0[o + i - half];
+                    ref[o + i] = x0[o + i] * c + rot * s;
+                }
+            }
+    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, D, pos0, 0), L3D_OK);
+    check_close("rope", x, ref, n, 1e-6);
+    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, D, pos0, 1), L3D_OK);
+    double *orig = dvec(n);
+    for (size_t i = 0; i < n; i++) orig[i] = x0[i];
+    check_close("rope inverse", x, orig, n, 1e-6);
+    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, 7, pos0, 0), L3D_ERR_INVALID_ARG);
+    free(cs), free(sn), free(x), free(x0), free(ref), free(orig);
+    env_close(e);
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+// Materialised reference: for every (b, h, i) the full score row, an explicit softmax, and the
+// backward through it (dS = P * (dP - sum(P dP))).
+typedef struct {
+    int B, Tq, Tk, H, KVH, D, Tmax;  // Tmax: the kv capacity (kv_bstride = Tmax*KVH*D)
+} shape_t;
+
+static size_t qi(const shape_t *s, int b, int i, int h) {
+    return (((size_t)b * s->Tq + i) * s->H + h) * s->D;
+}
+static size_t ki(const shape_t *s, int b, int j, int g) {
+    return (size_t)b * s->Tmax * s->KVH * s->D + ((size_t)j * s->KVH + g) * s->D;
+}
+static size_t dki(const shape_t *s, int b, int j, int g) {
+    return (((size_t)b * s->Tk + j) * s->KVH + g) * s->D;
+}
+
+static void ref_attention(const shape_t *s, const float *q, const float *k, const float *v,
+                          const float *dout, double *out, double *lse, double *dq, double *dk,
+                          double *dv) {
+    int off = s->Tk - s->Tq, grp = s->H / s->KVH, D = s->D;
+    double scale = 1.0 / sqrt((double)D);
+    double *p = dvec(s->Tk), *dp = dvec(s->Tk);
+    for (int b = 0; b < s->B; b++)
+        for (int h = 0; h < s->H; h++)
+            for (int i = 0; i < s->Tq; i++) {
+                int g = h / grp, nj = i + off + 1;
+                const float *qr = q + qi(s, b, i, h), *gr = dout + qi(s, b, i, h);
+                double mx = -INFINITY, sum = 0.0;
+                for (int j = 0; j < nj; j++) {
+                    double d = 0;
+                    for (int c = 0; c < D; c++) d += (double)qr[c] * k[ki(s, b, j, g) + c];
+                    p[j] = d * scale;
+                    mx = fmax(mx, p[j]);
+                }
+                for (int j = 0; j < nj; j++) sum += exp(p[j] - mx);
+                lse[((size_t)b * s->H + h) * s->Tq + i] = mx + log(sum);
+                for (int j = 0; j < nj; j++) p[j] = exp(p[j] - mx) / sum;
+                double *o = out + qi(s, b, i, h);
+                for (int c = 0; c < D; c++) {
+                    o[c] = 0;
+                    for (int j = 0; j < nj; j++) o[c] += p[j] * v[ki(s, b, j, g) + c];
+                }
+                if (!dq) continue;
+                double pdp = 0.0;
+                for (int j = 0; j < nj; j++) {
+                    dp[j] = 0;
+                    for (int c = 0; c < D; c++) dp[j] += (double)gr[c] * v[ki(s, b, j, g) + c];
+                    pdp += p[j] * dp[j];
+                }
+                for (int j = 0; j < nj; j++) {
+                    double ds = p[j] * (dp[j] - pdp) * scale;
+                    for (int c = 0; c < D; c++) {
+                        dq[qi(s, b, i, h) + c] += ds * k[ki(s, b, j, g) + c];
+                        dk[dki(s, b, j, g) + c] += ds * qr[c];
+                        dv[dki(s, b, j, g) + c] += p[j] * gr[c];
+                    }
+                }
+            }
+    free(p), free(dp);
+}
+
+static void attention_case(env_t e, shape_t s, double tol) {
+    size_t nq = (size_t)s.B * s.Tq * s.H * s.D, nkv = (size_t)s.B * s.Tmax * s.KVH * s.D;
+    size_t ndk = (size_t)s.B * s.Tk * s.KVH * s.D, nl = (size_t)s.B * s.H * s.Tq;
+    float *q = fvec(nq, 1.5f), *k = fvec(nkv, 1.5f), *v = fvec(nkv, 1.0f), *go = fvec(nq, 1.0f);
+    float *out = fvec(nq, 1.0f), *lse = fvec(nl, 1.0f);
+    float *dq = fvec(nq, 1.0f), *dk = fvec(ndk, 1.0f), *dv = fvec(ndk, 1.0f);
+    double *rout = dvec(nq), *rlse = dvec(nl), *rdq = dvec(nq), *rdk = dvec(ndk), *rdv = dvec(ndk);
+    ref_attention(&s, q, k, v, go, rout, rlse, rdq, rdk, rdv);
+    l3d_attn_dims_t d = {s.B, s.Tq, s.Tk, s.H, s.KVH, s.D,
+                         s.Tmax == s.Tk ? 0 : (size_t)s.Tmax * s.KVH * s.D};
+    char what[128];
+    snprintf(what, sizeof(what), "attention B%d Tq%d Tk%d H%d KVH%d D%d Tmax%d", s.B, s.Tq, s.Tk,
+             s.H, s.KVH, s.D, s.Tmax);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out, lse, q, k, v, &d), L3D_OK, "%s", what);
+    check_close(what, out, rout, nq, tol);
+    check_close(what, lse, rlse, nl, tol);
+    float *out2 = fvec(nq, 1.0f);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out2, NULL, q, k, v, &d), L3D_OK);
+    cr_assert_eq(memcmp(out, out2, sizeof(float) * nq), 0, "lse NULL changes out");
+    cr_assert_eq(l3d_dev_attention_bwd(e.dev, dq, dk, dv, go, q, k, v, out, lse, &d), L3D_OK);
+    check_close("attention dq", dq, rdq, nq, tol);
+    check_close("attention dk", dk, rdk, ndk, tol);
+    check_close("attention dv", dv, rdv, ndk, tol);
+    free(q), free(k), free(v), free(go), free(out), free(out2), free(lse), free(dq), free(dk);
+    free(dv), free(rout), free(rlse), free(rdq), free(rdk), free(rdv);
+}
+
+Test(cpu_attention, shapes) {
+    env_t e = env_open(2);
+    rng_seed(13);
+    attention_case(e, (shape_t){2, 37, 37, 4, 2, 16, 37}, 2e-5);   // GQA, odd T
+    attention_case(e, (shape_t){1, 1, 1, 4, 4, 32, 1}, 2e-5);      // T = 1, MHA
+    attention_case(e, (shape_t){2, 150, 150, 2, 1, 32, 150}, 5e-5); // several tiles, MQA
+    attention_case(e, (shape_t){2, 3, 70, 4, 2, 16, 81}, 2e-5);    // decode: Tq < Tk, strided
+    attention_case(e, (shape_t){1, 1, 130, 6, 2, 64, 200}, 2e-5);  // decode one token
+    attention_case(e, (shape_t){1, 70, 140, 2, 2, 16, 140}, 5e-5); // prefill with a prefix
+    env_close(e);
+}
+
+Test(cpu_attention, bad_dims) {
+    env_t e = env_open(1);
+    float x[64] = {0};
+    l3d_attn_dims_t d = {1, 2, 2, 3, 2, 4, 0};  // H % KVH != 0
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d), L3D_ERR_INVALID_ARG);
+    d = (l3d_attn_dims_t){1, 3, 2, 2, 2, 4, 0};  // Tq > Tk
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d), L3D_ERR_INVALID_ARG);
+    d = (l3d_attn_dims_t){1, 2, 2, 2, 2, 4, 8};  // kv_bstride < Tk*KVH*D
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d), L3D_ERR_INVALID_ARG);
+    env_close(e);
+}
+
+// ---- swiglu, add, scale -------------------------------------------------------------------------
+static double sig(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+Test(cpu_elementwise, swiglu_add_scale) {
+    env_t e = env_open(2);
+    rng_seed(17);
+    size_t n = 40000;  // several chunks and a tail
+    float *g = fvec(n, 6.0f), *u = fvec(n, 2.0f), *d = fvec(n, 1.0f), *out = fvec(n, 1.0f);
+    double *r = dvec(n), *rg = dvec(n), *ru = dvec(n);
+    for (size_t i = 0; i < n; i++) {
+        double s = sig(g[i]);
+        r[i] = g[i] * s * u[i];
+        rg[i] = d[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
+        ru[i] = d[i] * g[i] * s;
+    }
+    cr_assert_eq(l3d_dev_swiglu_fwd(e.dev, out, g, u, n), L3D_OK);
+    check_close("swiglu", out, r, n, 1e-6);
+    float *g2 = fdup(g, n), *u2 = fdup(u, n);
+    cr_assert_eq(l3d_dev_swiglu_fwd(e.dev, g2, g2, u2, n), L3D_OK);  // out aliases gate
+    cr_assert_eq(memcmp(g2, out, sizeof(float) * n), 0);
+    memcpy(g2, g, sizeof(float) * n);
+    cr_assert_eq(l3d_dev_swiglu_bwd(e.dev, g2, u2, d, g2, u2, n), L3D_OK);  // in place
+    check_close("swiglu dgate", g2, rg, n, 1e-6);
+    check_close("swiglu dup", u2, ru, n, 1e-6);
+
+    for (size_t i = 0; i < n; i++) r[i] = (double)g[i] + u[i];
+    cr_assert_eq(l3d_dev_add(e.dev, out, g, u, n), L3D_OK);
+    check_close("add", out, r, n, 1e-7);
+    memcpy(g2, g, sizeof(float) * n);
+    cr_assert_eq(l3d_dev_add(e.dev, g2, g2, u, n), L3D_OK);
+    cr_assert_eq(memcmp(g2, out, sizeof(float) * n), 0);
+    for (size_t i = 0; i < n; i++) r[i] = (double)g[i] * 0.37f;
+    cr_assert_eq(l3d_dev_scale(e.dev, g, 0.37f, n), L3D_OK);
+    check_close("scale", g, r, n, 1e-7);
+    free(g), free(u), free(d), free(out), free(r), free(rg), free(ru), free(g2), free(u2);
+    env_close(e);
+}
+
+Test(cpu_elementwise, sumsq) {
+    env_t e = env_open(2);
+    rng_seed(19);
+    size_t sizes[] = {0, 1, 15, 16385, 100003};
+    for (size_t t = 0; t < sizeof(sizes) / sizeof(sizes[0]); t++) {
+        size_t n = sizes[t];
+        float *x = fvec(n, 3.0f);
+        double ref = 0.0, got = -1.0;
+        for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
+        cr_assert_eq(l3d_dev_sumsq(e.dev, x, n, &got), L3D_OK);
+        cr_assert(fabs(got - ref) <= 1e-12 * fmax(ref, 1.0), "n %zu got %.17g ref %.17g", n, got,
+                  ref);
+        free(x);
+    }
+    env_close(e);
+}
+
+// ---- xent ---------------------------------------------------------------------------------------
+static void xent_case(env_t e, int N, int V, float gs) {
+    float *z = fvec((size_t)N * V, 8.0f), *loss = fvec(N, 1.0f);
+    int32_t *t = malloc(sizeof(int32_t) * N);
+    for (int n = 0; n < N; n++) t[n] = n % 5 == 3 ? -1 : (int32_t)((n * 7919u) % (unsigned)V);
+    double *rg = dvec((size_t)N * V), *rl = dvec(N);
+    for (int n = 0; n < N; n++) {
+        const float *zr = z + (size_t)n * V;
+        if (t[n] < 0) continue;  // zero loss, zero gradient
+        double mx = -INFINITY, s = 0;
+        for (int i = 0; i < V; i++) mx = fmax(mx, zr[i]);
+        for (int i = 0; i < V; i++) s += exp(zr[i] - mx);
+        rl[n] = log(s) + mx - zr[t[n]];
+        for (int i = 0; i < V; i++)
+            rg[(size_t)n * V + i] = gs * (exp(zr[i] - mx) / s - (i == t[n] ? 1.0 : 0.0));
+    }
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, N, V, gs), L3D_OK);
+    check_close("xent grad", z, rg, (size_t)N * V, 1e-6);
+    check_close("xent loss", loss, rl, N, 1e-6);
+    for (int n = 0; n < N; n++)
+        if (t[n] < 0) {
+            cr_assert_eq(loss[n], 0.0f);
+            for (int i = 0; i < V; i++) cr_assert_eq(z[(size_t)n * V + i], 0.0f);
+        }
+    free(z), free(loss), free(t), free(rg), free(rl);
+}
+
+Test(cpu_xent, matches_reference_and_ignores) {
+    env_t e = env_open(2);
+    rng_seed(23);
+    xent_case(e, 1, 7, 1.0f);
+    xent_case(e, 23, 1000, 0.125f);
+    xent_case(e, 9, 33333, 1.0f / 9.0f);
+    // losses NULL gives the same gradient
+    float z[12], z2[12];
+    for (int i = 0; i < 12; i++) z[i] = z2[i] = frand();
+    int32_t t[2] = {1, 4};
+    float loss[2];
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, 2, 6, 0.5f), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z2, NULL, t, 2, 6, 0.5f), L3D_OK);
+    cr_assert_eq(memcmp(z, z2, sizeof(z)), 0);
+    env_close(e);
+}
+
+Test(cpu_xent, target_out_of_range) {
+    env_t e = env_open(1);
+    float z[12] = {0}, loss[2];
+    int32_t t[2] = {1, 6};
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, 2, 6, 1.0f), L3D_ERR_INVALID_ARG);
+    const char *msg = l3d_ctx_last_error(e.ctx);
+    cr_assert(strstr(msg, "xent") && strstr(msg, "target[1]") && strstr(msg, "6"), "%s", msg);
+    for (int i = 0; i < 12; i++) cr_assert_eq(z[i], 0.0f);  // untouched
+    env_close(e);
+}
+
+// ---- adamw --------------------------------------------------------------------------------------
+// Three steps on four elements, with the expected numbers computed step by step in double
+// following torch.optim.AdamW: decay, moments, bias-corrected update.
+Test(cpu_adamw, three_steps_by_hand) {
+    env_t e = env_open(1);
+    float p[4] = {0.5f, -1.0f, 2.0f, 0.0f}, m[4] = {0}, v[4] = {0};
+    const float grads[3][4] = {{0.1f, -0.2f, 0.0f, 4.0f},
+                               {0.3f, 0.1f, -0.5f, -4.0f},
+                               {-0.2f, 0.0f, 0.25f, 1.0f}};
+    double ep[4] = {0.5, -1.0, 2.0, 0.0}, em[4] = {0}, ev[4] = {0};
+    double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1, gs = 0.5;
+    for (int t = 1; t <= 3; t++) {
+        double bc1 = 1 - pow(b1, t), bc2 = 1 - pow(b2, t);
+        for (int i = 0; i < 4; i++) {
+            double g = grads[t - 1][i] * gs;
+            ep[i] *= 1 - lr * wd;
+            em[i] = b1 * em[i] + (1 - b1) * g;
+            ev[i] = b2 * ev[i] + (1 - b2) * g * g;
+            ep[i] -= lr / bc1 * em[i] / (sqrt(ev[i]) / sqrt(bc2) + eps);
+        }
+        cr_assert_eq(l3d_dev_adamw(e.dev, p, grads[t - 1], m, v, 4, (float)lr, (float)b1,
+                                   (float)b2, (float)eps, (float)wd, (float)bc1, (float)bc2,
+                                   (float)gs),
+                     L3D_OK);
+        for (int i = 0; i < 4; i++) {
+            cr_assert(fabs(p[i] - ep[i]) <= 1e-6 * fmax(1.0, fabs(ep[i])), "step %d p[%d] %.9g %.9g",
+                      t, i, (double)p[i], ep[i]);
+            cr_assert(fabs(m[i] - em[i]) <= 1e-6 * fmax(1e-3, fabs(em[i])));
+            cr_assert(fabs(v[i] - ev[i]) <= 1e-6 * fmax(1e-6, fabs(ev[i])));
+        }
+    }
+    // Step 1, element 0 by hand: g = 0.05; p = 0.5 * 0.999 = 0.4995; m = 0.005, v = 1.25e-4;
+    // m/bc1 = 0.05, sqrt(v/bc2) = 0.05, so p = 0.4995 - 0.01 * 1 = 0.4895 (up to eps).
+    float p1[1] = {0.5f}, m1[1] = {0}, v1[1] = {0}, g1[1] = {0.1f};
+    cr_assert_eq(l3d_dev_adamw(e.dev, p1, g1, m1, v1, 1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f,
+                               0.05f, 0.5f),
+                 L3D_OK);
+    cr_assert(fabsf(p1[0] - 0.4895f) < 1e-6f, "%.9g", (double)p1[0]);
+    cr_assert(fabsf(m1[0] - 0.005f) < 1e-8f && fabsf(v1[0] - 1.25e-4f) < 1e-10f);
+    env_close(e);
+}
+
+// ---- determinism across thread counts -----------------------------------------------------------
+static void same(const char *what, const void *a, const void *b, size_t bytes) {
+    cr_assert_eq(memcmp(a, b, bytes), 0, "%s differs between 1 and 3 threads", what);
+}
+
+Test(cpu_determinism, one_vs_three_threads) {
+    env_t e1 = env_open(1), e3 = env_open(3);
+    env_t es[2] = {e1, e3};
+    rng_seed(29);
+    // gemm, tiled
+    {
+        int M = 333, N = 600, K = 77;
+        float *A = fvec((size_t)M * K, 1), *B = fvec((size_t)N * K, 1), *C[2];
+        for (int r = 0; r < 2; r++) {
+            C[r] = calloc((size_t)M * N, sizeof(float));
+            l3d_gemm_t g = {0, 1, M, N, K, 1.0f, 0.0f, A, K, B, K, C[r], N};
+            cr_assert_eq(l3d_dev_gemm(es[r].dev, &g), L3D_OK);
+        }
+        same("gemm", C[0], C[1], sizeof(float) * M * N);
+        free(A), free(B), free(C[0]), free(C[1]);
+    }
+    // rmsnorm bwd (dw reduction), embedding bwd (scatter), sumsq, xent
+    {
+        int N = 301, C = 130, V = 7;
+        float *x = fvec((size_t)N * C, 1), *w = fvec(C, 1), *g = fvec((size_t)N * C, 1);
+        float *rs = malloc(sizeof(float) * N), *o = malloc(sizeof(float) * N * C);
+        float *dx[2], *dw[2], *dt[2];
+        int32_t *tok = malloc(sizeof(int32_t) * N);
+        for (int n = 0; n < N; n++) tok[n] = (n * 3) % V;
+        double ss[2];
+        float *z[2], *loss[2];
+        for (int r = 0; r < 2; r++) {
+            dx[r] = calloc((size_t)N * C, sizeof(float));
+            dw[r] = calloc(C, sizeof(float));
+            dt[r] = calloc((size_t)V * C, sizeof(float));
+            cr_assert_eq(l3d_dev_rmsnorm_fwd(es[r].dev, o, rs, x, w, N, C, 1e-5f), L3D_OK);
+            cr_assert_eq(l3d_dev_rmsnorm_bwd(es[r].dev, dx[r], dw[r], g, x, w, rs, N, C), L3D_OK);
+            cr_assert_eq(l3d_dev_embedding_bwd(es[r].dev, dt[r], g, tok, N, C), L3D_OK);
+            cr_assert_eq(l3d_dev_sumsq(es[r].dev, g, (size_t)N * C, &ss[r]), L3D_OK);
+            z[r] = fdup(g, (size_t)N * C);
+            loss[r] = malloc(sizeof(float) * N);
+            cr_assert_eq(l3d_dev_xent_fwd_bwd(es[r].dev, z[r], loss[r], tok, N, C, 0.1f), L3D_OK);
+        }
+        same("rmsnorm dx", dx[0], dx[1], sizeof(float) * N * C);
+        same("rmsnorm dw", dw[0], dw[1], sizeof(float) * C);
+        same("embedding_bwd", dt[0], dt[1], sizeof(float) * V * C);
+        same("sumsq", &ss[0], &ss[1], sizeof(double));
+        same("xent grad", z[0], z[1], sizeof(float) * N * C);
+        same("xent loss", loss[0], loss[1], sizeof(float) * N);
+        for (int r = 0; r < 2; r++) free(dx[r]), free(dw[r]), free(dt[r]), free(z[r]), free(loss[r]);
+        free(x), free(w), free(g), free(rs), free(o), free(tok);
+    }
+    // attention fwd and bwd with GQA over several tiles
+    {
+        l3d_attn_dims_t d = {2, 130, 130, 4, 2, 32, 0};
+        size_t nq = (size_t)2 * 130 * 4 * 32, nk = (size_t)2 * 130 * 2 * 32, nl = 2 * 4 * 130;
+        float *q = fvec(nq, 1), *k = fvec(nk, 1), *v = fvec(nk, 1), *go = fvec(nq, 1);
+        float *out[2], *lse[2], *dq[2], *dk[2], *dv[2];
+        for (int r = 0; r < 2; r++) {
+            out[r] = malloc(sizeof(float) * nq), lse[r] = malloc(sizeof(float) * nl);
+            dq[r] = malloc(sizeof(float) * nq), dk[r] = malloc(sizeof(float) * nk);
+            dv[r] = malloc(sizeof(float) * nk);
+            cr_assert_eq(l3d_dev_attention_fwd(es[r].dev, out[r], lse[r], q, k, v, &d), L3D_OK);
+            cr_assert_eq(l3d_dev_attention_bwd(es[r].dev, dq[r], dk[r], dv[r], go, q, k, v, out[r],
+                                               lse[r], &d),
+                         L3D_OK);
+        }
+        same("attention out", out[0], out[1], sizeof(float) * nq);
+        same("attention lse", lse[0], lse[1], sizeof(float) * nl);
+        same("attention dq", dq[0], dq[1], sizeof(float) * nq);
+        same("attention dk", dk[0], dk[1], sizeof(float) * nk);
+        same("attention dv", dv[0], dv[1], sizeof(float) * nk);
+        for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(dq[r]), free(dk[r]), free(dv[r]);
+        free(q), free(k), free(v), free(go);
+    }
+    env_close(e1);
+    env_close(e3);
+}
