@@ -49,7 +49,7 @@ def bench_torch(init_dir, threads, steps, tokens):
     params = R.params_from_numpy(tensors, cfg, torch.float32, requires_grad=True)
     ds = {"optimizer": {"params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
                                    "weight_decay": 0.1}}}
-    opt = R.make_optimizer(params, ds)
+    opt = R.make_optimizer(params, ds, foreach=True)  # torch's faster multi-tensor path
     plist = list(params.values())
     cos_sin = R.rope_cos_sin(cfg, T, torch.float32)
     times = []

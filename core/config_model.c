@@ -113,6 +113,8 @@ static const char *nearest(const char *key, const char *const *valid, size_t n) 
     return best_d <= limit ? best : NULL;
 }
 
+static l3d_status validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const char *n);
+
 // ---- Hugging Face config.json ------------------------------------------------------------
 // Keys that set a field of l3d_model_config_t.
 static const char *const k_hf_keys[] = {
@@ -410,7 +412,7 @@ l3d_status l3d_model_config_from_json(l3d_ctx_t *ctx, const char *text, size_t l
     snprintf(tmp.name, sizeof(tmp.name), "custom");
     hf_parser_t p = {ctx, origin, root};
     L3D_CHECK_GOTO(ctx, hf_parse(&p, &tmp), st, done);
-    L3D_CHECK_GOTO(ctx, l3d_model_config_validate(ctx, &tmp), st, done);
+    L3D_CHECK_GOTO(ctx, validate(ctx, &tmp, origin), st, done);
     *cfg = tmp;
 done:
     json_decref(root);
@@ -431,9 +433,8 @@ l3d_status l3d_model_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_mode
 }
 
 // ---- validation --------------------------------------------------------------------------
-l3d_status l3d_model_config_validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg) {
-    if (!cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "model config: NULL argument");
-    const char *n = cfg->name[0] ? cfg->name : "model";
+// `n` starts each message: the file being parsed, or the config's name.
+static l3d_status validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const char *n) {
     const struct {
         const char *key;
         int v;
@@ -492,6 +493,11 @@ l3d_status l3d_model_config_validate(l3d_ctx_t *ctx, const l3d_model_config_t *c
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: eos_token_id: %d is outside vocab_size %d", n,
                          cfg->eos_token_id, cfg->vocab_size);
     return L3D_OK;
+}
+
+l3d_status l3d_model_config_validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg) {
+    if (!cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "model config: NULL argument");
+    return validate(ctx, cfg, cfg->name[0] ? cfg->name : "model");
 }
 
 // ---- writing config.json -----------------------------------------------------------------

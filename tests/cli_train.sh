@@ -29,23 +29,36 @@ diff <(losses "$tmp/a.jsonl") <(losses "$tmp/b.jsonl") >/dev/null; check "same c
 [ -s "$tmp/a.svg" ] && grep -q "<polyline" "$tmp/a.svg"; check "svg loss curve beside the metrics" $?
 grep -q "memory: parameters" "$tmp/a.out"; check "memory breakdown printed" $?
 
+# Activation checkpointing recomputes each layer in the backward: same losses to the bit,
+# smaller activation memory.
+echo '{"activation_checkpointing": {"partition_activations": false}}' > "$tmp/ac.json"
+"$L3D" train --config "$tmp/ac.json" "${common[@]}" --steps 6 --metrics "$tmp/ac.jsonl" >"$tmp/ac.out" 2>&1; check "run with activation checkpointing" $?
+diff <(losses "$tmp/a.jsonl") <(losses "$tmp/ac.jsonl") >/dev/null; check "activation checkpointing: bit-identical losses" $?
+act() { sed -nE 's/.*activations ([0-9.]+) MiB.*/\1/p' "$1"; }
+/usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$(act "$tmp/ac.out")" "$(act "$tmp/a.out")"
+check "activation checkpointing: less activation memory ($(act "$tmp/ac.out") vs $(act "$tmp/a.out") MiB)" $?
+
 "$L3D" train "${common[@]}" --steps 3 --save "$tmp/ck" >/dev/null 2>&1; check "3 steps then save" $?
 "$L3D" train "${common[@]}" --steps 6 --resume "$tmp/ck" --metrics "$tmp/r.jsonl" >/dev/null 2>&1; check "resume to step 6" $?
 diff <(losses "$tmp/a.jsonl" | tail -3) <(losses "$tmp/r.jsonl") >/dev/null; check "resumed losses bit-identical to the uninterrupted run" $?
 
-# A save killed mid-way: the previous checkpoint must stay whole. Make the target's
-# replacement fail by putting a non-directory where the temp dir would go.
+# Saves killed at arbitrary points: the checkpoint directory must always be whole. Saving
+# every step makes most kills land inside a save.
 cp -r "$tmp/ck" "$tmp/ck.before"
-"$L3D" train "${common[@]}" --steps 4 --save "$tmp/ck" >/dev/null 2>&1 &
-pid=$!
-sleep 0.3; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
-if [ -f "$tmp/ck/trainer_state.json" ]; then
-  # whichever checkpoint is there must be whole and loadable
-  "$L3D" forward --checkpoint "$tmp/ck" --tokens 1,2,3 --out "$tmp/l.bin" >/dev/null 2>&1
-  check "checkpoint loadable after a killed save" $?
-else
-  check "checkpoint still present after a killed save" 1
-fi
+whole=0
+for delay in 0.15 0.25 0.35 0.45 0.55 0.65; do
+  "$L3D" train "${common[@]}" --steps 200 --save-interval 1 --save "$tmp/ck" >/dev/null 2>&1 &
+  pid=$!
+  sleep $delay; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  if "$L3D" forward --checkpoint "$tmp/ck" --tokens 1,2,3 --out "$tmp/l.bin" >/dev/null 2>&1 &&
+     /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/ck/trainer_state.json"; then
+    whole=$((whole + 1))
+  else
+    echo "    checkpoint damaged after a kill at ${delay}s"
+  fi
+  rm -rf "$tmp"/ck.tmp.* "$tmp"/ck.old.*
+done
+[ $whole -eq 6 ]; check "checkpoint whole after 6 saves killed at random points" $?
 
 "$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 16 --seed 3 >"$tmp/g1" 2>"$tmp/g1.err"
 check "generate runs" $?

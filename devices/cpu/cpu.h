@@ -49,9 +49,16 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 // version as the fallback, so no machine-specific flag is needed at build time. The build is
 // ISO C (-std=c11, hence -ffp-contract=off): elementwise results are identical in every clone.
 #if defined(__GNUC__) && !defined(__clang__)
-#define L3D_CPU_VECTORIZE _Pragma("GCC optimize(\"O3\")")
+#define L3D_CPU_VECTORIZE _Pragma("GCC optimize(\"O3\", \"no-math-errno\")")
 #else
 #define L3D_CPU_VECTORIZE
+#endif
+// Helpers are always_inline: GCC does not inline across differing optimize/target options,
+// and they must be compiled inside each clone to vectorise for it.
+#if defined(__GNUC__)
+#define L3D_CPU_INLINE static inline __attribute__((always_inline))
+#else
+#define L3D_CPU_INLINE static inline
 #endif
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
     !defined(L3D_CPU_NO_CLONES)
@@ -65,7 +72,7 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 // (relative error about 2e-7), times 2^n built in the exponent bits. Below -87.3 it returns
 // 0 (masked scores are -inf); above 88 it saturates at exp(88) (1.65e38) instead of inf.
 // The same function serves forward and backward, so they agree exactly.
-static inline float l3d_cpu_expf(float x) {
+L3D_CPU_INLINE float l3d_cpu_expf(float x) {
     const float hi = 88.0f, lo = -87.3f;  // keeps 2^n a normal float
     float xc = x > hi ? hi : (x < lo ? lo : x);
     const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -86,6 +93,54 @@ static inline float l3d_cpu_expf(float x) {
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
     return x < lo ? 0.0f : p * scale;
+}
+
+// Row reductions in a fixed order that vectorises without reassociation: 16 interleaved
+// partials, folded pairwise, then the tail. Deterministic for a given n.
+L3D_CPU_INLINE float l3d_cpu_maxf(const float *restrict x, int n, float init) {
+    float acc[16];
+    for (int k = 0; k < 16; k++) acc[k] = init;
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] = x[i + k] > acc[k] ? x[i + k] : acc[k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
+    float m = acc[0];
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+L3D_CPU_INLINE float l3d_cpu_sumf(const float *restrict x, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += x[i + k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+    float s = acc[0];
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+L3D_CPU_INLINE double l3d_cpu_sumd(const float *restrict x, int n) {
+    double acc[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k];
+    for (int w = 4; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+    double s = acc[0];
+    for (; i < n; i++) s += (double)x[i];
+    return s;
+}
+L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[i + k] * b[i + k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
+    float s = acc[0];
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
 }
 
 // Fixed chunk for elementwise ops and for the partials of reductions.

@@ -9,6 +9,8 @@
 
 #include "devices/cpu/cpu.h"
 
+L3D_CPU_VECTORIZE
+
 #define BQ 64  // query rows per tile
 #define BK 64  // keys per tile
 
@@ -55,7 +57,7 @@ static size_t dkv_at(const attn_t *a, int b, int g, int j) {
 
 // ---- forward ------------------------------------------------------------------------------------
 // Task (b, h, query tile). Scratch: S (BQ,BK), O (BQ,D), m (BQ), l (BQ).
-static void attn_fwd_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void attn_fwd_task(void *arg, int task, int ntasks) {
     const attn_t *a = arg;
     int qb = task % a->nqb, h = (task / a->nqb) % a->H, b = task / (a->nqb * a->H);
     int g = h / (a->H / a->KVH), D = a->D;
@@ -78,16 +80,11 @@ static void attn_fwd_task(void *arg, int task, int ntasks) {
             float *restrict s = S + (size_t)r * BK;
             int nv = L3D_MIN(nk, i0 + r + a->off + 1 - j0);  // visible keys in this tile
             if (nv < 0) nv = 0;
-            float mx = mrow[r];
-            for (int c = 0; c < nv; c++) mx = s[c] > mx ? s[c] : mx;
-            float corr = expf(mrow[r] - mx);  // exp(-inf) = 0 on the first tile
-            float sum = 0.0f;
-            for (int c = 0; c < nv; c++) {
-                float p = expf(s[c] - mx);
-                s[c] = p;
-                sum += p;
-            }
+            float mx = l3d_cpu_maxf(s, nv, mrow[r]);
+            float corr = l3d_cpu_expf(mrow[r] - mx);  // exp(-inf) = 0 on the first tile
+            for (int c = 0; c < nv; c++) s[c] = l3d_cpu_expf(s[c] - mx);
             for (int c = nv; c < nk; c++) s[c] = 0.0f;
+            float sum = l3d_cpu_sumf(s, nv);
             lrow[r] = lrow[r] * corr + sum;
             mrow[r] = mx;
             if (corr != 1.0f) {
@@ -104,8 +101,8 @@ static void attn_fwd_task(void *arg, int task, int ntasks) {
         const float *restrict o = O + (size_t)r * (size_t)D;
         float inv = 1.0f / lrow[r];
         for (int c = 0; c < D; c++) out[c] = o[c] * inv;
-        if (a->lse) a->lse[((size_t)b * (size_t)a->H + (size_t)h) * (size_t)a->Tq + (size_t)(i0 + r)] =
-            mrow[r] + logf(lrow[r]);
+        size_t li = ((size_t)b * (size_t)a->H + (size_t)h) * (size_t)a->Tq + (size_t)(i0 + r);
+        if (a->lse) a->lse[li] = mrow[r] + logf(lrow[r]);
     }
     l3d_cpu_scratch_release(a->cpu, slot);
 }
@@ -125,7 +122,7 @@ l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, float *out, float *lse, cons
 // Task (b, kv head g): owns dk, dv of g and dq of the query heads of g, so nothing races and
 // every sum runs in a fixed order (head, query tile, key tile). Scratch: P (BQ,BK),
 // dP (BQ,BK), Drow (BQ).
-static void attn_bwd_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void attn_bwd_task(void *arg, int task, int ntasks) {
     const attn_t *a = arg;
     int g = task % a->KVH, b = task / a->KVH, D = a->D, grp = a->H / a->KVH;
     int ldq = a->H * D, ldkv = a->KVH * D;
@@ -146,9 +143,7 @@ static void attn_bwd_task(void *arg, int task, int ntasks) {
             for (int r = 0; r < mq; r++) {
                 const float *restrict o = a->o + q_at(a, b, h, i0 + r);
                 const float *restrict go = dO + (size_t)r * (size_t)ldq;
-                float s = 0.0f;
-                for (int c = 0; c < D; c++) s += go[c] * o[c];
-                Drow[r] = s;
+                Drow[r] = l3d_cpu_dotf(go, o, D);
                 memset(dQ + (size_t)r * (size_t)ldq, 0, sizeof(float) * (size_t)D);
             }
             for (int j0 = 0; j0 < jend; j0 += BK) {
@@ -166,8 +161,9 @@ static void attn_bwd_task(void *arg, int task, int ntasks) {
                     if (nv < 0) nv = 0;
                     float l = lse[i0 + r], dr = Drow[r];
                     for (int c = 0; c < nv; c++) {
-                        p[c] = expf(p[c] - l);
-                        dp[c] = p[c] * (dp[c] - dr);  // dS
+                        float pc = l3d_cpu_expf(p[c] - l);
+                        p[c] = pc;
+                        dp[c] = pc * (dp[c] - dr);  // dS
                     }
                     for (int c = nv; c < nk; c++) p[c] = 0.0f, dp[c] = 0.0f;
                 }

@@ -5,6 +5,8 @@
 
 #include "devices/cpu/cpu.h"
 
+L3D_CPU_VECTORIZE
+
 typedef struct {
     float *out, *out2, *p, *m, *v;
     const float *a, *b, *c;
@@ -19,11 +21,11 @@ static void ew_range(const ew_t *e, int task, size_t *i0, size_t *i1) {
     *i1 = *i0 + L3D_CPU_CHUNK < e->n ? *i0 + L3D_CPU_CHUNK : e->n;
 }
 
-static inline float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+L3D_CPU_INLINE float sigmoidf(float x) { return 1.0f / (1.0f + l3d_cpu_expf(-x)); }
 
 // ---- swiglu -------------------------------------------------------------------------------------
 // out may alias gate or up, so no restrict: each element is read before it is written.
-static void swiglu_fwd_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void swiglu_fwd_task(void *arg, int task, int ntasks) {
     const ew_t *e = arg;
     size_t i0, i1;
     ew_range(e, task, &i0, &i1);
@@ -42,7 +44,7 @@ l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, float *out, const float *gate, 
 }
 
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
-static void swiglu_bwd_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void swiglu_bwd_task(void *arg, int task, int ntasks) {
     const ew_t *e = arg;
     size_t i0, i1;
     ew_range(e, task, &i0, &i1);
@@ -65,7 +67,7 @@ l3d_status l3d_cpu_swiglu_bwd(l3d_device_t *dev, float *dgate, float *dup, const
 }
 
 // ---- add, scale ---------------------------------------------------------------------------------
-static void add_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void add_task(void *arg, int task, int ntasks) {
     const ew_t *e = arg;
     size_t i0, i1;
     ew_range(e, task, &i0, &i1);
@@ -81,7 +83,7 @@ l3d_status l3d_cpu_add(l3d_device_t *dev, float *out, const float *a, const floa
     return L3D_OK;
 }
 
-static void scale_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void scale_task(void *arg, int task, int ntasks) {
     const ew_t *e = arg;
     size_t i0, i1;
     ew_range(e, task, &i0, &i1);
@@ -100,7 +102,7 @@ l3d_status l3d_cpu_scale(l3d_device_t *dev, float *x, float s, size_t n) {
 // ---- sumsq --------------------------------------------------------------------------------------
 // Each chunk's partial is 8 interleaved double sums folded pairwise; the partials are then
 // added in chunk order on the caller, so the result depends on n alone.
-static void sumsq_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void sumsq_task(void *arg, int task, int ntasks) {
     const ew_t *e = arg;
     size_t i0, i1;
     ew_range(e, task, &i0, &i1);
@@ -135,7 +137,7 @@ l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const float *x, size_t n, double *ou
 }
 
 // ---- adamw --------------------------------------------------------------------------------------
-static void adamw_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void adamw_task(void *arg, int task, int ntasks) {
     const ew_t *e = arg;
     size_t i0, i1;
     ew_range(e, task, &i0, &i1);

@@ -5,6 +5,8 @@
 
 #include "devices/cpu/cpu.h"
 
+L3D_CPU_VECTORIZE
+
 // Rows per task for row-wise kernels; also the chunk of rows behind each partial of the
 // RMSNorm weight gradient, so that reduction's order is fixed by the shape alone.
 #define ROWS_PER_TASK 32
@@ -53,7 +55,7 @@ typedef struct {
 
 // A task owns a slice of columns of every table row and adds the rows in token order, so the
 // sums are the serial ones and no two tasks touch the same element.
-static void emb_bwd_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void emb_bwd_task(void *arg, int task, int ntasks) {
     const emb_bwd_t *e = arg;
     int c0 = task * COLS_PER_TASK, c1 = L3D_MIN(e->C, c0 + COLS_PER_TASK);
     for (int n = 0; n < e->N; n++) {
@@ -81,33 +83,6 @@ l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *
 }
 
 // ---- rmsnorm ----------------------------------------------------------------------------------------
-// Sum of squares of a row in a fixed order: 16 interleaved float partials (vectorisable
-// without reassociation), folded pairwise, then the tail.
-static float row_sumsq(const float *restrict x, int C) {
-    float acc[16] = {0};
-    int c = 0;
-    for (; c + 16 <= C; c += 16)
-        for (int k = 0; k < 16; k++) acc[k] += x[c + k] * x[c + k];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
-    float s = acc[0];
-    for (; c < C; c++) s += x[c] * x[c];
-    return s;
-}
-
-static float row_dot3(const float *restrict a, const float *restrict b, const float *restrict c3,
-                      int C) {
-    float acc[16] = {0};
-    int c = 0;
-    for (; c + 16 <= C; c += 16)
-        for (int k = 0; k < 16; k++) acc[k] += a[c + k] * b[c + k] * c3[c + k];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int k = 0; k < w; k++) acc[k] += acc[k + w];
-    float s = acc[0];
-    for (; c < C; c++) s += a[c] * b[c] * c3[c];
-    return s;
-}
-
 typedef struct {
     float *out, *rstd, *dx, *dw, *dw_part;
     const float *x, *w, *dout, *rstd_in;
@@ -115,14 +90,14 @@ typedef struct {
     float eps;
 } rms_t;
 
-static void rms_fwd_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void rms_fwd_task(void *arg, int task, int ntasks) {
     const rms_t *r = arg;
     int C = r->C, n1 = L3D_MIN(r->N, (task + 1) * ROWS_PER_TASK);
     for (int n = task * ROWS_PER_TASK; n < n1; n++) {
         const float *restrict x = r->x + (size_t)n * (size_t)C;
         float *restrict y = r->out + (size_t)n * (size_t)C;
         const float *restrict w = r->w;
-        float rs = 1.0f / sqrtf(row_sumsq(x, C) / (float)C + r->eps);
+        float rs = 1.0f / sqrtf(l3d_cpu_dotf(x, x, C) / (float)C + r->eps);
         for (int c = 0; c < C; c++) y[c] = x[c] * rs * w[c];
         if (r->rstd) r->rstd[n] = rs;
     }
@@ -140,10 +115,11 @@ l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, float *out, float *rstd, const
 
 // Pass 1, per chunk of rows: dx += rstd*(dout*w) - rstd^3/C * x * sum(dout*w*x), and the
 // chunk's partial of dw(C) = sum over its rows of dout * x * rstd.
-static void rms_bwd_rows_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void rms_bwd_rows_task(void *arg, int task, int ntasks) {
     const rms_t *r = arg;
     int C = r->C, n0 = task * ROWS_PER_TASK, n1 = L3D_MIN(r->N, n0 + ROWS_PER_TASK);
-    float *restrict part = r->dw_part + (size_t)task * (size_t)C;
+    float *restrict part = r->dw_part + (size_t)task * 2 * (size_t)C;
+    float *restrict gw = part + C;  // dout * w of the current row
     memset(part, 0, sizeof(float) * (size_t)C);
     const float *restrict w = r->w;
     for (int n = n0; n < n1; n++) {
@@ -151,20 +127,21 @@ static void rms_bwd_rows_task(void *arg, int task, int ntasks) {
         const float *restrict g = r->dout + (size_t)n * (size_t)C;
         float *restrict dx = r->dx + (size_t)n * (size_t)C;
         float rs = r->rstd_in[n];
-        float k = row_dot3(g, w, x, C) * rs * rs * rs / (float)C;
+        for (int c = 0; c < C; c++) gw[c] = g[c] * w[c];
+        float k = l3d_cpu_dotf(gw, x, C) * rs * rs * rs / (float)C;
         for (int c = 0; c < C; c++) {
-            dx[c] += rs * g[c] * w[c] - k * x[c];
+            dx[c] += rs * gw[c] - k * x[c];
             part[c] += g[c] * x[c] * rs;
         }
     }
 }
 
 // Pass 2, per slice of columns: dw += the partials in chunk order.
-static void rms_bwd_dw_task(void *arg, int task, int ntasks) {
+L3D_CPU_SIMD static void rms_bwd_dw_task(void *arg, int task, int ntasks) {
     const rms_t *r = arg;
     int c0 = task * COLS_PER_TASK, c1 = L3D_MIN(r->C, c0 + COLS_PER_TASK);
     for (int p = 0; p < r->nchunks; p++) {
-        const float *restrict part = r->dw_part + (size_t)p * (size_t)r->C;
+        const float *restrict part = r->dw_part + (size_t)p * 2 * (size_t)r->C;
         float *restrict dw = r->dw;
         for (int c = c0; c < c1; c++) dw[c] += part[c];
     }
@@ -177,7 +154,7 @@ l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const fl
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_bwd: bad shape N %d C %d", N, C);
     if (N == 0) return L3D_OK;
     int nchunks = ceil_div(N, ROWS_PER_TASK);
-    size_t part_bytes = sizeof(float) * (size_t)nchunks * (size_t)C;
+    size_t part_bytes = sizeof(float) * (size_t)nchunks * 2 * (size_t)C;  // dw partial, dout*w
     float *part = l3d_malloc(dev->ctx, part_bytes, "scratch");
     if (!part) return L3D_ERR_NOMEM;
     rms_t r = {.dx = dx, .dw = dw, .dw_part = part, .x = x, .w = w, .dout = dout,
@@ -192,24 +169,27 @@ l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const fl
 typedef struct {
     float *x;
     const float *cos_tab, *sin_tab;
-    int T, NH, D, pos0;
+    int BT, T, NH, D, pos0;
     float sign;  // +1 forward, -1 inverse
 } rope_t;
 
-// One task per (b, t): NH heads of D.
-static void rope_task(void *arg, int task, int ntasks) {
+// A task does ROWS_PER_TASK (b, t) rows of NH heads of D.
+L3D_CPU_SIMD static void rope_task(void *arg, int task, int ntasks) {
     const rope_t *r = arg;
-    int t = task % r->T, half = r->D / 2;
-    const float *restrict cs = r->cos_tab + (size_t)(r->pos0 + t) * (size_t)half;
-    const float *restrict sn = r->sin_tab + (size_t)(r->pos0 + t) * (size_t)half;
+    int half = r->D / 2, n1 = L3D_MIN(r->BT, (task + 1) * ROWS_PER_TASK);
     float sign = r->sign;
-    for (int h = 0; h < r->NH; h++) {
-        float *restrict x1 = r->x + ((size_t)task * (size_t)r->NH + (size_t)h) * (size_t)r->D;
-        float *restrict x2 = x1 + half;
-        for (int i = 0; i < half; i++) {
-            float a = x1[i], b = x2[i], c = cs[i], s = sign * sn[i];
-            x1[i] = a * c - b * s;
-            x2[i] = b * c + a * s;
+    for (int bt = task * ROWS_PER_TASK; bt < n1; bt++) {
+        int pos = r->pos0 + bt % r->T;
+        const float *restrict cs = r->cos_tab + (size_t)pos * (size_t)half;
+        const float *restrict sn = r->sin_tab + (size_t)pos * (size_t)half;
+        for (int h = 0; h < r->NH; h++) {
+            float *restrict x1 = r->x + ((size_t)bt * (size_t)r->NH + (size_t)h) * (size_t)r->D;
+            float *restrict x2 = x1 + half;
+            for (int i = 0; i < half; i++) {
+                float a = x1[i], b = x2[i], c = cs[i], s = sign * sn[i];
+                x1[i] = a * c - b * s;
+                x2[i] = b * c + a * s;
+            }
         }
     }
 }
@@ -221,7 +201,7 @@ l3d_status l3d_cpu_rope(l3d_device_t *dev, float *x, const float *cos_tab, const
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "rope: bad shape B %d T %d NH %d D %d pos0 %d (D must be even)", B, T, NH,
                          D, pos0);
-    rope_t r = {x, cos_tab, sin_tab, T, NH, D, pos0, inverse ? -1.0f : 1.0f};
-    l3d_cpu_run(dev, rope_task, &r, B * T);
+    rope_t r = {x, cos_tab, sin_tab, B * T, T, NH, D, pos0, inverse ? -1.0f : 1.0f};
+    l3d_cpu_run(dev, rope_task, &r, ceil_div(B * T, ROWS_PER_TASK));
     return L3D_OK;
 }

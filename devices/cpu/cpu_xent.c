@@ -2,8 +2,11 @@
 // overwrites each logit by exp(logit - max) while summing, one that scales to the gradient.
 // defines: l3d_cpu_xent_fwd_bwd
 #include <math.h>
+#include <string.h>
 
 #include "devices/cpu/cpu.h"
+
+L3D_CPU_VECTORIZE
 
 typedef struct {
     float *logits, *losses;
@@ -12,24 +15,19 @@ typedef struct {
     float grad_scale;
 } xent_t;
 
-static void xent_row(const xent_t *x, int n) {
+L3D_CPU_SIMD static void xent_row(const xent_t *x, int n) {
     int V = x->V, t = x->targets[n];
     float *restrict z = x->logits + (size_t)n * (size_t)V;
     if (t < 0) {  // ignored: zero loss, zero gradient
-        for (int i = 0; i < V; i++) z[i] = 0.0f;
+        memset(z, 0, sizeof(float) * (size_t)V);
         if (x->losses) x->losses[n] = 0.0f;
         return;
     }
-    float mx = -INFINITY;
-    for (int i = 0; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+    float mx = l3d_cpu_maxf(z, V, -INFINITY);
     float zt = z[t] - mx;
-    // The sum is in double, in index order: V can be 128k and the row order is fixed.
-    double sum = 0.0;
-    for (int i = 0; i < V; i++) {
-        float e = expf(z[i] - mx);
-        z[i] = e;
-        sum += (double)e;
-    }
+    for (int i = 0; i < V; i++) z[i] = l3d_cpu_expf(z[i] - mx);
+    // The sum is in double (V can be 128k) in a fixed order.
+    double sum = l3d_cpu_sumd(z, V);
     if (x->losses) x->losses[n] = (float)(log(sum) - (double)zt);
     float k = (float)((double)x->grad_scale / sum);
     for (int i = 0; i < V; i++) z[i] *= k;

@@ -427,7 +427,14 @@ def batch(tokens, step, B, T, first=0, count=None):
     return seq[:, :-1], seq[:, 1:]
 
 
-def warmup_lr(sched, step):
+# Which step index DeepSpeed's WarmupLR formula is evaluated at for optimizer step s (0-based):
+#  "deepspeed-engine": s - 1, what a DeepSpeed run does (see warmup_lr);
+#  "scheduler-index":  s, i.e. _get_gamma() with last_batch_iteration = s (lr reaches
+#                      warmup_max_lr one step earlier and step 1 is already above min_lr).
+LR_SCHEDULE_CONVENTION = "deepspeed-engine"
+
+
+def warmup_lr(sched, step, convention=None):
     """Learning rate of optimizer step `step` (0-based) under DeepSpeed's WarmupLR
     (deepspeed/runtime/lr_schedules.py), as the DeepSpeed engine applies it:
       - __init__ sets the lr from last_batch_iteration = -1, for which get_lr() is min_lr;
@@ -440,7 +447,8 @@ def warmup_lr(sched, step):
     hi = float(p["warmup_max_lr"])
     W = max(2, int(p.get("warmup_num_steps", 1000)))
     kind = p.get("warmup_type", "log")
-    it = step - 1
+    convention = convention or LR_SCHEDULE_CONVENTION
+    it = step - 1 if convention == "deepspeed-engine" else step
     if it < 0:
         return lo
     if it < W:
@@ -469,7 +477,7 @@ def lr_for(ds, step):
     return warmup_lr(sched, step)
 
 
-def make_optimizer(params, ds):
+def make_optimizer(params, ds, foreach=None):
     op = ds["optimizer"]["params"]
     decay = [t for n, t in params.items() if is_decayed(n)]
     no_decay = [t for n, t in params.items() if not is_decayed(n)]
@@ -477,7 +485,7 @@ def make_optimizer(params, ds):
         [{"params": decay, "weight_decay": float(op.get("weight_decay", 0.0))},
          {"params": no_decay, "weight_decay": 0.0}],
         lr=float(op.get("lr", 1e-3)), betas=tuple(float(b) for b in op.get("betas", (0.9, 0.999))),
-        eps=float(op.get("eps", 1e-8)))
+        eps=float(op.get("eps", 1e-8)), foreach=foreach)
 
 
 def train(params, cfg, ds, tokens, steps, lr_override=None, decay_norms=False, no_clip=False):

@@ -1,0 +1,212 @@
+// Model-level properties that the op tests cannot see: the KV-cached decode path agrees with
+// the full forward, activation checkpointing changes no bit of the gradients, results do not
+// depend on the thread count, initialisation is a pure function of the seed, and a saved
+// checkpoint reloads to the same logits.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/model_internal.h"
+#include "platform/platform.h"
+
+static l3d_model_config_t small_config(int tied) {
+    l3d_model_config_t c;
+    memset(&c, 0, sizeof(c));
+    snprintf(c.name, sizeof(c.name), "test");
+    c.hidden_size = 32;
+    c.intermediate_size = 48;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 8;
+    c.vocab_size = 40;
+    c.max_position_embeddings = 128;
+    c.rms_norm_eps = 1e-5f;
+    c.rope_theta = 500000.0f;
+    c.rope_scaling_llama3 = 1;
+    c.rope_factor = 8;
+    c.rope_low_freq_factor = 1;
+    c.rope_high_freq_factor = 4;
+    c.rope_original_max_position_embeddings = 16;
+    c.tie_word_embeddings = tied;
+    c.bos_token_id = 1;
+    c.eos_token_id = 2;
+    c.initializer_range = 0.2f;  // large enough that attention is far from uniform
+    return c;
+}
+
+typedef struct fixture {
+    l3d_ctx_t *ctx;
+    l3d_device_t *dev;
+    l3d_model_t *m;
+} fixture_t;
+
+static fixture_t open_model(int threads, int tied, uint64_t seed) {
+    fixture_t f;
+    cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
+    l3d_device_params_t p = {.num_threads = threads};
+    cr_assert_eq(l3d_device_create(f.ctx, "cpu", &p, &f.dev), L3D_OK);
+    l3d_model_config_t c = small_config(tied);
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &c, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert_eq(l3d_model_init_weights(f.m, seed), L3D_OK);
+    return f;
+}
+static void close_model(fixture_t *f) {
+    l3d_model_destroy(f->m);
+    l3d_device_destroy(f->dev);
+    l3d_ctx_destroy(f->ctx);
+}
+
+static void fill_tokens(int32_t *t, int n, int V, uint32_t seed) {
+    for (int i = 0; i < n; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        t[i] = (int32_t)((seed >> 8) % (uint32_t)V);
+    }
+}
+
+Test(model, decode_matches_full_forward) {
+    fixture_t f = open_model(2, 0, 7);
+    const int n = 70;  // more than one prefill chunk of 64
+    int V = f.m->V;
+    int32_t tok[70];
+    fill_tokens(tok, n, V, 3);
+    float *full = malloc(sizeof(float) * n * V), *last = malloc(sizeof(float) * V);
+    cr_assert_eq(l3d_model_logits(f.m, tok, n, full), L3D_OK);
+    l3d_kv_cache_t *c = NULL;
+    cr_assert_eq(l3d_kv_cache_create(f.m, n, &c), L3D_OK);
+    // prefill 5 tokens, then one at a time
+    cr_assert_eq(l3d_model_decode(f.m, c, tok, 5, last), L3D_OK);
+    for (int i = 5; i <= n; i++) {
+        const float *want = full + (size_t)(i - 1) * V;
+        for (int v = 0; v < V; v++)
+            cr_assert(fabsf(last[v] - want[v]) <= 1e-5f * (1.0f + fabsf(want[v])),
+                      "position %d logit %d: decode %g, full %g", i - 1, v, last[v], want[v]);
+        if (i < n) cr_assert_eq(l3d_model_decode(f.m, c, &tok[i], 1, last), L3D_OK);
+    }
+    cr_assert_eq(l3d_kv_cache_len(c), n);
+    int32_t one = 0;
+    cr_assert_eq(l3d_model_decode(f.m, c, &one, 1, last), L3D_ERR_INVALID_ARG,
+                 "decoding past the capacity must fail");
+    l3d_kv_cache_destroy(c);
+    free(full);
+    free(last);
+    close_model(&f);
+}
+
+// Runs one micro-batch and returns the gradient arena (malloc'd) and the loss sum.
+static float *grads_of(fixture_t *f, int recompute, double *loss) {
+    const int B = 3, T = 17;
+    l3d_acts_t *a = NULL;
+    cr_assert_eq(l3d_acts_create(f->m, B, T, recompute, &a), L3D_OK);
+    int32_t tok[3 * 18];
+    fill_tokens(tok, B * (T + 1), f->m->V, 11);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) {
+            a->tokens[b * T + t] = tok[b * (T + 1) + t];
+            a->targets[b * T + t] = tok[b * (T + 1) + t + 1];
+        }
+    size_t bytes = f->m->n_params * sizeof(float);
+    float *g = calloc(1, bytes);
+    cr_assert_eq(l3d_model_train_micro(f->m, a, g, 1.0f / (B * T), loss), L3D_OK);
+    l3d_acts_destroy(f->m, a);
+    return g;
+}
+
+Test(model, activation_checkpointing_is_bit_identical) {
+    fixture_t f = open_model(2, 1, 5);
+    double l0, l1;
+    float *g0 = grads_of(&f, 0, &l0), *g1 = grads_of(&f, 1, &l1);
+    cr_assert_eq(l0, l1, "loss with recompute %.17g vs %.17g", l1, l0);
+    cr_assert(memcmp(g0, g1, f.m->n_params * sizeof(float)) == 0,
+              "gradients differ with activation checkpointing");
+    double s = 0;
+    for (size_t i = 0; i < f.m->n_params; i++) s += fabs(g0[i]);
+    cr_assert(s > 0, "gradients are all zero");
+    free(g0);
+    free(g1);
+    close_model(&f);
+}
+
+Test(model, thread_count_does_not_change_results) {
+    fixture_t f1 = open_model(1, 0, 9), f3 = open_model(3, 0, 9);
+    double l1, l3;
+    float *g1 = grads_of(&f1, 0, &l1), *g3 = grads_of(&f3, 0, &l3);
+    cr_assert_eq(l1, l3, "loss 1 thread %.17g vs 3 threads %.17g", l1, l3);
+    cr_assert(memcmp(g1, g3, f1.m->n_params * sizeof(float)) == 0,
+              "gradients differ between 1 and 3 threads");
+    free(g1);
+    free(g3);
+    close_model(&f1);
+    close_model(&f3);
+}
+
+Test(model, init_is_a_function_of_seed_and_name) {
+    fixture_t a = open_model(1, 0, 42), b = open_model(2, 0, 42), c = open_model(1, 0, 43);
+    size_t bytes = a.m->n_params * sizeof(float);
+    cr_assert(memcmp(a.m->params, b.m->params, bytes) == 0, "same seed, different weights");
+    cr_assert(memcmp(a.m->params, c.m->params, bytes) != 0, "different seeds, same weights");
+    // statistics of a matrix: mean ~0, std ~ initializer_range; norms are exactly 1
+    const l3d_param_t *q = &a.m->tensors[2];
+    cr_assert_str_eq(q->name, "model.layers.0.self_attn.q_proj.weight");
+    double s = 0, s2 = 0;
+    for (size_t i = 0; i < q->numel; i++) {
+        double x = a.m->params[q->offset + i];
+        s += x;
+        s2 += x * x;
+    }
+    double mean = s / q->numel, sd = sqrt(s2 / q->numel - mean * mean);
+    cr_assert(fabs(mean) < 0.03 && fabs(sd - 0.2) < 0.03, "q_proj init mean %g sd %g", mean, sd);
+    const l3d_param_t *ln = &a.m->tensors[1];
+    for (size_t i = 0; i < ln->numel; i++) cr_assert_eq(a.m->params[ln->offset + i], 1.0f);
+    close_model(&a);
+    close_model(&b);
+    close_model(&c);
+}
+
+Test(model, save_and_reload_give_the_same_logits) {
+    fixture_t f = open_model(2, 0, 3);
+    char dir[] = "/tmp/l3d_test_model_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char ck[300];
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    cr_assert_eq(l3d_model_save(f.m, ck), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    l3d_model_t *m2 = NULL;
+    cr_assert_eq(l3d_model_open(f.ctx, f.dev, ck, &m2), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert(memcmp(f.m->params, m2->params, f.m->n_params * sizeof(float)) == 0);
+    int32_t tok[9];
+    fill_tokens(tok, 9, f.m->V, 1);
+    int V = f.m->V;
+    float *a = malloc(sizeof(float) * 9 * V), *b = malloc(sizeof(float) * 9 * V);
+    cr_assert_eq(l3d_model_logits(f.m, tok, 9, a), L3D_OK);
+    cr_assert_eq(l3d_model_logits(m2, tok, 9, b), L3D_OK);
+    cr_assert(memcmp(a, b, sizeof(float) * 9 * V) == 0);
+    free(a);
+    free(b);
+    l3d_model_destroy(m2);
+    // saving again replaces the directory whole, with no temp directories left behind
+    cr_assert_eq(l3d_model_save(f.m, ck), L3D_OK);
+    cr_assert_eq(l3d_dir_remove_tree(dir), 0);
+    close_model(&f);
+}
+
+Test(model, rope_llama3_scaling_bands) {
+    // HF _compute_llama3_parameters: wavelengths above orig/low are divided by factor,
+    // below orig/high kept, and blended in between.
+    l3d_model_config_t c = small_config(0);
+    double inv[4];
+    l3d_rope_inv_freq(&c, inv);
+    for (int i = 0; i < 4; i++) {
+        double base = 1.0 / pow(500000.0, 2.0 * i / 8.0);
+        double wl = 6.283185307179586 / base, want;
+        if (wl < 16.0 / 4) want = base;
+        else if (wl > 16.0 / 1) want = base / 8;
+        else {
+            double sm = (16.0 / wl - 1) / (4 - 1);
+            want = (1 - sm) * base / 8 + sm * base;
+        }
+        cr_assert(fabs(inv[i] - want) <= 1e-6 * want, "inv_freq[%d] %g want %g", i, inv[i], want);
+    }
+}
