@@ -49,17 +49,21 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
                c->total_num_steps);
     printf("; steps %d; seed %llu; activation checkpointing %s\n", c->steps,
            (unsigned long long)c->seed, c->activation_checkpointing ? "on" : "off");
-    printf("  data %s (%lld tokens); device %s, %d threads; gemm peak %.1f GFLOP/s\n",
-           c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)",
-           (long long)l3d_trainer_data_tokens(t), c->device, threads,
-           l3d_trainer_gemm_peak(t));
+    const char *data = c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)";
+    if (t)
+        printf("  data %s (%lld tokens); device %s, %d threads; gemm peak %.1f GFLOP/s\n", data,
+               (long long)l3d_trainer_data_tokens(t), c->device, threads,
+               l3d_trainer_gemm_peak(t));
+    else
+        printf("  data %s; device %s, %d threads\n", data, c->device, threads);
     for (int i = 0; i < c->n_notes; i++) printf("  note: %s\n", c->notes[i]);
     l3d_mem_breakdown_t mem;
-    l3d_trainer_memory(t, &mem);
+    if (t) l3d_trainer_memory(t, &mem);
+    else l3d_train_config_memory(c, &mem);
     double MiB = 1024.0 * 1024.0;
-    printf("memory: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, activations "
+    printf("memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, activations "
            "%.2f MiB, total %.2f MiB\n",
-           mem.params / MiB, mem.grads / MiB, mem.optim / MiB, mem.acts / MiB,
+           t ? "" : " (estimate, nothing allocated)", mem.params / MiB, mem.grads / MiB, mem.optim / MiB, mem.acts / MiB,
            (mem.params + mem.grads + mem.optim + mem.acts) / MiB);
     fflush(stdout);
 }
@@ -67,7 +71,7 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
 int l3d_cmd_train(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
-               *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL;
+               *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
         {"--model", "NAME|FILE|DIR", "preset name, HF config.json, or checkpoint dir", &model, 0},
@@ -83,6 +87,7 @@ int l3d_cmd_train(int argc, char **argv) {
         {"--dp", "N", "data-parallel size", &dp, 0},
         {"--tp", "N", "tensor-parallel size", &tp, 0},
         {"--pp", "N", "pipeline-parallel size", &pp, 0},
+        {"--dry-run", NULL, "print the configuration and memory estimate, then stop", &dry, 1},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -126,10 +131,16 @@ int l3d_cmd_train(int argc, char **argv) {
     if (metrics) snprintf(cfg->metrics_path, sizeof(cfg->metrics_path), "%s", metrics);
     if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
 
+    int nthreads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
+    if (!nthreads) nthreads = l3d_num_cores();
+    if (dry) {
+        print_config(cfg, NULL, nthreads);
+        rc = L3D_EXIT_OK;
+        goto out;
+    }
     if ((st = l3d_trainer_create(ctx, cfg, &t)) < 0) goto fail;
     if (resume && (st = l3d_trainer_resume(t, resume)) < 0) goto fail;
-    int nthreads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
-    print_config(cfg, t, nthreads ? nthreads : l3d_num_cores());
+    print_config(cfg, t, nthreads);
     if (cfg->metrics_path[0]) {
         int e = l3d_metrics_open(cfg->metrics_path, resume != NULL, &mx);
         if (e) {

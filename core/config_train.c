@@ -465,68 +465,53 @@ static l3d_status parse_scheduler(const ds_t *p, json_t *root) {
     cfg->total_num_steps = 0;
     cfg->warmup_min_ratio = 0.0f;
     cfg->cos_min_ratio = 1e-4f;
+    // Absent params: jansson treats a NULL object as empty, so the defaults stand.
     L3D_CHECK(p->ctx, get_obj(p, s, "scheduler", "params", &params));
-    json_t *empty = NULL;
-    if (!params) params = empty = json_object();
-    if (!params) return l3d_error(p->ctx, L3D_ERR_NOMEM, "%s: out of memory", p->origin);
     const char *pp = "scheduler.params";
     static const char *const k_warm[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                         "warmup_type", "last_batch_iteration"};
-    static const char *const k_decay[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
-                                          "warmup_type", "last_batch_iteration",
-                                          "total_num_steps"};
+                                         "warmup_type", "last_batch_iteration",
+                                         "total_num_steps"};
     static const char *const k_cos[] = {"total_num_steps", "warmup_min_ratio",
                                         "warmup_num_steps", "cos_min_ratio", "warmup_type",
                                         "last_batch_iteration"};
-    char hint[64];
+    char hint[96];
     snprintf(hint, sizeof(hint), " (parameters of %s)", type);
-    l3d_status rc;
-    if (st == L3D_SCHED_WARMUP_LR)
-        rc = check_keys(p, params, pp, k_warm, L3D_ARRAY_LEN(k_warm), hint);
-    else if (st == L3D_SCHED_WARMUP_DECAY_LR)
-        rc = check_keys(p, params, pp, k_decay, L3D_ARRAY_LEN(k_decay), hint);
+    // WarmupLR takes WarmupDecayLR's keys but total_num_steps.
+    if (st == L3D_SCHED_WARMUP_COSINE_LR)
+        L3D_CHECK(p->ctx, check_keys(p, params, pp, k_cos, L3D_ARRAY_LEN(k_cos), hint));
     else
-        rc = check_keys(p, params, pp, k_cos, L3D_ARRAY_LEN(k_cos), hint);
-    L3D_CHECK_GOTO(p->ctx, rc, rc, out);
-    L3D_CHECK_GOTO(p->ctx, get_float(p, params, pp, "warmup_min_lr", NUM_GE0, &cfg->warmup_min_lr,
-                                     NULL), rc, out);
-    L3D_CHECK_GOTO(p->ctx, get_float(p, params, pp, "warmup_max_lr", NUM_GE0, &cfg->warmup_max_lr,
-                                     NULL), rc, out);
-    L3D_CHECK_GOTO(p->ctx, get_int(p, params, pp, "warmup_num_steps", 1, 1 << 30,
-                                   &cfg->warmup_num_steps, NULL), rc, out);
-    L3D_CHECK_GOTO(p->ctx, get_float(p, params, pp, "warmup_min_ratio", NUM_UNIT,
-                                     &cfg->warmup_min_ratio, NULL), rc, out);
-    L3D_CHECK_GOTO(p->ctx, get_float(p, params, pp, "cos_min_ratio", NUM_UNIT,
-                                     &cfg->cos_min_ratio, NULL), rc, out);
-    L3D_CHECK_GOTO(p->ctx, get_int(p, params, pp, "total_num_steps", 1, 1 << 30,
-                                   &cfg->total_num_steps, &have), rc, out);
-    if (!have && st != L3D_SCHED_WARMUP_LR) {
-        rc = l3d_error(p->ctx, L3D_ERR_CONFIG,
-                       "%s: scheduler.params.total_num_steps: missing (%s needs it; usually the "
-                       "same as train.steps)",
-                       p->origin, type);
-        goto out;
-    }
+        L3D_CHECK(p->ctx, check_keys(p, params, pp, k_warm,
+                                     L3D_ARRAY_LEN(k_warm) - (st == L3D_SCHED_WARMUP_LR), hint));
+    L3D_CHECK(p->ctx, get_float(p, params, pp, "warmup_min_lr", NUM_GE0, &cfg->warmup_min_lr,
+                                NULL));
+    L3D_CHECK(p->ctx, get_float(p, params, pp, "warmup_max_lr", NUM_GE0, &cfg->warmup_max_lr,
+                                NULL));
+    L3D_CHECK(p->ctx, get_int(p, params, pp, "warmup_num_steps", 1, 1 << 30,
+                              &cfg->warmup_num_steps, NULL));
+    L3D_CHECK(p->ctx, get_float(p, params, pp, "warmup_min_ratio", NUM_UNIT,
+                                &cfg->warmup_min_ratio, NULL));
+    L3D_CHECK(p->ctx, get_float(p, params, pp, "cos_min_ratio", NUM_UNIT, &cfg->cos_min_ratio,
+                                NULL));
+    L3D_CHECK(p->ctx, get_int(p, params, pp, "total_num_steps", 1, 1 << 30,
+                              &cfg->total_num_steps, &have));
+    if (!have && st != L3D_SCHED_WARMUP_LR)
+        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+                         "%s: scheduler.params.total_num_steps: missing (%s needs it; usually "
+                         "the same as train.steps)",
+                         p->origin, type);
     char wt[16];
-    L3D_CHECK_GOTO(p->ctx, get_str(p, params, pp, "warmup_type", wt, sizeof(wt), &have), rc, out);
-    if (have) {
-        if (strcmp(wt, "log") != 0 && strcmp(wt, "linear") != 0) {
-            rc = l3d_error(p->ctx, L3D_ERR_CONFIG,
-                           "%s: scheduler.params.warmup_type: '%s' must be \"log\" or \"linear\"",
-                           p->origin, wt);
-            goto out;
-        }
-        cfg->warmup_type_log = strcmp(wt, "log") == 0;
-    }
+    L3D_CHECK(p->ctx, get_str(p, params, pp, "warmup_type", wt, sizeof(wt), &have));
+    if (have && strcmp(wt, "log") != 0 && strcmp(wt, "linear") != 0)
+        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+                         "%s: scheduler.params.warmup_type: '%s' must be \"log\" or \"linear\"",
+                         p->origin, wt);
+    if (have) cfg->warmup_type_log = strcmp(wt, "log") == 0;
     int lbi = -1;
-    L3D_CHECK_GOTO(p->ctx, get_int(p, params, pp, "last_batch_iteration", -1, 1 << 30, &lbi,
-                                   NULL), rc, out);
+    L3D_CHECK(p->ctx, get_int(p, params, pp, "last_batch_iteration", -1, 1 << 30, &lbi, NULL));
     if (lbi != -1)
         note(cfg, "scheduler.params.last_batch_iteration: accepted, not yet effective (the step "
                   "comes from the checkpoint)");
-out:
-    json_decref(empty);
-    return rc;
+    return L3D_OK;
 }
 
 // ---- table-driven sections --------------------------------------------------------------
@@ -614,7 +599,8 @@ static l3d_status parse_offload(const ds_t *p, json_t *zero, const char *key) {
     L3D_CHECK(p->ctx, check_section(p, o, path, k_off, L3D_ARRAY_LEN(k_off)));
     char dev[16] = "none";
     json_t *d = json_object_get(o, "device");
-    if (d && !json_is_null(d)) L3D_CHECK(p->ctx, get_str(p, o, path, "device", dev, sizeof(dev), NULL));
+    if (d && !json_is_null(d))
+        L3D_CHECK(p->ctx, get_str(p, o, path, "device", dev, sizeof(dev), NULL));
     if (strcmp(dev, "none") != 0 && strcmp(dev, "cpu") != 0 && strcmp(dev, "nvme") != 0)
         return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: %s.device: '%s' must be none, cpu or nvme",
                          p->origin, path, dev);
@@ -664,8 +650,10 @@ static l3d_status parse_misc_sections(const ds_t *p, json_t *root) {
     static const char *const recompute = " (activations are recomputed per layer on the rank)";
     static const char *const jsonl = " (llama3d writes JSONL metrics: set train.metrics)";
     static const key_spec_t k_ac[] = {
-        {"partition_activations", 'b', recompute}, {"contiguous_memory_optimization", 'b', recompute},
-        {"cpu_checkpointing", 'b', recompute}, {"synchronize_checkpoint_boundary", 'b', recompute},
+        {"partition_activations", 'b', recompute},
+        {"contiguous_memory_optimization", 'b', recompute},
+        {"cpu_checkpointing", 'b', recompute},
+        {"synchronize_checkpoint_boundary", 'b', recompute},
         {"profile", 'b', recompute}, {"number_checkpoints", '*', NULL}};
     static const key_spec_t k_tb[] = {
         {"enabled", 'b', jsonl}, {"output_path", 's', NULL}, {"job_name", 's', NULL}};

@@ -42,7 +42,8 @@ float l3d_train_config_lr(const l3d_train_config_t *cfg, int step) {
         double ratio;
         if (step < w) {
             // From warmup_min_ratio to 1 of the optimizer's lr.
-            ratio = cfg->warmup_min_ratio + warmup_gamma(cfg, step, w) * (1.0 - cfg->warmup_min_ratio);
+            double lo = cfg->warmup_min_ratio;
+            ratio = lo + warmup_gamma(cfg, step, w) * (1.0 - lo);
         } else {
             // Cosine from 1 to cos_min_ratio; the progress is clamped to 1 past the end, as
             // current DeepSpeed does, so the lr stays at the floor instead of rising again.

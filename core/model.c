@@ -10,19 +10,24 @@
 // The arena holds the tensors in Hugging Face order: embed, then per layer input_layernorm,
 // q, k, v, o, post_attention_layernorm, gate, up, down; then model.norm, then lm_head when
 // the embeddings are not tied. Gradients and optimizer state use the same offsets.
+// With m->tensors NULL (and m->layer NULL) it only counts: l3d_model_arena_floats uses that.
 static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t rows, int64_t cols,
                       int decay, size_t *slot) {
-    l3d_param_t *p = &m->tensors[m->n_tensors++];
-    snprintf(p->name, sizeof(p->name), "%s", name);
-    p->ndim = cols ? 2 : 1;
-    p->shape[0] = rows;
-    p->shape[1] = cols;
-    p->numel = (size_t)rows * (size_t)(cols ? cols : 1);
-    p->offset = *off;
-    p->decay = decay;
+    size_t numel = (size_t)rows * (size_t)(cols ? cols : 1);
+    if (m->tensors) {
+        l3d_param_t *p = &m->tensors[m->n_tensors];
+        snprintf(p->name, sizeof(p->name), "%s", name);
+        p->ndim = cols ? 2 : 1;
+        p->shape[0] = rows;
+        p->shape[1] = cols;
+        p->numel = numel;
+        p->offset = *off;
+        p->decay = decay;
+    }
+    m->n_tensors++;
+    if (slot) *slot = *off;
     // Keep every tensor 16-float (64-byte) aligned so kernels can vectorise.
-    *off += (p->numel + 15) & ~(size_t)15;
-    if (slot) *slot = p->offset;
+    *off += (numel + 15) & ~(size_t)15;
 }
 
 static void layout_params(l3d_model_t *m) {
@@ -31,7 +36,7 @@ static void layout_params(l3d_model_t *m) {
     int64_t C = m->C, F = m->F, HD = (int64_t)m->H * m->D, KD = (int64_t)m->KVH * m->D;
     add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed);
     for (int l = 0; l < m->L; l++) {
-        l3d_layer_params_t *lp = &m->layer[l];
+        l3d_layer_params_t scratch, *lp = m->layer ? &m->layer[l] : &scratch;
 #define LP(suffix, r, c, decay, slot)                                              \
     snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);                 \
     add_param(m, &off, name, r, c, decay, slot)
@@ -52,14 +57,7 @@ static void layout_params(l3d_model_t *m) {
     m->n_params = off;
 }
 
-l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                            l3d_model_t **model_p) {
-    L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
-    l3d_status st = L3D_OK;
-    l3d_model_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
-    if (!m) return L3D_ERR_NOMEM;
-    m->ctx = ctx;
-    m->dev = dev;
+static void set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
     m->cfg = *cfg;
     m->C = cfg->hidden_size;
     m->F = cfg->intermediate_size;
@@ -68,6 +66,25 @@ l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_c
     m->KVH = cfg->num_key_value_heads;
     m->D = cfg->head_dim;
     m->V = cfg->vocab_size;
+}
+
+size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
+    l3d_model_t m;
+    memset(&m, 0, sizeof(m));
+    set_dims(&m, cfg);
+    layout_params(&m);
+    return m.n_params;
+}
+
+l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                            l3d_model_t **model_p) {
+    L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
+    l3d_status st = L3D_OK;
+    l3d_model_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
+    if (!m) return L3D_ERR_NOMEM;
+    m->ctx = ctx;
+    m->dev = dev;
+    set_dims(m, cfg);
     int max_tensors = 3 + 9 * m->L;
     m->tensors = l3d_calloc(ctx, (size_t)max_tensors, sizeof(l3d_param_t), "other");
     m->layer = l3d_calloc(ctx, (size_t)m->L, sizeof(l3d_layer_params_t), "other");

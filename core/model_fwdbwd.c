@@ -70,19 +70,22 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float);
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, V = (size_t)m->V;
+    // a->layers is NULL when only counting (l3d_acts_bytes).
+    l3d_layer_acts_t dummy;
     if (a->recompute) {
         // Checkpointing: only each layer's input survives the forward; the rest of a layer's
         // activations are rebuilt in one shared set during its backward.
-        for (int l = 0; l < m->L; l++) a->layers[l].x_in = take(ar, N * C * f);
+        for (int l = 0; l < m->L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * f);
         l3d_layer_acts_t shared = {0};
         layout_layer(ar, &shared, m, N, a->B, a->T, 0);
-        for (int l = 0; l < m->L; l++) {
+        for (int l = 0; a->layers && l < m->L; l++) {
             float *x_in = a->layers[l].x_in;
             a->layers[l] = shared;
             a->layers[l].x_in = x_in;
         }
     } else {
-        for (int l = 0; l < m->L; l++) layout_layer(ar, &a->layers[l], m, N, a->B, a->T, 1);
+        for (int l = 0; l < m->L; l++)
+            layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1);
     }
     a->x_final = take(ar, N * C * f);
     a->rstdf = take(ar, N * f);
@@ -100,6 +103,22 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     a->dup = take(ar, N * F * f);
     a->tokens = take(ar, N * sizeof(int32_t));
     a->targets = take(ar, N * sizeof(int32_t));
+}
+
+size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
+    l3d_model_t m;
+    memset(&m, 0, sizeof(m));
+    m.C = cfg->hidden_size;
+    m.F = cfg->intermediate_size;
+    m.L = cfg->num_hidden_layers;
+    m.H = cfg->num_attention_heads;
+    m.KVH = cfg->num_key_value_heads;
+    m.D = cfg->head_dim;
+    m.V = cfg->vocab_size;
+    l3d_acts_t a = {.B = B, .T = T, .recompute = recompute};
+    arena_t ar = {NULL, 0};
+    layout_acts(&ar, &a, &m);
+    return ar.off;
 }
 
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p) {

@@ -71,6 +71,12 @@ struct l3d_model {
     int rope_len;
 };
 
+// Floats in the parameter arena (and in each of the gradient and optimizer arenas) for cfg,
+// and bytes of training activations for micro-batches of B x T: exactly what
+// l3d_model_create and l3d_acts_create allocate, computed without allocating.
+size_t l3d_model_arena_floats(const l3d_model_config_t *cfg);
+size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
+
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
 // inv_freq (D/2) with the Llama 3.1 scaling applied, in double (exposed for tests).

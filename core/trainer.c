@@ -193,6 +193,15 @@ double l3d_trainer_gemm_peak(const l3d_trainer_t *t) { return t->gemm_peak; }
 double l3d_trainer_flops_per_token(const l3d_trainer_t *t) { return t->flops_per_token; }
 int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->data->n_tokens; }
 
+void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
+    size_t p = l3d_model_arena_floats(&cfg->model) * sizeof(float);
+    mem->params = p;
+    mem->grads = p;
+    mem->optim = 2 * p;  // AdamW's exp_avg and exp_avg_sq
+    mem->acts = l3d_acts_bytes(&cfg->model, cfg->micro_batch_size, cfg->seq_len,
+                               cfg->activation_checkpointing);
+}
+
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     size_t p = t->model->n_params * sizeof(float);
     mem->params = p;

@@ -48,6 +48,9 @@ l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir);
 l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir);
 
 l3d_model_t *l3d_trainer_model(l3d_trainer_t *t);
+// The memory a trainer for `cfg` allocates, computed without allocating (for any preset,
+// however large). Equals l3d_trainer_memory of a trainer created from the same config.
+void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem);
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem);
 // The sgemm peak measured at creation, GFLOP/s, and the model FLOPs per trained token.
 double l3d_trainer_gemm_peak(const l3d_trainer_t *t);
