@@ -842,6 +842,17 @@ static l3d_status parse_llama3d(const ds_t *p, json_t *root) {
         L3D_CHECK(p->ctx, check_keys(p, sec, "data", keys, 2, NULL));
         L3D_CHECK(p->ctx, get_str(p, sec, "data", "path", cfg->data_path, sizeof(cfg->data_path),
                                   NULL));
+        // Like "model", a relative data path is relative to the config file's directory.
+        const char *slash = strrchr(p->origin, '/');
+        if (cfg->data_path[0] && cfg->data_path[0] != '/' && slash) {
+            char joined[sizeof(cfg->data_path)];
+            int n = snprintf(joined, sizeof(joined), "%.*s/%s", (int)(slash - p->origin),
+                             p->origin, cfg->data_path);
+            if (n < 0 || (size_t)n >= sizeof(joined))
+                return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: data.path: resolved path is longer "
+                                 "than %zu bytes", p->origin, sizeof(joined) - 1);
+            memcpy(cfg->data_path, joined, sizeof(joined));
+        }
         L3D_CHECK(p->ctx, get_int(p, sec, "data", "seq_len", 1, 1 << 24, &cfg->seq_len, NULL));
     }
     return parse_model(p, root);

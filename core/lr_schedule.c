@@ -1,8 +1,11 @@
 // Learning-rate schedules with DeepSpeed's formulas (deepspeed/runtime/lr_schedules.py).
 // defines: l3d_train_config_lr
 //
-// `step` is the 0-based optimizer step: the value returned is the lr of update step+1 and
-// equals DeepSpeed's get_lr() at last_batch_iteration == step.
+// schedule_at(cfg, it) is DeepSpeed's get_lr() at last_batch_iteration == it (it = -1: the
+// value its constructor puts in the optimizer). The DeepSpeed engine calls scheduler.step()
+// after each optimizer step, so update number s+1 (0-based optimizer step s) runs with
+// iteration s-1: l3d_train_config_lr(cfg, s) = schedule_at(cfg, s - 1). That reproduces a
+// DeepSpeed run's lr sequence exactly (tests/reference/test_train.py checks it).
 #include <math.h>
 
 #include "llama3d/config.h"
@@ -13,9 +16,7 @@ static double warmup_gamma(const l3d_train_config_t *cfg, int step, int w) {
     return (double)step / (double)w;
 }
 
-float l3d_train_config_lr(const l3d_train_config_t *cfg, int step) {
-    if (!cfg) return 0.0f;
-    if (cfg->sched == L3D_SCHED_CONSTANT) return cfg->lr;
+static float schedule_at(const l3d_train_config_t *cfg, int step) {
     // DeepSpeed clamps the warm-up length to at least 2 so that log(W) is not 0.
     int w = cfg->warmup_num_steps < 2 ? 2 : cfg->warmup_num_steps;
     double min_lr = cfg->warmup_min_lr, max_lr = cfg->warmup_max_lr;
@@ -38,7 +39,7 @@ float l3d_train_config_lr(const l3d_train_config_t *cfg, int step) {
         return (float)(min_lr + (max_lr - min_lr) * gamma);
     }
     case L3D_SCHED_WARMUP_COSINE_LR: {
-        if (step < 0) return 0.0f;
+        if (step < 0) return (float)((double)cfg->lr * cfg->warmup_min_ratio);  // warm-up start
         double ratio;
         if (step < w) {
             // From warmup_min_ratio to 1 of the optimizer's lr.
@@ -62,4 +63,10 @@ float l3d_train_config_lr(const l3d_train_config_t *cfg, int step) {
         break;
     }
     return cfg->lr;
+}
+
+float l3d_train_config_lr(const l3d_train_config_t *cfg, int step) {
+    if (!cfg) return 0.0f;
+    if (cfg->sched == L3D_SCHED_CONSTANT) return cfg->lr;
+    return schedule_at(cfg, step - 1);
 }

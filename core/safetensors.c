@@ -283,8 +283,9 @@ l3d_status l3d_st_parse(l3d_ctx_t *ctx, const void *buf, size_t len, const char 
         json_object_foreach(jmeta, key, val) {
             if (!json_is_string(val)) {
                 char qk[160];
-                st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: __metadata__ value of '%s' is not a string",
-                               origin, clean(key, qk, sizeof(qk)));
+                st = l3d_error(ctx, L3D_ERR_FORMAT,
+                               "%s: __metadata__ value of '%s' is not a string", origin,
+                               clean(key, qk, sizeof(qk)));
                 goto fail;
             }
             n_meta++;

@@ -385,7 +385,8 @@ Test(config, full_file) {
     cr_assert_eq(c.model.hidden_size, 64);
     cr_assert_eq(c.model.head_dim, 16);
     cr_assert_str_eq(c.model.name, "custom");
-    cr_assert_str_eq(c.data_path, "data/tiny.txt");
+    // relative to the config file (tests/data), like "model"
+    cr_assert_str_eq(c.data_path, L3D_TEST_DATA "/data/tiny.txt");
     cr_assert_eq(c.seq_len, 32);
     cr_assert_eq(c.steps, 100);
     cr_assert_eq(c.seed, 42);
@@ -665,8 +666,10 @@ static double ref_gamma(int log_type, int step, int w) {
     return log_type ? log(step + 1.0) / log((double)w) : (double)step / w;
 }
 
+// `step` here is DeepSpeed's last_batch_iteration; the engine uses iteration s-1 for the
+// 0-based optimizer step s, so the value at iteration `step` is that of optimizer step+1.
 static void check_lr(const l3d_train_config_t *c, int step, double want) {
-    float got = l3d_train_config_lr(c, step);
+    float got = l3d_train_config_lr(c, step + 1);
     cr_assert(fabs((double)got - want) <= 1e-6 * fabs(want) + 1e-12,
               "step %d: got %.9g want %.9g", step, (double)got, want);
 }

@@ -191,8 +191,8 @@ Test(safetensors, writer_matches_reference_bytes) {
 
     // And the reference's doc example parses (an I32 tensor, 16 zero bytes).
     l3d_st_file_t *f;
-    image_t im = make_image("{\"test\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}",
-                            NULL, 16);
+    image_t im = make_image(
+        "{\"test\":{\"dtype\":\"I32\",\"shape\":[2,2],\"data_offsets\":[0,16]}}", NULL, 16);
     cr_assert_eq(im.buf[0], '<');
     cr_assert_eq(l3d_st_parse(ctx, im.buf, im.len, "doc", &f), L3D_OK);
     cr_assert_eq(l3d_st_find(f, "test")->dtype, L3D_ST_I32);
@@ -287,8 +287,9 @@ Test(safetensors, python_numpy_reads_our_file) {
 static void convert(const char *dtype, size_t esize, const void *raw, size_t count, float *out) {
     l3d_ctx_t *ctx = new_ctx();
     char hdr[256];
-    snprintf(hdr, sizeof(hdr), "{\"t\":{\"dtype\":\"%s\",\"shape\":[%zu],\"data_offsets\":[0,%zu]}}",
-             dtype, count, count * esize);
+    snprintf(hdr, sizeof(hdr),
+             "{\"t\":{\"dtype\":\"%s\",\"shape\":[%zu],\"data_offsets\":[0,%zu]}}", dtype,
+             count, count * esize);
     image_t im = make_image(hdr, raw, count * esize);
     l3d_st_file_t *f;
     cr_assert_eq(l3d_st_parse(ctx, im.buf, im.len, "conv", &f), L3D_OK, "%s",
@@ -444,7 +445,8 @@ Test(safetensors, rejects_malformed) {
                "three offsets", "data_offsets");
     bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,1e1]}}", 8,
                "real offset", "data_offsets");
-    bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,18446744073709551615]}}",
+    bad_header("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],"
+               "\"data_offsets\":[0,18446744073709551615]}}",
                8, "offset beyond int64", "not valid JSON");
     bad_header("{\"\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8,
                "invalid UTF-8 name", "not valid JSON");

@@ -60,8 +60,10 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 #else
 #define L3D_CPU_INLINE static inline
 #endif
+// ThreadSanitizer instruments the ifunc resolvers, which run before its runtime is up: no
+// clones under -fsanitize=thread.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__ELF__) && \
-    !defined(L3D_CPU_NO_CLONES)
+    !defined(__SANITIZE_THREAD__) && !defined(L3D_CPU_NO_CLONES)
 #define L3D_CPU_SIMD __attribute__((target_clones("default", "avx2", "avx512f")))
 #else
 #define L3D_CPU_SIMD
@@ -97,15 +99,30 @@ L3D_CPU_INLINE float l3d_cpu_expf(float x) {
 
 // Row reductions in a fixed order that vectorises without reassociation: 16 interleaved
 // partials, folded pairwise, then the tail. Deterministic for a given n.
+// The max is exact, so its order does not matter; the vectoriser will not turn `a > m ? a : m`
+// into a vector max (NaN rules), hence GCC vector types, which lower to whatever the clone has.
+#if defined(__GNUC__)
+typedef float l3d_cpu_v16f __attribute__((vector_size(64)));
+typedef int32_t l3d_cpu_v16i __attribute__((vector_size(64)));
+#endif
 L3D_CPU_INLINE float l3d_cpu_maxf(const float *restrict x, int n, float init) {
-    float acc[16];
-    for (int k = 0; k < 16; k++) acc[k] = init;
+    float m = init;
     int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int k = 0; k < 16; k++) acc[k] = x[i + k] > acc[k] ? x[i + k] : acc[k];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int k = 0; k < w; k++) acc[k] = acc[k + w] > acc[k] ? acc[k + w] : acc[k];
-    float m = acc[0];
+#if defined(__GNUC__)
+    if (n >= 16) {
+        l3d_cpu_v16f acc;
+        memcpy(&acc, x, sizeof(acc));
+        for (i = 16; i + 16 <= n; i += 16) {
+            l3d_cpu_v16f v;
+            memcpy(&v, x + i, sizeof(v));
+            l3d_cpu_v16i gt = v > acc;
+            acc = (l3d_cpu_v16f)(((l3d_cpu_v16i)v & gt) | ((l3d_cpu_v16i)acc & ~gt));
+        }
+        float lanes[16];
+        memcpy(lanes, &acc, sizeof(lanes));
+        for (int k = 0; k < 16; k++) m = lanes[k] > m ? lanes[k] : m;
+    }
+#endif
     for (; i < n; i++) m = x[i] > m ? x[i] : m;
     return m;
 }

@@ -12,7 +12,10 @@ secs=${2:?usage: run.sh BUILD_DIR SECONDS}
 bin=$build/tests/fuzz
 work=$build/fuzz-work
 for t in fuzz_safetensors fuzz_config; do
-    [[ -x $bin/$t ]] || { echo "run.sh: $bin/$t missing (configure with -DL3D_BUILD_FUZZ=ON)" >&2; exit 2; }
+    if [[ ! -x $bin/$t ]]; then
+        echo "run.sh: $bin/$t missing (configure with -DL3D_BUILD_FUZZ=ON)" >&2
+        exit 2
+    fi
 done
 rm -rf "$work/seeds-"*
 mkdir -p "$work/seeds-fuzz_safetensors" "$work/seeds-fuzz_config" \
@@ -32,8 +35,12 @@ st_seed() {  # FILE HEADER NBYTES
 s=$work/seeds-fuzz_safetensors
 st_seed "$s/f32" '{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}' 16
 st_seed "$s/empty" '{}      ' 0
-st_seed "$s/meta" '{"__metadata__":{"format":"pt"},"w":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},"b":{"dtype":"BF16","shape":[1,1],"data_offsets":[6,8]}}' 8
-st_seed "$s/mixed" '{"z":{"dtype":"F64","shape":[],"data_offsets":[4,12]},"i":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},"e":{"dtype":"BOOL","shape":[0,7],"data_offsets":[12,12]}}' 12
+st_seed "$s/meta" '{"__metadata__":{"format":"pt"},'\
+'"w":{"dtype":"F16","shape":[3],"data_offsets":[0,6]},'\
+'"b":{"dtype":"BF16","shape":[1,1],"data_offsets":[6,8]}}' 8
+st_seed "$s/mixed" '{"z":{"dtype":"F64","shape":[],"data_offsets":[4,12]},'\
+'"i":{"dtype":"I32","shape":[1],"data_offsets":[0,4]},'\
+'"e":{"dtype":"BOOL","shape":[0,7],"data_offsets":[12,12]}}' 12
 dict=$work/safetensors.dict
 printf '%s\n' '"dtype"' '"shape"' '"data_offsets"' '"__metadata__"' '"F32"' '"F16"' \
     '"BF16"' '"F64"' '"I32"' '"I64"' '"U8"' '"BOOL"' '"{"' '"}"' '"["' '"]"' '":"' '","' >"$dict"

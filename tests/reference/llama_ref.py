@@ -167,7 +167,8 @@ def write_safetensors(path, tensors, metadata=None):
     for name, arr in tensors.items():
         a = np.ascontiguousarray(np.asarray(arr, dtype="<f4"))
         raw = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(raw)]}
+        header[name] = {"dtype": "F32", "shape": list(a.shape),
+                        "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
     if metadata:
@@ -464,7 +465,8 @@ def warmup_lr(sched, step, convention=None):
 def warmup_lr_simple(sched, step):
     """The simplified reading min + (max-min) * s / W (s 0-based), for diagnosis only."""
     p = sched["params"]
-    lo, hi, W = float(p.get("warmup_min_lr", 0.0)), float(p["warmup_max_lr"]), int(p["warmup_num_steps"])
+    lo, hi = float(p.get("warmup_min_lr", 0.0)), float(p["warmup_max_lr"])
+    W = int(p["warmup_num_steps"])
     return lo + (hi - lo) * step / W if step < W else hi
 
 

@@ -16,7 +16,6 @@ For each model variant (untied + llama3 rope scaling, tied + scaling, untied wit
 Pass: max|ours-ref|/max|ref| <= 1e-4 and max elementwise |ours-ref|/(|ref| + 0.05 max|ref|)
 <= 1e-4 everywhere. Exit 0 pass, 1 fail, 77 skip (no torch/numpy).
 """
-import json
 import os
 import shutil
 import sys
