@@ -1,6 +1,7 @@
 // SGEMM throughput: l3d_dev_gemm on the CPU device with 1 and N threads (our pool, OpenBLAS
 // single-threaded inside each tile) next to cblas_sgemm with OpenBLAS's own N threads.
-// Best of 5 runs per cell; "ratio" is l3d Nt / OpenBLAS Nt. Usage: bench_gemm [threads] (default: all cores).
+// Best of 5 runs per cell; "ratio" is l3d Nt / OpenBLAS Nt.
+// Usage: bench_gemm [threads] (default: all cores).
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>

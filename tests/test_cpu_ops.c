@@ -271,7 +271,8 @@ Test(cpu_rope, rotate_half_and_inverse) {
                 for (int i = 0; i < D; i++) {
                     // out = x * cos + rotate_half(x) * sin, rotate_half = (-x2, x1)
                     int k = i % half;
-                    double c = cs[(size_t)(pos0 + t) * half + k], s = sn[(size_t)(pos0 + t) * half + k];
+                    size_t ti = (size_t)(pos0 + t) * half + k;
+                    double c = cs[ti], s = sn[ti];
                     double rot = i < half ? -(double)x0[o + i + half] : (double)x0[o + i - half];
                     ref[o + i] = x0[o + i] * c + rot * s;
                 }
@@ -535,8 +536,8 @@ Test(cpu_adamw, three_steps_by_hand) {
                                    (float)gs),
                      L3D_OK);
         for (int i = 0; i < 4; i++) {
-            cr_assert(fabs(p[i] - ep[i]) <= 1e-6 * fmax(1.0, fabs(ep[i])), "step %d p[%d] %.9g %.9g",
-                      t, i, (double)p[i], ep[i]);
+            cr_assert(fabs(p[i] - ep[i]) <= 1e-6 * fmax(1.0, fabs(ep[i])),
+                      "step %d p[%d] %.9g %.9g", t, i, (double)p[i], ep[i]);
             cr_assert(fabs(m[i] - em[i]) <= 1e-6 * fmax(1e-3, fabs(em[i])));
             cr_assert(fabs(v[i] - ev[i]) <= 1e-6 * fmax(1e-6, fabs(ev[i])));
         }
@@ -601,7 +602,8 @@ Test(cpu_determinism, one_vs_three_threads) {
         same("sumsq", &ss[0], &ss[1], sizeof(double));
         same("xent grad", z[0], z[1], sizeof(float) * N * C);
         same("xent loss", loss[0], loss[1], sizeof(float) * N);
-        for (int r = 0; r < 2; r++) free(dx[r]), free(dw[r]), free(dt[r]), free(z[r]), free(loss[r]);
+        for (int r = 0; r < 2; r++)
+            free(dx[r]), free(dw[r]), free(dt[r]), free(z[r]), free(loss[r]);
         free(x), free(w), free(g), free(rs), free(o), free(tok);
     }
     // attention fwd and bwd with GQA over several tiles
@@ -624,7 +626,8 @@ Test(cpu_determinism, one_vs_three_threads) {
         same("attention dq", dq[0], dq[1], sizeof(float) * nq);
         same("attention dk", dk[0], dk[1], sizeof(float) * nk);
         same("attention dv", dv[0], dv[1], sizeof(float) * nk);
-        for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(dq[r]), free(dk[r]), free(dv[r]);
+        for (int r = 0; r < 2; r++)
+            free(out[r]), free(lse[r]), free(dq[r]), free(dk[r]), free(dv[r]);
         free(q), free(k), free(v), free(go);
     }
     env_close(e1);

@@ -48,7 +48,7 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 // AVX2 and AVX-512 and picked at load time from the CPU (ifunc), with the baseline (SSE2)
 // version as the fallback, so no machine-specific flag is needed at build time. The build is
 // ISO C (-std=c11, hence -ffp-contract=off): elementwise results are identical in every clone.
-#if defined(__GNUC__) && !defined(__clang__)
+#if defined(__GNUC__) && !defined(__clang__) && defined(__OPTIMIZE__)  // not in -O0 builds
 #define L3D_CPU_VECTORIZE _Pragma("GCC optimize(\"O3\", \"no-math-errno\")")
 #else
 #define L3D_CPU_VECTORIZE

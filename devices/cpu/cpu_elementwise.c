@@ -144,7 +144,7 @@ L3D_CPU_SIMD static void adamw_task(void *arg, int task, int ntasks) {
     float *restrict p = e->p, *restrict m = e->m, *restrict v = e->v;
     const float *restrict grad = e->a;
     float b1 = e->beta1, b2 = e->beta2, ob1 = 1.0f - e->beta1, ob2 = 1.0f - e->beta2;
-    float decay = e->decay, step = e->step, bc2s = e->bc2_sqrt, eps = e->eps, gs = e->gscale;
+    float decay = e->decay, nstep = -e->step, bc2s = e->bc2_sqrt, eps = e->eps, gs = e->gscale;
     for (size_t i = i0; i < i1; i++) {
         float g = grad[i] * gs;
         float pi = p[i] * decay;
@@ -152,7 +152,7 @@ L3D_CPU_SIMD static void adamw_task(void *arg, int task, int ntasks) {
         float vi = b2 * v[i] + ob2 * g * g;
         m[i] = mi;
         v[i] = vi;
-        p[i] = pi - step * (mi / (sqrtf(vi) / bc2s + eps));
+        p[i] = pi + nstep * mi / (sqrtf(vi) / bc2s + eps);  // torch's addcdiv order
     }
 }
 
@@ -165,8 +165,11 @@ l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const float *grad, flo
                          "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)bc1,
                          (double)bc2);
     ew_t e = {.p = param, .a = grad, .m = m, .v = v, .n = n, .beta1 = beta1, .beta2 = beta2,
-              .eps = eps, .decay = 1.0f - lr * weight_decay, .step = lr / bc1,
-              .bc2_sqrt = sqrtf(bc2), .gscale = grad_scale};
+              .eps = eps, .gscale = grad_scale,
+              // scalars in double then rounded once, as torch does with its Python floats
+              .decay = (float)(1.0 - (double)lr * (double)weight_decay),
+              .step = (float)((double)lr / (double)bc1),
+              .bc2_sqrt = (float)sqrt((double)bc2)};
     l3d_cpu_run(dev, adamw_task, &e, ew_tasks(n));
     return L3D_OK;
 }

@@ -82,7 +82,7 @@ l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *
     return L3D_OK;
 }
 
-// ---- rmsnorm ----------------------------------------------------------------------------------------
+// ---- rmsnorm ------------------------------------------------------------------------------------
 typedef struct {
     float *out, *rstd, *dx, *dw, *dw_part;
     const float *x, *w, *dout, *rstd_in;
@@ -165,7 +165,7 @@ l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const fl
     return L3D_OK;
 }
 
-// ---- rope -------------------------------------------------------------------------------------------
+// ---- rope ---------------------------------------------------------------------------------------
 typedef struct {
     float *x;
     const float *cos_tab, *sin_tab;

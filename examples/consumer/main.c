@@ -1,3 +1,4 @@
+#define _POSIX_C_SOURCE 200809L  // posix_memalign
 // The smallest embedding of llama3d: a custom allocator and log callback, a tiny model
 // trained for a few steps through the public API only.
 #include <stdio.h>
