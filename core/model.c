@@ -57,7 +57,7 @@ static void layout_params(l3d_model_t *m) {
     m->n_params = off;
 }
 
-static void set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
+void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
     m->cfg = *cfg;
     m->C = cfg->hidden_size;
     m->F = cfg->intermediate_size;
@@ -71,7 +71,7 @@ static void set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
-    set_dims(&m, cfg);
+    l3d_model_set_dims(&m, cfg);
     layout_params(&m);
     return m.n_params;
 }
@@ -84,7 +84,7 @@ l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_c
     if (!m) return L3D_ERR_NOMEM;
     m->ctx = ctx;
     m->dev = dev;
-    set_dims(m, cfg);
+    l3d_model_set_dims(m, cfg);
     int max_tensors = 3 + 9 * m->L;
     m->tensors = l3d_calloc(ctx, (size_t)max_tensors, sizeof(l3d_param_t), "other");
     m->layer = l3d_calloc(ctx, (size_t)m->L, sizeof(l3d_layer_params_t), "other");

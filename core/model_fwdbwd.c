@@ -108,13 +108,7 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
-    m.C = cfg->hidden_size;
-    m.F = cfg->intermediate_size;
-    m.L = cfg->num_hidden_layers;
-    m.H = cfg->num_attention_heads;
-    m.KVH = cfg->num_key_value_heads;
-    m.D = cfg->head_dim;
-    m.V = cfg->vocab_size;
+    l3d_model_set_dims(&m, cfg);
     l3d_acts_t a = {.B = B, .T = T, .recompute = recompute};
     arena_t ar = {NULL, 0};
     layout_acts(&ar, &a, &m);

@@ -75,6 +75,8 @@ struct l3d_model {
 // and bytes of training activations for micro-batches of B x T: exactly what
 // l3d_model_create and l3d_acts_create allocate, computed without allocating.
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg);
+// Copies cfg into m->cfg and the short dimension fields (C, F, L, H, KVH, D, V).
+void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
 
 // Grows the rope tables to cover positions [0, len).
