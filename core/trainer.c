@@ -121,6 +121,12 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
     l3d_free(ctx, t, sizeof(*t), "other");
 }
 
+float l3d_clip_scale(double norm, float max_norm) {
+    if (max_norm <= 0.0f) return 1.0f;
+    double coef = max_norm / (norm + 1e-6);
+    return coef < 1.0 ? (float)coef : 1.0f;
+}
+
 l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     l3d_ctx_t *ctx = t->ctx;
     l3d_device_t *dev = t->dev;
@@ -153,12 +159,7 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     double sumsq = 0.0;
     L3D_CHECK(ctx, l3d_dev_sumsq(dev, t->grads, m->n_params, &sumsq));
     double norm = sqrt(sumsq);
-    // clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied only when below 1.
-    float gscale = 1.0f;
-    if (cfg->gradient_clipping > 0.0f) {
-        double coef = cfg->gradient_clipping / (norm + 1e-6);
-        if (coef < 1.0) gscale = (float)coef;
-    }
+    float gscale = l3d_clip_scale(norm, cfg->gradient_clipping);
     float lr = l3d_train_config_lr(cfg, t->step);
     int k = t->step + 1;
     float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));

@@ -21,4 +21,8 @@ struct l3d_trainer {
     double flops_per_token;
 };
 
+// torch.nn.utils.clip_grad_norm_: the factor applied to every gradient for a global norm
+// `norm` and limit `max_norm` (<= 0: no clipping): max_norm / (norm + 1e-6) when below 1.
+float l3d_clip_scale(double norm, float max_norm);
+
 #endif

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "core/trainer_internal.h"
 #include "llama3d/llama3d.h"
 
 static void write_tokens(const char *path, int n, int V) {
@@ -60,3 +61,14 @@ static void check_estimate(int recompute, int micro, int accum, int T) {
 
 Test(trainer, memory_estimate_equals_allocation) { check_estimate(0, 4, 2, 32); }
 Test(trainer, memory_estimate_equals_allocation_with_recompute) { check_estimate(1, 2, 1, 48); }
+
+// clip_grad_norm_ semantics, values worked by hand: coef = max / (norm + 1e-6), only if < 1.
+Test(trainer, clip_scale_by_hand) {
+    cr_assert_eq(l3d_clip_scale(0.5, 1.0f), 1.0f);                // below the limit
+    cr_assert_eq(l3d_clip_scale(0.999998, 1.0f), 1.0f);           // 1 / 0.999999 > 1: kept
+    cr_assert_float_eq(l3d_clip_scale(1.0, 1.0f), 0.999999f, 1e-7f);     // 1 / 1.000001 < 1
+    cr_assert_float_eq(l3d_clip_scale(4.0, 1.0f), 0.24999994f, 1e-8f);   // 1 / 4.000001
+    cr_assert_float_eq(l3d_clip_scale(10.0, 2.5f), 0.24999997f, 1e-8f);  // 2.5 / 10.000001
+    cr_assert_eq(l3d_clip_scale(1e9, 0.0f), 1.0f);                // 0 turns clipping off
+    cr_assert_eq(l3d_clip_scale(3.0, -1.0f), 1.0f);
+}
