@@ -33,6 +33,9 @@ typedef struct l3d_device {
     l3d_ctx_t *ctx;
     void *priv;
     int num_threads;  // as resolved by init (CPU); informational for others
+    // The stream ops are issued on: an opaque handle from stream_create, or NULL for the
+    // device's default stream. Set with l3d_dev_set_stream.
+    void *stream;
 } l3d_device_t;
 
 typedef struct l3d_device_params {
@@ -50,6 +53,9 @@ typedef enum l3d_copy_kind {
 // (M,K) and op(B) is (K,N). A is stored (M,K) with row stride lda, or (K,M) if trans_a;
 // B is stored (K,N) with row stride ldb, or (N,K) if trans_b. A Linear layer y = x W^T with
 // W (out,in) is trans_b = 1.
+// Batched: batch > 1 runs `batch` such products, the i-th on A + i*stride_a, B + i*stride_b,
+// C + i*stride_c (strides in elements; a stride of 0 shares that operand). batch 0 or 1 is one
+// product and ignores the strides, so designated initialisers may leave them out.
 typedef struct l3d_gemm {
     int trans_a, trans_b;
     int M, N, K;
@@ -60,6 +66,8 @@ typedef struct l3d_gemm {
     int ldb;
     float *C;
     int ldc;
+    int batch;
+    size_t stride_a, stride_b, stride_c;
 } l3d_gemm_t;
 
 // Causal grouped-query attention dimensions. Queries are the last Tq positions of a
@@ -97,8 +105,15 @@ struct l3d_device_ops {
                        l3d_copy_kind kind);
     // Sets `bytes` of device memory to the byte `value`.
     l3d_status (*memset)(l3d_device_t *dev, void *dst, int value, size_t bytes);
-    // Blocks until every op issued so far has finished.
+    // Blocks until every op issued so far (on every stream) has finished.
     l3d_status (*sync)(l3d_device_t *dev);
+
+    // ---- streams (optional: NULL on devices that run every op in order, like the CPU) -------
+    // Creates an independent queue of ops (CUDA stream). *stream_p is opaque.
+    l3d_status (*stream_create)(l3d_device_t *dev, void **stream_p);
+    void (*stream_destroy)(l3d_device_t *dev, void *stream);
+    // Blocks until the ops issued on `stream` have finished.
+    l3d_status (*stream_sync)(l3d_device_t *dev, void *stream);
 
     // ---- ops ------------------------------------------------------------------------------
     l3d_status (*gemm)(l3d_device_t *dev, const l3d_gemm_t *g);
@@ -193,6 +208,19 @@ static inline l3d_status l3d_dev_memset(l3d_device_t *d, void *dst, int v, size_
     return d->ops->memset(d, dst, v, n);
 }
 static inline l3d_status l3d_dev_sync(l3d_device_t *d) { return d->ops->sync(d); }
+// Streams: on a device without them (NULL entries) there is one in-order queue, so creating
+// a stream gives NULL and syncing one is a full sync.
+static inline l3d_status l3d_dev_stream_create(l3d_device_t *d, void **s) {
+    *s = NULL;
+    return d->ops->stream_create ? d->ops->stream_create(d, s) : L3D_OK;
+}
+static inline void l3d_dev_stream_destroy(l3d_device_t *d, void *s) {
+    if (d->ops->stream_destroy && s) d->ops->stream_destroy(d, s);
+}
+static inline l3d_status l3d_dev_stream_sync(l3d_device_t *d, void *s) {
+    return d->ops->stream_sync ? d->ops->stream_sync(d, s) : d->ops->sync(d);
+}
+static inline void l3d_dev_set_stream(l3d_device_t *d, void *s) { d->stream = s; }
 static inline l3d_status l3d_dev_gemm(l3d_device_t *d, const l3d_gemm_t *g) {
     return d->ops->gemm(d, g);
 }

@@ -82,7 +82,7 @@ static void gemm_case(env_t e, int ta, int tb, int M, int N, int K, float alpha,
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
     float *A = fvec(na, 1.0f), *B = fvec(nb, 1.0f), *C = fvec(nc, 1.0f), *C0 = fdup(C, nc);
-    l3d_gemm_t g = {ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc};
+    l3d_gemm_t g = {ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, 1, 0, 0, 0};
     double *ref = dvec((size_t)M * N);
     ref_gemm(&g, C0, ref);
     cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
@@ -110,10 +110,38 @@ Test(cpu_gemm, transposes_strides_beta) {
     env_close(e);
 }
 
+// Batched: each product against the reference, including a shared (stride 0) B operand.
+Test(cpu_gemm, batched_with_strides) {
+    env_t e = env_open(2);
+    rng_seed(5);
+    const int M = 33, N = 70, K = 19, batch = 3;
+    size_t sa = (size_t)M * K + 7, sc = (size_t)M * N + 3;
+    float *A = fvec(sa * batch, 1.0f), *B = fvec((size_t)N * K, 1.0f);
+    float *C = fvec(sc * batch, 1.0f), *C0 = fdup(C, sc * batch);
+    l3d_gemm_t g = {.trans_b = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = 0.5f, .A = A,
+                    .lda = K, .B = B, .ldb = K, .C = C, .ldc = N, .batch = batch,
+                    .stride_a = sa, .stride_b = 0, .stride_c = sc};
+    cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
+    double *ref = dvec((size_t)M * N);
+    for (int i = 0; i < batch; i++) {
+        l3d_gemm_t one = g;
+        one.A = A + i * sa;
+        one.C = C + i * sc;
+        ref_gemm(&one, C0 + i * sc, ref);
+        char what[64];
+        snprintf(what, sizeof(what), "batched gemm entry %d", i);
+        check_close(what, C + i * sc, ref, (size_t)M * N, 1e-5);
+        for (size_t k = (size_t)M * N; k < sc; k++)  // the gap between entries is untouched
+            cr_assert_eq(C[i * sc + k], C0[i * sc + k]);
+    }
+    free(A), free(B), free(C), free(C0), free(ref);
+    env_close(e);
+}
+
 Test(cpu_gemm, k_zero_scales_c) {
     env_t e = env_open(1);
     float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
-    l3d_gemm_t g = {0, 0, 2, 3, 0, 1.0f, 2.0f, A, 1, B, 3, C, 3};
+    l3d_gemm_t g = {0, 0, 2, 3, 0, 1.0f, 2.0f, A, 1, B, 3, C, 3, 1, 0, 0, 0};
     cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
     for (int i = 0; i < 6; i++) cr_assert_eq(C[i], 2.0f * (float)(i + 1));
     g.beta = 0.0f;
@@ -126,7 +154,7 @@ Test(cpu_gemm, k_zero_scales_c) {
 Test(cpu_gemm, bad_stride_is_invalid_arg) {
     env_t e = env_open(1);
     float A[16] = {0}, B[16] = {0}, C[16] = {0};
-    l3d_gemm_t g = {0, 0, 4, 4, 4, 1.0f, 0.0f, A, 3, B, 4, C, 4};
+    l3d_gemm_t g = {0, 0, 4, 4, 4, 1.0f, 0.0f, A, 3, B, 4, C, 4, 1, 0, 0, 0};
     cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(e.ctx), "gemm"));
     env_close(e);
@@ -568,7 +596,7 @@ Test(cpu_determinism, one_vs_three_threads) {
         float *A = fvec((size_t)M * K, 1), *B = fvec((size_t)N * K, 1), *C[2];
         for (int r = 0; r < 2; r++) {
             C[r] = calloc((size_t)M * N, sizeof(float));
-            l3d_gemm_t g = {0, 1, M, N, K, 1.0f, 0.0f, A, K, B, K, C[r], N};
+            l3d_gemm_t g = {0, 1, M, N, K, 1.0f, 0.0f, A, K, B, K, C[r], N, 1, 0, 0, 0};
             cr_assert_eq(l3d_dev_gemm(es[r].dev, &g), L3D_OK);
         }
         same("gemm", C[0], C[1], sizeof(float) * M * N);

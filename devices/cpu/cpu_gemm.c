@@ -64,7 +64,24 @@ static void gemm_scale_c(const l3d_gemm_t *g) {
     }
 }
 
+static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g);
+
+// A batch runs its products one after another, each spread over the pool: the same tiles,
+// and so the same bits, as running them as separate calls.
 l3d_status l3d_cpu_gemm(l3d_device_t *dev, const l3d_gemm_t *g) {
+    if (g->batch <= 1) return gemm_one(dev, g);
+    for (int i = 0; i < g->batch; i++) {
+        l3d_gemm_t one = *g;
+        one.batch = 1;
+        one.A = g->A + (size_t)i * g->stride_a;
+        one.B = g->B + (size_t)i * g->stride_b;
+        one.C = g->C + (size_t)i * g->stride_c;
+        L3D_CHECK(dev->ctx, gemm_one(dev, &one));
+    }
+    return L3D_OK;
+}
+
+static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
     if (g->M < 0 || g->N < 0 || g->K < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "gemm: negative shape %dx%dx%d", g->M,
                          g->N, g->K);
