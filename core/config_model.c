@@ -3,7 +3,7 @@
 // defines: l3d_model_config_preset, l3d_model_config_preset_names, l3d_model_config_from_json,
 //          l3d_model_config_from_file, l3d_model_config_validate, l3d_model_config_to_json,
 //          l3d_model_config_num_params
-#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,9 +11,9 @@
 
 #include <jansson.h>
 
+#include "core/config_json.h"
 #include "core/l3d_core.h"
 #include "llama3d/config.h"
-#include "platform/platform.h"
 
 // ---- presets -----------------------------------------------------------------------------
 // Values from the released Hugging Face config.json files (Llama 3.1 for 8B/70B/405B, whose
@@ -77,42 +77,6 @@ l3d_status l3d_model_config_preset(l3d_ctx_t *ctx, const char *name, l3d_model_c
                      name);
 }
 
-// ---- key suggestions ---------------------------------------------------------------------
-// Edit distance, for "did you mean" hints. Keys are short; longer ones count as far away.
-static size_t edit_distance(const char *a, const char *b) {
-    size_t la = strlen(a), lb = strlen(b);
-    if (la > 63 || lb > 63) return (size_t)-1;
-    size_t row[64];
-    for (size_t j = 0; j <= lb; j++) row[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        size_t diag = row[0];
-        row[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t up = row[j];
-            size_t cost = (a[i - 1] == b[j - 1]) ? 0 : 1;
-            size_t best = L3D_MIN(row[j] + 1, row[j - 1] + 1);
-            row[j] = L3D_MIN(best, diag + cost);
-            diag = up;
-        }
-    }
-    return row[lb];
-}
-
-static const char *nearest(const char *key, const char *const *valid, size_t n) {
-    const char *best = NULL;
-    size_t best_d = (size_t)-1;
-    for (size_t i = 0; i < n; i++) {
-        size_t d = edit_distance(key, valid[i]);
-        if (d < best_d) {
-            best_d = d;
-            best = valid[i];
-        }
-    }
-    // Only suggest what looks like a typo, not an unrelated key.
-    size_t limit = L3D_MAX((size_t)2, strlen(key) / 3);
-    return best_d <= limit ? best : NULL;
-}
-
 static l3d_status validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const char *n);
 
 // ---- Hugging Face config.json ------------------------------------------------------------
@@ -131,71 +95,11 @@ static const char *const k_hf_keys[] = {
     "tokenizer_class", "id2label", "label2id", "auto_map", "_attn_implementation",
 };
 
-typedef struct hf_parser {
-    l3d_ctx_t *ctx;
-    const char *origin;
-    json_t *root;
-} hf_parser_t;
-
-static l3d_status hf_type_error(const hf_parser_t *p, const char *key, const json_t *v,
-                                const char *want) {
-    if (json_is_string(v) && strcmp(json_string_value(v), "auto") == 0)
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
-                         "%s: %s: \"auto\" is a Hugging Face Trainer placeholder; replace it by %s",
-                         p->origin, key, want);
-    return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: %s: expected %s", p->origin, key, want);
-}
-
-// Reads an integer key (integral reals such as 8192.0 accepted). *present = 0 if absent.
-static l3d_status hf_int(const hf_parser_t *p, const char *key, int lo, int *out, int *present) {
-    json_t *v = json_object_get(p->root, key);
-    *present = 0;
-    if (!v) return L3D_OK;
-    double d;
-    if (json_is_integer(v)) {
-        d = (double)json_integer_value(v);
-    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v))) {
-        d = json_real_value(v);
-    } else {
-        return hf_type_error(p, key, v, "an integer");
-    }
-    if (d < lo || d > 2147483647.0)
-        return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: %s: %.0f is out of range (minimum %d)",
-                         p->origin, key, d, lo);
-    *out = (int)d;
-    *present = 1;
-    return L3D_OK;
-}
-
-static l3d_status hf_num_value(const hf_parser_t *p, const char *key, const json_t *v,
-                               float *out) {
-    if (!json_is_number(v)) return hf_type_error(p, key, v, "a number");
-    double d = json_number_value(v);
-    if (!isfinite(d) || fabs(d) > 3.0e38)
-        return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: %s: %g does not fit a float", p->origin,
-                         key, d);
-    *out = (float)d;
-    return L3D_OK;
-}
-
-static l3d_status hf_num(const hf_parser_t *p, const char *key, float *out) {
-    json_t *v = json_object_get(p->root, key);
-    if (!v) return L3D_OK;
-    return hf_num_value(p, key, v, out);
-}
-
-static l3d_status hf_bool(const hf_parser_t *p, const char *key, int *out) {
-    json_t *v = json_object_get(p->root, key);
-    if (!v) return L3D_OK;
-    if (!json_is_boolean(v)) return hf_type_error(p, key, v, "true or false");
-    *out = json_is_true(v);
-    return L3D_OK;
-}
-
 // A token id: an integer, null (no such token: -1), or for eos a list whose first entry is
 // the end-of-text id (Llama 3.1 Instruct lists 128001, 128008, 128009).
-static l3d_status hf_token(const hf_parser_t *p, const char *key, int allow_list, int *out) {
-    json_t *v = json_object_get(p->root, key);
+static l3d_status hf_token(const l3d_cfgjson_t *j, json_t *root, const char *key, int allow_list,
+                           int *out) {
+    json_t *v = json_object_get(root, key);
     if (!v) return L3D_OK;
     if (json_is_null(v)) {
         *out = -1;
@@ -203,25 +107,27 @@ static l3d_status hf_token(const hf_parser_t *p, const char *key, int allow_list
     }
     if (allow_list && json_is_array(v)) {
         if (json_array_size(v) == 0)
-            return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: %s: the list is empty", p->origin, key);
+            return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s: the list is empty", j->origin, key);
         v = json_array_get(v, 0);
     }
     if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 2147483647)
-        return hf_type_error(p, key, v,
-                             allow_list ? "a token id, a list of token ids or null"
-                                        : "a token id or null");
+        return l3d_cfgjson_type_error(j, NULL, key, v,
+                                      allow_list ? "a token id, a list of token ids or null"
+                                                 : "a token id or null");
     *out = (int)json_integer_value(v);
     return L3D_OK;
 }
 
-static l3d_status hf_rope_scaling(const hf_parser_t *p, l3d_model_config_t *cfg) {
-    json_t *rs = json_object_get(p->root, "rope_scaling");
+static l3d_status hf_rope_scaling(const l3d_cfgjson_t *j, json_t *root,
+                                  l3d_model_config_t *cfg) {
+    json_t *rs = json_object_get(root, "rope_scaling");
     cfg->rope_scaling_llama3 = 0;
     cfg->rope_factor = cfg->rope_low_freq_factor = cfg->rope_high_freq_factor = 0.0f;
     cfg->rope_original_max_position_embeddings = 0;
     if (!rs || json_is_null(rs)) return L3D_OK;
     if (!json_is_object(rs))
-        return hf_type_error(p, "rope_scaling", rs, "null or an object with rope_type \"llama3\"");
+        return l3d_cfgjson_type_error(j, NULL, "rope_scaling", rs,
+                                      "null or an object with rope_type \"llama3\"");
     // transformers writes "rope_type"; configs from before 4.43 spell it "type".
     json_t *t = json_object_get(rs, "rope_type");
     const char *tkey = "rope_scaling.rope_type";
@@ -230,10 +136,10 @@ static l3d_status hf_rope_scaling(const hf_parser_t *p, l3d_model_config_t *cfg)
         tkey = "rope_scaling.type";
     }
     if (!t || !json_is_string(t))
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
                          "%s: rope_scaling.rope_type: missing or not a string (llama3d supports "
                          "\"llama3\")",
-                         p->origin);
+                         j->origin);
     const char *type = json_string_value(t);
     if (strcmp(type, "default") == 0) {
         // HF's name for plain RoPE: the same as rope_scaling null.
@@ -241,106 +147,84 @@ static l3d_status hf_rope_scaling(const hf_parser_t *p, l3d_model_config_t *cfg)
         json_t *kv;
         json_object_foreach(rs, k, kv) {
             if (strcmp(k, "rope_type") != 0 && strcmp(k, "type") != 0)
-                return l3d_error(p->ctx, L3D_ERR_CONFIG,
+                return l3d_error(j->ctx, L3D_ERR_CONFIG,
                                  "%s: rope_scaling.%s: not used with rope_type \"default\"",
-                                 p->origin, k);
+                                 j->origin, k);
         }
         return L3D_OK;
     }
     if (strcmp(type, "llama3") != 0)
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
                          "%s: %s: \"%s\" is not supported (llama3d supports \"llama3\" or "
                          "rope_scaling null)",
-                         p->origin, tkey, type);
+                         j->origin, tkey, type);
     static const char *const valid[] = {"rope_type", "type", "factor", "low_freq_factor",
                                         "high_freq_factor", "original_max_position_embeddings"};
-    const char *k;
-    json_t *kv;
-    json_object_foreach(rs, k, kv) {
-        int ok = 0;
-        for (size_t i = 0; i < L3D_ARRAY_LEN(valid); i++) ok |= strcmp(k, valid[i]) == 0;
-        if (!ok) {
-            const char *s = nearest(k, valid, L3D_ARRAY_LEN(valid));
-            return l3d_error(p->ctx, L3D_ERR_CONFIG,
-                             "%s: unknown key 'rope_scaling.%s'%s%s%s", p->origin, k,
-                             s ? " (did you mean 'rope_scaling." : "", s ? s : "", s ? "'?)" : "");
-        }
-    }
+    L3D_CHECK(j->ctx,
+              l3d_cfgjson_check_keys(j, rs, "rope_scaling", valid, L3D_ARRAY_LEN(valid), NULL));
     static const char *const need[] = {"factor", "low_freq_factor", "high_freq_factor",
                                        "original_max_position_embeddings"};
     for (size_t i = 0; i < L3D_ARRAY_LEN(need); i++)
         if (!json_object_get(rs, need[i]))
-            return l3d_error(p->ctx, L3D_ERR_CONFIG,
+            return l3d_error(j->ctx, L3D_ERR_CONFIG,
                              "%s: rope_scaling.%s: missing (rope_type \"llama3\" needs factor, "
                              "low_freq_factor, high_freq_factor, original_max_position_embeddings)",
-                             p->origin, need[i]);
-    L3D_CHECK(p->ctx, hf_num_value(p, "rope_scaling.factor", json_object_get(rs, "factor"),
-                                   &cfg->rope_factor));
-    L3D_CHECK(p->ctx, hf_num_value(p, "rope_scaling.low_freq_factor",
-                                   json_object_get(rs, "low_freq_factor"),
-                                   &cfg->rope_low_freq_factor));
-    L3D_CHECK(p->ctx, hf_num_value(p, "rope_scaling.high_freq_factor",
-                                   json_object_get(rs, "high_freq_factor"),
-                                   &cfg->rope_high_freq_factor));
+                             j->origin, need[i]);
+    const char *rp = "rope_scaling";
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, rs, rp, "factor", L3D_NUM_F32, &cfg->rope_factor,
+                                            NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, rs, rp, "low_freq_factor", L3D_NUM_F32,
+                                            &cfg->rope_low_freq_factor, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, rs, rp, "high_freq_factor", L3D_NUM_F32,
+                                            &cfg->rope_high_freq_factor, NULL));
     json_t *orig = json_object_get(rs, "original_max_position_embeddings");
     if (!json_is_integer(orig) || json_integer_value(orig) <= 0 ||
         json_integer_value(orig) > 2147483647)
-        return hf_type_error(p, "rope_scaling.original_max_position_embeddings", orig,
-                             "a positive integer");
+        return l3d_cfgjson_type_error(j, rp, "original_max_position_embeddings", orig,
+                                      "a positive integer");
     cfg->rope_original_max_position_embeddings = (int)json_integer_value(orig);
     cfg->rope_scaling_llama3 = 1;
     return L3D_OK;
 }
 
 // The keys whose only allowed value is what llama3d computes.
-static l3d_status hf_fixed(const hf_parser_t *p) {
+static l3d_status hf_fixed(const l3d_cfgjson_t *j, json_t *root) {
     json_t *v;
-    if ((v = json_object_get(p->root, "model_type")) &&
+    if ((v = json_object_get(root, "model_type")) &&
         !(json_is_string(v) && strcmp(json_string_value(v), "llama") == 0))
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
                          "%s: model_type: must be \"llama\" (llama3d implements LlamaForCausalLM)",
-                         p->origin);
-    if ((v = json_object_get(p->root, "hidden_act")) &&
+                         j->origin);
+    if ((v = json_object_get(root, "hidden_act")) &&
         !(json_is_string(v) && strcmp(json_string_value(v), "silu") == 0))
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
-                         "%s: hidden_act: only \"silu\" (SwiGLU) is implemented", p->origin);
-    if ((v = json_object_get(p->root, "pretraining_tp")) &&
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: hidden_act: only \"silu\" (SwiGLU) is implemented", j->origin);
+    if ((v = json_object_get(root, "pretraining_tp")) &&
         !(json_is_integer(v) && json_integer_value(v) == 1))
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
                          "%s: pretraining_tp: must be 1 (sliced-matmul emulation is not "
                          "implemented)",
-                         p->origin);
-    if ((v = json_object_get(p->root, "attention_dropout")) &&
+                         j->origin);
+    if ((v = json_object_get(root, "attention_dropout")) &&
         !(json_is_number(v) && json_number_value(v) == 0.0))
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
                          "%s: attention_dropout: must be 0 (dropout is not implemented)",
-                         p->origin);
+                         j->origin);
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++)
-        if ((v = json_object_get(p->root, no_bias[i])) && !json_is_false(v))
-            return l3d_error(p->ctx, L3D_ERR_CONFIG,
+        if ((v = json_object_get(root, no_bias[i])) && !json_is_false(v))
+            return l3d_error(j->ctx, L3D_ERR_CONFIG,
                              "%s: %s: must be false (Llama 3 has no bias terms; biases are not "
                              "implemented)",
-                             p->origin, no_bias[i]);
+                             j->origin, no_bias[i]);
     return L3D_OK;
 }
 
-static l3d_status hf_parse(const hf_parser_t *p, l3d_model_config_t *cfg) {
-    const char *key;
-    json_t *val;
-    json_object_foreach(p->root, key, val) {
-        int ok = 0;
-        for (size_t i = 0; i < L3D_ARRAY_LEN(k_hf_keys) && !ok; i++)
-            ok = strcmp(key, k_hf_keys[i]) == 0;
-        if (ok) continue;
-        const char *s = nearest(key, k_hf_keys, L3D_ARRAY_LEN(k_hf_keys));
-        return l3d_error(p->ctx, L3D_ERR_CONFIG,
-                         "%s: unknown key '%s'%s%s%s (llama3d rejects keys it does not "
-                         "implement rather than ignore them)",
-                         p->origin, key, s ? " (did you mean '" : "", s ? s : "",
-                         s ? "'?)" : "");
-    }
-    L3D_CHECK(p->ctx, hf_fixed(p));
+static l3d_status hf_parse(const l3d_cfgjson_t *j, json_t *root, l3d_model_config_t *cfg) {
+    L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, root, NULL, k_hf_keys, L3D_ARRAY_LEN(k_hf_keys),
+                                             " (llama3d rejects keys it does not implement "
+                                             "rather than ignore them)"));
+    L3D_CHECK(j->ctx, hf_fixed(j, root));
 
     // Sizes have no sensible default: a config.json without them is not a Llama config.
     static const char *const required[] = {"hidden_size", "intermediate_size",
@@ -350,42 +234,49 @@ static l3d_status hf_parse(const hf_parser_t *p, l3d_model_config_t *cfg) {
                   &cfg->num_attention_heads, &cfg->vocab_size};
     int present;
     for (size_t i = 0; i < L3D_ARRAY_LEN(required); i++) {
-        L3D_CHECK(p->ctx, hf_int(p, required[i], 1, dst[i], &present));
+        L3D_CHECK(j->ctx,
+                  l3d_cfgjson_get_int(j, root, NULL, required[i], 1, INT_MAX, dst[i], &present));
         if (!present)
-            return l3d_error(p->ctx, L3D_ERR_CONFIG, "%s: %s: missing (required)", p->origin,
+            return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s: missing (required)", j->origin,
                              required[i]);
     }
     // The rest default as in transformers' LlamaConfig.
     cfg->num_key_value_heads = cfg->num_attention_heads;
-    L3D_CHECK(p->ctx, hf_int(p, "num_key_value_heads", 1, &cfg->num_key_value_heads, &present));
-    L3D_CHECK(p->ctx, hf_int(p, "head_dim", 1, &cfg->head_dim, &present));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, root, NULL, "num_key_value_heads", 1, INT_MAX,
+                                          &cfg->num_key_value_heads, &present));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, root, NULL, "head_dim", 1, INT_MAX, &cfg->head_dim,
+                                          &present));
     if (!present) {
         if (cfg->hidden_size % cfg->num_attention_heads != 0)
-            return l3d_error(p->ctx, L3D_ERR_CONFIG,
+            return l3d_error(j->ctx, L3D_ERR_CONFIG,
                              "%s: hidden_size: %d is not divisible by num_attention_heads %d "
                              "(or give head_dim)",
-                             p->origin, cfg->hidden_size, cfg->num_attention_heads);
+                             j->origin, cfg->hidden_size, cfg->num_attention_heads);
         cfg->head_dim = cfg->hidden_size / cfg->num_attention_heads;
     }
     cfg->max_position_embeddings = 2048;
-    L3D_CHECK(p->ctx,
-              hf_int(p, "max_position_embeddings", 1, &cfg->max_position_embeddings, &present));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, root, NULL, "max_position_embeddings", 1, INT_MAX,
+                                          &cfg->max_position_embeddings, &present));
     cfg->rms_norm_eps = 1e-6f;
-    L3D_CHECK(p->ctx, hf_num(p, "rms_norm_eps", &cfg->rms_norm_eps));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, root, NULL, "rms_norm_eps", L3D_NUM_F32,
+                                            &cfg->rms_norm_eps, NULL));
     cfg->rope_theta = 10000.0f;
-    L3D_CHECK(p->ctx, hf_num(p, "rope_theta", &cfg->rope_theta));
-    L3D_CHECK(p->ctx, hf_rope_scaling(p, cfg));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, root, NULL, "rope_theta", L3D_NUM_F32,
+                                            &cfg->rope_theta, NULL));
+    L3D_CHECK(j->ctx, hf_rope_scaling(j, root, cfg));
     cfg->tie_word_embeddings = 0;
-    L3D_CHECK(p->ctx, hf_bool(p, "tie_word_embeddings", &cfg->tie_word_embeddings));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, root, NULL, "tie_word_embeddings",
+                                           &cfg->tie_word_embeddings, NULL));
     cfg->bos_token_id = 1;
     cfg->eos_token_id = 2;
-    L3D_CHECK(p->ctx, hf_token(p, "bos_token_id", 0, &cfg->bos_token_id));
-    L3D_CHECK(p->ctx, hf_token(p, "eos_token_id", 1, &cfg->eos_token_id));
+    L3D_CHECK(j->ctx, hf_token(j, root, "bos_token_id", 0, &cfg->bos_token_id));
+    L3D_CHECK(j->ctx, hf_token(j, root, "eos_token_id", 1, &cfg->eos_token_id));
     cfg->initializer_range = 0.02f;
-    L3D_CHECK(p->ctx, hf_num(p, "initializer_range", &cfg->initializer_range));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, root, NULL, "initializer_range", L3D_NUM_F32,
+                                            &cfg->initializer_range, NULL));
 
     // We write the preset name to _name_or_path, so reading it back restores the name.
-    json_t *nm = json_object_get(p->root, "_name_or_path");
+    json_t *nm = json_object_get(root, "_name_or_path");
     if (json_is_string(nm) && json_string_length(nm) > 0 &&
         json_string_length(nm) < sizeof(cfg->name))
         snprintf(cfg->name, sizeof(cfg->name), "%s", json_string_value(nm));
@@ -396,22 +287,14 @@ l3d_status l3d_model_config_from_json(l3d_ctx_t *ctx, const char *text, size_t l
                                       const char *origin, l3d_model_config_t *cfg) {
     if (!text || !cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "model config: NULL argument");
     if (!origin) origin = "config.json";
-    json_error_t err;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
-    if (!root)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s:%d:%d: invalid JSON: %s", origin, err.line,
-                         err.column, err.text);
+    json_t *root;
+    L3D_CHECK(ctx, l3d_cfgjson_load(ctx, text, len, origin, &root));
     l3d_status st = L3D_OK;
-    if (!json_is_object(root)) {
-        st = l3d_error(ctx, L3D_ERR_CONFIG, "%s: expected a JSON object at the top level",
-                       origin);
-        goto done;
-    }
     l3d_model_config_t tmp;
     memset(&tmp, 0, sizeof(tmp));
     snprintf(tmp.name, sizeof(tmp.name), "custom");
-    hf_parser_t p = {ctx, origin, root};
-    L3D_CHECK_GOTO(ctx, hf_parse(&p, &tmp), st, done);
+    const l3d_cfgjson_t j = {ctx, origin, L3D_CFGJSON_HF};
+    L3D_CHECK_GOTO(ctx, hf_parse(&j, root, &tmp), st, done);
     L3D_CHECK_GOTO(ctx, validate(ctx, &tmp, origin), st, done);
     *cfg = tmp;
 done:
@@ -423,10 +306,7 @@ l3d_status l3d_model_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_mode
     if (!path || !cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "model config: NULL argument");
     char *buf = NULL;
     size_t len = 0;
-    int rc = l3d_file_read_all(path, (size_t)16 << 20, &buf, &len);
-    if (rc < 0)
-        return l3d_error(ctx, rc == -ENOENT ? L3D_ERR_NOT_FOUND : L3D_ERR_IO,
-                         "cannot read model config %s: %s", path, strerror(-rc));
+    L3D_CHECK(ctx, l3d_cfgjson_read_file(ctx, path, "model config", &buf, &len));
     l3d_status st = l3d_model_config_from_json(ctx, buf, len, path, cfg);
     free(buf);
     return st;

@@ -1,0 +1,441 @@
+// DeepSpeed's sections of a ds_config.json: the top-level scalars, optimizer, scheduler,
+// fp16/bf16, zero_optimization, activation_checkpointing and the monitors. Each key is
+// honoured, accepted with a note in cfg->notes (not yet effective here), or rejected naming
+// the key and the nearest valid one. docs/config.md lists each key's status.
+// defines: l3d_dsconfig_check_section, l3d_dsconfig_parse_sections
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "core/config_json.h"
+#include "core/config_train_internal.h"
+#include "core/l3d_core.h"
+#include "llama3d/config.h"
+
+// ---- notes -------------------------------------------------------------------------------
+static void note(l3d_train_config_t *cfg, const char *fmt, ...) L3D_PRINTF(2, 3);
+static void note(l3d_train_config_t *cfg, const char *fmt, ...) {
+    char line[sizeof(cfg->notes[0])];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    for (int i = 0; i < cfg->n_notes; i++)
+        if (strcmp(cfg->notes[i], line) == 0) return;
+    if (cfg->n_notes >= L3D_MAX_NOTES) return;
+    if (cfg->n_notes == L3D_MAX_NOTES - 1)
+        snprintf(line, sizeof(line), "(further accepted-but-not-effective keys not listed)");
+    snprintf(cfg->notes[cfg->n_notes++], sizeof(cfg->notes[0]), "%s", line);
+}
+
+// ---- table-driven sections ---------------------------------------------------------------
+l3d_status l3d_dsconfig_check_section(const l3d_dsparser_t *p, json_t *obj, const char *path,
+                                      const l3d_dskey_t *specs, size_t n) {
+    const l3d_cfgjson_t *j = &p->j;
+    const char *names[40] = {0};
+    for (size_t i = 0; i < n && i < L3D_ARRAY_LEN(names); i++) names[i] = specs[i].key;
+    L3D_CHECK(j->ctx,
+              l3d_cfgjson_check_keys(j, obj, path, names, L3D_MIN(n, L3D_ARRAY_LEN(names)), NULL));
+    for (size_t i = 0; i < n; i++) {
+        const l3d_dskey_t *k = &specs[i];
+        json_t *v = json_object_get(obj, k->key);
+        if (!v || k->kind == '*') continue;
+        int b = 0;
+        long long ll;
+        double d;
+        if (k->kind == 'b') L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, obj, path, k->key, &b, NULL));
+        if (k->kind == 'i')
+            L3D_CHECK(j->ctx,
+                      l3d_cfgjson_get_ll(j, obj, path, k->key, -(1LL << 53), 1LL << 53, &ll, NULL));
+        if (k->kind == 'n')
+            L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, obj, path, k->key, L3D_NUM_ANY, &d, NULL));
+        if (k->kind == 's' && !json_is_null(v) && !json_is_string(v))
+            return l3d_cfgjson_type_error(j, path, k->key, v, "a string or null");
+        if (b && k->note) {
+            char full[256];
+            note(p->cfg, "%s: accepted, not yet effective%s",
+                 l3d_cfgjson_key_name(j, full, sizeof(full), path, k->key), k->note);
+        }
+    }
+    return L3D_OK;
+}
+
+// ---- top-level scalars -------------------------------------------------------------------
+static l3d_status parse_scalars(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    l3d_train_config_t *cfg = p->cfg;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, root, "", "gradient_clipping", L3D_NUM_GE0,
+                                            &cfg->gradient_clipping, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, root, "", "steps_per_print", 1, 1 << 30,
+                                          &cfg->steps_per_print, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, root, "", "wall_clock_breakdown",
+                                           &cfg->wall_clock_breakdown, NULL));
+    if (cfg->wall_clock_breakdown)
+        note(cfg, "wall_clock_breakdown: accepted, not yet effective (step times are in the "
+                  "JSONL metrics)");
+    double f = 1.0;
+    L3D_CHECK(j->ctx,
+              l3d_cfgjson_get_num(j, root, "", "gradient_predivide_factor", L3D_NUM_GT0, &f, NULL));
+    if (f != 1.0)
+        note(cfg, "gradient_predivide_factor: accepted, not yet effective (gradients are "
+                  "averaged in fp32 after the reduction)");
+    json_t *cdt = json_object_get(root, "communication_data_type");
+    if (cdt && !json_is_null(cdt)) {
+        char s[16];
+        L3D_CHECK(j->ctx,
+                  l3d_cfgjson_get_str(j, root, "", "communication_data_type", s, sizeof(s), NULL));
+        if (strcmp(s, "fp32") != 0 && strcmp(s, "fp16") != 0 && strcmp(s, "bf16") != 0)
+            return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                             "%s: communication_data_type: '%s' must be fp32, fp16 or bf16",
+                             j->origin, s);
+        if (strcmp(s, "fp32") != 0)
+            note(cfg, "communication_data_type %s: accepted, not yet effective (gradients are "
+                      "reduced in fp32)", s);
+    }
+    return L3D_OK;
+}
+
+// ---- optimizer and scheduler -------------------------------------------------------------
+// A section of "type" and "params" (optimizer, scheduler): *sec NULL (and OK) when absent;
+// else its keys are checked and its type read into type[cap] (*have: whether it is given).
+static l3d_status get_typed_section(const l3d_dsparser_t *p, json_t *root, const char *name,
+                                    json_t **sec, char *type, size_t cap, int *have) {
+    const l3d_cfgjson_t *j = &p->j;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", name, sec));
+    if (!*sec) return L3D_OK;
+    static const char *const keys[] = {"type", "params"};
+    L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, *sec, name, keys, 2, NULL));
+    return l3d_cfgjson_get_str(j, *sec, name, "type", type, cap, have);
+}
+
+static l3d_status parse_optimizer(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    l3d_train_config_t *cfg = p->cfg;
+    json_t *o, *params = NULL;
+    char type[64], lower[64];
+    int have = 0;
+    L3D_CHECK(j->ctx, get_typed_section(p, root, "optimizer", &o, type, sizeof(type), &have));
+    if (!o) return L3D_OK;
+    if (!have)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: optimizer.type: missing (Adam or AdamW)",
+                         j->origin);
+    size_t i = 0;
+    for (; type[i]; i++) lower[i] = (char)tolower((unsigned char)type[i]);
+    lower[i] = 0;
+    // DeepSpeed lowercases the name before matching.
+    int is_adamw = strcmp(lower, "adamw") == 0;
+    if (!is_adamw && strcmp(lower, "adam") != 0)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: optimizer.type: '%s' is not supported (llama3d implements Adam and "
+                         "AdamW)",
+                         j->origin, type);
+    // A DeepSpeed optimizer section means DeepSpeed's (FusedAdam's) defaults for what it
+    // leaves out, not llama3d's.
+    cfg->lr = 1e-3f;
+    cfg->beta1 = 0.9f;
+    cfg->beta2 = 0.999f;
+    cfg->eps = 1e-8f;
+    cfg->weight_decay = 0.0f;
+    cfg->adam_w_mode = 1;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, o, "optimizer", "params", &params));
+    if (!params) return L3D_OK;
+    static const char *const pkeys[] = {"lr",          "betas",      "eps",
+                                        "weight_decay", "adam_w_mode", "torch_adam",
+                                        "bias_correction", "amsgrad"};
+    const char *pp = "optimizer.params";
+    L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, params, pp, pkeys, L3D_ARRAY_LEN(pkeys), NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "lr", L3D_NUM_GE0, &cfg->lr, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "eps", L3D_NUM_GT0, &cfg->eps, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "weight_decay", L3D_NUM_GE0,
+                                            &cfg->weight_decay, NULL));
+    json_t *b = json_object_get(params, "betas");
+    if (b) {
+        if (!json_is_array(b) || json_array_size(b) != 2 || !json_is_number(json_array_get(b, 0)) ||
+            !json_is_number(json_array_get(b, 1)))
+            return l3d_cfgjson_type_error(j, pp, "betas", b,
+                                          "a list of two numbers [beta1, beta2]");
+        double b1 = json_number_value(json_array_get(b, 0));
+        double b2 = json_number_value(json_array_get(b, 1));
+        if (!(b1 >= 0.0 && b1 < 1.0 && b2 >= 0.0 && b2 < 1.0))
+            return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                             "%s: optimizer.params.betas: [%g, %g] must both be in [0, 1)",
+                             j->origin, b1, b2);
+        cfg->beta1 = (float)b1;
+        cfg->beta2 = (float)b2;
+    }
+    int wmode = 1, torch_adam = 0, bc = 1, ams = 0;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, params, pp, "adam_w_mode", &wmode, NULL));
+    // torch_adam picks torch's implementation over the fused one: the same update.
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, params, pp, "torch_adam", &torch_adam, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, params, pp, "bias_correction", &bc, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, params, pp, "amsgrad", &ams, NULL));
+    if (!bc)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: optimizer.params.bias_correction: false is not supported (llama3d "
+                         "always applies Adam's bias correction)",
+                         j->origin);
+    if (ams)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: optimizer.params.amsgrad: true is not supported", j->origin);
+    // As DeepSpeed: type AdamW is always decoupled; "Adam" follows adam_w_mode (default true).
+    cfg->adam_w_mode = is_adamw ? 1 : wmode;
+    return L3D_OK;
+}
+
+static l3d_status parse_scheduler(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    l3d_train_config_t *cfg = p->cfg;
+    json_t *s, *params = NULL;
+    char type[64];
+    int have = 0;
+    L3D_CHECK(j->ctx, get_typed_section(p, root, "scheduler", &s, type, sizeof(type), &have));
+    if (!s) return L3D_OK;
+    static const char *const types[] = {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
+    if (!have)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: scheduler.type: missing (WarmupLR, WarmupDecayLR or WarmupCosineLR)",
+                         j->origin);
+    l3d_sched_type st;
+    if (strcmp(type, "WarmupLR") == 0) {
+        st = L3D_SCHED_WARMUP_LR;
+    } else if (strcmp(type, "WarmupDecayLR") == 0) {
+        st = L3D_SCHED_WARMUP_DECAY_LR;
+    } else if (strcmp(type, "WarmupCosineLR") == 0) {
+        st = L3D_SCHED_WARMUP_COSINE_LR;
+    } else {
+        const char *near = l3d_cfgjson_nearest(type, types, 3);
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: scheduler.type: '%s' is not supported%s%s%s (llama3d implements "
+                         "WarmupLR, WarmupDecayLR and WarmupCosineLR)",
+                         j->origin, type, near ? " (did you mean '" : "", near ? near : "",
+                         near ? "'?)" : "");
+    }
+    cfg->sched = st;
+    // DeepSpeed's constructor defaults. WarmupLR's max defaults to the optimizer's lr,
+    // WarmupDecayLR's to 0.001; WarmupCosineLR scales the optimizer's lr by a ratio.
+    cfg->warmup_min_lr = 0.0f;
+    cfg->warmup_max_lr = st == L3D_SCHED_WARMUP_LR ? cfg->lr : 1e-3f;
+    cfg->warmup_num_steps = 1000;
+    cfg->warmup_type_log = 1;
+    cfg->total_num_steps = 0;
+    cfg->warmup_min_ratio = 0.0f;
+    cfg->cos_min_ratio = 1e-4f;
+    // Absent params: jansson treats a NULL object as empty, so the defaults stand.
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, s, "scheduler", "params", &params));
+    const char *pp = "scheduler.params";
+    static const char *const k_warm[] = {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps",
+                                         "warmup_type", "last_batch_iteration",
+                                         "total_num_steps"};
+    static const char *const k_cos[] = {"total_num_steps", "warmup_min_ratio",
+                                        "warmup_num_steps", "cos_min_ratio", "warmup_type",
+                                        "last_batch_iteration"};
+    char hint[96];
+    snprintf(hint, sizeof(hint), " (parameters of %s)", type);
+    // WarmupLR takes WarmupDecayLR's keys but total_num_steps.
+    size_t n_warm = L3D_ARRAY_LEN(k_warm) - (st == L3D_SCHED_WARMUP_LR);
+    if (st == L3D_SCHED_WARMUP_COSINE_LR)
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, params, pp, k_cos, L3D_ARRAY_LEN(k_cos), hint));
+    else
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, params, pp, k_warm, n_warm, hint));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "warmup_min_lr", L3D_NUM_GE0,
+                                            &cfg->warmup_min_lr, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "warmup_max_lr", L3D_NUM_GE0,
+                                            &cfg->warmup_max_lr, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, params, pp, "warmup_num_steps", 1, 1 << 30,
+                                          &cfg->warmup_num_steps, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "warmup_min_ratio", L3D_NUM_UNIT,
+                                            &cfg->warmup_min_ratio, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, params, pp, "cos_min_ratio", L3D_NUM_UNIT,
+                                            &cfg->cos_min_ratio, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, params, pp, "total_num_steps", 1, 1 << 30,
+                                          &cfg->total_num_steps, &have));
+    if (!have && st != L3D_SCHED_WARMUP_LR)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: scheduler.params.total_num_steps: missing (%s needs it; usually "
+                         "the same as train.steps)",
+                         j->origin, type);
+    char wt[16];
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, params, pp, "warmup_type", wt, sizeof(wt), &have));
+    if (have && strcmp(wt, "log") != 0 && strcmp(wt, "linear") != 0)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: scheduler.params.warmup_type: '%s' must be \"log\" or \"linear\"",
+                         j->origin, wt);
+    if (have) cfg->warmup_type_log = strcmp(wt, "log") == 0;
+    int lbi = -1;
+    L3D_CHECK(j->ctx,
+              l3d_cfgjson_get_int(j, params, pp, "last_batch_iteration", -1, 1 << 30, &lbi, NULL));
+    if (lbi != -1)
+        note(cfg, "scheduler.params.last_batch_iteration: accepted, not yet effective (the step "
+                  "comes from the checkpoint)");
+    return L3D_OK;
+}
+
+// ---- fp16 and bf16 -----------------------------------------------------------------------
+static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    static const l3d_dskey_t k_fp16[] = {
+        {"enabled", '*', NULL},           {"auto_cast", 'b', NULL},
+        {"loss_scale", 'n', NULL},        {"initial_scale_power", 'i', NULL},
+        {"loss_scale_window", 'i', NULL}, {"hysteresis", 'i', NULL},
+        {"consecutive_hysteresis", 'b', NULL}, {"min_loss_scale", 'n', NULL},
+        {"fp16_master_weights_and_grads", 'b', NULL}};
+    static const l3d_dskey_t k_bf16[] = {{"enabled", '*', NULL},
+                                        {"immediate_grad_update", 'b', NULL}};
+    l3d_train_config_t *cfg = p->cfg;
+    json_t *f16, *b16;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "fp16", &f16));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "bf16", &b16));
+    if (f16) {
+        L3D_CHECK(j->ctx,
+                  l3d_dsconfig_check_section(p, f16, "fp16", k_fp16, L3D_ARRAY_LEN(k_fp16)));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, f16, "fp16", "enabled", &cfg->fp16, NULL));
+    }
+    if (b16) {
+        L3D_CHECK(j->ctx,
+                  l3d_dsconfig_check_section(p, b16, "bf16", k_bf16, L3D_ARRAY_LEN(k_bf16)));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, b16, "bf16", "enabled", &cfg->bf16, NULL));
+    }
+    if (cfg->fp16 && cfg->bf16)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: fp16.enabled and bf16.enabled are both true; pick one (DeepSpeed "
+                         "rejects this too)",
+                         j->origin);
+    // Loss scaling and the other fp16 keys only matter in fp16, so this note covers them.
+    if (cfg->fp16)
+        note(cfg, "fp16.enabled: accepted, not yet effective on the %s device (training runs in "
+                  "fp32)", cfg->device);
+    if (cfg->bf16)
+        note(cfg, "bf16.enabled: accepted, not yet effective on the %s device (training runs in "
+                  "fp32)", cfg->device);
+    return L3D_OK;
+}
+
+// ---- zero_optimization -------------------------------------------------------------------
+static l3d_status parse_offload(const l3d_dsparser_t *p, json_t *zero, const char *key) {
+    const l3d_cfgjson_t *j = &p->j;
+    static const l3d_dskey_t k_off[] = {
+        {"device", '*', NULL},       {"pin_memory", 'b', NULL},  {"nvme_path", 's', NULL},
+        {"buffer_count", 'n', NULL}, {"buffer_size", 'n', NULL}, {"max_in_cpu", 'n', NULL},
+        {"fast_init", 'b', NULL},    {"ratio", 'n', NULL}};
+    json_t *o;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, zero, "zero_optimization", key, &o));
+    if (!o) return L3D_OK;
+    char path[64];
+    snprintf(path, sizeof(path), "zero_optimization.%s", key);
+    L3D_CHECK(j->ctx, l3d_dsconfig_check_section(p, o, path, k_off, L3D_ARRAY_LEN(k_off)));
+    char dev[16] = "none";
+    json_t *d = json_object_get(o, "device");
+    if (d && !json_is_null(d))
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, o, path, "device", dev, sizeof(dev), NULL));
+    if (strcmp(dev, "none") != 0 && strcmp(dev, "cpu") != 0 && strcmp(dev, "nvme") != 0)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s.device: '%s' must be none, cpu or nvme",
+                         j->origin, path, dev);
+    if (strcmp(dev, "none") != 0)
+        note(p->cfg, "%s: accepted, not yet effective (device %s; state stays where it trains)",
+             path, dev);
+    return L3D_OK;
+}
+
+static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    // With one data-parallel rank there is nothing to bucket, scatter or gather: the bucket
+    // and overlap keys are honoured trivially, and still type-checked so bad values fail.
+    static const l3d_dskey_t k_zero[] = {
+        {"stage", '*', NULL}, {"overlap_comm", '*', NULL}, {"reduce_bucket_size", '*', NULL},
+        {"offload_optimizer", '*', NULL}, {"offload_param", '*', NULL},
+        {"contiguous_gradients", 'b', NULL}, {"allgather_bucket_size", 'n', NULL},
+        {"reduce_scatter", 'b', NULL}, {"allgather_partitions", 'b', NULL},
+        {"sub_group_size", 'n', NULL}, {"round_robin_gradients", 'b', NULL},
+        {"stage3_max_live_parameters", 'n', NULL}, {"stage3_max_reuse_distance", 'n', NULL},
+        {"stage3_prefetch_bucket_size", 'n', NULL},
+        {"stage3_param_persistence_threshold", 'n', NULL},
+        {"stage3_gather_16bit_weights_on_model_save", 'b', NULL},
+        {"stage3_gather_fp16_weights_on_model_save", 'b', NULL},
+        {"elastic_checkpoint", 'b', NULL}, {"load_from_fp32_weights", 'b', NULL},
+        {"ignore_unused_parameters", 'b', NULL}};
+    l3d_train_config_t *cfg = p->cfg;
+    json_t *z;
+    const char *zp = "zero_optimization";
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", zp, &z));
+    if (!z) return L3D_OK;
+    L3D_CHECK(j->ctx, l3d_dsconfig_check_section(p, z, zp, k_zero, L3D_ARRAY_LEN(k_zero)));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, z, zp, "stage", 0, 3, &cfg->zero_stage, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, z, zp, "overlap_comm", &cfg->overlap_comm, NULL));
+    double rbs;
+    int have;
+    L3D_CHECK(j->ctx,
+              l3d_cfgjson_get_num(j, z, zp, "reduce_bucket_size", L3D_NUM_GT0, &rbs, &have));
+    if (have) cfg->reduce_bucket_size = rbs;
+    if (cfg->zero_stage == 3)
+        note(cfg, "zero_optimization.stage 3: accepted, not yet effective (parameters are not "
+                  "sharded yet; stage3_* keys have no effect)");
+    L3D_CHECK(j->ctx, parse_offload(p, z, "offload_optimizer"));
+    L3D_CHECK(j->ctx, parse_offload(p, z, "offload_param"));
+    return L3D_OK;
+}
+
+// ---- activation checkpointing and monitors -----------------------------------------------
+static l3d_status parse_misc_sections(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    static const char *const recompute = " (activations are recomputed per layer on the rank)";
+    static const char *const jsonl = " (llama3d writes JSONL metrics: set train.metrics)";
+    static const l3d_dskey_t k_ac[] = {
+        {"partition_activations", 'b', recompute},
+        {"contiguous_memory_optimization", 'b', recompute},
+        {"cpu_checkpointing", 'b', recompute},
+        {"synchronize_checkpoint_boundary", 'b', recompute},
+        {"profile", 'b', recompute}, {"number_checkpoints", '*', NULL}};
+    static const l3d_dskey_t k_tb[] = {
+        {"enabled", 'b', jsonl}, {"output_path", 's', NULL}, {"job_name", 's', NULL}};
+    static const l3d_dskey_t k_wandb[] = {{"enabled", 'b', jsonl}, {"group", 's', NULL},
+                                         {"team", 's', NULL}, {"project", 's', NULL}};
+    static const l3d_dskey_t k_flops[] = {
+        {"enabled", 'b', ""}, {"recompute_fwd_factor", 'n', NULL}, {"profile_step", 'i', NULL},
+        {"module_depth", 'i', NULL}, {"top_modules", 'i', NULL}, {"detailed", 'b', NULL},
+        {"output_file", 's', NULL}};
+    static const struct {
+        const char *name;
+        const l3d_dskey_t *specs;
+        size_t n;
+    } secs[] = {
+        {"activation_checkpointing", k_ac, L3D_ARRAY_LEN(k_ac)},
+        {"tensorboard", k_tb, L3D_ARRAY_LEN(k_tb)},
+        {"csv_monitor", k_tb, L3D_ARRAY_LEN(k_tb)},
+        {"wandb", k_wandb, L3D_ARRAY_LEN(k_wandb)},
+        {"flops_profiler", k_flops, L3D_ARRAY_LEN(k_flops)},
+    };
+    for (size_t i = 0; i < L3D_ARRAY_LEN(secs); i++) {
+        json_t *o;
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", secs[i].name, &o));
+        if (o)
+            L3D_CHECK(j->ctx,
+                      l3d_dsconfig_check_section(p, o, secs[i].name, secs[i].specs, secs[i].n));
+    }
+    json_t *ac = json_object_get(root, "activation_checkpointing");
+    if (!ac) return L3D_OK;
+    // DeepSpeed's section configures the checkpointing that model code asks for; llama3d
+    // reads its presence as "recompute activations in the backward pass".
+    p->cfg->activation_checkpointing = 1;
+    json_t *nc = json_object_get(ac, "number_checkpoints");
+    if (nc && !json_is_null(nc)) {
+        int n;
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, ac, "activation_checkpointing",
+                                              "number_checkpoints", 1, 1 << 30, &n, NULL));
+        note(p->cfg, "activation_checkpointing.number_checkpoints: accepted, not yet effective "
+                     "(every layer is a checkpoint)");
+    }
+    return L3D_OK;
+}
+
+// ---- entry point -------------------------------------------------------------------------
+l3d_status l3d_dsconfig_parse_sections(const l3d_dsparser_t *p, json_t *root) {
+    L3D_CHECK(p->j.ctx, parse_scalars(p, root));
+    L3D_CHECK(p->j.ctx, parse_optimizer(p, root));
+    L3D_CHECK(p->j.ctx, parse_scheduler(p, root));
+    L3D_CHECK(p->j.ctx, parse_precision(p, root));
+    L3D_CHECK(p->j.ctx, parse_zero(p, root));
+    return parse_misc_sections(p, root);
+}
