@@ -40,6 +40,7 @@ size_t l3d_cli_edit_distance(const char *a, const char *b);
 int l3d_cmd_train(int argc, char **argv);
 int l3d_cmd_generate(int argc, char **argv);
 int l3d_cmd_forward(int argc, char **argv);
+int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
 
 // Metrics: one JSON object per step, and an SVG loss curve written beside the JSONL file.
 typedef struct l3d_metrics l3d_metrics_t;

@@ -27,6 +27,9 @@ typedef struct l3d_settings {
     int num_threads;         // L3D_NUM_THREADS (0 = number of cores)
     double comm_timeout_s;   // L3D_COMM_TIMEOUT
     char algo[256];          // L3D_ALGO
+    char transport[32];      // L3D_TRANSPORT (l3d_comm_create_env's default)
+    double comm_max_msg;     // L3D_COMM_MAX_MSG (bytes; 0 = the transport's limit)
+    int comm_max_inflight;   // L3D_COMM_MAX_INFLIGHT (0 = the transport's limit)
     char device[32];         // L3D_DEVICE
 } l3d_settings_t;
 

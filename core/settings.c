@@ -15,7 +15,14 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_LOG_FILE", "", "write logs to this file instead of stderr; %r becomes the rank"},
     {"L3D_NUM_THREADS", "0", "CPU device threads per rank (0 = number of cores)"},
     {"L3D_COMM_TIMEOUT", "300", "seconds any communication wait may take before failing"},
-    {"L3D_ALGO", "", "collective algorithm overrides, op:algo[,op:algo]"},
+    {"L3D_ALGO", "",
+     "collective algorithm overrides, op:algo[,op:algo] (e.g. allreduce:ring,broadcast:tree; "
+     "docs/comm.md lists them)"},
+    {"L3D_TRANSPORT", "", "transport of multi-process jobs: ucx or ofi (empty: the first built)"},
+    {"L3D_COMM_MAX_MSG", "0",
+     "largest message collectives send, in bytes (0 = the transport's limit; for debugging)"},
+    {"L3D_COMM_MAX_INFLIGHT", "0",
+     "messages in flight per peer and direction (0 = the transport's limit; for debugging)"},
     {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
 };
 
@@ -101,6 +108,22 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
         }
     }
     if ((v = getenv("L3D_ALGO"))) snprintf(s->algo, sizeof(s->algo), "%s", v);
+    if ((v = getenv("L3D_COMM_MAX_MSG")) && *v) {
+        if (parse_num(v, 0, 1e18, &s->comm_max_msg) ||
+            s->comm_max_msg != (double)(long long)s->comm_max_msg ||
+            (s->comm_max_msg > 0 && s->comm_max_msg < 64)) {
+            snprintf(err, errlen, "L3D_COMM_MAX_MSG: '%s' is not 0 or a byte count >= 64", v);
+            return L3D_ERR_CONFIG;
+        }
+    }
+    if ((v = getenv("L3D_COMM_MAX_INFLIGHT")) && *v) {
+        if (parse_num(v, 0, 1 << 30, &d) || d != (int)d) {
+            snprintf(err, errlen, "L3D_COMM_MAX_INFLIGHT: '%s' is not a count >= 0", v);
+            return L3D_ERR_CONFIG;
+        }
+        s->comm_max_inflight = (int)d;
+    }
+    if ((v = getenv("L3D_TRANSPORT"))) snprintf(s->transport, sizeof(s->transport), "%s", v);
     if ((v = getenv("L3D_DEVICE")) && *v) snprintf(s->device, sizeof(s->device), "%s", v);
     return L3D_OK;
 }

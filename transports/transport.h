@@ -78,8 +78,9 @@ struct l3d_transport_ops {
     // L3D_ERR_INVALID_ARG with *len_p = needed length when the buffer is too small.
     l3d_status (*addr_get)(l3d_transport_t *tp, void *buf, size_t *len_p);
     // Connects to every peer given all ranks' address blobs (addrs[i], lens[i] for rank i;
-    // this rank's own entry included). Blocking, bounded by params.timeout_s. After success
-    // isend/irecv to any rank work.
+    // this rank's own entry included). Blocking, bounded by params.timeout_s (a backend whose
+    // wiring is lazy, like libfabric RDM, may return at once). After success isend/irecv to
+    // any rank work.
     l3d_status (*connect)(l3d_transport_t *tp, const void *const *addrs, const size_t *lens);
 
     // ---- memory registration (optional: NULL when caps.needs_mr is 0) ------------------------
@@ -107,7 +108,10 @@ struct l3d_transport_ops {
     l3d_status (*test)(l3d_transport_t *tp, l3d_tp_request_t *req, int *done_p, size_t *len_p);
     // Drives progress once for all requests (used while waiting on several). Non-blocking.
     l3d_status (*progress)(l3d_transport_t *tp);
-    // Cancels and frees a pending request. Non-blocking; after it the buffer is free.
+    // Cancels and frees a pending request. Non-blocking. For a receive, the buffer is free
+    // after it. A send already handed to the network may not be cancellable (UCX 1.13,
+    // libfabric shm/rxm): the backend then treats the link to that peer as failed, so the
+    // peer never matches a half-sent message, and keeps the buffer referenced until fini.
     void (*cancel)(l3d_transport_t *tp, l3d_tp_request_t *req);
     // Tells every peer this rank is giving up (best effort, non-blocking): their requests that
     // involve this rank should fail with L3D_ERR_PEER_FAILED rather than wait for the timeout.

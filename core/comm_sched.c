@@ -1,0 +1,767 @@
+// Schedules, the executor that advances them, requests, failure notices and the memory
+// registration cache. One implementation serves blocking and non-blocking calls: a blocking
+// collective is "build the schedule, start it, wait".
+//
+// A request advances only inside l3d_request_test/wait (and while starting): post the current
+// round's sends and receives (at most caps.max_inflight per peer and direction), test them,
+// run a local op as soon as the op it is attached to completes (pipelining), run the round's
+// remaining local ops when every op is done, go to the next round. Waiting on one request
+// advances every active request of the world, so requests may be completed in any order.
+#define _GNU_SOURCE
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "core/comm_internal.h"
+#include "platform/platform.h"
+
+#define NOTICE_MAGIC 0x6c33644eu
+#define NOTICE_SLOTS 8
+
+// ---- tags ---------------------------------------------------------------------------------------
+void l3d_tag_layout_init(l3d_tag_layout_t *t, int tag_bits) {
+    if (tag_bits > 64) tag_bits = 64;
+    if (tag_bits < 32) tag_bits = 32;  // the transport contract promises at least 32
+    t->bits = tag_bits;
+    if (tag_bits >= 48) {
+        t->id_bits = 16;
+        t->seq_bits = 16;
+    } else {
+        t->id_bits = 10;
+        t->seq_bits = 12;
+    }
+    t->step_bits = tag_bits - 2 - t->id_bits - t->seq_bits;
+}
+
+static uint64_t mask_bits(int b) { return b >= 64 ? ~0ull : ((1ull << b) - 1); }
+
+uint64_t l3d_tag_make(const l3d_tag_layout_t *t, unsigned kind, uint32_t id, uint32_t seq,
+                      uint32_t step) {
+    uint64_t tag = (uint64_t)kind & 3u;
+    tag = (tag << t->id_bits) | ((uint64_t)id & mask_bits(t->id_bits));
+    tag = (tag << t->seq_bits) | ((uint64_t)seq & mask_bits(t->seq_bits));
+    tag = (tag << t->step_bits) | ((uint64_t)step & mask_bits(t->step_bits));
+    return tag;
+}
+
+uint64_t l3d_tag_step_mask(const l3d_tag_layout_t *t) { return mask_bits(t->step_bits); }
+
+// ---- schedule builder ---------------------------------------------------------------------------
+void l3d_sched_init(l3d_sched_t *s, l3d_comm_t *c) {
+    memset(s, 0, sizeof(*s));
+    s->ctx = c->ctx;
+    s->world = c->world;
+    s->max_msg = c->world->caps.max_msg ? c->world->caps.max_msg : SIZE_MAX;
+}
+
+#define SCRATCH_MIN (256u << 10)  // smaller temporaries come cheaply from the allocator
+#define SCRATCH_MAX ((size_t)256 << 20)
+
+static void tmp_free(l3d_sched_t *s, void *p, size_t n) {
+    l3d_world_t *w = s->world;
+    if (w && n >= SCRATCH_MIN && n <= SCRATCH_MAX) {
+        int slot = -1;  // an empty slot, else the smallest (replaced if this one is larger)
+        for (int i = 0; i < 4 && slot < 0; i++)
+            if (!w->scratch[i].p) slot = i;
+        if (slot < 0) {
+            slot = 0;
+            for (int i = 1; i < 4; i++)
+                if (w->scratch[i].n < w->scratch[slot].n) slot = i;
+        }
+        struct l3d_scratch old = w->scratch[slot];
+        if (!old.p || old.n < n) {
+            w->scratch[slot] = (struct l3d_scratch){p, n};
+            if (!old.p) return;
+            p = old.p;
+            n = old.n;
+        }
+    }
+    if (w && w->caps.needs_mr) l3d_world_mr_purge(w, p, n);
+    l3d_free(s->ctx, p, n, "comm");
+}
+
+void l3d_world_scratch_release(l3d_world_t *w) {
+    for (int i = 0; i < 4; i++) {
+        if (!w->scratch[i].p) continue;
+        if (w->caps.needs_mr) l3d_world_mr_purge(w, w->scratch[i].p, w->scratch[i].n);
+        l3d_free(w->ctx, w->scratch[i].p, w->scratch[i].n, "comm");
+        w->scratch[i].p = NULL;
+    }
+}
+
+void l3d_sched_fini(l3d_sched_t *s) {
+    for (uint32_t i = 0; i < s->nt; i++) tmp_free(s, s->tmp[i].p, s->tmp[i].n);
+    l3d_free(s->ctx, s->tmp, s->cap_t * sizeof(*s->tmp), "comm");
+    l3d_free(s->ctx, s->p2p, s->cap_p * sizeof(*s->p2p), "comm");
+    l3d_free(s->ctx, s->lop, s->cap_l * sizeof(*s->lop), "comm");
+    l3d_free(s->ctx, s->rd, s->cap_r * sizeof(*s->rd), "comm");
+    memset(s, 0, sizeof(*s));
+}
+
+// Grows an array of `esz`-byte elements to hold one more; 0 on success.
+static int grow(l3d_sched_t *s, void **arr, uint32_t n, uint32_t *cap, size_t esz) {
+    if (s->st < 0) return -1;
+    if (n < *cap) return 0;
+    uint32_t nc = *cap ? *cap * 2 : 16;
+    void *p = l3d_malloc(s->ctx, nc * esz, "comm");
+    if (!p) {
+        s->st = L3D_ERR_NOMEM;
+        return -1;
+    }
+    if (*arr) {
+        memcpy(p, *arr, n * esz);
+        l3d_free(s->ctx, *arr, *cap * esz, "comm");
+    }
+    *arr = p;
+    *cap = nc;
+    return 0;
+}
+
+void l3d_sched_round(l3d_sched_t *s) {
+    if (grow(s, (void **)&s->rd, s->nr, &s->cap_r, sizeof(*s->rd))) return;
+    s->rd[s->nr++] = (l3d_sched_round_t){s->np, 0, s->nl, 0};
+}
+
+static l3d_sched_round_t *cur_round(l3d_sched_t *s) {
+    if (s->nr == 0) l3d_sched_round(s);
+    return s->st < 0 ? NULL : &s->rd[s->nr - 1];
+}
+
+static int add_p2p(l3d_sched_t *s, int send, int peer, uint32_t step, void *buf, size_t len) {
+    if (len == 0) return -1;
+    int pieces = 0, idx = -1;
+    for (size_t off = 0; off < len; off += s->max_msg, pieces++) {
+        l3d_sched_round_t *rd = cur_round(s);
+        if (!rd || grow(s, (void **)&s->p2p, s->np, &s->cap_p, sizeof(*s->p2p))) return -1;
+        size_t n = L3D_MIN(s->max_msg, len - off);
+        s->p2p[s->np++] = (l3d_sched_p2p_t){(char *)buf + off, n, peer, step, (uint8_t)send};
+        idx = (int)rd->np++;
+    }
+    return pieces == 1 ? idx : -1;
+}
+
+int l3d_sched_send(l3d_sched_t *s, int peer, uint32_t step, const void *buf, size_t len) {
+    return add_p2p(s, 1, peer, step, (void *)buf, len);
+}
+int l3d_sched_recv(l3d_sched_t *s, int peer, uint32_t step, void *buf, size_t len) {
+    return add_p2p(s, 0, peer, step, buf, len);
+}
+
+static void add_lop(l3d_sched_t *s, l3d_sched_lop_t op) {
+    l3d_sched_round_t *rd = cur_round(s);
+    if (!rd || grow(s, (void **)&s->lop, s->nl, &s->cap_l, sizeof(*s->lop))) return;
+    s->lop[s->nl++] = op;
+    rd->nl++;
+}
+
+void l3d_sched_reduce(l3d_sched_t *s, int after, void *dst, const void *a, const void *b,
+                      size_t count, l3d_dtype wdt, l3d_redop op) {
+    if (!count) return;
+    add_lop(s, (l3d_sched_lop_t){L3D_LOP_REDUCE, (uint8_t)wdt, (uint8_t)wdt, (uint8_t)op, after,
+                                 dst, a, b, count, 0});
+}
+void l3d_sched_copy(l3d_sched_t *s, int after, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return;
+    add_lop(s, (l3d_sched_lop_t){L3D_LOP_COPY, 0, 0, 0, after, dst, src, NULL, bytes, 0});
+}
+void l3d_sched_towire(l3d_sched_t *s, int after, float *dst, const void *src, size_t count,
+                      l3d_dtype dt) {
+    if (!count) return;
+    add_lop(s, (l3d_sched_lop_t){L3D_LOP_TOWIRE, (uint8_t)dt, L3D_FLOAT32, 0, after, dst, src,
+                                 NULL, count, 0});
+}
+void l3d_sched_final(l3d_sched_t *s, int after, void *dst, const void *src, size_t count,
+                     l3d_dtype dt, l3d_redop op, int n) {
+    if (!count) return;
+    if (dst == src && (op != L3D_AVG || n <= 1) && l3d_reduce_wire_type(dt) == dt) return;
+    add_lop(s, (l3d_sched_lop_t){L3D_LOP_FINAL, (uint8_t)dt, (uint8_t)l3d_reduce_wire_type(dt),
+                                 (uint8_t)op, after, dst, src, NULL, count, n});
+}
+
+void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
+    if (grow(s, (void **)&s->tmp, s->nt, &s->cap_t, sizeof(*s->tmp))) return NULL;
+    if (!bytes) bytes = 1;
+    l3d_world_t *w = s->world;
+    if (w && bytes >= SCRATCH_MIN)
+        for (int i = 0; i < 4; i++)
+            if (w->scratch[i].p && w->scratch[i].n >= bytes && w->scratch[i].n / 2 <= bytes) {
+                s->tmp[s->nt++] = (struct l3d_sched_tmp){w->scratch[i].p, w->scratch[i].n};
+                w->scratch[i].p = NULL;
+                return s->tmp[s->nt - 1].p;
+            }
+    void *p = l3d_malloc(s->ctx, bytes, "comm");
+    if (!p) {
+        s->st = L3D_ERR_NOMEM;
+        return NULL;
+    }
+    s->tmp[s->nt++] = (struct l3d_sched_tmp){p, bytes};
+    return p;
+}
+
+static void run_lop(const l3d_sched_lop_t *o) {
+    switch (o->kind) {
+    case L3D_LOP_REDUCE:
+        l3d_reduce_apply(o->dst, o->a, o->b, o->count, (l3d_dtype)o->wdt, (l3d_redop)o->op);
+        break;
+    case L3D_LOP_COPY:
+        memmove(o->dst, o->a, o->count);
+        break;
+    case L3D_LOP_TOWIRE:
+        l3d_reduce_to_f32(o->dst, o->a, o->count, (l3d_dtype)o->dt);
+        break;
+    case L3D_LOP_FINAL:
+        l3d_reduce_final(o->dst, o->a, o->count, (l3d_dtype)o->dt, (l3d_redop)o->op, o->n);
+        break;
+    }
+}
+
+// ---- memory registration cache ------------------------------------------------------------------
+l3d_status l3d_world_mr(l3d_world_t *w, void *buf, size_t len, void **mr_p) {
+    char *p = buf;
+    for (size_t i = 0; i < w->nmr; i++)
+        if (w->mrs[i].ptr <= p && p + len <= w->mrs[i].ptr + w->mrs[i].len) {
+            *mr_p = w->mrs[i].mr;
+            return L3D_OK;
+        }
+    if (w->nmr == w->cap_mr) {
+        size_t nc = w->cap_mr ? w->cap_mr * 2 : 16;
+        l3d_mr_entry_t *e = l3d_malloc(w->ctx, nc * sizeof(*e), "comm");
+        if (!e) return L3D_ERR_NOMEM;
+        if (w->mrs) memcpy(e, w->mrs, w->nmr * sizeof(*e));
+        l3d_free(w->ctx, w->mrs, w->cap_mr * sizeof(*e), "comm");
+        w->mrs = e;
+        w->cap_mr = nc;
+    }
+    void *mr = NULL;
+    L3D_CHECK(w->ctx, l3d_tp_mr_reg(&w->tp, buf, len, &mr));
+    w->mrs[w->nmr++] = (l3d_mr_entry_t){p, len, mr};
+    *mr_p = mr;
+    return L3D_OK;
+}
+
+void l3d_world_mr_purge(l3d_world_t *w, void *buf, size_t len) {
+    char *p = buf;
+    for (size_t i = 0; i < w->nmr;) {
+        l3d_mr_entry_t *e = &w->mrs[i];
+        if (e->ptr < p + len && p < e->ptr + e->len) {
+            l3d_tp_mr_dereg(&w->tp, e->mr);
+            *e = w->mrs[--w->nmr];
+        } else {
+            i++;
+        }
+    }
+}
+
+void l3d_world_mr_release(l3d_world_t *w) {
+    for (size_t i = 0; i < w->nmr; i++) l3d_tp_mr_dereg(&w->tp, w->mrs[i].mr);
+    l3d_free(w->ctx, w->mrs, w->cap_mr * sizeof(*w->mrs), "comm");
+    w->mrs = NULL;
+    w->nmr = w->cap_mr = 0;
+}
+
+// ---- failure notices ----------------------------------------------------------------------------
+static uint64_t notice_tag(const l3d_world_t *w) {
+    return l3d_tag_make(&w->tags, L3D_TAG_CTRL, 0, 0, 0);
+}
+
+static void notice_post(l3d_world_t *w, int p) {
+    w->notice_req[p] = NULL;
+    if (w->dead[p]) return;
+    void *mr = NULL;
+    if (w->caps.needs_mr && l3d_world_mr(w, &w->notice_in[p], sizeof(l3d_notice_t), &mr) < 0)
+        return;
+    l3d_tp_request_t *tr = NULL;
+    if (l3d_tp_irecv(&w->tp, p, notice_tag(w), &w->notice_in[p], sizeof(l3d_notice_t), mr, &tr) ==
+        L3D_OK)
+        w->notice_req[p] = tr;
+}
+
+l3d_status l3d_world_notices_start(l3d_world_t *w) {
+    size_t n = (size_t)w->size;
+    w->dead = l3d_calloc(w->ctx, 3, n, "comm");
+    w->notice_in = l3d_calloc(w->ctx, n, sizeof(l3d_notice_t), "comm");
+    w->notice_req = l3d_calloc(w->ctx, n, sizeof(*w->notice_req), "comm");
+    w->notice_out = l3d_calloc(w->ctx, NOTICE_SLOTS, sizeof(l3d_notice_t), "comm");
+    w->notice_sreq = l3d_calloc(w->ctx, n * NOTICE_SLOTS, sizeof(*w->notice_sreq), "comm");
+    if (!w->dead || !w->notice_in || !w->notice_req || !w->notice_out || !w->notice_sreq) {
+        l3d_world_notices_stop(w);
+        return L3D_ERR_NOMEM;
+    }
+    w->alive = w->dead + n;
+    w->blamed = w->dead + 2 * n;
+    for (int p = 0; p < w->size; p++)
+        if (p != w->rank) notice_post(w, p);
+    return L3D_OK;
+}
+
+void l3d_world_notices_stop(l3d_world_t *w) {
+    size_t n = (size_t)w->size;
+    if (w->notice_req)
+        for (size_t p = 0; p < n; p++)
+            if (w->notice_req[p]) l3d_tp_cancel(&w->tp, w->notice_req[p]);
+    if (w->notice_sreq)
+        for (size_t i = 0; i < n * NOTICE_SLOTS; i++)
+            if (w->notice_sreq[i]) l3d_tp_cancel(&w->tp, w->notice_sreq[i]);
+    l3d_free(w->ctx, w->notice_sreq, n * NOTICE_SLOTS * sizeof(*w->notice_sreq), "comm");
+    l3d_free(w->ctx, w->notice_out, NOTICE_SLOTS * sizeof(l3d_notice_t), "comm");
+    l3d_free(w->ctx, w->notice_req, n * sizeof(*w->notice_req), "comm");
+    l3d_free(w->ctx, w->notice_in, n * sizeof(l3d_notice_t), "comm");
+    l3d_free(w->ctx, w->dead, 3 * n, "comm");
+    w->notice_sreq = NULL;
+    w->notice_out = NULL;
+    w->notice_req = NULL;
+    w->notice_in = NULL;
+    w->dead = w->alive = w->blamed = NULL;
+}
+
+void l3d_world_mark_dead(l3d_world_t *w, int rank, const char *reason) {
+    if (rank < 0 || rank >= w->size || w->dead[rank]) return;
+    if (!w->dead_epoch) {
+        snprintf(w->dead_reason, sizeof(w->dead_reason), "%s", reason);
+        w->first_dead = rank;
+    }
+    w->dead[rank] = 1;
+    w->dead_epoch++;
+}
+
+// Sends a notice to every peer not known dead (best effort: a send that does not complete is
+// cancelled when its slot is reused or the world goes away).
+void l3d_world_notify(l3d_world_t *w, int kind, int rank, const char *reason) {
+    if (!w->notice_out || w->size < 2) return;
+    // A slot whose sends have all completed. Pending sends are never cancelled here: a
+    // transport may treat cancelling an in-flight send as a failed link (transport.h).
+    l3d_world_poll_notices(w);
+    int slot = -1;
+    for (int k = 0; k < NOTICE_SLOTS && slot < 0; k++) {
+        int cand = (w->notice_next + k) % NOTICE_SLOTS, busy = 0;
+        for (int p = 0; p < w->size; p++)
+            busy |= w->notice_sreq[(size_t)cand * (size_t)w->size + (size_t)p] != NULL;
+        if (!busy) slot = cand;
+    }
+    if (slot < 0) {
+        l3d_log(w->ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM,
+                "failure notice about rank %d dropped: all notice slots busy", rank);
+        return;
+    }
+    w->notice_next = slot + 1;
+    l3d_tp_request_t **sreq = &w->notice_sreq[(size_t)slot * (size_t)w->size];
+    l3d_notice_t *m = &w->notice_out[slot];
+    memset(m, 0, sizeof(*m));
+    *m = (l3d_notice_t){NOTICE_MAGIC, kind, w->rank, rank, ""};
+    snprintf(m->reason, sizeof(m->reason), "%s", reason);
+    void *mr = NULL;
+    if (w->caps.needs_mr && l3d_world_mr(w, m, sizeof(*m), &mr) < 0) return;
+    for (int p = 0; p < w->size; p++) {
+        if (p == w->rank || w->dead[p]) continue;
+        l3d_tp_request_t *tr = NULL;
+        if (l3d_tp_isend(&w->tp, p, notice_tag(w), m, sizeof(*m), mr, &tr) == L3D_OK) sreq[p] = tr;
+    }
+}
+
+// Marks `rank` failed and tells every peer once (relaying what a notice told us too: the
+// rank that failed may never have been connected to some of them).
+static void declare_dead(l3d_world_t *w, int rank, const char *reason) {
+    l3d_world_mark_dead(w, rank, reason);
+    if (rank == w->rank || (w->dead[rank] & 2)) return;
+    w->dead[rank] |= 2;
+    l3d_world_notify(w, L3D_NOTICE_DEAD, rank, rank == w->first_dead ? w->dead_reason : reason);
+}
+
+static void notice_handle(l3d_world_t *w, const l3d_notice_t *m, int from) {
+    if (m->magic != NOTICE_MAGIC || m->rank < 0 || m->rank >= w->size) return;
+    w->alive[from] = 1;
+    if (m->kind == L3D_NOTICE_DEAD && m->rank != w->rank) {
+        char why[192];
+        if (from == m->rank) snprintf(why, sizeof(why), "%.112s", m->reason);
+        else snprintf(why, sizeof(why), "%.112s (reported by rank %d)", m->reason, from);
+        l3d_world_mark_dead(w, m->rank, why);
+        l3d_log(w->ctx, L3D_LOG_INFO, L3D_SUBSYS_COMM, "rank %d reports rank %d failed: %s", from,
+                m->rank, m->reason);
+    } else if (m->kind == L3D_NOTICE_BLAME) {
+        if (m->rank != w->rank) w->blamed[m->rank] |= 1;
+        w->blame_seen++;
+    }
+}
+
+void l3d_world_poll_notices(l3d_world_t *w) {
+    if (!w->notice_req) return;
+    for (int p = 0; p < w->size; p++) {
+        if (!w->notice_req[p]) continue;
+        int done = 0;
+        l3d_status st = l3d_tp_test(&w->tp, w->notice_req[p], &done, NULL);
+        if (st < 0) {
+            w->notice_req[p] = NULL;  // freed by the transport; the peer is gone for notices
+        } else if (done) {
+            notice_handle(w, &w->notice_in[p], p);
+            notice_post(w, p);
+        }
+    }
+    for (int i = 0; i < w->size * NOTICE_SLOTS; i++) {
+        if (!w->notice_sreq[i]) continue;
+        int done = 0;
+        l3d_status st = l3d_tp_test(&w->tp, w->notice_sreq[i], &done, NULL);
+        if (st < 0 || done) w->notice_sreq[i] = NULL;
+    }
+}
+
+void l3d_world_flush_notices(l3d_world_t *w, double seconds) {
+    if (!w->notice_sreq) return;
+    double until = l3d_time_now() + seconds;
+    for (;;) {
+        l3d_world_poll_notices(w);
+        int pending = 0;
+        for (int i = 0; i < w->size * NOTICE_SLOTS; i++) pending |= w->notice_sreq[i] != NULL;
+        if (!pending || l3d_time_now() > until) return;
+        (void)l3d_tp_progress(&w->tp);
+        sched_yield();
+    }
+}
+
+// ---- requests -----------------------------------------------------------------------------------
+static const char *peer_name(const l3d_comm_t *c, int peer, char *buf, size_t len) {
+    int wr = c->ranks[peer];
+    if (wr == peer) snprintf(buf, len, "rank %d", peer);
+    else snprintf(buf, len, "rank %d (world rank %d)", peer, wr);
+    return buf;
+}
+
+l3d_status l3d_comm_fail(l3d_comm_t *c, l3d_status st, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (!c->failed) {
+        c->failed = 1;
+        c->fail_st = st;
+        snprintf(c->fail_detail, sizeof(c->fail_detail), "%s", msg);
+    }
+    return l3d_error(c->ctx, st, "%s", msg);
+}
+
+l3d_status l3d_comm_check(l3d_comm_t *c, const char *what) {
+    if (c->failed)
+        return l3d_error(c->ctx, L3D_ERR_PEER_FAILED, "%s: communicator failed earlier: %s", what,
+                         c->fail_detail);
+    l3d_world_t *w = c->world;
+    if (w->dead_epoch != c->dead_epoch_seen) {
+        c->dead_epoch_seen = w->dead_epoch;
+        int pick = -1;  // the first failure the world learned of, if it is a member
+        for (int i = 0; i < c->size; i++)
+            if (w->dead[c->ranks[i]] && (pick < 0 || c->ranks[i] == w->first_dead)) pick = i;
+        if (pick >= 0) {
+            int wr = c->ranks[pick];
+            char pn[64];
+            if (wr == w->rank)
+                return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: this rank aborted", what);
+            declare_dead(w, wr, "reported by a peer");
+            return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: %s failed: %s", what,
+                                 peer_name(c, pick, pn, sizeof(pn)),
+                                 wr == w->first_dead ? w->dead_reason : "reported by a peer");
+        }
+    }
+    return L3D_OK;
+}
+
+static void req_cancel_posted(l3d_request_t *r) {
+    if (r->round >= r->s.nr) return;
+    l3d_sched_round_t *rd = &r->s.rd[r->round];
+    for (uint32_t i = 0; i < rd->np; i++)
+        if (r->state[i] == 1) {
+            l3d_tp_cancel(&r->comm->world->tp, r->treq[i]);
+            r->state[i] = 0;
+        }
+}
+
+static l3d_status req_finish(l3d_request_t *r, l3d_status st) {
+    if (st < 0) req_cancel_posted(r);
+    r->complete = 1;
+    r->st = st;
+    return st;
+}
+
+// Names the ops of the current round still pending ("rank 3 (recv of 4096 bytes)", ...).
+static void req_pending(l3d_request_t *r, char *buf, size_t len) {
+    size_t o = 0;
+    int shown = 0;
+    buf[0] = 0;
+    l3d_sched_round_t *rd = &r->s.rd[r->round];
+    for (uint32_t i = 0; i < rd->np && shown < 4; i++) {
+        if (r->state[i] == 2) continue;
+        const l3d_sched_p2p_t *p = &r->s.p2p[rd->p0 + i];
+        char pn[64];
+        o += (size_t)snprintf(buf + o, len - o, "%s%s (%s of %zu bytes)", shown ? ", " : "",
+                              peer_name(r->comm, p->peer, pn, sizeof(pn)),
+                              p->send ? "send" : "recv", p->len);
+        if (o >= len) break;
+        shown++;
+    }
+}
+
+static void req_blame(l3d_request_t *r) {
+    l3d_world_t *w = r->comm->world;
+    l3d_sched_round_t *rd = &r->s.rd[r->round];
+    for (uint32_t i = 0; i < rd->np; i++) {
+        if (r->state[i] == 2) continue;
+        int wr = r->comm->ranks[r->s.p2p[rd->p0 + i].peer];
+        if (w->blamed[wr] & 2) continue;  // bit 1: we blamed it ourselves already
+        w->blamed[wr] |= 3;
+        l3d_world_notify(w, L3D_NOTICE_BLAME, wr, "no progress");
+    }
+}
+
+// Timeout resolution: the ranks blamed by anyone (us included) that never sent a notice of
+// their own are the unresponsive ones.
+static l3d_status req_timeout(l3d_request_t *r, double now) {
+    l3d_comm_t *c = r->comm;
+    l3d_world_t *w = c->world;
+    char pend[192], dead[160] = "";
+    req_pending(r, pend, sizeof(pend));
+    size_t o = 0;
+    for (int p = 0; p < w->size && o < sizeof(dead) - 24; p++)
+        if (p != w->rank && w->blamed[p] && !w->alive[p]) {
+            o += (size_t)snprintf(dead + o, sizeof(dead) - o, "%srank %d", o ? ", " : "", p);
+            declare_dead(w, p, "unresponsive");
+        }
+    return l3d_comm_fail(c, L3D_ERR_TIMEOUT, "%s: timed out after %.1f s waiting for %s%s%s",
+                         r->what, now - r->t_start, pend, o ? "; unresponsive: " : "", dead);
+}
+
+static int member_blamed(const l3d_comm_t *c) {
+    for (int i = 0; i < c->size; i++) {
+        int wr = c->ranks[i];
+        if (wr != c->world->rank && (c->world->blamed[wr] & 1)) return 1;
+    }
+    return 0;
+}
+
+static l3d_status post_op(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_tp_request_t **tr) {
+    l3d_world_t *w = r->comm->world;
+    void *mr = NULL;
+    if (w->caps.needs_mr) L3D_CHECK(w->ctx, l3d_world_mr(w, p->buf, p->len, &mr));
+    uint64_t tag = r->tag | ((uint64_t)p->step & l3d_tag_step_mask(&w->tags));
+    int wr = r->comm->ranks[p->peer];
+    return p->send ? l3d_tp_isend(&w->tp, wr, tag, p->buf, p->len, mr, tr)
+                   : l3d_tp_irecv(&w->tp, wr, tag, p->buf, p->len, mr, tr);
+}
+
+static l3d_status op_failed(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_status st) {
+    l3d_comm_t *c = r->comm;
+    char detail[192], pn[64];
+    snprintf(detail, sizeof(detail), "%s", l3d_ctx_last_error(c->ctx));
+    peer_name(c, p->peer, pn, sizeof(pn));
+    // A peer that failed because of an earlier failure (and exited) is not the cause: take in
+    // the notices that have arrived and name the first failed rank if it is another one.
+    l3d_world_t *w = c->world;
+    l3d_world_poll_notices(w);
+    int wp = c->ranks[p->peer];
+    if (st == L3D_ERR_PEER_FAILED && w->dead_epoch && w->first_dead != wp &&
+        w->first_dead != w->rank) {
+        char why[192];
+        snprintf(why, sizeof(why), "%s", w->dead_reason);
+        declare_dead(w, w->first_dead, w->dead_reason);
+        l3d_world_mark_dead(w, wp, detail);
+        return req_finish(r, l3d_comm_fail(c, st, "%s: rank %d failed: %s (then %s of %zu bytes "
+                                                  "with %s failed: %s)",
+                                           r->what, w->first_dead, why,
+                                           p->send ? "send" : "recv", p->len, pn, detail));
+    }
+    if (st == L3D_ERR_PEER_FAILED) declare_dead(w, wp, detail);
+    return req_finish(r, l3d_comm_fail(c, st, "%s: %s (%s of %zu bytes with %s)", r->what, detail,
+                                       p->send ? "send" : "recv", p->len, pn));
+}
+
+// One pass over the request. Returns L3D_OK when complete, L3D_INPROGRESS, or an error.
+static l3d_status req_advance(l3d_request_t *r, int *progressed) {
+    if (r->complete) return r->st;
+    l3d_comm_t *c = r->comm;
+    l3d_world_t *w = c->world;
+    l3d_status st = l3d_comm_check(c, r->what);
+    if (st < 0) return req_finish(r, st);
+    int lim = w->caps.max_inflight > 0 ? w->caps.max_inflight : 1 << 30;
+    while (r->round < r->s.nr) {
+        const l3d_sched_round_t *rd = &r->s.rd[r->round];
+        const l3d_sched_p2p_t *ops = &r->s.p2p[rd->p0];
+        const l3d_sched_lop_t *lops = &r->s.lop[rd->l0];
+        for (uint32_t i = 0; i < rd->np; i++) {
+            if (r->state[i] != 0) continue;
+            int *inf = &r->inflight[2 * ops[i].peer + ops[i].send];
+            if (*inf >= lim) continue;
+            st = post_op(r, &ops[i], &r->treq[i]);
+            if (st == L3D_INPROGRESS) break;  // out of resources: retry on the next pass
+            if (st < 0) return op_failed(r, &ops[i], st);
+            r->state[i] = 1;
+            (*inf)++;
+        }
+        for (uint32_t i = 0; i < rd->np; i++) {
+            if (r->state[i] != 1) continue;
+            int done = 0;
+            st = l3d_tp_test(&w->tp, r->treq[i], &done, NULL);
+            if (st < 0) {
+                r->state[i] = 2;  // the transport freed it
+                return op_failed(r, &ops[i], st);
+            }
+            if (!done) continue;
+            r->state[i] = 2;
+            r->ndone++;
+            r->inflight[2 * ops[i].peer + ops[i].send]--;
+            *progressed = 1;
+            for (uint32_t j = 0; j < rd->nl; j++)
+                if (lops[j].after == (int32_t)i) run_lop(&lops[j]);
+        }
+        if (r->ndone < rd->np) {
+            double now = l3d_time_now();
+            if (!r->blaming && (now > r->deadline ||
+                                (w->blame_seen && member_blamed(c)))) {
+                double to = l3d_ctx_settings(c->ctx)->comm_timeout_s;
+                r->blaming = 1;
+                r->grace_end = now + L3D_MIN(0.25 * to, 1.0);
+                req_blame(r);
+            } else if (r->blaming && now > r->grace_end) {
+                return req_finish(r, req_timeout(r, now));
+            }
+            return L3D_INPROGRESS;
+        }
+        for (uint32_t j = 0; j < rd->nl; j++)
+            if (lops[j].after < 0) run_lop(&lops[j]);
+        r->round++;
+        r->ndone = 0;
+        memset(r->state, 0, r->max_np);
+        memset(r->inflight, 0, 2 * (size_t)c->size * sizeof(int));
+        *progressed = 1;
+    }
+    return req_finish(r, L3D_OK);
+}
+
+// Advances every active request of the world once; returns nonzero if anything moved.
+static int world_progress(l3d_world_t *w) {
+    int progressed = 0;
+    if ((w->poll_tick++ & 7) == 0) l3d_world_poll_notices(w);
+    (void)l3d_tp_progress(&w->tp);
+    for (l3d_request_t *r = w->active; r; r = r->next)
+        if (!r->complete) (void)req_advance(r, &progressed);
+    return progressed;
+}
+
+static void req_free(l3d_request_t *r) {
+    l3d_world_t *w = r->comm->world;
+    l3d_ctx_t *ctx = r->comm->ctx;
+    if (!r->complete) req_finish(r, L3D_ERR_INTERNAL);
+    if (r->prev) r->prev->next = r->next;
+    else if (w->active == r) w->active = r->next;
+    if (r->next) r->next->prev = r->prev;
+    l3d_sched_fini(&r->s);
+    l3d_free(ctx, r->state, r->max_np ? r->max_np : 1, "comm");
+    l3d_free(ctx, r->treq, (r->max_np ? r->max_np : 1) * sizeof(*r->treq), "comm");
+    l3d_free(ctx, r->inflight, 2 * (size_t)r->comm->size * sizeof(int), "comm");
+    l3d_free(ctx, r, sizeof(*r), "comm");
+}
+
+static l3d_request_t *req_new(l3d_comm_t *c, const char *what) {
+    l3d_request_t *r = l3d_calloc(c->ctx, 1, sizeof(*r), "comm");
+    if (!r) return NULL;
+    r->comm = c;
+    r->what = what;
+    r->t_start = l3d_time_now();
+    r->deadline = r->t_start + l3d_ctx_settings(c->ctx)->comm_timeout_s;
+    l3d_world_t *w = c->world;
+    r->next = w->active;
+    if (w->active) w->active->prev = r;
+    w->active = r;
+    return r;
+}
+
+l3d_status l3d_request_done(l3d_comm_t *c, const char *what, l3d_status st,
+                            l3d_request_t **req_p) {
+    l3d_request_t *r = req_new(c, what);
+    if (!r) return L3D_ERR_NOMEM;
+    r->complete = 1;
+    r->st = st;
+    *req_p = r;
+    return L3D_OK;
+}
+
+l3d_status l3d_request_start(l3d_comm_t *c, l3d_sched_t *s, const char *what, uint64_t tag,
+                             l3d_request_t **req_p) {
+    if (s->st < 0) {
+        l3d_status st = s->st;
+        l3d_sched_fini(s);
+        return l3d_error(c->ctx, st, "%s: out of memory building the schedule", what);
+    }
+    l3d_request_t *r = req_new(c, what);
+    uint32_t max_np = 1;
+    for (uint32_t i = 0; i < s->nr; i++) max_np = L3D_MAX(max_np, s->rd[i].np);
+    if (r) {
+        r->max_np = max_np;
+        r->state = l3d_calloc(c->ctx, max_np, 1, "comm");
+        r->treq = l3d_calloc(c->ctx, max_np, sizeof(*r->treq), "comm");
+        r->inflight = l3d_calloc(c->ctx, 2 * (size_t)c->size, sizeof(int), "comm");
+    }
+    if (!r || !r->state || !r->treq || !r->inflight) {
+        if (r) {
+            r->complete = 1;
+            req_free(r);
+        }
+        l3d_sched_fini(s);
+        return L3D_ERR_NOMEM;
+    }
+    r->s = *s;
+    memset(s, 0, sizeof(*s));
+    r->tag = tag;
+    int progressed = 0;
+    (void)req_advance(r, &progressed);  // post the first round now
+    *req_p = r;
+    return L3D_OK;
+}
+
+l3d_status l3d_request_test(l3d_request_t *req, int *done_p) {
+    *done_p = 0;
+    if (!req) return L3D_ERR_INVALID_ARG;
+    if (!req->complete) world_progress(req->comm->world);
+    if (!req->complete) return L3D_OK;
+    l3d_status st = req->st;
+    *done_p = 1;
+    req_free(req);
+    return st;
+}
+
+// Spin briefly, then yield, then sleep ~50 us: with more ranks than cores (threads of the
+// local transport) spinning starves the very peer being waited for.
+static void backoff(int *idle) {
+    int n = (*idle)++;
+    if (n < 32) return;
+    if (n < 256) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {0, 50000};
+    nanosleep(&ts, NULL);
+}
+
+l3d_status l3d_request_wait(l3d_request_t *req) {
+    if (!req) return L3D_ERR_INVALID_ARG;
+    l3d_world_t *w = req->comm->world;
+    int idle = 0;
+    while (!req->complete) {
+        if (world_progress(w)) idle = 0;
+        else backoff(&idle);
+    }
+    l3d_status st = req->st;
+    req_free(req);
+    return st;
+}
+
+// Frees the requests of a communicator that is being destroyed (their buffers are the
+// caller's problem; the transport forgets them).
+void l3d_comm_drop_requests(l3d_comm_t *c) {
+    l3d_world_t *w = c->world;
+    for (l3d_request_t *r = w->active, *next; r; r = next) {
+        next = r->next;
+        if (r->comm != c) continue;
+        if (!r->complete)
+            l3d_log(c->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
+                    "%s request still pending at communicator destroy: cancelled", r->what);
+        req_free(r);
+    }
+}

@@ -1,0 +1,165 @@
+// Failure model: a rank that stops participating (aborts, goes silent, or its process exits)
+// makes every other rank's collective fail with L3D_ERR_PEER_FAILED or L3D_ERR_TIMEOUT within
+// about L3D_COMM_TIMEOUT, with a detail naming the dead rank; later calls fail at once.
+#include <criterion/criterion.h>
+#include <criterion/parameterized.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "llama3d/comm.h"
+#include "tests/harness/world.h"
+
+#define TIMEOUT_S 2.0
+#define BOUND_S (3 * TIMEOUT_S + 2)  // timeout + grace + generous scheduling slack
+#define DEAD 2
+
+enum { MODE_ABORT, MODE_SILENT, MODE_EXIT };
+static const char *mode_name[] = {"abort", "silent", "exit"};
+
+typedef struct fail_param {
+    char tp[16];
+    int mode;
+    char algo[32];
+} fail_param_t;
+
+typedef struct fail_arg {
+    int mode;
+} fail_arg_t;
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int fail_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    const fail_arg_t *fa = arg;
+    int me = l3d_comm_rank(c);
+    enum { N = 4099 };
+    float *x = malloc(N * 4), *y = malloc(N * 4);
+    for (int i = 0; i < N; i++) x[i] = (float)me;
+    // One healthy collective first: the failure happens in the middle of the job. Rank 2 may
+    // finish its part of it and die while the others are still completing it, so the
+    // survivors' failure may come in this first call already.
+    l3d_status st = L3D_OK;
+    double t0 = now(), dt = 0;
+    for (int it = 0; it < (me == DEAD ? 1 : 3) && st == L3D_OK; it++) {
+        t0 = now();
+        st = l3d_comm_allreduce(c, x, y, N, L3D_FLOAT32, L3D_SUM);
+        dt = now() - t0;
+    }
+    if (me == DEAD) {
+        free(x);
+        free(y);
+        if (st != L3D_OK) {
+            snprintf(err, errlen, "first allreduce: %s", l3d_ctx_last_error(l3d_comm_ctx(c)));
+            return 1;
+        }
+        if (fa->mode == MODE_ABORT) l3d_comm_abort(c);
+        if (fa->mode == MODE_EXIT) _exit(0);
+        return 0;  // silent: just stop taking part
+    }
+    char detail[512];
+    snprintf(detail, sizeof(detail), "%s", l3d_ctx_last_error(l3d_comm_ctx(c)));
+    int rc = 0;
+    if (st != L3D_ERR_PEER_FAILED && st != L3D_ERR_TIMEOUT) {
+        snprintf(err, errlen, "allreduce returned %d (%s)", (int)st, detail);
+        rc = 1;
+    } else if (dt > BOUND_S) {
+        snprintf(err, errlen, "failed only after %.1f s (bound %.1f s): %s", dt, BOUND_S, detail);
+        rc = 1;
+    } else if (!strstr(detail, "rank 2")) {
+        snprintf(err, errlen, "detail does not name rank 2: %s", detail);
+        rc = 1;
+    } else {
+        // The communicator is failed now: later calls return at once.
+        t0 = now();
+        st = l3d_comm_allreduce(c, x, y, N, L3D_FLOAT32, L3D_SUM);
+        if (st != L3D_ERR_PEER_FAILED || now() - t0 > 1.0) {
+            snprintf(err, errlen, "call after the failure returned %d after %.1f s", (int)st,
+                     now() - t0);
+            rc = 1;
+        }
+    }
+    free(x);
+    free(y);
+    return rc;
+}
+
+static struct criterion_test_params fail_params(void) {
+    static const char *algos[] = {"", "allreduce:ring", "allreduce:rabenseifner"};
+    static fail_param_t ps[8 * 2 * 3];
+    const char *names[8];
+    int nt = l3d_world_transports(names, 8);
+    size_t n = 0;
+    for (int t = 0; t < nt; t++) {
+        int local = !strcmp(names[t], "local");
+        int modes[2] = {MODE_ABORT, local ? MODE_SILENT : MODE_EXIT};
+        for (int m = 0; m < 2; m++)
+            for (int a = 0; a < 3; a++) {
+                snprintf(ps[n].tp, sizeof(ps[n].tp), "%s", names[t]);
+                ps[n].mode = modes[m];
+                snprintf(ps[n].algo, sizeof(ps[n].algo), "%s", algos[a]);
+                n++;
+            }
+    }
+    return cr_make_param_array(fail_param_t, ps, n);
+}
+
+ParameterizedTestParameters(comm_fail, dead_rank) { return fail_params(); }
+ParameterizedTest(fail_param_t *p, comm_fail, dead_rank, .timeout = 120) {
+    char v[16];
+    snprintf(v, sizeof(v), "%g", TIMEOUT_S);
+    setenv("L3D_COMM_TIMEOUT", v, 1);
+    setenv("L3D_ALGO", p->algo, 1);
+    fail_arg_t fa = {p->mode};
+    for (int n = 4; n <= 5; n++) {
+        int rcs[8];
+        char errs[8][256];
+        cr_assert_eq(l3d_world_run_all(p->tp, n, fail_fn, &fa, 60, rcs, errs), 0);
+        for (int r = 0; r < n; r++)
+            cr_expect_eq(rcs[r], 0, "%s %s [%s] %d ranks: rank %d: rc %d: %s", p->tp,
+                         mode_name[p->mode], p->algo, n, r, rcs[r], errs[r]);
+    }
+}
+
+// Abort before anyone else even starts: the others fail fast, without waiting for the timeout.
+static int early_abort_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    int me = l3d_comm_rank(c), x = me, y = 0;
+    if (me == DEAD) {
+        l3d_comm_abort(c);
+        l3d_comm_abort(c);  // idempotent
+        if (l3d_comm_barrier(c) != L3D_ERR_PEER_FAILED) {
+            snprintf(err, errlen, "the aborted rank's own barrier did not fail");
+            return 1;
+        }
+        return 0;
+    }
+    l3d_status st = L3D_OK;
+    // Some iterations may complete among the survivors only if they do not involve rank 2;
+    // the barrier involves everyone.
+    for (int i = 0; i < 3 && st == L3D_OK; i++)
+        st = l3d_comm_allreduce(c, &x, &y, 1, L3D_INT32, L3D_MAX);
+    if (st != L3D_ERR_PEER_FAILED && st != L3D_ERR_TIMEOUT) {
+        snprintf(err, errlen, "allreduce returned %d", (int)st);
+        return 1;
+    }
+    return 0;
+}
+
+ParameterizedTestParameters(comm_fail, early_abort) {
+    static fail_param_t ps[8];
+    const char *names[8];
+    int nt = l3d_world_transports(names, 8);
+    for (int t = 0; t < nt; t++) snprintf(ps[t].tp, sizeof(ps[t].tp), "%s", names[t]);
+    return cr_make_param_array(fail_param_t, ps, (size_t)nt);
+}
+ParameterizedTest(fail_param_t *p, comm_fail, early_abort, .timeout = 60) {
+    setenv("L3D_COMM_TIMEOUT", "2", 1);
+    char err[512] = "";
+    cr_assert_eq(l3d_world_run(p->tp, 3, early_abort_fn, NULL, 30, err, sizeof(err)), 0, "%s",
+                 err);
+}

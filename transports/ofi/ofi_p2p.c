@@ -1,0 +1,409 @@
+// The libfabric transport's tagged point-to-point: posting, the completion queue, cancel and
+// abort. The tag layout is in ofi_internal.h.
+// defines: l3d_ofi_isend, l3d_ofi_irecv, l3d_ofi_test, l3d_ofi_progress, l3d_ofi_cancel,
+//          l3d_ofi_abort, l3d_ofi_drain and the request helpers
+//
+// Request life: allocated and linked into o->live, posted (the provider owns its fi_context2),
+// completed by the CQ (done = 1, result in st/len), then freed when test reports it or cancel
+// drops it. A request is never freed while the provider may still write its context: one that
+// cannot be cancelled quickly becomes an orphan, freed by its completion or at fini after the
+// endpoint is closed.
+//
+// Failure of a peer. libfabric reports a peer's death only as error completions of operations
+// with it, and 1.17 rarely does even that (shm never; tcp;ofi_rxm logs the refused reconnect
+// and answers -FI_EAGAIN). So a peer is marked dead on the first such error, on an abort notice
+// from it (a 0-byte control message, see l3d_ofi_abort), or when ofi_peer.c sees that a peer
+// process on this node has exited; every pending operation with it then fails with
+// L3D_ERR_PEER_FAILED naming it. A peer on another node that dies silently is left to the core's
+// timeout.
+#include <stdio.h>
+#include <string.h>
+
+#include "transports/ofi/ofi_internal.h"
+
+#define OFI_FREE_LIST_MAX 256
+#define OFI_CQ_BATCH 16
+#define OFI_CQ_ROUNDS 64       // batches per drain: bounded work per call
+#define OFI_CANCEL_BUDGET_S 0.1  // how long cancel drives the CQ for the cancel completion
+#define OFI_ABORT_BUDGET_S 0.1   // how long abort drives the CQ to push its notices out
+
+static uint64_t ofi_wire_tag(int rank, uint64_t tag) {
+    return ((uint64_t)rank << L3D_OFI_TAG_RANK_SHIFT) | (tag & L3D_OFI_TAG_USER_MASK);
+}
+
+static int ofi_tag_rank(uint64_t tag) {
+    return (int)((tag & L3D_OFI_TAG_RANK_MASK) >> L3D_OFI_TAG_RANK_SHIFT);
+}
+
+static const char *ofi_kind_name(l3d_ofi_req_kind k) {
+    return k == L3D_OFI_REQ_RECV ? "receive from" : "send to";
+}
+
+l3d_tp_request_t *l3d_ofi_req_alloc(l3d_ofi_t *o, l3d_ofi_req_kind kind, int peer) {
+    l3d_tp_request_t *r = o->free_list;
+    if (r) {
+        o->free_list = r->next;
+        o->nfree--;
+    } else {
+        r = l3d_malloc(o->ctx, sizeof(*r), L3D_OFI_ALLOC_TAG);
+        if (!r) return NULL;
+    }
+    memset(r, 0, sizeof(*r));
+    r->kind = kind;
+    r->peer = peer;
+    r->next = o->live.next;
+    r->prev = &o->live;
+    o->live.next->prev = r;
+    o->live.next = r;
+    return r;
+}
+
+void l3d_ofi_req_free(l3d_ofi_t *o, l3d_tp_request_t *r) {
+    r->prev->next = r->next;
+    r->next->prev = r->prev;
+    if (o->ctrl_recv == r) o->ctrl_recv = NULL;
+    if (o->nfree < OFI_FREE_LIST_MAX) {
+        r->next = o->free_list;
+        o->free_list = r;
+        o->nfree++;
+    } else {
+        l3d_free(o->ctx, r, sizeof(*r), L3D_OFI_ALLOC_TAG);
+    }
+}
+
+void l3d_ofi_free_all(l3d_ofi_t *o) {
+    while (o->live.next != &o->live) l3d_ofi_req_free(o, o->live.next);
+    while (o->free_list) {
+        l3d_tp_request_t *r = o->free_list;
+        o->free_list = r->next;
+        l3d_free(o->ctx, r, sizeof(*r), L3D_OFI_ALLOC_TAG);
+    }
+    o->nfree = 0;
+}
+
+l3d_status l3d_ofi_ctrl_post(l3d_ofi_t *o) {
+    l3d_tp_request_t *r = o->ctrl_recv;
+    if (!r) {
+        r = l3d_ofi_req_alloc(o, L3D_OFI_REQ_CTRL_RECV, -1);
+        if (!r) return L3D_ERR_NOMEM;
+        o->ctrl_recv = r;
+    }
+    r->done = 0;
+    // Any sender, any control kind: the completion's tag says who and what.
+    ssize_t ret = fi_trecv(o->ep, &o->ctrl_buf, sizeof(o->ctrl_buf), NULL, FI_ADDR_UNSPEC,
+                           L3D_OFI_TAG_CTRL, L3D_OFI_TAG_RANK_MASK | L3D_OFI_TAG_USER_MASK,
+                           &r->fictx);
+    if (ret < 0) {
+        l3d_ofi_req_free(o, r);
+        return l3d_ofi_fail(o, ret, "posting the control receive", __FILE__, __LINE__);
+    }
+    return L3D_OK;
+}
+
+static void ofi_finish(l3d_ofi_t *o, l3d_tp_request_t *r) {
+    r->done = 1;
+    if (r->orphan || r->kind == L3D_OFI_REQ_CTRL_SEND) l3d_ofi_req_free(o, r);
+}
+
+// A completion for a request already failed by l3d_ofi_fail_peer: the provider lets go of it;
+// its reported result stays PEER_FAILED.
+static int ofi_release_detached(l3d_ofi_t *o, l3d_tp_request_t *r) {
+    if (!r->detached) return 0;
+    r->detached = 0;
+    if (r->orphan) l3d_ofi_req_free(o, r);
+    return 1;
+}
+
+static void ofi_complete(l3d_ofi_t *o, const struct fi_cq_tagged_entry *e) {
+    l3d_tp_request_t *r = e->op_context;
+    if (!r) return;
+    if (r->kind == L3D_OFI_REQ_CTRL_RECV) {
+        int from = ofi_tag_rank(e->tag);
+        if ((e->tag & L3D_OFI_TAG_USER_MASK) == L3D_OFI_CTRL_ABORT && from != o->rank) {
+            char why[L3D_OFI_WHY_LEN];
+            snprintf(why, sizeof(why), "rank %d aborted", from);
+            l3d_ofi_fail_peer(o, from, why);
+        }
+        if (l3d_ofi_ctrl_post(o) < 0)
+            l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
+                    "ofi: rank %d: abort notices can no longer be received", o->rank);
+        return;
+    }
+    if (ofi_release_detached(o, r)) return;
+    r->st = L3D_OK;
+    if (r->kind == L3D_OFI_REQ_RECV) r->len = e->len;
+    ofi_finish(o, r);
+}
+
+static void ofi_complete_err(l3d_ofi_t *o) {
+    struct fi_cq_err_entry e;
+    memset(&e, 0, sizeof(e));  // err_data_size 0: the provider lends its own buffer
+    ssize_t ret = fi_cq_readerr(o->cq, &e, 0);
+    if (ret < 0) return;
+    // shm 1.17 reports truncation as -FI_ETRUNC; the documented sign is positive.
+    if (e.err < 0) e.err = -e.err;
+    char prov[128];
+    const char *pt = fi_cq_strerror(o->cq, e.prov_errno, e.err_data, prov, sizeof(prov));
+    snprintf(o->errtext, sizeof(o->errtext), "%s (provider: %s)", fi_strerror(e.err),
+             pt ? pt : "");
+    l3d_tp_request_t *r = e.op_context;
+    if (!r) {
+        l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
+                "ofi: rank %d: error completion without a request: %s", o->rank, o->errtext);
+        return;
+    }
+    if (r->kind == L3D_OFI_REQ_CTRL_RECV) {
+        // Cancelled at fini, or the provider gave up on it: either way it is ours again.
+        if (e.err != FI_ECANCELED && !o->ep_closed) (void)l3d_ofi_ctrl_post(o);
+        else l3d_ofi_req_free(o, r);
+        return;
+    }
+    if (ofi_release_detached(o, r)) return;
+    r->fi_err = e.err;
+    int peer = r->peer;
+    if (e.err == FI_ECANCELED) {
+        r->st = L3D_ERR_INTERNAL;  // only cancel() and fini cancel; they never report it
+    } else if (e.err == FI_ETRUNC) {
+        r->st = L3D_ERR_INTERNAL;
+        r->len = e.len;
+        r->olen = e.olen;
+    } else {
+        r->st = l3d_ofi_status(e.err);
+        if (r->kind == L3D_OFI_REQ_CTRL_SEND) r->st = L3D_ERR_PEER_FAILED;
+    }
+    l3d_ofi_req_kind kind = r->kind;
+    ofi_finish(o, r);  // before failing the peer, which must not detach this one
+    if (l3d_ofi_status(e.err) == L3D_ERR_PEER_FAILED) {
+        char why[L3D_OFI_WHY_LEN];
+        snprintf(why, sizeof(why), "%s rank %d failed: %.150s", ofi_kind_name(kind), peer,
+                 o->errtext);
+        l3d_ofi_fail_peer(o, peer, why);
+    }
+}
+
+l3d_status l3d_ofi_drain(l3d_ofi_t *o) {
+    if (o->ep_closed) return L3D_OK;
+    struct fi_cq_tagged_entry ent[OFI_CQ_BATCH];
+    for (int round = 0; round < OFI_CQ_ROUNDS; round++) {
+        ssize_t n = fi_cq_read(o->cq, ent, OFI_CQ_BATCH);
+        if (n == -FI_EAGAIN) break;
+        if (n == -FI_EAVAIL) {
+            ofi_complete_err(o);
+            continue;
+        }
+        if (n < 0) return l3d_ofi_fail(o, n, "fi_cq_read", __FILE__, __LINE__);
+        for (ssize_t i = 0; i < n; i++) ofi_complete(o, &ent[i]);
+        if (n < OFI_CQ_BATCH) break;
+    }
+    l3d_ofi_check_peers(o);
+    return L3D_OK;
+}
+
+// Checks shared by isend and irecv; the detail names the peer.
+static l3d_status ofi_post_check(l3d_ofi_t *o, int peer, const void *buf, size_t len, void *mr,
+                                 l3d_tp_request_t **req_p) {
+    if (!req_p || peer < 0 || peer >= o->nranks || (!buf && len))
+        return l3d_error(o->ctx, L3D_ERR_INVALID_ARG,
+                         "ofi: rank %d: bad operation with rank %d (%zu bytes)", o->rank, peer,
+                         len);
+    if (o->ep_closed)
+        return l3d_error(o->ctx, L3D_ERR_PEER_FAILED,
+                         "ofi: rank %d aborted its endpoint; no operation with rank %d", o->rank,
+                         peer);
+    if (!o->connected)
+        return l3d_error(o->ctx, L3D_ERR_INVALID_ARG, "ofi: rank %d is not connected", o->rank);
+    if (o->peer_dead[peer])
+        return l3d_error(o->ctx, L3D_ERR_PEER_FAILED, "ofi: rank %d: peer rank %d failed: %s",
+                         o->rank, peer, o->peer_why[peer]);
+    if (len > o->max_msg)
+        return l3d_error(o->ctx, L3D_ERR_INVALID_ARG,
+                         "ofi: rank %d: %zu bytes with rank %d exceed the %zu-byte maximum",
+                         o->rank, len, peer, o->max_msg);
+    if (o->needs_mr && len && !mr)
+        return l3d_error(o->ctx, L3D_ERR_INVALID_ARG,
+                         "ofi: rank %d: provider %s needs registered buffers (mr is NULL)",
+                         o->rank, o->prov);
+    return L3D_OK;
+}
+
+// Shared tail of isend/irecv: -FI_EAGAIN drives the CQ and asks the core to retry.
+static l3d_status ofi_post_result(l3d_ofi_t *o, ssize_t ret, l3d_tp_request_t *r,
+                                  l3d_tp_request_t **req_p) {
+    if (ret == 0) {
+        *req_p = r;
+        return L3D_OK;
+    }
+    int peer = r->peer;
+    l3d_ofi_req_kind kind = r->kind;
+    l3d_ofi_req_free(o, r);
+    if (ret == -FI_EAGAIN) {
+        o->peers[peer].want_check = 1;  // rxm answers EAGAIN forever to an exited peer
+        l3d_status st = l3d_ofi_drain(o);
+        return st < 0 ? st : L3D_INPROGRESS;
+    }
+    char what[64];
+    snprintf(what, sizeof(what), "posting a %s rank %d", ofi_kind_name(kind), peer);
+    return l3d_ofi_fail(o, ret, what, __FILE__, __LINE__);
+}
+
+l3d_status l3d_ofi_isend(l3d_transport_t *tp, int peer, uint64_t tag, const void *buf, size_t len,
+                         void *mr, l3d_tp_request_t **req_p) {
+    l3d_ofi_t *o = tp->priv;
+    L3D_CHECK(o->ctx, ofi_post_check(o, peer, buf, len, mr, req_p));
+    l3d_tp_request_t *r = l3d_ofi_req_alloc(o, L3D_OFI_REQ_SEND, peer);
+    if (!r) return L3D_ERR_NOMEM;
+    r->len = len;
+    r->tag = ofi_wire_tag(o->rank, tag);
+    void *desc = mr ? fi_mr_desc(((l3d_ofi_mr_t *)mr)->mr) : NULL;
+    ssize_t ret = fi_tsend(o->ep, buf, len, desc, o->addrs[peer], r->tag, &r->fictx);
+    return ofi_post_result(o, ret, r, req_p);
+}
+
+l3d_status l3d_ofi_irecv(l3d_transport_t *tp, int peer, uint64_t tag, void *buf, size_t len,
+                         void *mr, l3d_tp_request_t **req_p) {
+    l3d_ofi_t *o = tp->priv;
+    L3D_CHECK(o->ctx, ofi_post_check(o, peer, buf, len, mr, req_p));
+    l3d_tp_request_t *r = l3d_ofi_req_alloc(o, L3D_OFI_REQ_RECV, peer);
+    if (!r) return L3D_ERR_NOMEM;
+    r->len = len;
+    r->tag = ofi_wire_tag(peer, tag);
+    void *desc = mr ? fi_mr_desc(((l3d_ofi_mr_t *)mr)->mr) : NULL;
+    fi_addr_t src = o->directed ? o->addrs[peer] : FI_ADDR_UNSPEC;
+    ssize_t ret = fi_trecv(o->ep, buf, len, desc, src, r->tag, 0, &r->fictx);
+    return ofi_post_result(o, ret, r, req_p);
+}
+
+// Records the detail of a failed request (called just before it is freed).
+static l3d_status ofi_req_error(l3d_ofi_t *o, const l3d_tp_request_t *r) {
+    unsigned long long tag = (unsigned long long)(r->tag & L3D_OFI_TAG_USER_MASK);
+    const char *k = ofi_kind_name(r->kind);
+    if (r->fi_err == FI_ETRUNC)
+        return l3d_error(o->ctx, L3D_ERR_INTERNAL,
+                         "ofi: rank %d: message from rank %d tag 0x%llx is %zu bytes longer "
+                         "than the %zu-byte receive",
+                         o->rank, r->peer, tag, r->olen, r->len);
+    if (r->st == L3D_ERR_PEER_FAILED && o->peer_dead[r->peer])
+        return l3d_error(o->ctx, L3D_ERR_PEER_FAILED,
+                         "ofi: rank %d: %s rank %d tag 0x%llx failed: peer rank %d failed: %s",
+                         o->rank, k, r->peer, tag, r->peer, o->peer_why[r->peer]);
+    if (o->aborted)
+        return l3d_error(o->ctx, r->st,
+                         "ofi: rank %d: %s rank %d tag 0x%llx dropped: this rank aborted",
+                         o->rank, k, r->peer, tag);
+    return l3d_error(o->ctx, r->st, "ofi: rank %d: %s rank %d tag 0x%llx failed: %s", o->rank,
+                     k, r->peer, tag, r->fi_err ? fi_strerror(r->fi_err) : "unknown");
+}
+
+l3d_status l3d_ofi_test(l3d_transport_t *tp, l3d_tp_request_t *req, int *done_p, size_t *len_p) {
+    l3d_ofi_t *o = tp->priv;
+    *done_p = 0;
+    if (!req->done) L3D_CHECK(o->ctx, l3d_ofi_drain(o));
+    if (!req->done) return L3D_OK;
+    *done_p = 1;
+    if (len_p) *len_p = req->len;
+    l3d_status st = req->st;
+    if (st < 0) st = ofi_req_error(o, req);
+    if (req->detached) req->orphan = 1;  // the provider still holds it: freed on release
+    else l3d_ofi_req_free(o, req);
+    return st;
+}
+
+l3d_status l3d_ofi_progress(l3d_transport_t *tp) { return l3d_ofi_drain(tp->priv); }
+
+void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
+    l3d_ofi_t *o = tp->priv;
+    if (!req) return;
+    if (req->detached) {
+        req->orphan = 1;
+        return;
+    }
+    if (!req->done && !o->ep_closed) {
+        // Receives cancel at once; sends usually cannot be cancelled but may be about to
+        // finish, so drive the CQ a little before giving the request up.
+        (void)fi_cancel(&o->ep->fid, &req->fictx);
+        double t0 = l3d_time_now();
+        while (!req->done && l3d_time_now() - t0 < OFI_CANCEL_BUDGET_S)
+            if (l3d_ofi_drain(o) < 0) break;
+    }
+    if (req->done || o->ep_closed) {
+        l3d_ofi_req_free(o, req);
+        return;
+    }
+    l3d_log(o->ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM,
+            "ofi: rank %d: %s rank %d could not be cancelled; the provider keeps it until fini",
+            o->rank, ofi_kind_name(req->kind), req->peer);
+    req->orphan = 1;
+}
+
+void l3d_ofi_cancel_all(l3d_ofi_t *o, double budget_s) {
+    if (o->ep_closed || !o->ep) return;
+    int pending = 0;
+    for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next) {
+        if (r->done) continue;
+        r->orphan = 1;
+        (void)fi_cancel(&o->ep->fid, &r->fictx);
+        pending++;
+    }
+    double t0 = l3d_time_now();
+    while (pending && l3d_time_now() - t0 < budget_s) {
+        if (l3d_ofi_drain(o) < 0) break;
+        pending = 0;
+        for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next) pending += !r->done;
+    }
+}
+
+// Best effort, bounded: a 0-byte control message to every live peer (their CQ turns it into
+// L3D_ERR_PEER_FAILED for everything pending with this rank), then the endpoint is closed, which
+// on connection-based providers also resets the peers' connections to this rank.
+void l3d_ofi_abort(l3d_transport_t *tp) {
+    l3d_ofi_t *o = tp->priv;
+    if (o->ep_closed) return;
+    o->aborted = 1;
+    if (o->connected) {
+        uint64_t tag = L3D_OFI_TAG_CTRL | ofi_wire_tag(o->rank, L3D_OFI_CTRL_ABORT);
+        for (int p = 0; p < o->nranks; p++) {
+            if (p == o->rank || o->peer_dead[p]) continue;
+            l3d_tp_request_t *r = l3d_ofi_req_alloc(o, L3D_OFI_REQ_CTRL_SEND, p);
+            if (!r) break;
+            ssize_t ret = -FI_EAGAIN;
+            for (int tries = 0; tries < 100 && ret == -FI_EAGAIN; tries++) {
+                ret = fi_tsend(o->ep, &o->ctrl_buf, 0, NULL, o->addrs[p], tag, &r->fictx);
+                if (ret == -FI_EAGAIN) (void)l3d_ofi_drain(o);
+            }
+            if (ret) l3d_ofi_req_free(o, r);
+        }
+        double t0 = l3d_time_now();
+        for (;;) {
+            int pending = 0;
+            for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next)
+                pending += r->kind == L3D_OFI_REQ_CTRL_SEND;
+            if (!pending || l3d_time_now() - t0 >= OFI_ABORT_BUDGET_S) break;
+            if (l3d_ofi_drain(o) < 0) break;
+        }
+    }
+    // Endpoint-bound registrations must go before their endpoint.
+    if (o->mr_endpoint)
+        for (l3d_ofi_mr_t *m = o->mrs.next; m != &o->mrs; m = m->next)
+            if (m->mr) {
+                (void)fi_close(&m->mr->fid);
+                m->mr = NULL;
+            }
+    int ret = fi_close(&o->ep->fid);
+    if (ret)
+        l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "ofi: rank %d: closing the endpoint: %s",
+                o->rank, fi_strerror(-ret));
+    o->ep_closed = 1;
+    o->ep = NULL;
+    // The provider holds nothing now: what was pending fails, orphans and notices go.
+    for (l3d_tp_request_t *r = o->live.next; r != &o->live;) {
+        l3d_tp_request_t *n = r->next;
+        r->detached = 0;
+        if (r->orphan || r->kind == L3D_OFI_REQ_CTRL_SEND || r->kind == L3D_OFI_REQ_CTRL_RECV) {
+            l3d_ofi_req_free(o, r);
+        } else if (!r->done) {
+            r->done = 1;
+            r->st = L3D_ERR_PEER_FAILED;
+        }
+        r = n;
+    }
+}
