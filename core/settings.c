@@ -24,6 +24,12 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_COMM_MAX_INFLIGHT", "0",
      "messages in flight per peer and direction (0 = the transport's limit; for debugging)"},
     {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
+    // Read by the bootstrap at l3d_comm_create_env (core/bootstrap.c), per process:
+    {"L3D_JOB_TOKEN", "", "job token every rank must present to the rendezvous store"},
+    {"L3D_MASTER_ADDR", "", "rendezvous store address (overrides MASTER_ADDR)"},
+    {"L3D_MASTER_PORT", "", "rendezvous store port (overrides MASTER_PORT)"},
+    {"L3D_RANK", "", "this process's rank when no launcher convention is set"},
+    {"L3D_WORLD_SIZE", "", "the world size when no launcher convention is set"},
 };
 
 const l3d_setting_row_t *l3d_settings_table(size_t *n_p) {

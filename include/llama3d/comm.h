@@ -5,8 +5,9 @@
 // Semantics follow MPI and NCCL:
 // - Collectives are called by every rank of the communicator in the same order with matching
 //   arguments. Buffers are host pointers unless the transport says it takes device pointers.
-// - In place: pass the same pointer as send and receive buffer (for reduce_scatter and
-//   allgather, in place means sendbuf == recvbuf + rank * count, as in NCCL).
+// - In place: pass the same pointer as send and receive buffer. For reduce_scatter in place
+//   means recvbuf == sendbuf + rank * recvcount, and for allgather sendbuf == recvbuf +
+//   rank * sendcount, as in NCCL.
 // - Counts are elements of `dtype`; 0 is allowed everywhere and is a no-op that still
 //   synchronises nothing. Any rank count works, not only powers of two.
 // - bfloat16 and float16 are reduced in float32 and rounded once per output element.
@@ -130,8 +131,9 @@ l3d_status l3d_comm_isend(l3d_comm_t *c, const void *buf, size_t count, l3d_dtyp
 l3d_status l3d_comm_irecv(l3d_comm_t *c, void *buf, size_t count, l3d_dtype dt, int peer,
                           l3d_request_t **req_p);
 
-// *done_p = 1 when complete (the request is then freed and must not be used again). Returns
-// the operation's error if it failed (also freeing the request).
+// Non-blocking. Returns L3D_OK with *done_p = 0 while pending, L3D_OK with *done_p = 1 when
+// complete (the request is then freed and must not be used again), or the operation's error
+// if it failed (also freeing the request).
 l3d_status l3d_request_test(l3d_request_t *req, int *done_p);
 // Blocks until complete (bounded by L3D_COMM_TIMEOUT) and frees the request.
 l3d_status l3d_request_wait(l3d_request_t *req);
