@@ -208,7 +208,8 @@ static l3d_status hf_fixed(const l3d_cfgjson_t *j, json_t *root) {
     if ((v = json_object_get(root, "attention_dropout")) &&
         !(json_is_number(v) && json_number_value(v) == 0.0))
         return l3d_error(j->ctx, L3D_ERR_CONFIG,
-                         "%s: attention_dropout: must be 0 (llama3d trains without dropout, as Llama 3 does)",
+                         "%s: attention_dropout: must be 0 (llama3d trains without dropout, "
+                         "as Llama 3 does)",
                          j->origin);
     static const char *const no_bias[] = {"attention_bias", "mlp_bias"};
     for (size_t i = 0; i < 2; i++)
