@@ -21,6 +21,7 @@
 
 #include "cli/cli.h"
 #include "platform/platform.h"
+#include "platform/net.h"
 #include "transports/transport.h"
 
 #define LAUNCH_GRACE_S 5.0       // SIGTERM, then SIGKILL after this long
@@ -121,18 +122,10 @@ static const char *sig_name(int sig) {
     return "?";
 }
 
+// A free port on loopback, or -1.
 static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
     int port = -1;
-    if (bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(s);
-    return port;
+    return l3d_net_free_port("127.0.0.1", &port) ? -1 : port;
 }
 
 static int make_token(char *tok, size_t len) {

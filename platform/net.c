@@ -112,6 +112,15 @@ int l3d_net_local_port(int fd, int *port_p) {
     return 0;
 }
 
+int l3d_net_free_port(const char *host, int *port_p) {
+    int fd = -1;
+    int rc = l3d_net_listen(host, 0, &fd);
+    if (rc) return rc;
+    rc = l3d_net_local_port(fd, port_p);
+    close(fd);
+    return rc;
+}
+
 int l3d_net_accept(int lfd, int *fd_p, char *peer, size_t peerlen) {
     struct sockaddr_storage ss;
     socklen_t len = sizeof(ss);

@@ -18,6 +18,9 @@
 int l3d_net_listen(const char *host, int port, int *fd_p);
 // The port a bound socket has.
 int l3d_net_local_port(int fd, int *port_p);
+// A port that is free on `host` right now (bind to port 0, read it, close). Another process
+// may take it before the caller binds it; launchers accept that race, as torchrun does.
+int l3d_net_free_port(const char *host, int *port_p);
 // Accepts one pending connection: 0 with *fd_p and the peer as "addr:port" ("[v6]:port") in
 // peer, or -EAGAIN when none is pending.
 int l3d_net_accept(int lfd, int *fd_p, char *peer, size_t peerlen);

@@ -15,6 +15,7 @@
 
 #include "llama3d/comm.h"
 #include "tests/harness/world.h"
+#include "tests/harness/world_params.h"
 
 enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BROADCAST, C_REDUCE, C_ALLTOALL, C_BARRIER };
 static const char *cname[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
@@ -381,18 +382,7 @@ static void run_world(const char *tp, int n, run_arg_t *ra) {
 
 static int is_local(const char *tp) { return !strcmp(tp, "local"); }
 
-// ---- parameters: the built transports -----------------------------------------------------------
-typedef struct tp_param {
-    char name[16];
-} tp_param_t;
-
-static struct criterion_test_params transports_params(void) {
-    static tp_param_t ps[8];
-    const char *names[8];
-    int n = l3d_world_transports(names, 8);
-    for (int i = 0; i < n; i++) snprintf(ps[i].name, sizeof(ps[i].name), "%s", names[i]);
-    return cr_make_param_array(tp_param_t, ps, (size_t)n);
-}
+// ---- counts and rank counts of the matrix ------------------------------------------------------
 
 static const size_t small_counts[] = {0, 1, 7, 1000};
 static const size_t proc_counts[] = {0, 7, 1000};
@@ -410,8 +400,8 @@ static void matrix_test(const char *tp, int coll) {
 }
 
 #define MATRIX_TEST(tname, coll)                                                  \
-    ParameterizedTestParameters(comm, tname) { return transports_params(); }       \
-    ParameterizedTest(tp_param_t *p, comm, tname, .timeout = 300) { matrix_test(p->name, coll); }
+    ParameterizedTestParameters(comm, tname) { return l3d_world_transport_params(); }       \
+    ParameterizedTest(l3d_tp_param_t *p, comm, tname, .timeout = 300) { matrix_test(p->name, coll); }
 
 MATRIX_TEST(allreduce, C_ALLREDUCE)
 MATRIX_TEST(reduce_scatter, C_REDUCE_SCATTER)
@@ -422,8 +412,8 @@ MATRIX_TEST(alltoall, C_ALLTOALL)
 MATRIX_TEST(barrier, C_BARRIER)
 
 // Large counts: 1000003 elements (several pipeline segments, blocks of unequal size).
-ParameterizedTestParameters(comm, large) { return transports_params(); }
-ParameterizedTest(tp_param_t *p, comm, large, .timeout = 300) {
+ParameterizedTestParameters(comm, large) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, comm, large, .timeout = 300) {
     static const int local_ranks[] = {1, 2, 3, 4, 5, 8}, proc_ranks[] = {2, 3};
     int local = is_local(p->name);
     run_arg_t *ra = new_arg();

@@ -8,6 +8,7 @@
 
 #include "llama3d/comm.h"
 #include "tests/harness/world.h"
+#include "tests/harness/world_params.h"
 
 #define FAILF(...)                                 \
     do {                                           \
@@ -21,17 +22,6 @@
             FAILF("%s returned %d: %s", #call, (int)st_, l3d_ctx_last_error(l3d_comm_ctx(c))); \
     } while (0)
 
-typedef struct tp_param {
-    char name[16];
-} tp_param_t;
-
-static struct criterion_test_params transports_params(void) {
-    static tp_param_t ps[8];
-    const char *names[8];
-    int n = l3d_world_transports(names, 8);
-    for (int i = 0; i < n; i++) snprintf(ps[i].name, sizeof(ps[i].name), "%s", names[i]);
-    return cr_make_param_array(tp_param_t, ps, (size_t)n);
-}
 
 static void run_all(const char *tp, l3d_world_fn fn, const int *local_ranks, int nl) {
     static const int proc_ranks[] = {2, 3, 4};
@@ -80,8 +70,8 @@ static int sendrecv_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     return 0;
 }
 
-ParameterizedTestParameters(p2p, sendrecv) { return transports_params(); }
-ParameterizedTest(tp_param_t *p, p2p, sendrecv, .timeout = 200) {
+ParameterizedTestParameters(p2p, sendrecv) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, sendrecv, .timeout = 200) {
     run_all(p->name, sendrecv_fn, multi_ranks, 5);
 }
 
@@ -111,8 +101,8 @@ static int nonblocking_p2p_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen
     return 0;
 }
 
-ParameterizedTestParameters(p2p, nonblocking) { return transports_params(); }
-ParameterizedTest(tp_param_t *p, p2p, nonblocking, .timeout = 200) {
+ParameterizedTestParameters(p2p, nonblocking) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, nonblocking, .timeout = 200) {
     run_all(p->name, nonblocking_p2p_fn, all_ranks, 6);
 }
 
@@ -138,8 +128,8 @@ static int group_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     return 0;
 }
 
-ParameterizedTestParameters(p2p, group_ring) { return transports_params(); }
-ParameterizedTest(tp_param_t *p, p2p, group_ring, .timeout = 200) {
+ParameterizedTestParameters(p2p, group_ring) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, group_ring, .timeout = 200) {
     run_all(p->name, group_fn, all_ranks, 6);
 }
 
@@ -184,8 +174,8 @@ static int split_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     return 0;
 }
 
-ParameterizedTestParameters(p2p, split) { return transports_params(); }
-ParameterizedTest(tp_param_t *p, p2p, split, .timeout = 200) {
+ParameterizedTestParameters(p2p, split) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, split, .timeout = 200) {
     run_all(p->name, split_fn, all_ranks, 6);
 }
 
@@ -237,8 +227,8 @@ static int icoll_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     return 0;
 }
 
-ParameterizedTestParameters(p2p, icollectives_reverse) { return transports_params(); }
-ParameterizedTest(tp_param_t *p, p2p, icollectives_reverse, .timeout = 200) {
+ParameterizedTestParameters(p2p, icollectives_reverse) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, icollectives_reverse, .timeout = 200) {
     run_all(p->name, icoll_fn, all_ranks, 6);
 }
 

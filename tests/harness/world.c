@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "platform/net.h"
 #include "transports/transport.h"
 
 int l3d_world_transports(const char **names, int max) {
@@ -81,18 +82,10 @@ out:
 }
 
 // ---- processes ---------------------------------------------------------------------------
+// A free port on loopback, or -1.
 static int free_port(void) {
-    int s = socket(AF_INET, SOCK_STREAM, 0);
-    if (s < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = 0};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
     int port = -1;
-    if (bind(s, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-        getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    close(s);
-    return port;
+    return l3d_net_free_port("127.0.0.1", &port) ? -1 : port;
 }
 
 static void child(const char *transport, int rank, int nranks, int port, const char *token,
