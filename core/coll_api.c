@@ -35,34 +35,15 @@ static int reduces(l3d_coll op) {
     return op == L3D_COLL_ALLREDUCE || op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_REDUCE;
 }
 
-// Runs the transport's native entry (blocking) when it has one for `op`; NULL otherwise.
-static int native_has(const l3d_comm_t *c, l3d_coll op) {
+// The transport's native entry for `op`, or NULL.
+static l3d_tp_coll_fn native_fn(const l3d_comm_t *c, l3d_coll op) {
     const l3d_transport_t *t = &c->world->tp;
     switch (op) {
-    case L3D_COLL_ALLREDUCE: return L3D_TP_COLL(t, allreduce) != NULL;
-    case L3D_COLL_REDUCE_SCATTER: return L3D_TP_COLL(t, reduce_scatter) != NULL;
-    case L3D_COLL_ALLGATHER: return L3D_TP_COLL(t, allgather) != NULL;
-    case L3D_COLL_BROADCAST: return L3D_TP_COLL(t, broadcast) != NULL;
-    default: return 0;
-    }
-}
-
-static l3d_status native_run(l3d_comm_t *c, l3d_coll op, const l3d_coll_args_t *a, uint64_t seq) {
-    l3d_transport_t *t = &c->world->tp;
-    const l3d_transport_coll_ops_t *k = t->ops->coll;
-    switch (op) {
-    case L3D_COLL_ALLREDUCE:
-        return k->allreduce(t, c->ranks, c->size, c->rank, seq, a->sendbuf, a->recvbuf, a->count,
-                            a->dt, a->op);
-    case L3D_COLL_REDUCE_SCATTER:
-        return k->reduce_scatter(t, c->ranks, c->size, c->rank, seq, a->sendbuf, a->recvbuf,
-                                 a->count, a->dt, a->op);
-    case L3D_COLL_ALLGATHER:
-        return k->allgather(t, c->ranks, c->size, c->rank, seq, a->sendbuf, a->recvbuf, a->count,
-                            a->dt);
-    default:
-        return k->broadcast(t, c->ranks, c->size, c->rank, seq, a->sendbuf, a->recvbuf, a->count,
-                            a->dt, a->root);
+    case L3D_COLL_ALLREDUCE: return L3D_TP_COLL(t, allreduce);
+    case L3D_COLL_REDUCE_SCATTER: return L3D_TP_COLL(t, reduce_scatter);
+    case L3D_COLL_ALLGATHER: return L3D_TP_COLL(t, allgather);
+    case L3D_COLL_BROADCAST: return L3D_TP_COLL(t, broadcast);
+    default: return NULL;
     }
 }
 
@@ -113,19 +94,19 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
         l3d_sched_round(&s);
         if (op != L3D_COLL_BARRIER) l3d_sched_copy(&s, -1, recvbuf, sendbuf, count * esz);
     } else {
-        int native_ok = native_has(c, op);
-        l3d_algo al = l3d_coll_select(c, op, bytes, dt, native_ok);
+        l3d_tp_coll_fn nf = native_fn(c, op);
+        l3d_algo al = l3d_coll_select(c, op, bytes, dt, nf != NULL);
+        l3d_status st = L3D_OK;
         if (al == L3D_ALGO_NATIVE) {
-            uint64_t nseq = ((uint64_t)c->id << 32) | seq;
-            l3d_status st = native_run(c, op, &a, nseq);
-            if (st < 0) {
-                char d[192];
-                snprintf(d, sizeof(d), "%s", l3d_ctx_last_error(c->ctx));
-                st = l3d_comm_fail(c, st, "%s (native %s): %s", what, c->world->tp.ops->name, d);
-            }
-            return l3d_request_done(c, what, st, req_p);
+            l3d_tp_coll_args_t na = {.ranks = c->ranks, .n = n, .me = me,
+                                     .seq = ((uint64_t)c->id << 32) | seq, .sendbuf = sendbuf,
+                                     .recvbuf = recvbuf, .count = count, .dt = dt, .op = rop,
+                                     .root = root};
+            l3d_sched_round(&s);
+            l3d_sched_native(&s, nf, &na);
+        } else {
+            st = builder(op, al)(&s, &a);
         }
-        l3d_status st = builder(op, al)(&s, &a);
         if (st < 0) {
             l3d_sched_fini(&s);
             return l3d_error(c->ctx, st, "%s: building the %s schedule failed", what,

@@ -1,7 +1,7 @@
 // Communicator internals shared by core/comm*.c and core/coll_*.c: the world (one transport
 // endpoint per rank), communicators, schedules (libNBC style) and requests.
 // defines: l3d_world_t, struct l3d_comm, l3d_sched_t, struct l3d_request, l3d_coll_args_t,
-//          l3d_tag_*, l3d_sched_*, l3d_coll_* algorithm builders, l3d_reduce_*
+//          l3d_tag_*, l3d_sched_*, l3d_coll_* algorithm builders
 //
 // Layering: a collective call builds a schedule (rounds of point-to-point ops, each round
 // followed by local ops), wraps it in a request and advances the request inside
@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "core/l3d_core.h"
+#include "core/reduce.h"
 #include "llama3d/comm.h"
 #include "transports/transport.h"
 
@@ -149,9 +150,9 @@ enum {
 typedef struct l3d_sched_p2p {
     void *buf;
     size_t len;
-    int peer;  // communicator rank
+    int peer;  // communicator rank (-1: the native collective)
     uint32_t step;
-    uint8_t send;
+    uint8_t send;  // 0 recv, 1 send, 2 the transport's native collective (s->native)
 } l3d_sched_p2p_t;
 
 typedef struct l3d_sched_lop {
@@ -182,6 +183,8 @@ typedef struct l3d_sched {
         size_t n;
     } *tmp;
     uint32_t nt, cap_t;
+    l3d_tp_coll_fn native;        // the transport entry of the one native op (if any)
+    l3d_tp_coll_args_t nargs;     // its arguments (nargs.ranks points at comm->ranks)
     l3d_status st;  // sticky build error (allocation)
 } l3d_sched_t;
 
@@ -194,6 +197,9 @@ void l3d_sched_round(l3d_sched_t *s);
 // whole round).
 int l3d_sched_send(l3d_sched_t *s, int peer, uint32_t step, const void *buf, size_t len);
 int l3d_sched_recv(l3d_sched_t *s, int peer, uint32_t step, void *buf, size_t len);
+// Adds the transport's native collective `fn` as the round's only op (a request the transport
+// completes through test/cancel like a p2p op).
+void l3d_sched_native(l3d_sched_t *s, l3d_tp_coll_fn fn, const l3d_tp_coll_args_t *args);
 void l3d_sched_reduce(l3d_sched_t *s, int after, void *dst, const void *a, const void *b,
                       size_t count, l3d_dtype wdt, l3d_redop op);
 void l3d_sched_copy(l3d_sched_t *s, int after, void *dst, const void *src, size_t bytes);
@@ -310,21 +316,5 @@ l3d_algo l3d_coll_select(const l3d_comm_t *c, l3d_coll op, size_t bytes, l3d_dty
                          int native_ok);
 // The pipeline segment size for messages of `bytes` (multiple of 8, <= caps.max_msg).
 size_t l3d_coll_segment(const l3d_comm_t *c, size_t bytes);
-
-// ---- reduction kernels (core/reduce.c) ---------------------------------------------------------
-// dst[i] = a[i] op b[i] for wdt in {float32, int32, int64, uint8}; op SUM (AVG), MAX or MIN.
-// dst may alias a or b. Integer sums wrap.
-void l3d_reduce_apply(void *dst, const void *a, const void *b, size_t count, l3d_dtype wdt,
-                      l3d_redop op);
-void l3d_reduce_to_f32(float *dst, const void *src, size_t count, l3d_dtype dt);
-// dst (dt) = src (wdt) [/ n if AVG], half types rounded to nearest even once.
-void l3d_reduce_final(void *dst, const void *src, size_t count, l3d_dtype dt, l3d_redop op,
-                      int n);
-uint16_t l3d_f32_to_bf16(float f);
-float l3d_bf16_to_f32(uint16_t h);
-uint16_t l3d_f32_to_f16(float f);
-float l3d_f16_to_f32(uint16_t h);
-// The type partial reductions are kept in: float32 for the half types, dt otherwise.
-l3d_dtype l3d_reduce_wire_type(l3d_dtype dt);
 
 #endif

@@ -148,6 +148,15 @@ int l3d_sched_recv(l3d_sched_t *s, int peer, uint32_t step, void *buf, size_t le
     return add_p2p(s, 0, peer, step, buf, len);
 }
 
+void l3d_sched_native(l3d_sched_t *s, l3d_tp_coll_fn fn, const l3d_tp_coll_args_t *args) {
+    l3d_sched_round_t *rd = cur_round(s);
+    if (!rd || grow(s, (void **)&s->p2p, s->np, &s->cap_p, sizeof(*s->p2p))) return;
+    s->p2p[s->np++] = (l3d_sched_p2p_t){NULL, 0, -1, 0, 2};
+    rd->np++;
+    s->native = fn;
+    s->nargs = *args;
+}
+
 static void add_lop(l3d_sched_t *s, l3d_sched_lop_t op) {
     l3d_sched_round_t *rd = cur_round(s);
     if (!rd || grow(s, (void **)&s->lop, s->nl, &s->cap_l, sizeof(*s->lop))) return;
@@ -491,6 +500,17 @@ static void req_pending(l3d_request_t *r, char *buf, size_t len) {
         if (r->state[i] == 2) continue;
         const l3d_sched_p2p_t *p = &r->s.p2p[rd->p0 + i];
         char pn[64];
+        if (p->peer < 0) {
+            const l3d_transport_t *t = &r->comm->world->tp;
+            char why[128] = "";
+            if (t->ops->waiting_on && r->state[i] == 1) t->ops->waiting_on(t, r->treq[i], why, sizeof(why));
+            o += (size_t)snprintf(buf + o, len - o, "%sthe native %s of transport %s%s%s%s",
+                                  shown ? ", " : "", r->what, t->ops->name, why[0] ? " (" : "",
+                                  why, why[0] ? ")" : "");
+            if (o >= len) break;
+            shown++;
+            continue;
+        }
         o += (size_t)snprintf(buf + o, len - o, "%s%s (%s of %zu bytes)", shown ? ", " : "",
                               peer_name(r->comm, p->peer, pn, sizeof(pn)),
                               p->send ? "send" : "recv", p->len);
@@ -504,7 +524,17 @@ static void req_blame(l3d_request_t *r) {
     l3d_sched_round_t *rd = &r->s.rd[r->round];
     for (uint32_t i = 0; i < rd->np; i++) {
         if (r->state[i] == 2) continue;
-        int wr = r->comm->ranks[r->s.p2p[rd->p0 + i].peer];
+        int wr;
+        if (r->s.p2p[rd->p0 + i].peer < 0) {  // native: the transport may know whom it awaits
+            const l3d_transport_t *t = &w->tp;
+            char why[8];
+            wr = t->ops->waiting_on && r->state[i] == 1
+                     ? t->ops->waiting_on(t, r->treq[i], why, sizeof(why))
+                     : -1;
+            if (wr < 0 || wr == w->rank) continue;
+        } else {
+            wr = r->comm->ranks[r->s.p2p[rd->p0 + i].peer];
+        }
         if (w->blamed[wr] & 2) continue;  // bit 1: we blamed it ourselves already
         w->blamed[wr] |= 3;
         l3d_world_notify(w, L3D_NOTICE_BLAME, wr, "no progress");
@@ -538,6 +568,7 @@ static int member_blamed(const l3d_comm_t *c) {
 
 static l3d_status post_op(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_tp_request_t **tr) {
     l3d_world_t *w = r->comm->world;
+    if (p->send == 2) return r->s.native(&w->tp, &r->s.nargs, tr);
     void *mr = NULL;
     if (w->caps.needs_mr) L3D_CHECK(w->ctx, l3d_world_mr(w, p->buf, p->len, &mr));
     uint64_t tag = r->tag | ((uint64_t)p->step & l3d_tag_step_mask(&w->tags));
@@ -550,6 +581,9 @@ static l3d_status op_failed(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_stat
     l3d_comm_t *c = r->comm;
     char detail[192], pn[64];
     snprintf(detail, sizeof(detail), "%s", l3d_ctx_last_error(c->ctx));
+    if (p->peer < 0)  // the native collective: the transport's detail names the peer
+        return req_finish(r, l3d_comm_fail(c, st, "%s (native %s): %s", r->what,
+                                           c->world->tp.ops->name, detail));
     peer_name(c, p->peer, pn, sizeof(pn));
     // A peer that failed because of an earlier failure (and exited) is not the cause: take in
     // the notices that have arrived and name the first failed rank if it is another one.
@@ -586,7 +620,8 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
         const l3d_sched_lop_t *lops = &r->s.lop[rd->l0];
         for (uint32_t i = 0; i < rd->np; i++) {
             if (r->state[i] != 0) continue;
-            int *inf = &r->inflight[2 * ops[i].peer + ops[i].send];
+            int native = ops[i].peer < 0, dummy = 0;
+            int *inf = native ? &dummy : &r->inflight[2 * ops[i].peer + ops[i].send];
             if (*inf >= lim) continue;
             st = post_op(r, &ops[i], &r->treq[i]);
             if (st == L3D_INPROGRESS) break;  // out of resources: retry on the next pass
@@ -605,7 +640,7 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
             if (!done) continue;
             r->state[i] = 2;
             r->ndone++;
-            r->inflight[2 * ops[i].peer + ops[i].send]--;
+            if (ops[i].peer >= 0) r->inflight[2 * ops[i].peer + ops[i].send]--;
             *progressed = 1;
             for (uint32_t j = 0; j < rd->nl; j++)
                 if (lops[j].after == (int32_t)i) run_lop(&lops[j]);

@@ -183,13 +183,15 @@ ParameterizedTest(l3d_tp_param_t *p, p2p, split, .timeout = 200) {
 static int icoll_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     int n = l3d_comm_size(c), me = l3d_comm_rank(c);
     enum { N = 3001 };
-    float *a = malloc(N * 4), *ar = malloc(N * 4);
+    // a feeds the iallreduce and a2 the in-place ireduce: a pending operation's send buffer
+    // must not be written (MPI's rule; the local transport reads peers' buffers directly).
+    float *a = malloc(N * 4), *ar = malloc(N * 4), *a2 = malloc(N * 4);
     int32_t *g = malloc((size_t)n * N * 4), mine[N];
     int64_t *b = malloc(N * 8);
     int32_t *rs_in = malloc((size_t)n * N * 4), *rs = malloc(N * 4);
     int32_t *at_in = malloc((size_t)n * 5 * 4), *at = malloc((size_t)n * 5 * 4);
     for (int i = 0; i < N; i++) {
-        a[i] = (float)(me + 1) * 0.5f;
+        a[i] = a2[i] = (float)(me + 1) * 0.5f;
         mine[i] = val(me, 0, i);
         b[i] = me == n - 1 ? (int64_t)i * 3 : -1;
     }
@@ -201,14 +203,14 @@ static int icoll_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     CHECK_OK(l3d_comm_ibroadcast(c, b, b, N, L3D_INT64, n - 1, &r[2]));
     CHECK_OK(l3d_comm_ireduce_scatter(c, rs_in, rs, N, L3D_INT32, L3D_MAX, &r[3]));
     CHECK_OK(l3d_comm_ialltoall(c, at_in, at, 5, L3D_INT32, &r[4]));
-    CHECK_OK(l3d_comm_ireduce(c, a, a, N, L3D_FLOAT32, L3D_MAX, 0, &r[5]));
+    CHECK_OK(l3d_comm_ireduce(c, a2, a2, N, L3D_FLOAT32, L3D_MAX, 0, &r[5]));
     for (int i = 5; i >= 0; i--) CHECK_OK(l3d_request_wait(r[i]));
     float want = 0.5f * (float)n * (float)(n + 1) / 2;
     for (int i = 0; i < N; i++) {
         if (ar[i] != want) FAILF("iallreduce [%d] = %g want %g", i, ar[i], want);
         if (b[i] != (int64_t)i * 3) FAILF("ibroadcast [%d] = %lld", i, (long long)b[i]);
         if (rs[i] != me * N + i + n - 1) FAILF("ireduce_scatter [%d] = %d", i, rs[i]);
-        if (me == 0 && a[i] != 0.5f * (float)n) FAILF("ireduce [%d] = %g", i, a[i]);
+        if (me == 0 && a2[i] != 0.5f * (float)n) FAILF("ireduce [%d] = %g", i, a2[i]);
     }
     for (int p = 0; p < n; p++)
         for (int i = 0; i < N; i++)
@@ -217,6 +219,7 @@ static int icoll_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
         for (int i = 0; i < 5; i++)
             if (at[p * 5 + i] != p * 100 + me * 5 + i) FAILF("ialltoall [%d][%d]", p, i);
     free(a);
+    free(a2);
     free(ar);
     free(g);
     free(b);

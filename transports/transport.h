@@ -21,7 +21,8 @@
 #include "llama3d/ctx.h"
 #include "llama3d/status.h"
 
-#define L3D_TRANSPORT_ABI_VERSION 1
+// 2: native collectives became non-blocking (a request completed through test/cancel).
+#define L3D_TRANSPORT_ABI_VERSION 2
 
 #define L3D_PTR_HOST 0x1u
 #define L3D_PTR_DEVICE 0x2u
@@ -122,26 +123,54 @@ struct l3d_transport_ops {
     // string), or "" if none. Valid until the next call.
     const char *(*strerror)(const l3d_transport_t *tp);
 
+    // Optional (NULL: the core names a request's peer itself). For a pending request, returns
+    // the world rank it is waiting on (-1: none known) and writes a phrase for timeout
+    // messages into buf ("rank 2 has not started it"). Non-blocking; the request stays pending.
+    int (*waiting_on)(const l3d_transport_t *tp, const l3d_tp_request_t *req, char *buf,
+                      size_t len);
+
     // ---- native collectives (optional: NULL if the core's algorithms should be used) --------
     const l3d_transport_coll_ops_t *coll;
 };
 
 // Native collectives a backend may supply; each entry is optional (NULL: core algorithm).
-// Entries have the blocking semantics of the public l3d_comm_* calls over the communicator's
-// ranks, given as world ranks in `ranks` (n of them, this rank at index `me`), with `seq` a
-// number that is the same on every rank for the same call and distinct per call.
+//
+// The arguments of one collective call on one rank. `ranks` are the communicator's members as
+// world ranks in communicator order (n of them, this rank at index `me`); `seq` is the same on
+// every member for the same call and distinct per call of that communicator (it carries the
+// communicator id), so (seq, ranks[0]) names the call across the world. Buffers follow the
+// public l3d_comm_* contract (comm.h): counts in elements of dt, in place when
+// sendbuf == recvbuf (allgather: sendbuf == recvbuf + me * count * size).
+typedef struct l3d_tp_coll_args {
+    const int *ranks;
+    int n, me;
+    uint64_t seq;
+    const void *sendbuf;
+    void *recvbuf;
+    size_t count;     // allreduce/broadcast: elements; reduce_scatter: recvcount;
+                      // allgather: sendcount
+    l3d_dtype dt;
+    l3d_redop op;     // reducing entries only
+    int root;         // broadcast only (communicator rank)
+} l3d_tp_coll_args_t;
+
+// Every entry has the same contract. Starts this rank's part of the collective and returns at
+// once (non-blocking) with *req_p, which then behaves like a point-to-point request: `test`
+// reports it done (this rank's recvbuf holds the result and its sendbuf may be reused) or
+// failed (freed, error returned with a detail naming the peer), `cancel` abandons it (the
+// peers' requests for the same call then fail with L3D_ERR_PEER_FAILED naming this rank).
+// L3D_INPROGRESS means out of resources: progress and retry. The args struct is not kept;
+// the buffers are, until the request is done. Members start the same calls in the same order.
+// Sums of float32 must be deterministic: the same (n, count, dt) gives the same bits on every
+// rank and every run; half types are reduced in float32 and rounded once.
+typedef l3d_status (*l3d_tp_coll_fn)(l3d_transport_t *tp, const l3d_tp_coll_args_t *args,
+                                     l3d_tp_request_t **req_p);
+
 struct l3d_transport_coll_ops {
-    l3d_status (*allreduce)(l3d_transport_t *tp, const int *ranks, int n, int me, uint64_t seq,
-                            const void *sendbuf, void *recvbuf, size_t count, l3d_dtype dt,
-                            l3d_redop op);
-    l3d_status (*reduce_scatter)(l3d_transport_t *tp, const int *ranks, int n, int me,
-                                 uint64_t seq, const void *sendbuf, void *recvbuf,
-                                 size_t recvcount, l3d_dtype dt, l3d_redop op);
-    l3d_status (*allgather)(l3d_transport_t *tp, const int *ranks, int n, int me, uint64_t seq,
-                            const void *sendbuf, void *recvbuf, size_t sendcount, l3d_dtype dt);
-    l3d_status (*broadcast)(l3d_transport_t *tp, const int *ranks, int n, int me, uint64_t seq,
-                            const void *sendbuf, void *recvbuf, size_t count, l3d_dtype dt,
-                            int root);
+    l3d_tp_coll_fn allreduce;
+    l3d_tp_coll_fn reduce_scatter;
+    l3d_tp_coll_fn allgather;
+    l3d_tp_coll_fn broadcast;
 };
 
 // The built transports, NULL-terminated (generated l3d_backends.c).

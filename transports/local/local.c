@@ -1,5 +1,6 @@
 // The in-process transport: the ranks of a world are threads of one process sharing a hub.
-// Point-to-point only (coll = NULL); the collectives come from core/coll_*.c.
+// This file is the point-to-point half; local_coll.c has the native collectives that read
+// peers' buffers directly.
 //
 // Matching: every receiver has a queue of unmatched sends addressed to it and a queue of its
 // unmatched receives, under one mutex. isend looks for a matching receive in the receiver's
@@ -17,42 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/l3d_core.h"
-#include "transports/transport.h"
-
-enum { ST_QUEUED = 0, ST_COPYING = 1, ST_DONE = 2 };
-enum { GONE_NO = 0, GONE_ABORTED = 1, GONE_LEFT = 2 };
-
-struct l3d_tp_request {
-    struct l3d_tp_request *next;
-    int send, src, dst;  // world ranks
-    uint64_t tag;
-    void *buf;
-    size_t len, got;
-    atomic_int state;
-    l3d_status st;
-    int why_rank, why;  // failure: which rank, GONE_* (or -1: truncation)
-};
-typedef struct l3d_tp_request lreq_t;
-
-typedef struct lqueue {
-    pthread_mutex_t mu;
-    lreq_t *sends, *recvs;  // FIFO singly linked lists (append at tail)
-} lqueue_t;
-
-typedef struct local_hub {
-    l3d_ctx_t *ctx;
-    int n;
-    atomic_int refs;
-    atomic_int *gone;  // [n] GONE_*
-    lqueue_t *q;       // [n] by receiver
-} local_hub_t;
-
-typedef struct local_ep {
-    local_hub_t *hub;
-    int rank;
-    char err[160];
-} local_ep_t;
+#include "transports/local/local.h"
 
 static local_ep_t *ep_of(const l3d_transport_t *tp) { return tp->priv; }
 
@@ -110,6 +76,7 @@ static l3d_status gone_error(l3d_transport_t *tp, int rank, int why) {
 // ---- lifetime -----------------------------------------------------------------------------------
 static void hub_free(local_hub_t *h) {
     for (int i = 0; i < h->n; i++) pthread_mutex_destroy(&h->q[i].mu);
+    pthread_mutex_destroy(&h->cmu);
     l3d_ctx_t *ctx = h->ctx;
     l3d_free(ctx, h->q, (size_t)h->n * sizeof(*h->q), "comm");
     l3d_free(ctx, h->gone, (size_t)h->n * sizeof(*h->gone), "comm");
@@ -136,6 +103,7 @@ static l3d_status local_init(l3d_transport_t *tp, const l3d_transport_params_t *
             return L3D_ERR_NOMEM;
         }
         for (int i = 0; i < h->n; i++) pthread_mutex_init(&h->q[i].mu, NULL);
+        pthread_mutex_init(&h->cmu, NULL);
         *p->local_shared = h;
     }
     if (p->nranks != h->n || p->rank < 0 || p->rank >= h->n)
@@ -186,6 +154,7 @@ static void local_fini(l3d_transport_t *tp) {
     local_ep_t *ep = ep_of(tp);
     if (!ep) return;
     local_hub_t *h = ep->hub;
+    l3d_local_coll_fini(tp);
     mark_gone(tp->ctx, h, ep->rank, GONE_LEFT, 1);
     l3d_free(tp->ctx, ep, sizeof(*ep), "comm");
     tp->priv = NULL;
@@ -275,6 +244,10 @@ static l3d_status local_irecv(l3d_transport_t *tp, int peer, uint64_t tag, void 
 }
 
 static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done_p, size_t *len_p) {
+    if (r->kind == LREQ_COLL) {
+        if (len_p) *len_p = 0;
+        return l3d_local_coll_test(tp, r, done_p);
+    }
     if (atomic_load_explicit(&r->state, memory_order_acquire) != ST_DONE) {
         *done_p = 0;
         return L3D_OK;
@@ -294,6 +267,10 @@ static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done
 static l3d_status local_progress(l3d_transport_t *tp) { return L3D_OK; }
 
 static void local_cancel(l3d_transport_t *tp, l3d_tp_request_t *r) {
+    if (r->kind == LREQ_COLL) {
+        l3d_local_coll_cancel(tp, r);
+        return;
+    }
     local_hub_t *h = ep_of(tp)->hub;
     lqueue_t *Q = &h->q[r->dst];
     pthread_mutex_lock(&Q->mu);
@@ -306,6 +283,14 @@ static void local_cancel(l3d_transport_t *tp, l3d_tp_request_t *r) {
 static void local_abort(l3d_transport_t *tp) {
     local_ep_t *ep = ep_of(tp);
     if (ep) mark_gone(tp->ctx, ep->hub, ep->rank, GONE_ABORTED, 0);
+}
+
+static int local_waiting_on(const l3d_transport_t *tp, const l3d_tp_request_t *r, char *buf,
+                            size_t len) {
+    if (r->kind == LREQ_COLL) return l3d_local_coll_waiting_on(tp, r, buf, len);
+    int peer = r->send ? r->dst : r->src;
+    snprintf(buf, len, "rank %d has not matched the %s", peer, r->send ? "send" : "recv");
+    return peer;
 }
 
 static const char *local_strerror(const l3d_transport_t *tp) {
@@ -331,5 +316,6 @@ const l3d_transport_ops_t l3d_local_transport_ops = {
     .cancel = local_cancel,
     .abort = local_abort,
     .strerror = local_strerror,
-    .coll = NULL,
+    .waiting_on = local_waiting_on,
+    .coll = &l3d_local_coll_ops,
 };

@@ -1,0 +1,28 @@
+// Reduction kernels and half-precision conversions shared by the core's collective schedules
+// and by transports that reduce natively (the local transport reads peers' buffers directly).
+// defines: l3d_reduce_apply, l3d_reduce_to_f32, l3d_reduce_final, l3d_reduce_wire_type,
+//          l3d_f32_to_bf16 / l3d_bf16_to_f32 / l3d_f32_to_f16 / l3d_f16_to_f32
+#ifndef L3D_REDUCE_H
+#define L3D_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/comm.h"
+
+// dst[i] = a[i] op b[i] for wdt in {float32, int32, int64, uint8}; op SUM (AVG), MAX or MIN.
+// dst may alias a or b. Integer sums wrap.
+void l3d_reduce_apply(void *dst, const void *a, const void *b, size_t count, l3d_dtype wdt,
+                      l3d_redop op);
+void l3d_reduce_to_f32(float *dst, const void *src, size_t count, l3d_dtype dt);
+// dst (dt) = src (wdt) [/ n if AVG], half types rounded to nearest even once.
+void l3d_reduce_final(void *dst, const void *src, size_t count, l3d_dtype dt, l3d_redop op,
+                      int n);
+uint16_t l3d_f32_to_bf16(float f);
+float l3d_bf16_to_f32(uint16_t h);
+uint16_t l3d_f32_to_f16(float f);
+float l3d_f16_to_f32(uint16_t h);
+// The type partial reductions are kept in: float32 for the half types, dt otherwise.
+l3d_dtype l3d_reduce_wire_type(l3d_dtype dt);
+
+#endif

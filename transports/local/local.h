@@ -1,0 +1,76 @@
+// Internals shared by the two halves of the in-process transport: local.c (point-to-point
+// matching) and local_coll.c (native collectives over peers' buffers).
+// defines: lreq_t (struct l3d_tp_request), local_hub_t, local_ep_t, lrdv_t,
+//          l3d_local_coll_ops, l3d_local_coll_test/cancel/waiting_on/fini
+#ifndef L3D_TRANSPORT_LOCAL_H
+#define L3D_TRANSPORT_LOCAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/l3d_core.h"
+#include "transports/transport.h"
+
+enum { ST_QUEUED = 0, ST_COPYING = 1, ST_DONE = 2 };
+enum { GONE_NO = 0, GONE_ABORTED = 1, GONE_LEFT = 2 };
+enum { LREQ_P2P = 0, LREQ_COLL = 1 };
+
+typedef struct lrdv lrdv_t;
+
+// One request: a point-to-point envelope (kind LREQ_P2P) or this rank's part of a native
+// collective (LREQ_COLL: rdv, me, phase).
+struct l3d_tp_request {
+    struct l3d_tp_request *next;
+    int kind;
+    int send, src, dst;  // world ranks
+    uint64_t tag;
+    void *buf;
+    size_t len, got;
+    atomic_int state;
+    l3d_status st;
+    int why_rank, why;  // failure: which rank, GONE_* (or -1: truncation)
+    // LREQ_COLL
+    lrdv_t *rdv;
+    int me, phase;
+    struct l3d_tp_request *cnext;  // the endpoint's pending collectives
+};
+typedef struct l3d_tp_request lreq_t;
+
+typedef struct lqueue {
+    pthread_mutex_t mu;
+    lreq_t *sends, *recvs;  // FIFO singly linked lists (append at tail)
+} lqueue_t;
+
+typedef struct local_hub {
+    l3d_ctx_t *ctx;
+    int n;
+    atomic_int refs;
+    atomic_int *gone;  // [n] GONE_*
+    lqueue_t *q;       // [n] by receiver
+    pthread_mutex_t cmu;  // guards rdvs
+    lrdv_t *rdvs;         // collective calls some member has started and not all released
+} local_hub_t;
+
+// Scratch for native reductions: one block of partial sums in the working type and one of
+// widened or rounded elements, small enough to stay in L1/L2 while the block is reused.
+#define L3D_LOCAL_BLOCK 4096
+
+typedef struct local_ep {
+    local_hub_t *hub;
+    int rank;
+    char err[160];
+    lreq_t *colls;  // pending native collectives of this endpoint
+    _Alignas(16) unsigned char acc[L3D_LOCAL_BLOCK * 8];  // partials (up to int64)
+    _Alignas(16) unsigned char aux[L3D_LOCAL_BLOCK * 8];  // widened inputs / rounded outputs
+} local_ep_t;
+
+extern const l3d_transport_coll_ops_t l3d_local_coll_ops;
+// test/cancel of an LREQ_COLL request (local.c's entries dispatch on kind).
+l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p);
+void l3d_local_coll_cancel(l3d_transport_t *tp, lreq_t *r);
+int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *buf,
+                               size_t len);
+// Cancels every pending collective of the endpoint (fini).
+void l3d_local_coll_fini(l3d_transport_t *tp);
+
+#endif
