@@ -163,3 +163,35 @@ ParameterizedTest(fail_param_t *p, comm_fail, early_abort, .timeout = 60) {
     cr_assert_eq(l3d_world_run(p->tp, 3, early_abort_fn, NULL, 30, err, sizeof(err)), 0, "%s",
                  err);
 }
+
+// Mismatched calls (a rank asks for a different count) on the local transport's native
+// collectives: every rank fails at once with L3D_ERR_INVALID_ARG or PEER_FAILED and a detail
+// naming both shapes, instead of reading past a peer's buffer or waiting for the timeout.
+static int mismatch_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    int me = l3d_comm_rank(c);
+    float x[64] = {0}, y[64];
+    size_t count = me == 1 ? 64 : 32;
+    double t0 = now();
+    l3d_status st = l3d_comm_allreduce(c, x, y, count, L3D_FLOAT32, L3D_SUM);
+    char detail[512];
+    snprintf(detail, sizeof(detail), "%s", l3d_ctx_last_error(l3d_comm_ctx(c)));
+    if (st != L3D_ERR_INVALID_ARG && st != L3D_ERR_PEER_FAILED) {
+        snprintf(err, errlen, "allreduce returned %d (%s)", (int)st, detail);
+        return 1;
+    }
+    if (now() - t0 > 1.0 || !strstr(detail, "count 64") || !strstr(detail, "count 32")) {
+        snprintf(err, errlen, "after %.1f s: detail does not show both counts: %s", now() - t0,
+                 detail);
+        return 1;
+    }
+    return 0;
+}
+
+Test(comm_fail, native_mismatch, .timeout = 60) {
+    setenv("L3D_COMM_TIMEOUT", "30", 1);
+    setenv("L3D_ALGO", "", 1);
+    int rcs[8];
+    char errs[8][256];
+    cr_assert_eq(l3d_world_run_all("local", 3, mismatch_fn, NULL, 30, rcs, errs), 0);
+    for (int r = 0; r < 3; r++) cr_expect_eq(rcs[r], 0, "rank %d: %s", r, errs[r]);
+}

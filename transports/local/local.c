@@ -76,6 +76,7 @@ static l3d_status gone_error(l3d_transport_t *tp, int rank, int why) {
 // ---- lifetime -----------------------------------------------------------------------------------
 static void hub_free(local_hub_t *h) {
     for (int i = 0; i < h->n; i++) pthread_mutex_destroy(&h->q[i].mu);
+    l3d_local_coll_hub_free(h);
     pthread_mutex_destroy(&h->cmu);
     l3d_ctx_t *ctx = h->ctx;
     l3d_free(ctx, h->q, (size_t)h->n * sizeof(*h->q), "comm");

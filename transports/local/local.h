@@ -72,5 +72,7 @@ int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *
                                size_t len);
 // Cancels every pending collective of the endpoint (fini).
 void l3d_local_coll_fini(l3d_transport_t *tp);
+// Frees the records left by members that never started their call (hub teardown).
+void l3d_local_coll_hub_free(local_hub_t *h);
 
 #endif

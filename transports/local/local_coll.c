@@ -49,6 +49,7 @@ struct lrdv {
     void **recv;         // [n]
     atomic_int *mst;     // [n] member state: 0 not arrived, 1 arrived, 2 finished its work
     atomic_int arrived, working, finished, refs;
+    int joined;          // members that have started the call (mismatched ones too), under cmu
     atomic_int abandoned;  // 0, or 1 + the member index that gave up
     char why[96];          // abandon reason (mismatch detail), written before `abandoned`
 };
@@ -74,10 +75,13 @@ static void rdv_free(l3d_ctx_t *ctx, lrdv_t *d) {
     l3d_free(ctx, d, sizeof(*d), "comm");
 }
 
-// Drops this member's reference; the last one unlinks and frees the record.
+// Drops this member's reference. The record goes when no member holds it and all n have
+// joined: until then it stays as a tombstone, so a member that starts an abandoned call late
+// finds it and fails at once instead of waiting alone. (A member that never starts, because
+// it died, leaves the record to hub teardown.)
 static void rdv_release(local_hub_t *h, lrdv_t *d) {
     pthread_mutex_lock(&h->cmu);
-    int last = atomic_fetch_sub(&d->refs, 1) == 1;
+    int last = atomic_fetch_sub(&d->refs, 1) == 1 && d->joined == d->n;
     if (last)
         for (lrdv_t **pp = &h->rdvs; *pp; pp = &(*pp)->next)
             if (*pp == d) {
@@ -232,6 +236,7 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
         h->rdvs = d;
     }
     atomic_fetch_add(&d->refs, 1);
+    d->joined++;
     char mismatch[96] = "";
     if (d->n != n || d->kind != kind || d->count != a->count || d->dt != a->dt ||
         (kind != LC_ALLGATHER && kind != LC_BROADCAST && d->op != a->op) ||
@@ -373,4 +378,12 @@ void l3d_local_coll_cancel(l3d_transport_t *tp, lreq_t *r) {
 void l3d_local_coll_fini(l3d_transport_t *tp) {
     local_ep_t *ep = ep_of(tp);
     while (ep->colls) l3d_local_coll_cancel(tp, ep->colls);
+}
+
+void l3d_local_coll_hub_free(local_hub_t *h) {
+    for (lrdv_t *d = h->rdvs, *next; d; d = next) {
+        next = d->next;
+        rdv_free(h->ctx, d);
+    }
+    h->rdvs = NULL;
 }

@@ -101,7 +101,7 @@ void l3d_ofi_fail_peer(l3d_ofi_t *o, int peer, const char *why) {
     if (peer < 0 || peer >= o->nranks || o->peer_dead[peer]) return;
     o->peer_dead[peer] = 1;
     snprintf(o->peer_why[peer], sizeof(o->peer_why[peer]), "%s", why);
-    l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "ofi: rank %d: peer rank %d failed: %s",
+    l3d_log(o->ctx, L3D_LOG_INFO, L3D_SUBSYS_COMM, "ofi: rank %d: peer rank %d failed: %s",
             o->rank, peer, why);
     for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next) {
         if (r->done || r->peer != peer ||

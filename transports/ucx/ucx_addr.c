@@ -85,6 +85,6 @@ void l3d_ucx_watch(l3d_ucx_t *u) {
         char why[96];
         snprintf(why, sizeof(why), "its process (pid %u) is gone", (unsigned)pp->pid);
         snprintf(u->last_ucs, sizeof(u->last_ucs), "%s", why);
-        l3d_ucx_peer_fail(u, i, why, L3D_LOG_WARN);
+        l3d_ucx_peer_fail(u, i, why, L3D_LOG_INFO);
     }
 }
