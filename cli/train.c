@@ -4,8 +4,19 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "core/bootstrap.h"
 #include "core/l3d_core.h"
 #include "platform/platform.h"
+
+// Started as one rank of a job (l3d launch, torchrun, mpirun, srun, PMI, L3D_RANK)? The rank
+// variable decides: an allocation shell that only sets sizes is a single run.
+static int launched(void) {
+    static const char *const vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                       "PMI_RANK", "L3D_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}
 
 static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out, char *src,
                          size_t srclen) {
@@ -25,6 +36,20 @@ static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out,
     return st;
 }
 
+static void print_memory(const l3d_train_config_t *c, l3d_trainer_t *t, int rank, int world) {
+    l3d_mem_breakdown_t mem;
+    if (t) l3d_trainer_memory(t, &mem);
+    else l3d_train_config_memory(c, &mem);
+    double MiB = 1024.0 * 1024.0;
+    char who[32] = "";
+    if (world > 1) snprintf(who, sizeof(who), " rank %d", rank);
+    printf("memory%s%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
+           "activations %.2f MiB, total %.2f MiB\n",
+           who, t ? "" : " (estimate, nothing allocated)", mem.params / MiB, mem.grads / MiB,
+           mem.optim / MiB, mem.acts / MiB, (mem.params + mem.grads + mem.optim + mem.acts) / MiB);
+    fflush(stdout);
+}
+
 static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads) {
     const l3d_model_config_t *m = &c->model;
     double np = (double)l3d_model_config_num_params(m);
@@ -34,6 +59,8 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
            m->intermediate_size, m->num_hidden_layers, m->num_attention_heads,
            m->num_key_value_heads, m->head_dim, m->vocab_size,
            m->tie_word_embeddings ? ", tied embeddings" : "");
+    printf("  parallel dp %d x tp %d x pp %d (order %s, zero stage %d)\n", c->dp, c->tp, c->pp,
+           c->parallel_order[0] ? c->parallel_order : "tp-dp-pp", c->zero_stage);
     printf("  batch %d = micro %d x accumulation %d x dp %d; seq_len %d -> %d tokens per step\n",
            c->train_batch_size, c->micro_batch_size, c->grad_accum_steps, c->dp, c->seq_len,
            c->train_batch_size * c->seq_len);
@@ -57,14 +84,6 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
     else
         printf("  data %s; device %s, %d threads\n", data, c->device, threads);
     for (int i = 0; i < c->n_notes; i++) printf("  note: %s\n", c->notes[i]);
-    l3d_mem_breakdown_t mem;
-    if (t) l3d_trainer_memory(t, &mem);
-    else l3d_train_config_memory(c, &mem);
-    double MiB = 1024.0 * 1024.0;
-    printf("memory%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, activations "
-           "%.2f MiB, total %.2f MiB\n",
-           t ? "" : " (estimate, nothing allocated)", mem.params / MiB, mem.grads / MiB, mem.optim / MiB, mem.acts / MiB,
-           (mem.params + mem.grads + mem.optim + mem.acts) / MiB);
     fflush(stdout);
 }
 
@@ -105,6 +124,8 @@ int l3d_cmd_train(int argc, char **argv) {
     l3d_train_config_t *cfg = calloc(1, sizeof(*cfg));
     l3d_trainer_t *t = NULL;
     l3d_metrics_t *mx = NULL;
+    l3d_comm_t *world = NULL;
+    int rank = 0, nworld = 1;
     if (!cfg) goto out;
     l3d_train_config_default(ctx, cfg);
     if (config && (st = l3d_train_config_from_file(ctx, config, cfg)) < 0) goto fail;
@@ -129,19 +150,38 @@ int l3d_cmd_train(int argc, char **argv) {
 #undef INT_FLAG
     if (save) snprintf(cfg->save_dir, sizeof(cfg->save_dir), "%s", save);
     if (metrics) snprintf(cfg->metrics_path, sizeof(cfg->metrics_path), "%s", metrics);
+    if (dp) cfg->dp_auto = 0;
+    // One rank of a job: as DeepSpeed, dp is whatever the world leaves after tp and pp unless
+    // the config or --dp names it (then the mesh checks the product against the world).
+    l3d_launch_env_t env = {0};
+    if (launched()) {
+        if ((st = l3d_launch_env_read(ctx, &env)) < 0) goto fail;
+        rank = env.rank;
+        nworld = env.size;
+    }
+    if (cfg->dp_auto && nworld % (cfg->tp * cfg->pp) == 0) cfg->dp = nworld / (cfg->tp * cfg->pp);
     if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
 
     int nthreads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
-    if (!nthreads) nthreads = l3d_num_cores();
+    if (!nthreads) {
+        // Ranks on one node share its cores.
+        int local = env.local_size > 0 ? env.local_size : (nworld > 1 ? nworld : 1);
+        nthreads = l3d_num_cores() / local;
+        if (nthreads < 1) nthreads = 1;
+        cfg->num_threads = nthreads;
+    }
     if (dry) {
-        print_config(cfg, NULL, nthreads);
+        if (rank == 0) print_config(cfg, NULL, nthreads);
+        print_memory(cfg, NULL, rank, nworld);
         rc = L3D_EXIT_OK;
         goto out;
     }
-    if ((st = l3d_trainer_create(ctx, cfg, &t)) < 0) goto fail;
+    if (nworld > 1 && (st = l3d_comm_create_env(ctx, NULL, &world)) < 0) goto fail;
+    if ((st = l3d_trainer_create_parallel(ctx, cfg, world, &t)) < 0) goto fail;
     if (resume && (st = l3d_trainer_resume(t, resume)) < 0) goto fail;
-    print_config(cfg, t, nthreads);
-    if (cfg->metrics_path[0]) {
+    if (rank == 0) print_config(cfg, t, nthreads);
+    print_memory(cfg, t, rank, nworld);
+    if (cfg->metrics_path[0] && rank == 0) {
         int e = l3d_metrics_open(cfg->metrics_path, resume != NULL, &mx);
         if (e) {
             fprintf(stderr, "l3d train: opening %s: %s\n", cfg->metrics_path, strerror(-e));
@@ -154,7 +194,7 @@ int l3d_cmd_train(int argc, char **argv) {
         l3d_step_stats_t s;
         if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
         if (mx) l3d_metrics_write(mx, &s);
-        if (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps) {
+        if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps)) {
             printf("step %6d/%d | loss %.4f | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%\n",
                    s.step, cfg->steps, s.loss, (double)s.lr, s.grad_norm, s.tokens_per_s,
                    100.0 * s.mfu);
@@ -166,7 +206,7 @@ int l3d_cmd_train(int argc, char **argv) {
     }
     if (cfg->save_dir[0]) {
         if ((st = l3d_trainer_save(t, cfg->save_dir)) < 0) goto fail;
-        printf("saved %s (step %d)\n", cfg->save_dir, l3d_trainer_steps_done(t));
+        if (rank == 0) printf("saved %s (step %d)\n", cfg->save_dir, l3d_trainer_steps_done(t));
     }
     rc = L3D_EXIT_OK;
     goto out;
@@ -181,6 +221,8 @@ out:
         }
     }
     l3d_trainer_destroy(t);
+    if (world && rc != L3D_EXIT_OK) l3d_comm_abort(world);  // the peers fail fast, naming us
+    l3d_comm_destroy(world);
     free(cfg);
     l3d_ctx_destroy(ctx);
     return rc;

@@ -208,16 +208,24 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
 }
 
 // ---- trainer state -----------------------------------------------------------------------
+// The optimizer state in the single-rank layout: a checkpoint of any layout resumes in any
+// other. A ZeRO-sharded run gathers the shards into full arenas first.
+typedef struct ckpt_state {
+    l3d_trainer_t *t;
+    float *m, *v;  // full arenas (the trainer's own when not sharded)
+} ckpt_state_t;
+
 static l3d_status fill_trainer(void *arg, const char *tmp) {
-    l3d_trainer_t *t = arg;
+    ckpt_state_t *cs = arg;
+    l3d_trainer_t *t = cs->t;
     l3d_model_t *m = t->model;
     char path[1024];
     L3D_CHECK(t->ctx, write_model_files(m, tmp));
     join(path, sizeof(path), tmp, "optimizer.safetensors");
-    L3D_CHECK(t->ctx, write_arena(m, t->adam_m, path, ".exp_avg"));
+    L3D_CHECK(t->ctx, write_arena(m, cs->m, path, ".exp_avg"));
     // exp_avg_sq goes to its own file: each file holds one arena's worth of names.
     join(path, sizeof(path), tmp, "optimizer_sq.safetensors");
-    L3D_CHECK(t->ctx, write_arena(m, t->adam_v, path, ".exp_avg_sq"));
+    L3D_CHECK(t->ctx, write_arena(m, cs->v, path, ".exp_avg_sq"));
     json_t *s = json_pack("{s:s, s:i, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "format",
                           TRAINER_STATE_FORMAT, "step", t->step, "seed", (json_int_t)t->cfg.seed,
                           "train_batch_size", t->cfg.train_batch_size,
@@ -235,8 +243,41 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
     return st;
 }
 
+// Full-arena views of the optimizer state: the trainer's arenas, or (sharded) the gradient
+// arena (free between steps) and a temporary for exp_avg_sq.
+static l3d_status full_optim(l3d_trainer_t *t, ckpt_state_t *cs) {
+    cs->t = t;
+    if (!t->dp.sharded) {
+        cs->m = t->adam_m;
+        cs->v = t->adam_v;
+        return L3D_OK;
+    }
+    cs->m = t->grads;
+    return l3d_dev_alloc(t->dev, t->dp.Ppad * sizeof(float), "staging", (void **)&cs->v);
+}
+
+static void full_optim_release(l3d_trainer_t *t, ckpt_state_t *cs) {
+    if (t->dp.sharded) l3d_dev_free(t->dev, cs->v, t->dp.Ppad * sizeof(float), "staging");
+}
+
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
-    L3D_CHECK(t->ctx, publish_dir(t->ctx, dir, fill_trainer, t));
+    ckpt_state_t cs;
+    L3D_CHECK(t->ctx, full_optim(t, &cs));
+    l3d_status st = l3d_dp_optim_gather(t, t->adam_m, cs.m);
+    if (st >= 0) st = l3d_dp_optim_gather(t, t->adam_v, cs.v);
+    // Data-parallel replicas hold the same model: dp rank 0 writes; the barrier returns on
+    // every rank only once the directory is published (or tells them it failed).
+    if (st >= 0 && t->dp.rank == 0) st = publish_dir(t->ctx, dir, fill_trainer, &cs);
+    full_optim_release(t, &cs);
+    if (t->dp.n > 1) {
+        int32_t ok = st >= 0, all_ok = 0;
+        l3d_status cst = l3d_comm_allreduce(t->dp.comm, &ok, &all_ok, 1, L3D_INT32, L3D_MIN);
+        if (st >= 0 && cst < 0) st = l3d_error(t->ctx, cst, "save: %s",
+                                               l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
+        if (st >= 0 && cst >= 0 && !all_ok)
+            st = l3d_error(t->ctx, L3D_ERR_IO, "save: dp rank 0 failed to write %s", dir);
+    }
+    L3D_CHECK(t->ctx, st);
     l3d_log(t->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved checkpoint at step %d to %s", t->step,
             dir);
     return L3D_OK;
@@ -281,10 +322,16 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
     json_decref(s);
     L3D_CHECK(ctx, st);
     L3D_CHECK(ctx, l3d_model_load(t->model, dir));
+    ckpt_state_t cs;
+    L3D_CHECK(ctx, full_optim(t, &cs));
     join(path, sizeof(path), dir, "optimizer.safetensors");
-    L3D_CHECK(ctx, read_arena(t->model, t->adam_m, path, ".exp_avg"));
+    st = read_arena(t->model, cs.m, path, ".exp_avg");
     join(path, sizeof(path), dir, "optimizer_sq.safetensors");
-    L3D_CHECK(ctx, read_arena(t->model, t->adam_v, path, ".exp_avg_sq"));
+    if (st >= 0) st = read_arena(t->model, cs.v, path, ".exp_avg_sq");
+    if (st >= 0) st = l3d_dp_optim_scatter(t, cs.m, t->adam_m);
+    if (st >= 0) st = l3d_dp_optim_scatter(t, cs.v, t->adam_v);
+    full_optim_release(t, &cs);
+    L3D_CHECK(ctx, st);
     t->step = nstep;
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "resumed from %s at step %d", dir, nstep);
     return L3D_OK;

@@ -14,6 +14,7 @@
 
 #include "core/config_json.h"
 #include "core/config_train_internal.h"
+#include "core/mesh.h"
 #include "core/l3d_core.h"
 #include "llama3d/config.h"
 #include "platform/platform.h"
@@ -28,6 +29,9 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->train_batch_size = 8;
     cfg->micro_batch_size = 8;
     cfg->grad_accum_steps = 1;
+    cfg->batch_inferred = L3D_BATCH_TRAIN;  // 8 = micro 8 x accum 1 x dp: follows dp
+    cfg->dp = cfg->tp = cfg->pp = 1;
+    cfg->dp_auto = 1;
     cfg->gradient_clipping = 1.0f;
     cfg->steps_per_print = 10;
     cfg->lr = 1e-3f;
@@ -55,7 +59,13 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
 // ---- batch identity ----------------------------------------------------------------------
 // DeepSpeed's rules; 0 means "not given, infer it". train = micro * accum * dp.
 static l3d_status resolve_batch(l3d_ctx_t *ctx, const char *origin, l3d_train_config_t *cfg) {
+    // Values inferred by an earlier resolution are forgotten, so they follow a changed dp; the
+    // ones the user gave stay and are checked.
+    if (cfg->batch_inferred & L3D_BATCH_TRAIN) cfg->train_batch_size = 0;
+    if (cfg->batch_inferred & L3D_BATCH_MICRO) cfg->micro_batch_size = 0;
+    if (cfg->batch_inferred & L3D_BATCH_ACCUM) cfg->grad_accum_steps = 0;
     long long t = cfg->train_batch_size, m = cfg->micro_batch_size, a = cfg->grad_accum_steps;
+    int given = (t ? L3D_BATCH_TRAIN : 0) | (m ? L3D_BATCH_MICRO : 0) | (a ? L3D_BATCH_ACCUM : 0);
     long long dp = cfg->dp;
     if (t < 0 || m < 0 || a < 0)
         return l3d_error(ctx, L3D_ERR_CONFIG,
@@ -118,6 +128,7 @@ static l3d_status resolve_batch(l3d_ctx_t *ctx, const char *origin, l3d_train_co
     cfg->train_batch_size = (int)t;
     cfg->micro_batch_size = (int)m;
     cfg->grad_accum_steps = (int)a;
+    cfg->batch_inferred = (L3D_BATCH_TRAIN | L3D_BATCH_MICRO | L3D_BATCH_ACCUM) & ~given;
     return L3D_OK;
 }
 
@@ -139,6 +150,7 @@ static l3d_status parse_batch(const l3d_dsparser_t *p, json_t *root) {
     cfg->train_batch_size = t;
     cfg->micro_batch_size = m;
     cfg->grad_accum_steps = a;
+    cfg->batch_inferred = 0;  // what is zero here is inferred by the resolution
     return L3D_OK;
 }
 
@@ -228,11 +240,15 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     json_t *sec;
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "parallel", &sec));
     if (sec) {
-        static const char *const keys[] = {"dp", "tp", "pp"};
-        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 3, NULL));
+        static const char *const keys[] = {"dp", "tp", "pp", "order"};
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 4, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "order", cfg->parallel_order,
+                                              sizeof(cfg->parallel_order), NULL));
         // The world size is checked against the launcher elsewhere.
+        int have_dp = 0;
         L3D_CHECK(j->ctx,
-                  l3d_cfgjson_get_int(j, sec, "parallel", "dp", 1, 1 << 20, &cfg->dp, NULL));
+                  l3d_cfgjson_get_int(j, sec, "parallel", "dp", 1, 1 << 20, &cfg->dp, &have_dp));
+        if (have_dp) cfg->dp_auto = 0;
         L3D_CHECK(j->ctx,
                   l3d_cfgjson_get_int(j, sec, "parallel", "tp", 1, 1 << 20, &cfg->tp, NULL));
         L3D_CHECK(j->ctx,
@@ -289,6 +305,8 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
     if (cfg->dp < 1 || cfg->tp < 1 || cfg->pp < 1)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel: dp %d, tp %d, pp %d must be >= 1",
                          origin, cfg->dp, cfg->tp, cfg->pp);
+    int perm[3];
+    L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
     L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, &cfg->model));
     if (cfg->seq_len < 1 || cfg->seq_len > cfg->model.max_position_embeddings)

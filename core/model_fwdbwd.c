@@ -273,6 +273,9 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
     L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, (size_t)N * C * sizeof(float)));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln, a->x_final, W + m->norm,
                                        a->rstdf, N, C));
+    // Arena order is embed, layers 0..L-1, norm, head (HF): the backward completes it from the
+    // end. A tied head shares offset 0 with the embedding, which completes last.
+    if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));
     for (int l = L - 1; l >= 0; l--) {
         if (a->recompute) {
             // Rebuild this layer's activations from its saved input. x_out is written to a
@@ -280,7 +283,9 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
             L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
         }
         L3D_CHECK(ctx, layer_backward(m, l, a, G));
+        if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[l].ln1));
     }
     L3D_CHECK(ctx, l3d_dev_embedding_bwd(dev, G + m->embed, a->dres, a->tokens, N, C));
+    if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
     return L3D_OK;
 }

@@ -52,6 +52,12 @@ typedef struct l3d_acts {
     // backward scratch
     float *dres, *dln, *datt, *dq, *dk, *dv, *dgate, *dup;
     int32_t *tokens, *targets;  // (N) on the device
+    // Optional hook (NULL: none), called during the backward each time the gradients of the
+    // arena range [final_from, end) are complete for this micro-batch: final_from decreases
+    // (head and final norm, then each layer from the last, then 0 after the embedding). Data
+    // parallelism starts its bucket reductions from it while the backward goes on.
+    l3d_status (*grad_ready)(void *arg, size_t final_from);
+    void *grad_ready_arg;
 } l3d_acts_t;
 
 struct l3d_model {

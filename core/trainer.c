@@ -50,15 +50,22 @@ static double flops_per_token(const l3d_model_t *m, int T) {
 
 l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                               l3d_trainer_t **trainer_p) {
+    return l3d_trainer_create_parallel(ctx, cfg, NULL, trainer_p);
+}
+
+l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                                       l3d_comm_t *world, l3d_trainer_t **trainer_p) {
     l3d_status st;
     l3d_trainer_t *t = l3d_calloc(ctx, 1, sizeof(*t), "other");
     if (!t) return L3D_ERR_NOMEM;
     t->ctx = ctx;
     t->cfg = *cfg;
-    if (cfg->dp * cfg->tp * cfg->pp != 1) {
-        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "parallel: dp %d x tp %d x pp %d needs a "
-                       "multi-rank launch, which this build does not do yet (use 1 x 1 x 1)",
-                       cfg->dp, cfg->tp, cfg->pp);
+    L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
+                                        cfg->parallel_order, &t->mesh), st, err);
+    if (cfg->tp > 1 || cfg->pp > 1) {
+        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "parallel: tp %d, pp %d: tensor and pipeline "
+                       "parallelism are not built yet; this build trains dp x 1 x 1 layouts",
+                       cfg->tp, cfg->pp);
         goto err;
     }
     if (!cfg->adam_w_mode && cfg->weight_decay != 0.0f) {
@@ -77,12 +84,13 @@ l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
     L3D_CHECK_GOTO(ctx, l3d_dataset_load(ctx, data, t->tok, cfg->model.vocab_size, &t->data), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dataset_check(ctx, t->data, cfg->seq_len), st, err);
 
-    size_t pbytes = t->model->n_params * sizeof(float);
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, pbytes, "grads", (void **)&t->grads), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, pbytes, "optim", (void **)&t->adam_m), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, pbytes, "optim", (void **)&t->adam_v), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, pbytes), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_v, 0, pbytes), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dp_init(t, t->mesh->group[L3D_MESH_DP]), st, err);
+    size_t gbytes = t->dp.Ppad * sizeof(float), obytes = t->dp.shard_len * sizeof(float);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", (void **)&t->grads), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_m), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_v), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, obytes), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_v, 0, obytes), st, err);
     L3D_CHECK_GOTO(ctx, l3d_acts_create(t->model, cfg->micro_batch_size, cfg->seq_len,
                                         cfg->activation_checkpointing, &t->acts), st, err);
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
@@ -108,12 +116,14 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
     l3d_free(ctx, t->h_targets, n * sizeof(int32_t), "data");
     l3d_free(ctx, t->h_tokens, n * sizeof(int32_t), "data");
     if (t->model) {
-        size_t pbytes = t->model->n_params * sizeof(float);
+        size_t gbytes = t->dp.Ppad * sizeof(float), obytes = t->dp.shard_len * sizeof(float);
+        l3d_dp_fini(t);
         l3d_acts_destroy(t->model, t->acts);
-        l3d_dev_free(t->dev, t->adam_v, pbytes, "optim");
-        l3d_dev_free(t->dev, t->adam_m, pbytes, "optim");
-        l3d_dev_free(t->dev, t->grads, pbytes, "grads");
+        l3d_dev_free(t->dev, t->adam_v, obytes, "optim");
+        l3d_dev_free(t->dev, t->adam_m, obytes, "optim");
+        l3d_dev_free(t->dev, t->grads, gbytes, "grads");
     }
+    l3d_mesh_destroy(t->mesh);
     l3d_dataset_free(t->data);
     l3d_tokenizer_destroy(t->tok);
     l3d_model_destroy(t->model);
@@ -136,40 +146,41 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     size_t n = (size_t)mb * T;
     double t0 = l3d_time_now();
 
-    L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, m->n_params * sizeof(float)));
+    L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
     // Loss = mean over every target token of the global batch, so each micro-batch's
-    // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens).
+    // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
+    // the data-parallel reduction is a plain sum. dp rank r takes the global batch's
+    // micro-batches r*A .. r*A + A-1 (A = accumulation steps).
     float grad_scale = (float)(1.0 / ((double)Bg * T));
     double loss_sum = 0.0;
-    for (int j = 0; j < cfg->grad_accum_steps; j++) {
-        l3d_dataset_batch(t->data, t->step, Bg, T, j * mb, mb, t->h_tokens, t->h_targets);
+    int A = cfg->grad_accum_steps;
+    for (int j = 0; j < A; j++) {
+        int first = (t->dp.rank * A + j) * mb;
+        l3d_dataset_batch(t->data, t->step, Bg, T, first, mb, t->h_tokens, t->h_targets);
         L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->tokens, t->h_tokens, n * sizeof(int32_t),
                                     L3D_COPY_H2D));
         L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->targets, t->h_targets, n * sizeof(int32_t),
                                     L3D_COPY_H2D));
+        l3d_dp_arm(t, j == A - 1);
         double s = 0.0;
         L3D_CHECK(ctx, l3d_model_train_micro(m, t->acts, t->grads, grad_scale, &s));
         loss_sum += s;
     }
+    L3D_CHECK(ctx, l3d_dp_reduce_finish(t));
+    L3D_CHECK(ctx, l3d_dp_sum_double(t, &loss_sum));
     double loss = loss_sum / ((double)Bg * T);
     if (!isfinite(loss))
         return l3d_error(ctx, L3D_ERR_INTERNAL, "step %d: loss is %g; lower the learning rate "
                          "or enable gradient_clipping", t->step + 1, loss);
 
     double sumsq = 0.0;
-    L3D_CHECK(ctx, l3d_dev_sumsq(dev, t->grads, m->n_params, &sumsq));
+    L3D_CHECK(ctx, l3d_dp_grad_sumsq(t, &sumsq));
     double norm = sqrt(sumsq);
     float gscale = l3d_clip_scale(norm, cfg->gradient_clipping);
     float lr = l3d_train_config_lr(cfg, t->step);
     int k = t->step + 1;
     float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));
-    for (int i = 0; i < m->n_tensors; i++) {
-        const l3d_param_t *p = &m->tensors[i];
-        float wd = p->decay ? cfg->weight_decay : 0.0f;
-        L3D_CHECK(ctx, l3d_dev_adamw(dev, m->params + p->offset, t->grads + p->offset,
-                                     t->adam_m + p->offset, t->adam_v + p->offset, p->numel, lr,
-                                     cfg->beta1, cfg->beta2, cfg->eps, wd, bc1, bc2, gscale));
-    }
+    L3D_CHECK(ctx, l3d_dp_update(t, lr, bc1, bc2, gscale));
     L3D_CHECK(ctx, l3d_dev_sync(dev));
     t->step++;
     double dt = l3d_time_now() - t0;
@@ -180,9 +191,11 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         stats->grad_norm = norm;
         stats->step_time_s = dt;
         stats->tokens_per_s = (double)Bg * T / dt;
-        stats->mfu = t->gemm_peak > 0
-                         ? stats->tokens_per_s * t->flops_per_token / (t->gemm_peak * 1e9)
-                         : 0.0;
+        // Every rank measured its own peak: the job's roof is that times the ranks.
+        double ranks = (double)cfg->dp * cfg->tp * cfg->pp;
+        stats->mfu = t->gemm_peak > 0 ? stats->tokens_per_s * t->flops_per_token /
+                                            (t->gemm_peak * 1e9 * ranks)
+                                      : 0.0;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
     }
     return L3D_OK;
@@ -194,19 +207,21 @@ double l3d_trainer_gemm_peak(const l3d_trainer_t *t) { return t->gemm_peak; }
 double l3d_trainer_flops_per_token(const l3d_trainer_t *t) { return t->flops_per_token; }
 int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->data->n_tokens; }
 
+// Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
+// exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp).
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
-    size_t p = l3d_model_arena_floats(&cfg->model) * sizeof(float);
-    mem->params = p;
-    mem->grads = p;
-    mem->optim = 2 * p;  // AdamW's exp_avg and exp_avg_sq
+    size_t P = l3d_model_arena_floats(&cfg->model), n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
+    size_t Ppad = (P + n - 1) / n * n;
+    mem->params = P * sizeof(float);
+    mem->grads = Ppad * sizeof(float);
+    mem->optim = 2 * (n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P) * sizeof(float);
     mem->acts = l3d_acts_bytes(&cfg->model, cfg->micro_batch_size, cfg->seq_len,
                                cfg->activation_checkpointing);
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
-    size_t p = t->model->n_params * sizeof(float);
-    mem->params = p;
-    mem->grads = p;
-    mem->optim = 2 * p;
+    mem->params = t->model->n_params * sizeof(float);
+    mem->grads = t->dp.Ppad * sizeof(float);
+    mem->optim = 2 * t->dp.shard_len * sizeof(float);
     mem->acts = t->acts->bytes;
 }

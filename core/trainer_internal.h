@@ -3,8 +3,27 @@
 #define L3D_TRAINER_INTERNAL_H
 
 #include "core/data.h"
+#include "core/mesh.h"
 #include "core/model_internal.h"
+#include "llama3d/comm.h"
 #include "llama3d/train.h"
+
+// One gradient bucket of the data-parallel reduction (core/trainer_dp.c): arena floats
+// [off, off+len), len a multiple of dp; piece r = [off + r*q, off + (r+1)*q) at shard offset sh.
+typedef struct l3d_dp_bucket {
+    size_t off, len, q, sh;
+    l3d_request_t *req;
+} l3d_dp_bucket_t;
+
+typedef struct l3d_dp {
+    l3d_comm_t *comm;  // the dp group (NULL: dp 1)
+    int n, rank;
+    int sharded;       // ZeRO >= 1 with dp > 1: optimizer state holds this rank's pieces only
+    size_t P, Ppad;    // parameters, and the gradient arena padded to a multiple of dp
+    l3d_dp_bucket_t *b;
+    int nb, next;      // buckets (0 = the arena's end), next one to start
+    size_t shard_len;  // floats of exp_avg / exp_avg_sq on this rank
+} l3d_dp_t;
 
 struct l3d_trainer {
     l3d_ctx_t *ctx;
@@ -13,7 +32,10 @@ struct l3d_trainer {
     l3d_model_t *model;
     l3d_tokenizer_t *tok;
     l3d_dataset_t *data;
-    float *grads, *adam_m, *adam_v;  // arenas with the parameters' layout
+    l3d_mesh_t *mesh;
+    l3d_dp_t dp;
+    float *grads;                    // Ppad floats, the parameters' layout
+    float *adam_m, *adam_v;          // dp.shard_len floats (the full layout unless sharded)
     l3d_acts_t *acts;
     int32_t *h_tokens, *h_targets;  // (micro, T) host staging
     int step;                       // optimizer steps done
@@ -24,5 +46,19 @@ struct l3d_trainer {
 // torch.nn.utils.clip_grad_norm_: the factor applied to every gradient for a global norm
 // `norm` and limit `max_norm` (<= 0: no clipping): max_norm / (norm + 1e-6) when below 1.
 float l3d_clip_scale(double norm, float max_norm);
+
+// core/trainer_dp.c: data parallelism and ZeRO-1.
+l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *dp_comm);
+void l3d_dp_fini(l3d_trainer_t *t);
+// Before each micro-batch: hooks the bucket reductions into the backward of the last one.
+void l3d_dp_arm(l3d_trainer_t *t, int last_micro);
+// Starts the buckets not started yet and waits for all of them.
+l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
+l3d_status l3d_dp_sum_double(l3d_trainer_t *t, double *x);
+l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq);
+l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale);
+// Optimizer state: full arena (Ppad floats) <-> this rank's shard. gather is collective.
+l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full);
+l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shard);
 
 #endif

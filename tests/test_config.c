@@ -501,7 +501,15 @@ Test(config, finalize_after_override) {
     c.grad_accum_steps = 4;
     cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
     cr_assert_eq(c.train_batch_size, 8);
-    c.micro_batch_size = 3;  // now inconsistent
+    cr_assert_eq(c.batch_inferred, L3D_BATCH_TRAIN);
+    c.micro_batch_size = 3;  // the inferred train_batch_size follows (as it follows dp)
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.train_batch_size, 12);
+    c.dp = 2;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.train_batch_size, 24);
+    c.train_batch_size = 8;  // given now, and inconsistent
+    c.batch_inferred = 0;
     ASSERT_ERR_HAS(l3d_train_config_finalize(ctx, &c), L3D_ERR_CONFIG, "train_batch_size 8");
     l3d_train_config_default(ctx, &c);
     c.seq_len = 4096;
@@ -532,7 +540,7 @@ Test(config, unknown_keys_suggest) {
                    "did you mean 'fp16.enabled'");
     // Nothing close: list the valid keys instead.
     ASSERT_ERR_HAS(ds_fresh("{\"parallel\": {\"zzzzzzz\": 2}}", &c), L3D_ERR_CONFIG,
-                   "unknown key 'parallel.zzzzzzz' (valid keys of parallel: dp, tp, pp)");
+                   "unknown key 'parallel.zzzzzzz' (valid keys of parallel: dp, tp, pp, order)");
     ASSERT_ERR_HAS(ds_fresh("{\"amp\": {\"enabled\": true}}", &c), L3D_ERR_CONFIG,
                    "unknown key 'amp'");
     // A WarmupLR parameter under WarmupCosineLR.
@@ -638,12 +646,16 @@ Test(config, notes) {
     l3d_train_config_t c;
     cr_assert_eq(ds_fresh("{\"fp16\": {\"enabled\": false, \"loss_scale\": 0},"
                           " \"tensorboard\": {\"enabled\": false},"
-                          " \"zero_optimization\": {\"stage\": 2, \"offload_optimizer\":"
+                          " \"zero_optimization\": {\"stage\": 1, \"offload_optimizer\":"
                           " {\"device\": \"none\"}}}",
                           &c),
                  L3D_OK, "%s", err());
     cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
-    cr_assert_eq(c.zero_stage, 2);
+    cr_assert_eq(c.zero_stage, 1);
+    // Stage 2 runs as stage 1 until gradients are sharded too: said, not silent.
+    cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 2}}", &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.n_notes, 1);
+    cr_assert(strstr(c.notes[0], "stage 2: runs as stage 1"), "%s", c.notes[0]);
     cr_assert_eq(ds_fresh("{\"bf16\": {\"enabled\": true}, \"wall_clock_breakdown\": true,"
                           " \"activation_checkpointing\": {}, \"wandb\": {\"enabled\": true},"
                           " \"communication_data_type\": \"bf16\", \"prescale_gradients\": true}",

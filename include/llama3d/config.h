@@ -70,6 +70,8 @@ typedef enum l3d_sched_type {
 
 #define L3D_MAX_NOTES 32
 
+enum { L3D_BATCH_TRAIN = 1, L3D_BATCH_MICRO = 2, L3D_BATCH_ACCUM = 4 };
+
 typedef struct l3d_train_config {
     l3d_model_config_t model;
     char model_source[512];      // preset name or path, as given
@@ -78,6 +80,8 @@ typedef struct l3d_train_config {
     int train_batch_size;
     int micro_batch_size;        // train_micro_batch_size_per_gpu
     int grad_accum_steps;        // gradient_accumulation_steps
+    int batch_inferred;          // L3D_BATCH_* bits: which of the three the last resolution
+                                 // inferred (finalize re-infers them, e.g. after a dp change)
 
     float gradient_clipping;     // 0 = off
     int steps_per_print;
@@ -111,6 +115,8 @@ typedef struct l3d_train_config {
     int save_interval;           // train.save_interval (0 = only at the end)
     char metrics_path[512];      // train.metrics ("" = none)
     int dp, tp, pp;              // parallel section
+    int dp_auto;                 // dp not given: a launcher's world size decides (world/(tp*pp))
+    char parallel_order[16];     // parallel.order, fastest first ("" = "tp-dp-pp")
     char device[32];             // train.device ("cpu")
     int num_threads;             // train.threads (0 = L3D_NUM_THREADS or cores)
 

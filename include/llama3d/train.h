@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llama3d/comm.h"
 #include "llama3d/config.h"
 #include "llama3d/ctx.h"
 #include "llama3d/model.h"
@@ -36,6 +37,13 @@ typedef struct l3d_mem_breakdown {
 // data, optimizer state). cfg is copied.
 l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                               l3d_trainer_t **trainer_p);
+// One rank of a parallel run. `world` is a communicator of exactly dp * tp * pp ranks
+// (cfg->dp/tp/pp; otherwise L3D_ERR_CONFIG showing the product and the world size), or NULL
+// for a single rank (l3d_trainer_create). Collective over world: every rank calls it with the
+// same cfg; steps, save and resume are collective too. The trainer borrows world (destroy
+// the trainer first). This build trains dp x 1 x 1 layouts (tp and pp are refused).
+l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                                       l3d_comm_t *world, l3d_trainer_t **trainer_p);
 void l3d_trainer_destroy(l3d_trainer_t *t);
 
 // One optimizer step: gradient_accumulation_steps micro-batches, clipping, AdamW.

@@ -1,0 +1,232 @@
+// Data parallelism for the trainer: gradient reduction over the dp group in buckets started
+// while the backward runs, and ZeRO stage 1 (optimizer state sharded over dp).
+//
+// Buckets cut the gradient arena (padded to Ppad, a multiple of dp) from the end, because the
+// backward completes it from the end (core/model_fwdbwd.c grad_ready): bucket 0 is the last
+// `reduce_bucket_size` elements, bucket 1 the ones before, ... Every bucket length is a
+// multiple of dp, so bucket b splits into dp pieces of q_b elements and rank r owns piece r:
+//   arena [off_b + r*q_b, off_b + (r+1)*q_b)  <->  shard [sh_b, sh_b + q_b)
+//
+// Stage 0: each bucket is all-reduced (sum) in place; every rank then holds the full gradient
+// and runs AdamW on all parameters. Stage 1 (and 2, see below): each bucket is
+// reduce-scattered in place, so rank r's piece of the arena holds the summed gradient; AdamW
+// runs on the pieces only, with exp_avg/exp_avg_sq of shard size (1/dp of the model), and the
+// updated pieces are all-gathered back into every rank's parameters.
+//
+// The gradients are scaled by 1 / (global batch tokens) in the backward, so the reduction is a
+// sum: the update equals the single-rank one up to float summation order.
+// Reductions start on the last micro-batch of a step only (gradient accumulation boundary),
+// as in DeepSpeed stage 0/1.
+#include <string.h>
+
+#include "core/trainer_internal.h"
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
+    l3d_dp_t *d = &t->dp;
+    memset(d, 0, sizeof(*d));
+    d->comm = comm;
+    d->n = comm ? l3d_comm_size(comm) : 1;
+    d->rank = comm ? l3d_comm_rank(comm) : 0;
+    d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
+    d->P = t->model->n_params;
+    size_t n = (size_t)d->n;
+    d->Ppad = (d->P + n - 1) / n * n;
+    // reduce_bucket_size is in elements (DeepSpeed); 0 or huge means one bucket.
+    double rbs = t->cfg.reduce_bucket_size > 0 ? t->cfg.reduce_bucket_size : 5e8;
+    size_t S = rbs >= (double)d->Ppad ? d->Ppad : (size_t)rbs;
+    S = S < n ? n : S / n * n;
+    d->nb = (int)((d->Ppad + S - 1) / S);
+    d->b = l3d_calloc(t->ctx, (size_t)d->nb, sizeof(*d->b), "other");
+    if (!d->b) return L3D_ERR_NOMEM;
+    size_t end = d->Ppad;
+    for (int i = 0; i < d->nb; i++) {
+        l3d_dp_bucket_t *b = &d->b[i];
+        b->len = min_sz(S, end);
+        b->off = end - b->len;
+        b->q = b->len / n;
+        end = b->off;
+    }
+    // Shard offsets in arena order (the last bucket is first in the arena).
+    size_t sh = 0;
+    for (int i = d->nb - 1; i >= 0; i--) {
+        d->b[i].sh = sh;
+        sh += d->b[i].q;
+    }
+    d->shard_len = d->sharded ? sh : d->P;
+    return L3D_OK;
+}
+
+void l3d_dp_fini(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    for (int i = 0; d->b && i < d->nb; i++)
+        if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
+    l3d_free(t->ctx, d->b, (size_t)d->nb * sizeof(*d->b), "other");
+    d->b = NULL;
+}
+
+static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
+    l3d_dp_t *d = &t->dp;
+    float *g = t->grads + b->off;
+    if (d->sharded)
+        return l3d_comm_ireduce_scatter(d->comm, g, g + (size_t)d->rank * b->q, b->q,
+                                        L3D_FLOAT32, L3D_SUM, &b->req);
+    return l3d_comm_iallreduce(d->comm, g, g, b->len, L3D_FLOAT32, L3D_SUM, &b->req);
+}
+
+// grad_ready hook: starts every bucket that lies wholly in [final_from, Ppad).
+static l3d_status dp_ready(void *arg, size_t final_from) {
+    l3d_trainer_t *t = arg;
+    l3d_dp_t *d = &t->dp;
+    // The device finishes the gradients before a host-side transport reads them.
+    if (d->next < d->nb && d->b[d->next].off >= final_from) L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    while (d->next < d->nb && d->b[d->next].off >= final_from) {
+        L3D_CHECK(t->ctx, bucket_start(t, &d->b[d->next]));
+        d->next++;
+    }
+    return L3D_OK;
+}
+
+void l3d_dp_arm(l3d_trainer_t *t, int last_micro) {
+    l3d_dp_t *d = &t->dp;
+    d->next = 0;
+    t->acts->grad_ready = d->n > 1 && last_micro ? dp_ready : NULL;
+    t->acts->grad_ready_arg = t;
+}
+
+l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    t->acts->grad_ready = NULL;
+    if (d->n == 1) return L3D_OK;
+    L3D_CHECK(t->ctx, dp_ready(t, 0));
+    l3d_status st = L3D_OK;
+    for (int i = 0; i < d->nb; i++) {
+        if (!d->b[i].req) continue;
+        l3d_status s = l3d_request_wait(d->b[i].req);
+        d->b[i].req = NULL;
+        if (s < 0 && st >= 0) st = s;
+    }
+    if (st < 0)
+        return l3d_error(t->ctx, st, "data-parallel gradient reduction: %s",
+                         l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    return L3D_OK;
+}
+
+// Sums one double per dp rank in rank order (bit-identical on every rank). Doubles travel as
+// bytes: the reduction itself happens here, in a fixed order.
+l3d_status l3d_dp_sum_double(l3d_trainer_t *t, double *x) {
+    l3d_dp_t *d = &t->dp;
+    if (d->n == 1) return L3D_OK;
+    double all[256], *buf = all;
+    size_t bytes = (size_t)d->n * sizeof(double);
+    if (d->n > 256 && !(buf = l3d_malloc(t->ctx, bytes, "other"))) return L3D_ERR_NOMEM;
+    l3d_status st = l3d_comm_allgather(d->comm, x, buf, sizeof(double), L3D_UINT8);
+    if (st >= 0) {
+        double s = 0;
+        for (int i = 0; i < d->n; i++) s += buf[i];
+        *x = s;
+    }
+    if (buf != all) l3d_free(t->ctx, buf, bytes, "other");
+    return st;
+}
+
+// Sum of squares of the gradients this rank is responsible for: all of them at stage 0 (they
+// are identical on every rank after the all-reduce), its pieces when sharded; summed over dp.
+l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
+    l3d_dp_t *d = &t->dp;
+    if (!d->sharded) return l3d_dev_sumsq(t->dev, t->grads, d->P, sumsq);
+    double s = 0;
+    for (int i = d->nb - 1; i >= 0; i--) {
+        const l3d_dp_bucket_t *b = &d->b[i];
+        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
+        if (hi <= lo) continue;
+        double x = 0;
+        L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + lo, hi - lo, &x));
+        s += x;
+    }
+    *sumsq = s;
+    return l3d_dp_sum_double(t, sumsq);
+}
+
+// AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
+// pieces into every rank's parameters.
+l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    const l3d_train_config_t *cfg = &t->cfg;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        float wd = p->decay ? cfg->weight_decay : 0.0f;
+        if (!d->sharded) {
+            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, m->params + p->offset, t->grads + p->offset,
+                                            t->adam_m + p->offset, t->adam_v + p->offset,
+                                            p->numel, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
+                                            bc1, bc2, gscale));
+            continue;
+        }
+        for (int k = 0; k < d->nb; k++) {  // this tensor's part of each of this rank's pieces
+            const l3d_dp_bucket_t *b = &d->b[k];
+            size_t lo = b->off + (size_t)d->rank * b->q, hi = lo + b->q;
+            size_t a0 = lo > p->offset ? lo : p->offset;
+            size_t a1 = min_sz(hi, p->offset + p->numel);
+            if (a1 <= a0) continue;
+            size_t s = b->sh + (a0 - lo);
+            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, m->params + a0, t->grads + a0, t->adam_m + s,
+                                            t->adam_v + s, a1 - a0, lr, cfg->beta1, cfg->beta2,
+                                            cfg->eps, wd, bc1, bc2, gscale));
+        }
+    }
+    if (!d->sharded) return L3D_OK;
+    // Gather through the gradient arena (it is padded to Ppad; the parameters are not).
+    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    for (int k = 0; k < d->nb; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
+        if (hi > lo)
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, t->grads + lo, m->params + lo,
+                                           (hi - lo) * sizeof(float), L3D_COPY_D2D));
+        L3D_CHECK(t->ctx, l3d_comm_iallgather(d->comm, t->grads + lo, t->grads + b->off, b->q,
+                                              L3D_FLOAT32, &b->req));
+    }
+    l3d_status st = L3D_OK;
+    for (int k = 0; k < d->nb; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        l3d_status s = l3d_request_wait(b->req);
+        b->req = NULL;
+        if (s < 0 && st >= 0) st = s;
+        if (s >= 0 && b->off < d->P)
+            s = l3d_dev_copy(t->dev, m->params + b->off, t->grads + b->off,
+                             (min_sz(b->off + b->len, d->P) - b->off) * sizeof(float),
+                             L3D_COPY_D2D);
+        if (s < 0 && st >= 0) st = s;
+    }
+    if (st < 0)
+        return l3d_error(t->ctx, st, "ZeRO-1 parameter all-gather: %s", l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    return L3D_OK;
+}
+
+// Optimizer state between the shard and a full arena (checkpoints use the single-rank layout,
+// so any layout can resume any other). gather: full (Ppad floats, every rank) <- shards;
+// scatter: shard <- full. Unsharded, the full arena is the trainer's own and both are no-ops.
+l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full) {
+    l3d_dp_t *d = &t->dp;
+    if (!d->sharded) return L3D_OK;  // the caller's full arena is the trainer's own
+    for (int k = 0; k < d->nb; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        L3D_CHECK(t->ctx, l3d_comm_allgather(d->comm, shard + b->sh, full + b->off, b->q,
+                                             L3D_FLOAT32));
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shard) {
+    l3d_dp_t *d = &t->dp;
+    if (!d->sharded) return L3D_OK;
+    for (int k = 0; k < d->nb; k++) {
+        const l3d_dp_bucket_t *b = &d->b[k];
+        L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, shard + b->sh, full + b->off + (size_t)d->rank * b->q,
+                                       b->q * sizeof(float), L3D_COPY_D2D));
+    }
+    return L3D_OK;
+}

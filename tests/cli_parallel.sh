@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# l3d train as ranks of a job (l3d launch over each built network transport): data-parallel
+# layouts with ZeRO 0/1 reproduce the single-rank losses (1e-5 relative, from the metrics
+# JSONL), checkpoints move between layouts, and a wrong layout fails naming the numbers.
+# Usage: cli_parallel.sh /path/to/l3d
+set -u
+L3D=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+ok()   { echo "ok   $1"; passes=$((passes + 1)); }
+fail() { echo "FAIL $1"; shift; for f in "$@"; do sed 's/^/    /' "$f" | head -20; done; fails=$((fails + 1)); }
+export L3D_COMM_TIMEOUT=60
+
+# losses of a metrics file, one per line
+losses() { sed -E 's/.*"loss": ([^,]*),.*/\1/' "$1"; }
+# same_losses A B [FROM]: every step's loss within 1e-5 relative (from step FROM on)
+same_losses() {
+  paste <(losses "$1") <(losses "$2") | awk -v from="${3:-1}" '
+    NR >= from { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($2 < 0 ? -$2 : $2)) bad++; n++ }
+    END { exit (n > 0 && bad == 0) ? 0 : 1 }'
+}
+
+cat >"$tmp/dp.json" <<'EOF'
+{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.5,
+ "zero_optimization": {"stage": 0}, "steps_per_print": 100,
+ "train": {"steps": 6, "threads": 1}, "data": {"seq_len": 32}}
+EOF
+sed 's/"stage": 0/"stage": 1/' "$tmp/dp.json" >"$tmp/z1.json"
+
+"$L3D" train --config "$tmp/dp.json" --metrics "$tmp/ref.jsonl" >"$tmp/out" 2>&1
+if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/ref.jsonl")" -eq 6 ]; then ok "single-rank reference"; else fail "single-rank reference" "$tmp/out"; fi
+
+built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+for tp in $built; do
+  [ "$tp" = local ] && continue
+  for cfg in dp z1; do
+    for n in 2 4; do
+      "$L3D" launch -n $n --transport "$tp" -- "$L3D" train --config "$tmp/$cfg.json" \
+        --metrics "$tmp/$tp.$cfg.$n.jsonl" >"$tmp/out" 2>&1
+      rc=$?
+      if [ $rc -eq 0 ] && same_losses "$tmp/$tp.$cfg.$n.jsonl" "$tmp/ref.jsonl" \
+         && grep -q "parallel dp $n x tp 1 x pp 1" "$tmp/out"; then
+        ok "$tp: dp $n ($cfg) losses equal the single rank's"
+      else
+        fail "$tp: dp $n ($cfg) (exit $rc)" "$tmp/out" "$tmp/$tp.$cfg.$n.jsonl" "$tmp/ref.jsonl"
+      fi
+    done
+  done
+  # ZeRO-1 shards the optimizer state: each rank of 2 holds half of it
+  if grep -qE "memory rank 1: .* optimizer [0-9.]+ MiB" "$tmp/out"; then ok "$tp: per-rank memory lines"; else fail "$tp: per-rank memory lines" "$tmp/out"; fi
+
+  # A checkpoint of dp 2 (ZeRO-1) at step 3 resumes on one rank and on dp 4 with the same
+  # losses as the uninterrupted run.
+  "$L3D" launch -n 2 --transport "$tp" -- "$L3D" train --config "$tmp/z1.json" --steps 3 \
+    --save "$tmp/ck.$tp" >"$tmp/out" 2>&1
+  rc=$?
+  "$L3D" train --config "$tmp/dp.json" --resume "$tmp/ck.$tp" --metrics "$tmp/r1.$tp.jsonl" >"$tmp/out2" 2>&1
+  rc2=$?
+  "$L3D" launch -n 4 --transport "$tp" -- "$L3D" train --config "$tmp/z1.json" \
+    --resume "$tmp/ck.$tp" --metrics "$tmp/r4.$tp.jsonl" >"$tmp/out3" 2>&1
+  rc3=$?
+  # resumed metrics hold steps 4..6: compare with the reference's last three
+  tail -n 3 "$tmp/ref.jsonl" >"$tmp/ref.tail"
+  if [ $rc -eq 0 ] && [ $rc2 -eq 0 ] && [ $rc3 -eq 0 ] && [ "$(wc -l <"$tmp/r1.$tp.jsonl")" -eq 3 ] \
+     && same_losses "$tmp/r1.$tp.jsonl" "$tmp/ref.tail" && same_losses "$tmp/r4.$tp.jsonl" "$tmp/ref.tail"; then
+    ok "$tp: dp 2 checkpoint resumes on 1 and 4 ranks"
+  else
+    fail "$tp: resume across layouts (exit $rc/$rc2/$rc3)" "$tmp/out" "$tmp/out2" "$tmp/out3"
+  fi
+
+  # The seed file fixes all three batch numbers for dp 1: pure DP on 8 ranks is refused with
+  # DeepSpeed's kind of message naming the numbers and the fix.
+  cat >"$tmp/seed.json" <<'EOF'
+{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8}
+EOF
+  "$L3D" launch -n 8 --transport "$tp" -- "$L3D" train --config "$tmp/seed.json" --steps 1 >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && grep -q "train_batch_size 32 != train_micro_batch_size_per_gpu 4 \* gradient_accumulation_steps 8 \* dp 8 (= 256); set gradient_accumulation_steps to 1" "$tmp/out"; then
+    ok "$tp: 8-rank pure DP with the seed batch is refused"
+  else
+    fail "$tp: seed batch on 8 ranks (exit $rc)" "$tmp/out"
+  fi
+
+  # An explicit dp that does not match the world shows the product and the world size.
+  "$L3D" launch -n 2 --transport "$tp" -- "$L3D" train --config "$tmp/dp.json" --dp 4 >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -ne 0 ] && grep -q "dp 4 x tp 1 x pp 1 = 4 ranks, but the world has 2" "$tmp/out"; then
+    ok "$tp: --dp 4 on 2 ranks names the product and the world"
+  else
+    fail "$tp: --dp mismatch (exit $rc)" "$tmp/out"
+  fi
+done
+
+# --dry-run on one rank: dp 4 with ZeRO-1 prints a quarter of the optimizer state.
+"$L3D" train --config "$tmp/z1.json" --dp 4 --dry-run >"$tmp/out" 2>&1
+rc=$?
+"$L3D" train --config "$tmp/z1.json" --dry-run >"$tmp/out1" 2>&1
+o4=$(sed -nE 's/.*optimizer ([0-9.]+) MiB.*/\1/p' "$tmp/out")
+o1=$(sed -nE 's/.*optimizer ([0-9.]+) MiB.*/\1/p' "$tmp/out1")
+if [ $rc -eq 0 ] && awk -v a="$o4" -v b="$o1" 'BEGIN { r = a * 4 / b; exit (r > 0.99 && r < 1.01) ? 0 : 1 }'; then
+  ok "dry run: ZeRO-1 optimizer memory per rank is 1/dp ($o4 vs $o1 MiB)"
+else
+  fail "dry run ZeRO-1 memory ($o4 vs $o1)" "$tmp/out" "$tmp/out1"
+fi
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
