@@ -1,5 +1,7 @@
 // Bootstrap: who am I in the job, and a TCP key-value store to exchange transport addresses.
 // defines: l3d_launch_env_t, l3d_launch_env_read, l3d_bootstrap_t, l3d_bootstrap_*
+// (l3d_launch_env_read in bootstrap_env.c, the store in bootstrap_store.c, the client in
+// bootstrap.c; the wire format they share in bootstrap_wire.h)
 //
 // The launch conventions users already have are read in this order (first complete set wins):
 //   torchrun:  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
@@ -47,13 +49,17 @@ int l3d_bootstrap_size(const l3d_bootstrap_t *bs);
 
 // Sets key to value (at most 1 MiB). Keys are strings up to 255 bytes.
 l3d_status l3d_bootstrap_put(l3d_bootstrap_t *bs, const char *key, const void *val, size_t len);
-// Waits until key exists (bounded by the timeout) and returns a malloc'd copy.
+// Waits until key exists (bounded by the timeout) and returns a copy, allocated through the
+// context's allocator (tag "comm"); release it with l3d_bootstrap_free(bs, *val_p, *len_p).
 l3d_status l3d_bootstrap_get(l3d_bootstrap_t *bs, const char *key, void **val_p, size_t *len_p);
+// Frees a value from l3d_bootstrap_get; `len` is the length get returned. NULL is a no-op.
+void l3d_bootstrap_free(l3d_bootstrap_t *bs, void *val, size_t len);
 // Every rank contributes `len` bytes (lengths may differ per rank); on return all[i] is rank
-// i's blob (malloc'd array of malloc'd blobs; free with l3d_bootstrap_free_all). `tag` names
-// the exchange so several can happen in sequence.
+// i's blob (an array of blobs, all from the context's allocator, tag "comm"; free them with
+// l3d_bootstrap_free_all). `tag` names the exchange so several can happen in sequence.
 l3d_status l3d_bootstrap_allgather(l3d_bootstrap_t *bs, const char *tag, const void *mine,
                                    size_t len, void ***all_p, size_t **lens_p);
+// Frees allgather's result (both arrays and every blob). NULL `all` is a no-op.
 void l3d_bootstrap_free_all(l3d_bootstrap_t *bs, void **all, size_t *lens);
 l3d_status l3d_bootstrap_barrier(l3d_bootstrap_t *bs, const char *tag);
 

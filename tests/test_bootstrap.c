@@ -1,6 +1,7 @@
 // The bootstrap: launch environment parsing, and the store with real forked ranks on
 // 127.0.0.1: put/get/allgather/barrier for 1..5 ranks, refusal of processes of another job,
-// raw-socket garbage that must not hurt the other ranks, and timeouts naming what is missing.
+// raw-socket garbage that must not hurt the other ranks, timeouts naming what is missing, and
+// values handed back through the context's allocator (counted by an allocator of the test's).
 #include <criterion/criterion.h>
 
 #include <arpa/inet.h>
@@ -8,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,9 +77,66 @@ static void capture(l3d_log_level lvl, uint32_t subsys, const char *msg, void *u
     if (k > 0) lb->n = L3D_MIN(lb->n + (size_t)k, sizeof(lb->text) - 1);
 }
 
-static l3d_ctx_t *ctx_capture(logbuf_t *lb) {
+// An allocator that counts live bytes, in total and under tag "comm", independently of the
+// context's own accounting. Per process (each forked rank has its own copy); atomic because
+// rank 0's store thread allocates while the rank's own thread does.
+typedef struct counting {
+    atomic_size_t live, comm;
+    void *leaked;  // a value a rank got and deliberately did not free (see counted_body)
+    size_t leaked_len;
+} counting_t;
+static counting_t counts;
+
+// The block is preceded by a 16-byte header: whether it counts as "comm", and its base.
+static void *count_alloc(size_t size, size_t align, const char *tag, void *user) {
+    counting_t *c = user;
+    size_t a = align < 16 ? 16 : align;
+    void *base = NULL;
+    if (posix_memalign(&base, a, a + size)) return NULL;
+    uint8_t *p = (uint8_t *)base + a;
+    int comm = !strcmp(tag, "comm");
+    ((size_t *)p)[-2] = (size_t)comm;
+    ((void **)p)[-1] = base;
+    atomic_fetch_add(&c->live, size);
+    if (comm) atomic_fetch_add(&c->comm, size);
+    return p;
+}
+
+static void count_free(void *ptr, size_t size, void *user) {
+    counting_t *c = user;
+    if (!ptr) return;
+    atomic_fetch_sub(&c->live, size);
+    if (((size_t *)ptr)[-2]) atomic_fetch_sub(&c->comm, size);
+    free(((void **)ptr)[-1]);
+}
+
+static const l3d_allocator_t counting_allocator = {count_alloc, count_free, &counts};
+
+// The bytes live under "comm" must be `want`, and (where `exact`) so must the live bytes over
+// the baseline: the caller's values are then the only memory the bootstrap holds.
+static int counted_is(int exact, size_t live0, size_t want, const char *when, char *err,
+                      size_t errlen) {
+    size_t comm = atomic_load(&counts.comm), over = atomic_load(&counts.live) - live0;
+    if (comm == want && (!exact || over == want)) return 0;
+    snprintf(err, errlen, "%s: %zu bytes under 'comm' and %zu live over the baseline, expected "
+             "%zu", when, comm, over, want);
+    return 1;
+}
+
+// After destroy (the store thread, if any, has been joined): every byte the bootstrap took is
+// back except the value the rank kept on purpose, which must still be live, so a missing free
+// is visible to this count; then that value is freed and the count is at its baseline.
+static int counted_after_destroy(l3d_ctx_t *ctx, size_t base, char *err, size_t errlen) {
+    size_t kept = counts.leaked_len ? counts.leaked_len : 1;
+    if (!counts.leaked || counted_is(1, base, kept, "after destroy", err, errlen)) return 13;
+    l3d_free(ctx, counts.leaked, kept, "comm");
+    return counted_is(1, base, 0, "after freeing the kept value", err, errlen) ? 14 : 0;
+}
+
+static l3d_ctx_t *ctx_capture(logbuf_t *lb, int counted) {
     l3d_ctx_params_t p;
     l3d_ctx_params_default(&p);
+    if (counted) p.allocator = &counting_allocator;
     p.log_fn = capture;
     p.log_user = lb;
     p.read_env = 0;
@@ -91,6 +150,7 @@ typedef struct job {
     int size, port;
     double timeout;
     char token[64];
+    int counted;  // ranks use the counting allocator and check it after destroy
 } job_t;
 
 typedef int (*rank_fn)(l3d_bootstrap_t *bs, l3d_ctx_t *ctx, char *err, size_t errlen);
@@ -128,7 +188,8 @@ static proc_t spawn(const job_t *j, int rank, int size, const char *token, rank_
         static result_t r;
         static logbuf_t lb;
         memset(&r, 0, sizeof(r));
-        l3d_ctx_t *ctx = ctx_capture(&lb);
+        l3d_ctx_t *ctx = ctx_capture(&lb, j->counted);
+        size_t base = atomic_load(&counts.live);  // the context itself
         l3d_launch_env_t env = {.rank = rank, .size = size, .local_rank = rank,
                                 .master_port = j->port};
         snprintf(env.master_addr, sizeof(env.master_addr), "127.0.0.1");
@@ -145,6 +206,7 @@ static proc_t spawn(const job_t *j, int rank, int size, const char *token, rank_
             if (hold && (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)) code = 11;
             if (!code && fn) code = fn(bs, ctx, r.err, sizeof(r.err));
             l3d_bootstrap_destroy(bs);
+            if (!code && j->counted) code = counted_after_destroy(ctx, base, r.err, sizeof(r.err));
         }
         l3d_ctx_destroy(ctx);
         memcpy(r.log, lb.text, lb.n + 1);
@@ -373,7 +435,7 @@ static int store_body(l3d_bootstrap_t *bs, l3d_ctx_t *ctx, char *err, size_t err
         TRY(l3d_bootstrap_get(bs, key, &v, &n));
         int got = 0;
         if (n == sizeof(int)) memcpy(&got, v, n);
-        free(v);
+        l3d_bootstrap_free(bs, v, n);
         if (n != sizeof(int) || got != r * 1000 + 7) FAIL("k/%d: %zu bytes, %d", r, n, got);
     }
     // A second exchange under another tag: ranks in order.
@@ -404,7 +466,7 @@ static int store_body(l3d_bootstrap_t *bs, l3d_ctx_t *ctx, char *err, size_t err
     size_t n;
     TRY(l3d_bootstrap_get(bs, "big", &v, &n));  // held by the store until the PUT arrives
     for (size_t i = 0; i < n && !bad; i++) bad = ((uint8_t *)v)[i] != (uint8_t)(i * 13 + 5);
-    free(v);
+    l3d_bootstrap_free(bs, v, n);
     if (n != big || bad) FAIL("big value: %zu bytes", n);
     TRY(l3d_bootstrap_barrier(bs, "two"));
     // Late readers: rank 0 puts and leaves at once; its store must serve until all said bye.
@@ -413,7 +475,7 @@ static int store_body(l3d_bootstrap_t *bs, l3d_ctx_t *ctx, char *err, size_t err
     } else {
         TRY(l3d_bootstrap_get(bs, "late", &v, &n));
         int ok = n == 1 && ((char *)v)[0] == 'x';
-        free(v);
+        l3d_bootstrap_free(bs, v, n);
         if (!ok) FAIL("late value");
     }
     return 0;
@@ -431,6 +493,69 @@ Test(bootstrap_store, worlds_of_one_to_five) {
             cr_assert_eq(res.exit_code, 0, "size %d rank %d: exit %d: %s\n%s", size, r,
                          res.exit_code, res.err, res.log);
         }
+    }
+}
+
+// ---- values handed back come from the context's allocator ---------------------------------
+static size_t counted_len(int rank) { return 100 * (size_t)rank + 3; }
+
+static int counted_body(l3d_bootstrap_t *bs, l3d_ctx_t *ctx, char *err, size_t errlen) {
+    int rank = l3d_bootstrap_rank(bs), size = l3d_bootstrap_size(bs);
+    // Rank 0's store thread allocates while the others talk to it, so rank 0's total is only
+    // checked after destroy; its "comm" bytes are only what this thread was handed.
+    int exact = rank != 0;
+    size_t live0 = atomic_load(&counts.live);
+    uint8_t mine[400];
+    for (size_t i = 0; i < counted_len(rank); i++) mine[i] = pattern(rank, i);
+    char key[32];
+    snprintf(key, sizeof(key), "c/%d", rank);
+    TRY(l3d_bootstrap_put(bs, key, mine, counted_len(rank)));
+    TRY(l3d_bootstrap_barrier(bs, "counted"));
+    if (counted_is(exact, live0, 0, "after put and barrier", err, errlen)) return 1;
+    for (int r = 0; r < size; r++) {
+        void *v;
+        size_t n;
+        snprintf(key, sizeof(key), "c/%d", r);
+        TRY(l3d_bootstrap_get(bs, key, &v, &n));
+        int bad = n != counted_len(r);
+        for (size_t i = 0; i < n && !bad; i++) bad = ((uint8_t *)v)[i] != pattern(r, i);
+        if (bad) FAIL("get c/%d: %zu bytes, or wrong ones", r, n);
+        if (counted_is(exact, live0, n, key, err, errlen)) return 1;
+        if (l3d_ctx_mem_in_use(ctx, "comm") != n)
+            FAIL("the context counts %zu 'comm' bytes, the allocator %zu",
+                 l3d_ctx_mem_in_use(ctx, "comm"), n);
+        l3d_bootstrap_free(bs, v, n);
+        if (counted_is(exact, live0, 0, "after l3d_bootstrap_free", err, errlen)) return 1;
+    }
+    void **all;
+    size_t *lens;
+    TRY(l3d_bootstrap_allgather(bs, "counted", mine, counted_len(rank), &all, &lens));
+    size_t want = (size_t)size * (sizeof(void *) + sizeof(size_t));
+    int bad = 0;
+    for (int r = 0; r < size; r++) {
+        want += counted_len(r);
+        bad |= lens[r] != counted_len(r);
+        for (size_t i = 0; i < lens[r] && !bad; i++) bad = ((uint8_t *)all[r])[i] != pattern(r, i);
+    }
+    int wrong = counted_is(exact, live0, want, "allgather", err, errlen);
+    l3d_bootstrap_free_all(bs, all, lens);
+    if (bad) FAIL("allgather result is wrong");
+    if (wrong || counted_is(exact, live0, 0, "after free_all", err, errlen)) return 1;
+    // Kept on purpose: the count must show it, now and after destroy (counted_after_destroy).
+    TRY(l3d_bootstrap_get(bs, "c/2", &counts.leaked, &counts.leaked_len));
+    return counted_is(exact, live0, counted_len(2), "a value not freed", err, errlen);
+}
+
+Test(bootstrap_store, values_come_from_the_ctx_allocator) {
+    job_t j = new_job(3, 30);
+    j.counted = 1;
+    proc_t p[3];
+    for (int r = 2; r >= 0; r--) p[r] = spawn(&j, r, 3, j.token, counted_body, 0);
+    for (int r = 0; r < 3; r++) {
+        static result_t res;
+        collect(&p[r], &res, 60);
+        cr_assert_eq(res.exit_code, 0, "rank %d: exit %d: %s\n%s", r, res.exit_code, res.err,
+                     res.log);
     }
 }
 
