@@ -124,3 +124,11 @@ int l3d_cli_fail(const char *cmd, l3d_ctx_t *ctx, l3d_status st) {
     default: return L3D_EXIT_FAIL;
     }
 }
+
+int l3d_cli_launched(void) {
+    static const char *const vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
+                                       "PMI_RANK", "L3D_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        if (getenv(vars[i])) return 1;
+    return 0;
+}

@@ -41,6 +41,13 @@ int l3d_cmd_train(int argc, char **argv);
 int l3d_cmd_generate(int argc, char **argv);
 int l3d_cmd_forward(int argc, char **argv);
 int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
+int l3d_cmd_bench(int argc, char **argv);   // cli/bench_comm.c
+// `l3d bench comm` from argv[first] on; also the whole of the standalone bench_comm.
+int l3d_bench_comm_main(int argc, char **argv, int first);
+// Started as one rank of a job (l3d launch, torchrun, mpirun, srun, PMI, L3D_RANK)? The
+// rank variable decides; a missing size then fails in l3d_comm_create_env naming it. An
+// allocation shell that sets only sizes (SLURM_NTASKS) is a single run.
+int l3d_cli_launched(void);
 
 // Metrics: one JSON object per step, and an SVG loss curve written beside the JSONL file.
 typedef struct l3d_metrics l3d_metrics_t;

@@ -8,16 +8,6 @@
 #include "core/l3d_core.h"
 #include "platform/platform.h"
 
-// Started as one rank of a job (l3d launch, torchrun, mpirun, srun, PMI, L3D_RANK)? The rank
-// variable decides: an allocation shell that only sets sizes is a single run.
-static int launched(void) {
-    static const char *const vars[] = {"RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID",
-                                       "PMI_RANK", "L3D_RANK"};
-    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
-        if (getenv(vars[i])) return 1;
-    return 0;
-}
-
 static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out, char *src,
                          size_t srclen) {
     l3d_status st;
@@ -154,7 +144,7 @@ int l3d_cmd_train(int argc, char **argv) {
     // One rank of a job: as DeepSpeed, dp is whatever the world leaves after tp and pp unless
     // the config or --dp names it (then the mesh checks the product against the world).
     l3d_launch_env_t env = {0};
-    if (launched()) {
+    if (l3d_cli_launched()) {
         if ((st = l3d_launch_env_read(ctx, &env)) < 0) goto fail;
         rank = env.rank;
         nworld = env.size;

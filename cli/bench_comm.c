@@ -1,0 +1,751 @@
+// l3d bench comm: an nccl-tests style benchmark of the collectives (same flags, same table),
+// plus ucx_perftest/fi_pingpong style point-to-point rows, over thread ranks of this process
+// (local transport, -t N) or over the process ranks of a launched job (l3d launch, mpirun,
+// srun: l3d_comm_create_env).
+//
+// Per size and variant (out-of-place, then in-place where the op has one): fill the inputs,
+// -w warmup calls, a barrier, -n timed calls; time = the slowest rank's elapsed / iters (p2p:
+// per message, pingpong: half the round trip). With -c 1 one more call outside the timed loop
+// runs on freshly filled inputs and every rank counts the output elements that differ from a
+// reference computed here, element by element (#wrong, summed over ranks).
+//
+// Reference values: small non-negative integers depending on (rank, element index), exact in
+// every dtype; uint8 takes the full byte range so sums wrap. Reductions are computed as exact
+// integers, then AVG is a float32 division (truncating for integers) and half/bfloat16 round
+// once to nearest-even, which is the library's contract (docs/comm.md).
+//
+// Before the table every rank memcpy's MAXBYTES at once (best of 5): that bandwidth B bounds a
+// shared-memory allreduce at busbw <= 2(n-1)/n * B/n, printed after an allreduce table.
+//
+// Testing hook: L3D_BENCH_CORRUPT=1 flips one output byte on every checking rank before the
+// check, so tests can see that the check fails (tests/cli_bench.sh).
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "llama3d/comm.h"
+
+#define BC_CMD "bench comm"
+#define BC_ALIGN 64
+#define BC_MEMCPY_REPS 5
+
+typedef enum {
+    OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_REDUCE, OP_ALLTOALL,
+    OP_SENDRECV, OP_P2P, OP_PINGPONG, OP_COUNT
+} bc_op;
+
+typedef struct {
+    const char *name;
+    int reduces;   // takes -o
+    int rooted;    // takes -r
+    int split;     // size is the total over ranks: per-rank blocks of size / nranks
+    int inplace;   // has an in-place form
+    int min_ranks;
+} bc_op_desc_t;
+
+static const bc_op_desc_t bc_ops[OP_COUNT] = {
+    {"allreduce", 1, 0, 0, 1, 1},  {"reduce_scatter", 1, 0, 1, 1, 1},
+    {"allgather", 0, 0, 1, 1, 1},  {"broadcast", 0, 1, 0, 1, 1},
+    {"reduce", 1, 1, 0, 1, 1},     {"alltoall", 0, 0, 1, 0, 1},
+    {"sendrecv", 0, 0, 0, 0, 1},   {"p2p", 0, 0, 0, 0, 2},
+    {"pingpong", 0, 0, 0, 0, 2},
+};
+
+// nccl-tests' type names, in l3d_dtype order.
+static const char *const bc_type_names[L3D_DTYPE_COUNT] = {"float", "bfloat16", "half",
+                                                           "int32", "int64",    "uint8"};
+static const char *const bc_redop_names[L3D_REDOP_COUNT] = {"sum", "avg", "max", "min"};
+
+typedef struct {
+    bc_op op;
+    size_t minb, maxb;
+    long long factor, iters, warmup, check, root, nthreads, window;
+    l3d_dtype dt;
+    l3d_redop redop;
+    const char *transport;  // NULL: default
+    int corrupt;
+} bc_opts_t;
+
+// What the ranks share. Rank 0 alone prints and writes the totals.
+typedef struct {
+    bc_opts_t o;
+    const bc_op_desc_t *op;
+    size_t es;
+    int nranks;
+    l3d_ctx_t *ctx;
+    pthread_mutex_t mu;
+    int failed;
+    l3d_status fail_st;
+    char err[512];
+} bc_bench_t;
+
+typedef struct {
+    bc_bench_t *b;
+    l3d_comm_t *c;
+    int rank;
+    unsigned char *s, *r;  // MAXBYTES each, BC_ALIGN aligned
+    l3d_status st;
+    long long total_wrong;  // over all ranks (the same on every rank)
+} bc_rank_t;
+
+// One size: N elements in all, blocks of `blk` per rank for the split ops.
+typedef struct {
+    size_t bytes, n, blk;
+} bc_geom_t;
+
+// ---- flags -------------------------------------------------------------------------------
+
+// A byte count with an optional K/M/G suffix (powers of 1024).
+static int bc_parse_size(const char *flag, const char *v, size_t *out) {
+    char *end = NULL;
+    unsigned long long x = 0;
+    int ok = v[0] >= '0' && v[0] <= '9';
+    if (ok) x = strtoull(v, &end, 10);
+    unsigned shift = 0;
+    if (ok && *end) {
+        switch (*end) {
+        case 'k': case 'K': shift = 10; break;
+        case 'm': case 'M': shift = 20; break;
+        case 'g': case 'G': shift = 30; break;
+        default: ok = 0;
+        }
+        if (ok && end[1]) ok = 0;
+    }
+    const unsigned long long max = 64ull << 30;
+    if (!ok || x > (max >> shift)) {
+        fprintf(stderr, "l3d " BC_CMD ": %s: '%s' is not a size in bytes (N, NK, NM or NG, at "
+                "most 64G)\n", flag, v);
+        return -1;
+    }
+    *out = (size_t)(x << shift);
+    return 0;
+}
+
+static int bc_lookup(const char *flag, const char *v, const char *const *names, int n, int *out) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v, names[i])) {
+            *out = i;
+            return 0;
+        }
+    char list[256] = "";
+    for (int i = 0; i < n; i++)
+        snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? "|" : "", names[i]);
+    fprintf(stderr, "l3d " BC_CMD ": %s: '%s' is not one of %s\n", flag, v, list);
+    return -1;
+}
+
+static void bc_usage(FILE *f, const l3d_cli_flag_t *flags, int nflags) {
+    l3d_cli_usage(f, BC_CMD, "[OP] [FLAGS]", flags, nflags);
+    fprintf(f, "\nOP: allreduce (default), reduce_scatter, allgather, broadcast, reduce, "
+               "alltoall,\n"
+               "    sendrecv (rank r sends to r+1, receives from r-1), p2p (rank 0 streams -W\n"
+               "    messages per iteration to rank 1), pingpong (rank 0 <-> rank 1, half the "
+               "round trip)\n"
+               "Thread ranks of this process unless launched: l3d launch -n N -- l3d bench comm\n");
+}
+
+// Returns -1 on success (run), else the exit code.
+static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
+    const char *b = "8", *e = "64M", *f = "2", *n = "20", *w = "5", *c = "1", *op = "sum",
+               *d = "float", *r = "0", *t = "2", *W = "1", *tp = NULL, *help = NULL, *help2 = NULL;
+    const l3d_cli_flag_t flags[] = {
+        {"-b", "MINBYTES", "smallest size (default 8; K/M/G suffixes)", &b, 0},
+        {"-e", "MAXBYTES", "largest size (default 64M)", &e, 0},
+        {"-f", "STEPFACTOR", "size multiplier between rows (default 2)", &f, 0},
+        {"-n", "ITERS", "timed iterations per size (default 20)", &n, 0},
+        {"-w", "WARMUP", "untimed iterations per size before them (default 5)", &w, 0},
+        {"-c", "CHECK", "1: verify results once per size outside the timed loop (default 1)", &c,
+         0},
+        {"-o", "OP", "reduction: sum|avg|max|min (default sum)", &op, 0},
+        {"-d", "TYPE", "float|half|bfloat16|int32|int64|uint8 (default float)", &d, 0},
+        {"-r", "ROOT", "root of broadcast and reduce (default 0)", &r, 0},
+        {"-t", "NTHREADS", "thread ranks on the local transport (default 2; not when launched)",
+         &t, 0},
+        {"-W", "WINDOW", "p2p: messages in flight per iteration (default 1)", &W, 0},
+        {"--transport", "NAME", "local|ucx|ofi (default: local, or the launched job's)", &tp, 0},
+        {"-h", NULL, "this help", &help, 1},
+        {"--help", NULL, "this help", &help2, 1},
+    };
+    const int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
+    memset(o, 0, sizeof(*o));
+    o->op = OP_ALLREDUCE;
+    if (first < argc && argv[first][0] != '-') {
+        int k = 0;
+        const char *names[OP_COUNT];
+        for (int i = 0; i < OP_COUNT; i++) names[i] = bc_ops[i].name;
+        if (!strcmp(argv[first], "help")) help = "1";
+        else if (bc_lookup("OP", argv[first], names, OP_COUNT, &k) < 0) return L3D_EXIT_USAGE;
+        o->op = (bc_op)k;
+        first++;
+    }
+    if (l3d_cli_parse(BC_CMD, argc, argv, first, flags, nflags) < 0) return L3D_EXIT_USAGE;
+    if (help || help2) {
+        bc_usage(stdout, flags, nflags);
+        return L3D_EXIT_OK;
+    }
+    int k = 0;
+    if (bc_parse_size("-b", b, &o->minb) < 0 || bc_parse_size("-e", e, &o->maxb) < 0 ||
+        l3d_cli_int(BC_CMD, "-f", f, 2, 1024, &o->factor) < 0 ||
+        l3d_cli_int(BC_CMD, "-n", n, 1, 1000000000, &o->iters) < 0 ||
+        l3d_cli_int(BC_CMD, "-w", w, 0, 1000000000, &o->warmup) < 0 ||
+        l3d_cli_int(BC_CMD, "-c", c, 0, 1, &o->check) < 0 ||
+        l3d_cli_int(BC_CMD, "-r", r, 0, INT_MAX, &o->root) < 0 ||
+        l3d_cli_int(BC_CMD, "-t", t, 1, 1024, &o->nthreads) < 0 ||
+        l3d_cli_int(BC_CMD, "-W", W, 1, 1024, &o->window) < 0)
+        return L3D_EXIT_USAGE;
+    if (bc_lookup("-o", op, bc_redop_names, L3D_REDOP_COUNT, &k) < 0) return L3D_EXIT_USAGE;
+    o->redop = (l3d_redop)k;
+    if (bc_lookup("-d", d, bc_type_names, L3D_DTYPE_COUNT, &k) < 0) return L3D_EXIT_USAGE;
+    o->dt = (l3d_dtype)k;
+    if (tp) {
+        static const char *const tps[] = {"local", "ucx", "ofi"};
+        if (bc_lookup("--transport", tp, tps, 3, &k) < 0) return L3D_EXIT_USAGE;
+        o->transport = tp;
+    }
+    if (o->minb == 0) {
+        fprintf(stderr, "l3d " BC_CMD ": -b: MINBYTES must be at least 1\n");
+        return L3D_EXIT_USAGE;
+    }
+    if (o->minb > o->maxb) {
+        fprintf(stderr, "l3d " BC_CMD ": -b: %s is larger than -e %s\n", b, e);
+        return L3D_EXIT_USAGE;
+    }
+    const char *cor = getenv("L3D_BENCH_CORRUPT");
+    o->corrupt = cor && !strcmp(cor, "1");
+    return -1;
+}
+
+// ---- reference values --------------------------------------------------------------------
+
+static int64_t bc_pat(l3d_dtype dt, int rank, size_t i) {
+    if (dt == L3D_UINT8) return (int64_t)((i * 37u + (size_t)rank * 101u + 7u) & 0xffu);
+    return (int64_t)((i * 7u + (size_t)rank * 13u + 1u) % 11u);
+}
+
+static uint32_t bc_fbits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+// Round-to-nearest-even float32 -> bfloat16 / float16 (finite inputs; ours are).
+static uint16_t bc_to_bf16(float f) {
+    uint32_t u = bc_fbits(f);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static uint16_t bc_to_f16(float f) {
+    uint32_t x = bc_fbits(f), sign = (x >> 16) & 0x8000u, m = x & 0x7fffffu;
+    int e = (int)((x >> 23) & 0xffu) - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) {  // subnormal half: units of 2^-24
+        if (e < -10) return (uint16_t)sign;
+        m |= 0x800000u;
+        unsigned shift = (unsigned)(14 - e);
+        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1u))) h++;
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;  // a carry bumps the exponent
+    return (uint16_t)(sign | h);
+}
+
+// Writes integer v as one element of dt; with avg, the reduced value v / n.
+static void bc_encode(l3d_dtype dt, int64_t v, int avg, int n, void *out) {
+    float f = (float)v;
+    if (avg) f /= (float)n;
+    switch (dt) {
+    case L3D_FLOAT32: memcpy(out, &f, 4); break;
+    case L3D_BFLOAT16: {
+        uint16_t h = bc_to_bf16(f);
+        memcpy(out, &h, 2);
+        break;
+    }
+    case L3D_FLOAT16: {
+        uint16_t h = bc_to_f16(f);
+        memcpy(out, &h, 2);
+        break;
+    }
+    case L3D_INT32: {
+        int32_t x = (int32_t)(avg ? v / n : v);
+        memcpy(out, &x, 4);
+        break;
+    }
+    case L3D_INT64: {
+        int64_t x = avg ? v / n : v;
+        memcpy(out, &x, 8);
+        break;
+    }
+    default: {
+        uint8_t x = (uint8_t)(v & 0xff);  // sums wrap in uint8, then avg divides
+        if (avg) x = (uint8_t)(x / n);
+        memcpy(out, &x, 1);
+        break;
+    }
+    }
+}
+
+// Fills elements [0, count) of buf with rank's pattern at global indices off + j.
+static void bc_fill(const bc_bench_t *b, void *buf, int rank, size_t off, size_t count) {
+    unsigned char *p = buf;
+    for (size_t j = 0; j < count; j++)
+        bc_encode(b->o.dt, bc_pat(b->o.dt, rank, off + j), 0, 1, p + j * b->es);
+}
+
+static void bc_sentinel(void *buf, size_t bytes) { memset(buf, 0xa5, bytes); }
+
+// The reduction over every rank of element g, encoded.
+static void bc_expect_red(const bc_bench_t *b, size_t g, void *out) {
+    l3d_dtype dt = b->o.dt;
+    l3d_redop op = b->o.redop;
+    int64_t acc = bc_pat(dt, 0, g);
+    for (int r = 1; r < b->nranks; r++) {
+        int64_t v = bc_pat(dt, r, g);
+        if (op == L3D_MAX) acc = v > acc ? v : acc;
+        else if (op == L3D_MIN) acc = v < acc ? v : acc;
+        else acc += v;
+    }
+    bc_encode(dt, acc, op == L3D_AVG, b->nranks, out);
+}
+
+// ---- one rank ----------------------------------------------------------------------------
+
+static int64_t bc_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// Records the first failure (its detail) and aborts this rank's communicator so the peers
+// fail at once instead of waiting for their timeout.
+static l3d_status bc_fail(bc_rank_t *rk, l3d_status st, const char *fmt, ...) {
+    bc_bench_t *b = rk->b;
+    pthread_mutex_lock(&b->mu);
+    if (!b->failed) {
+        b->failed = 1;
+        b->fail_st = st;
+        if (fmt) {
+            va_list ap;
+            va_start(ap, fmt);
+            vsnprintf(b->err, sizeof(b->err), fmt, ap);
+            va_end(ap);
+        } else {
+            const char *d = l3d_ctx_last_error(b->ctx);
+            snprintf(b->err, sizeof(b->err), "%s", d[0] ? d : l3d_strerror(st));
+        }
+    }
+    pthread_mutex_unlock(&b->mu);
+    if (rk->c) l3d_comm_abort(rk->c);
+    rk->st = st;
+    return st;
+}
+
+#define BC_TRY(rk, call)                                        \
+    do {                                                        \
+        l3d_status st_ = (call);                                \
+        if (st_ != L3D_OK) return bc_fail((rk), st_, NULL);     \
+    } while (0)
+
+// The slowest rank's value (int64: doubles are not a dtype).
+static l3d_status bc_max_i64(bc_rank_t *rk, int64_t *v) {
+    int64_t in = *v;
+    return l3d_comm_allreduce(rk->c, &in, v, 1, L3D_INT64, L3D_MAX);
+}
+
+// One call of the op. ip: the in-place form.
+static l3d_status bc_call(bc_rank_t *rk, const bc_geom_t *g, int ip) {
+    const bc_bench_t *b = rk->b;
+    l3d_comm_t *c = rk->c;
+    l3d_dtype dt = b->o.dt;
+    l3d_redop op = b->o.redop;
+    int root = (int)b->o.root, n = b->nranks, me = rk->rank;
+    unsigned char *S = rk->s, *R = rk->r;
+    size_t blkb = g->blk * b->es;
+    switch (b->o.op) {
+    case OP_ALLREDUCE: return l3d_comm_allreduce(c, ip ? R : S, R, g->n, dt, op);
+    case OP_REDUCE_SCATTER:
+        return ip ? l3d_comm_reduce_scatter(c, R, R + (size_t)me * blkb, g->blk, dt, op)
+                  : l3d_comm_reduce_scatter(c, S, R, g->blk, dt, op);
+    case OP_ALLGATHER:
+        return l3d_comm_allgather(c, ip ? R + (size_t)me * blkb : S, R, g->blk, dt);
+    case OP_BROADCAST: return l3d_comm_broadcast(c, ip ? R : S, R, g->n, dt, root);
+    case OP_REDUCE: return l3d_comm_reduce(c, ip ? R : S, R, g->n, dt, op, root);
+    case OP_ALLTOALL: return l3d_comm_alltoall(c, S, R, g->blk, dt);
+    case OP_SENDRECV: {
+        l3d_status st = l3d_comm_group_start(c);
+        if (st != L3D_OK) return st;
+        l3d_status s1 = l3d_comm_send(c, S, g->n, dt, (me + 1) % n);
+        l3d_status s2 = l3d_comm_recv(c, R, g->n, dt, (me + n - 1) % n);
+        st = l3d_comm_group_end(c);
+        return s1 != L3D_OK ? s1 : s2 != L3D_OK ? s2 : st;
+    }
+    case OP_P2P: {
+        // The window's receives share one buffer, as in ucx_perftest (the bytes are the same).
+        if (me > 1) return L3D_OK;
+        l3d_status st = l3d_comm_group_start(c), st2 = L3D_OK;
+        if (st != L3D_OK) return st;
+        for (long long i = 0; i < b->o.window && st2 == L3D_OK; i++)
+            st2 = me == 0 ? l3d_comm_send(c, S, g->n, dt, 1) : l3d_comm_recv(c, R, g->n, dt, 0);
+        st = l3d_comm_group_end(c);
+        return st2 != L3D_OK ? st2 : st;
+    }
+    case OP_PINGPONG:
+        if (me == 0) {
+            l3d_status st = l3d_comm_send(c, S, g->n, dt, 1);
+            return st != L3D_OK ? st : l3d_comm_recv(c, R, g->n, dt, 1);
+        }
+        if (me == 1) {
+            l3d_status st = l3d_comm_recv(c, R, g->n, dt, 0);
+            return st != L3D_OK ? st : l3d_comm_send(c, R, g->n, dt, 0);
+        }
+        return L3D_OK;
+    default: return L3D_ERR_INTERNAL;
+    }
+}
+
+// Inputs for a call: the pattern where the op reads, the sentinel where it writes.
+static void bc_prepare(bc_rank_t *rk, const bc_geom_t *g, int ip) {
+    const bc_bench_t *b = rk->b;
+    int me = rk->rank, root = (int)b->o.root;
+    unsigned char *S = rk->s, *R = rk->r, *in = ip ? R : S;
+    size_t es = b->es;
+    switch (b->o.op) {
+    case OP_ALLREDUCE:
+    case OP_REDUCE_SCATTER:
+    case OP_REDUCE:
+        if (!ip) bc_sentinel(R, g->bytes);
+        bc_fill(b, in, me, 0, g->n);
+        break;
+    case OP_ALLGATHER:
+        bc_sentinel(R, g->bytes);
+        bc_fill(b, ip ? R + (size_t)me * g->blk * es : S, me, (size_t)me * g->blk, g->blk);
+        break;
+    case OP_BROADCAST:
+        bc_sentinel(R, g->bytes);
+        if (me == root || !ip) bc_fill(b, in, root, 0, g->n);
+        break;
+    case OP_ALLTOALL:
+    case OP_SENDRECV:
+    case OP_P2P:
+    case OP_PINGPONG:
+        bc_sentinel(R, g->bytes);
+        bc_fill(b, S, me, 0, g->n);
+        break;
+    default: break;
+    }
+}
+
+// Counts the output elements of this rank that differ from the reference.
+static long long bc_verify(bc_rank_t *rk, const bc_geom_t *g, int ip) {
+    const bc_bench_t *b = rk->b;
+    int me = rk->rank, n = b->nranks, root = (int)b->o.root;
+    size_t es = b->es, cnt = g->n, blk = g->blk;
+    unsigned char *out = rk->r;
+    bc_op op = b->o.op;
+    if ((op == OP_REDUCE && me != root) || (op == OP_P2P && me != 1) ||
+        (op == OP_PINGPONG && me > 1))
+        return 0;
+    if (op == OP_REDUCE_SCATTER) {
+        cnt = blk;
+        if (ip) out += (size_t)me * blk * es;
+    }
+    if (b->o.corrupt && cnt > 0) out[0] ^= 0x40;
+    long long wrong = 0;
+    unsigned char want[8];
+    for (size_t j = 0; j < cnt; j++) {
+        switch (op) {
+        case OP_ALLREDUCE:
+        case OP_REDUCE: bc_expect_red(b, j, want); break;
+        case OP_REDUCE_SCATTER: bc_expect_red(b, (size_t)me * blk + j, want); break;
+        case OP_ALLGATHER: bc_encode(b->o.dt, bc_pat(b->o.dt, (int)(j / blk), j), 0, 1, want);
+            break;
+        case OP_BROADCAST: bc_encode(b->o.dt, bc_pat(b->o.dt, root, j), 0, 1, want); break;
+        case OP_ALLTOALL:
+            bc_encode(b->o.dt, bc_pat(b->o.dt, (int)(j / blk), (size_t)me * blk + j % blk), 0, 1,
+                      want);
+            break;
+        case OP_SENDRECV: bc_encode(b->o.dt, bc_pat(b->o.dt, (me + n - 1) % n, j), 0, 1, want);
+            break;
+        default: bc_encode(b->o.dt, bc_pat(b->o.dt, 0, j), 0, 1, want); break;  // p2p, pingpong
+        }
+        wrong += memcmp(out + j * es, want, es) != 0;
+    }
+    return wrong;
+}
+
+// Times one variant and checks it: *ns (the slowest rank, per call) and *wrong (all ranks).
+static l3d_status bc_variant(bc_rank_t *rk, const bc_geom_t *g, int ip, int64_t *ns,
+                             long long *wrong) {
+    const bc_bench_t *b = rk->b;
+    bc_prepare(rk, g, ip);
+    for (long long i = 0; i < b->o.warmup; i++) BC_TRY(rk, bc_call(rk, g, ip));
+    BC_TRY(rk, l3d_comm_barrier(rk->c));
+    int64_t t0 = bc_now_ns();
+    for (long long i = 0; i < b->o.iters; i++) BC_TRY(rk, bc_call(rk, g, ip));
+    int64_t div = b->o.iters;
+    if (b->o.op == OP_P2P) div *= b->o.window;
+    if (b->o.op == OP_PINGPONG) div *= 2;
+    *ns = (bc_now_ns() - t0) / div;
+    BC_TRY(rk, bc_max_i64(rk, ns));
+    *wrong = -1;
+    if (b->o.check) {
+        bc_prepare(rk, g, ip);
+        BC_TRY(rk, bc_call(rk, g, ip));
+        int64_t w = bc_verify(rk, g, ip), all = 0;
+        BC_TRY(rk, l3d_comm_allreduce(rk->c, &w, &all, 1, L3D_INT64, L3D_SUM));
+        *wrong = (long long)all;
+    }
+    return L3D_OK;
+}
+
+// B: bytes copied per second by every rank copying MAXBYTES at once (best of 5).
+static l3d_status bc_memcpy_bw(bc_rank_t *rk, double *gbs) {
+    size_t bytes = rk->b->o.maxb;
+    memcpy(rk->r, rk->s, bytes);  // untimed first copy
+    int64_t best = INT64_MAX;
+    for (int rep = 0; rep < BC_MEMCPY_REPS; rep++) {
+        BC_TRY(rk, l3d_comm_barrier(rk->c));
+        int64_t t0 = bc_now_ns();
+        memcpy(rk->r, rk->s, bytes);
+        int64_t t = bc_now_ns() - t0;
+        BC_TRY(rk, bc_max_i64(rk, &t));
+        if (t < best) best = t;
+    }
+    *gbs = best > 0 ? (double)bytes * rk->b->nranks / (double)best : 0.0;
+    return L3D_OK;
+}
+
+static void bc_print_time(int64_t ns, double bytes, double factor, long long wrong, double *bus) {
+    double us = (double)ns / 1e3;
+    double alg = ns > 0 ? bytes / (double)ns : 0.0;  // bytes per ns = GB/s
+    *bus = alg * factor;
+    printf(us < 100 ? "  %7.2f" : us < 1e4 ? "  %7.1f" : "  %7.0f", us);  // as nccl-tests
+    printf("  %6.2f  %6.2f", alg, *bus);
+    if (wrong < 0) printf("  %5s", "N/A");
+    else printf("  %5lld", wrong);
+}
+
+static void bc_human(size_t b, char *out, size_t len) {
+    if (b && !(b & ((1u << 30) - 1))) snprintf(out, len, "%zu GiB", b >> 30);
+    else if (b && !(b & ((1u << 20) - 1))) snprintf(out, len, "%zu MiB", b >> 20);
+    else if (b && !(b & ((1u << 10) - 1))) snprintf(out, len, "%zu KiB", b >> 10);
+    else snprintf(out, len, "%zu B", b);
+}
+
+static l3d_status bc_rank_run(bc_rank_t *rk) {
+    bc_bench_t *b = rk->b;
+    const bc_opts_t *o = &b->o;
+    int n = b->nranks, me = rk->rank;
+    void *s = NULL, *r = NULL;
+    size_t alloc = (o->maxb + BC_ALIGN - 1) / BC_ALIGN * BC_ALIGN;
+    if (!alloc) alloc = BC_ALIGN;
+    if (posix_memalign(&s, BC_ALIGN, alloc) || posix_memalign(&r, BC_ALIGN, alloc)) {
+        free(s);
+        return bc_fail(rk, L3D_ERR_NOMEM, "rank %d: cannot allocate 2 x %zu bytes", me, alloc);
+    }
+    rk->s = s;
+    rk->r = r;
+    memset(s, 0, alloc);  // touch every page before timing
+    memset(r, 0, alloc);
+    double B = 0;
+    l3d_status st = bc_memcpy_bw(rk, &B);
+    if (st != L3D_OK) goto done;
+    double factor = 1.0;
+    if (o->op == OP_ALLREDUCE) factor = 2.0 * (n - 1) / n;
+    else if (b->op->split) factor = (double)(n - 1) / n;
+    int print = me == 0;
+    if (print) {
+        printf("# l3d bench comm: %s, %d ranks (%s transport), %s, %s, iters %lld, warmup %lld, "
+               "check %lld\n", b->op->name, n, l3d_comm_transport_name(rk->c),
+               bc_type_names[o->dt], b->op->reduces ? bc_redop_names[o->redop] : "none",
+               o->iters, o->warmup, o->check);
+        printf("# memcpy bandwidth (%d ranks copying at once): %.2f GB/s\n", n, B);
+        printf("#\n"
+               "#                                                              out-of-place       "
+               "                in-place\n"
+               "#       size         count      type   redop    root     time   algbw   busbw "
+               "#wrong     time   algbw   busbw #wrong\n"
+               "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)     "
+               "       (us)  (GB/s)  (GB/s)\n");
+        fflush(stdout);
+    }
+    size_t unit = b->es * (b->op->split ? (size_t)n : 1);
+    double sum_bus = 0, last_oop = 0, last_ip = 0;
+    int rows = 0;
+    size_t last_bytes = 0;
+    for (size_t size = o->minb;;) {
+        bc_geom_t g;
+        g.bytes = size / unit * unit;
+        g.n = g.bytes / b->es;
+        g.blk = b->op->split ? g.n / (size_t)n : g.n;
+        int64_t ns[2] = {0, 0};
+        long long wrong[2] = {-1, -1};
+        for (int ip = 0; ip < 1 + b->op->inplace; ip++) {
+            st = bc_variant(rk, &g, ip, &ns[ip], &wrong[ip]);
+            if (st != L3D_OK) goto done;
+            if (wrong[ip] > 0) rk->total_wrong += wrong[ip];
+        }
+        if (print) {
+            printf("%12zu  %12zu  %8s  %6s  %6d", g.bytes, g.n, bc_type_names[o->dt],
+                   b->op->reduces ? bc_redop_names[o->redop] : "none",
+                   b->op->rooted ? (int)o->root : -1);
+            bc_print_time(ns[0], (double)g.bytes, factor, wrong[0], &last_oop);
+            if (b->op->inplace) bc_print_time(ns[1], (double)g.bytes, factor, wrong[1], &last_ip);
+            else printf("  %7s  %6s  %6s  %5s", "N/A", "N/A", "N/A", "N/A");
+            printf("\n");
+            fflush(stdout);
+        }
+        sum_bus += last_oop;
+        rows++;
+        last_bytes = g.bytes;
+        if (size > o->maxb / (size_t)o->factor) break;  // size * factor > maxb
+        size *= (size_t)o->factor;
+    }
+    if (print) {
+        printf("# Out of bounds values : %lld %s\n", rk->total_wrong,
+               rk->total_wrong ? "FAILED" : "OK");
+        printf("# Avg bus bandwidth    : %g\n", rows ? sum_bus / rows : 0.0);
+        if (o->op == OP_ALLREDUCE) {
+            double bound = 2.0 * (n - 1) / n * B / n;
+            char hs[32];
+            bc_human(last_bytes, hs, sizeof(hs));
+            printf("# allreduce memory bound at %s: busbw <= 2(n-1)/n*B/n = %.2f GB/s; measured "
+                   "out-of-place %.2f (%.0f%%), in-place %.2f (%.0f%%)\n", hs, bound, last_oop,
+                   bound > 0 ? 100.0 * last_oop / bound : 0.0, last_ip,
+                   bound > 0 ? 100.0 * last_ip / bound : 0.0);
+        }
+        printf("#\n");
+        fflush(stdout);
+    }
+done:
+    free(s);
+    free(r);
+    rk->s = rk->r = NULL;
+    return st;
+}
+
+static void *bc_thread(void *arg) {
+    bc_rank_t *rk = arg;
+    rk->st = bc_rank_run(rk);
+    return NULL;
+}
+
+// ---- entry -------------------------------------------------------------------------------
+
+// A launcher named a world: some convention of docs/launch.md has both rank and size set.
+// Runs the ranks (threads or this process's one) and returns the exit code.
+static int bc_run(bc_bench_t *b, l3d_comm_t **comms, int nlocal) {
+    b->nranks = l3d_comm_size(comms[0]);
+    int first = l3d_comm_rank(comms[0]);
+    if (b->nranks < b->op->min_ranks) {
+        if (first == 0)
+            fprintf(stderr, "l3d " BC_CMD ": %s needs at least %d ranks (got %d: use -t or l3d "
+                    "launch -n)\n", b->op->name, b->op->min_ranks, b->nranks);
+        return L3D_EXIT_USAGE;
+    }
+    if (b->o.root >= b->nranks) {
+        if (first == 0)
+            fprintf(stderr, "l3d " BC_CMD ": -r: root %lld is not below the %d ranks\n",
+                    b->o.root, b->nranks);
+        return L3D_EXIT_USAGE;
+    }
+    bc_rank_t *rks = calloc((size_t)nlocal, sizeof(*rks));
+    pthread_t *th = calloc((size_t)nlocal, sizeof(*th));
+    if (!rks || !th) {
+        free(rks);
+        free(th);
+        fprintf(stderr, "l3d " BC_CMD ": out of memory\n");
+        return L3D_EXIT_FAIL;
+    }
+    for (int i = 0; i < nlocal; i++) {
+        rks[i].b = b;
+        rks[i].c = comms[i];
+        rks[i].rank = l3d_comm_rank(comms[i]);
+    }
+    int started = 0;
+    if (nlocal == 1) {
+        bc_thread(&rks[0]);
+    } else {
+        for (; started < nlocal; started++)
+            if (pthread_create(&th[started], NULL, bc_thread, &rks[started])) break;
+        if (started < nlocal) {  // the started ranks fail at once on the aborted ones
+            for (int i = started; i < nlocal; i++)
+                bc_fail(&rks[i], L3D_ERR_SYSTEM, "cannot start the thread of rank %d", i);
+        }
+        for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    }
+    long long wrong = 0;
+    for (int i = 0; i < nlocal; i++) wrong += rks[i].total_wrong;
+    free(rks);
+    free(th);
+    if (b->failed) {
+        fprintf(stderr, "l3d " BC_CMD ": %s\n", b->err);
+        return L3D_EXIT_FAIL;
+    }
+    return wrong > 0 ? L3D_EXIT_FAIL : L3D_EXIT_OK;
+}
+
+
+int l3d_bench_comm_main(int argc, char **argv, int first) {
+    bc_bench_t b;
+    memset(&b, 0, sizeof(b));
+    int rc = bc_parse(argc, argv, first, &b.o);
+    if (rc >= 0) return rc;
+    b.op = &bc_ops[b.o.op];
+    b.es = l3d_dtype_size(b.o.dt);
+    l3d_status st = l3d_ctx_create(NULL, &b.ctx);
+    if (st != L3D_OK) {
+        fprintf(stderr, "l3d " BC_CMD ": %s\n", l3d_strerror(st));
+        return L3D_EXIT_FAIL;
+    }
+    pthread_mutex_init(&b.mu, NULL);
+    int launched = l3d_cli_launched();
+    int local = !launched && (!b.o.transport || !strcmp(b.o.transport, "local"));
+    int nlocal = local ? (int)b.o.nthreads : 1;
+    l3d_comm_t **comms = calloc((size_t)nlocal, sizeof(*comms));
+    if (!comms) {
+        rc = L3D_EXIT_FAIL;
+        fprintf(stderr, "l3d " BC_CMD ": out of memory\n");
+        goto out;
+    }
+    if (local) {
+        st = l3d_comm_create_local(b.ctx, nlocal, comms);
+    } else {
+        // --transport ucx|ofi outside a launched job: a world of one, which at least shows
+        // whether the transport is built and starts.
+        if (!launched) {
+            setenv("L3D_RANK", "0", 1);
+            setenv("L3D_WORLD_SIZE", "1", 1);
+        }
+        st = l3d_comm_create_env(b.ctx, b.o.transport, &comms[0]);
+    }
+    if (st != L3D_OK) {
+        rc = l3d_cli_fail(BC_CMD, b.ctx, st);  // an unbuilt transport or a bad environment: 2
+        goto out;
+    }
+    rc = bc_run(&b, comms, nlocal);
+    for (int i = 0; i < nlocal; i++) l3d_comm_destroy(comms[i]);
+out:
+    free(comms);
+    pthread_mutex_destroy(&b.mu);
+    l3d_ctx_destroy(b.ctx);
+    return rc;
+}
+
+int l3d_cmd_bench(int argc, char **argv) {
+    if (argc >= 3 && !strcmp(argv[2], "comm")) return l3d_bench_comm_main(argc, argv, 3);
+    int help = argc >= 3 && (!strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"));
+    FILE *f = help ? stdout : stderr;
+    if (argc >= 3 && !help)
+        fprintf(f, "l3d bench: unknown benchmark '%s' (there is: comm; see l3d bench comm "
+                "--help)\n", argv[2]);
+    else
+        fprintf(f, "usage: l3d bench comm [OP] [FLAGS]   collectives, nccl-tests style "
+                   "(l3d bench comm --help)\n");
+    return help ? L3D_EXIT_OK : L3D_EXIT_USAGE;
+}
