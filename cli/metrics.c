@@ -36,9 +36,13 @@ void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s) {
     fprintf(m->f,
             "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, "
             "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_time_s\": %.6g, "
-            "\"mem_peak_bytes\": %zu}\n",
+            "\"mem_peak_bytes\": %zu, \"comm_calls\": {\"tp\": %llu, \"dp\": %llu, \"pp\": %llu}, "
+            "\"comm_bytes\": {\"tp\": %llu, \"dp\": %llu, \"pp\": %llu}}\n",
             s->step, s->loss, (double)s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
-            s->step_time_s, s->mem_peak);
+            s->step_time_s, s->mem_peak, (unsigned long long)s->comm_calls[0],
+            (unsigned long long)s->comm_calls[1], (unsigned long long)s->comm_calls[2],
+            (unsigned long long)s->comm_bytes[0], (unsigned long long)s->comm_bytes[1],
+            (unsigned long long)s->comm_bytes[2]);
     fflush(m->f);
     if (m->n == m->cap) {
         int cap = m->cap ? 2 * m->cap : 256;

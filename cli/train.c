@@ -74,6 +74,16 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
     else
         printf("  data %s; device %s, %d threads\n", data, c->device, threads);
     for (int i = 0; i < c->n_notes; i++) printf("  note: %s\n", c->notes[i]);
+    if (c->dp * c->tp * c->pp > 1) {
+        l3d_comm_stats_t plan[3];
+        l3d_train_config_comm(c, plan);
+        double MiB = 1024.0 * 1024.0;
+        printf("  communication per step (rank 0, predicted): tp %llu calls %.3f MiB, dp %llu "
+               "calls %.3f MiB, pp %llu calls %.3f MiB\n",
+               (unsigned long long)plan[0].calls, plan[0].bytes / MiB,
+               (unsigned long long)plan[1].calls, plan[1].bytes / MiB,
+               (unsigned long long)plan[2].calls, plan[2].bytes / MiB);
+    }
     fflush(stdout);
 }
 
@@ -185,9 +195,15 @@ int l3d_cmd_train(int argc, char **argv) {
         if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
         if (mx) l3d_metrics_write(mx, &s);
         if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps)) {
-            printf("step %6d/%d | loss %.4f | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%\n",
+            char comm[96] = "";
+            if (nworld > 1)
+                snprintf(comm, sizeof(comm), " | comm MiB tp %.2f dp %.2f pp %.2f",
+                         s.comm_bytes[0] / 1048576.0, s.comm_bytes[1] / 1048576.0,
+                         s.comm_bytes[2] / 1048576.0);
+            printf("step %6d/%d | loss %.4f | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%"
+                   "%s\n",
                    s.step, cfg->steps, s.loss, (double)s.lr, s.grad_norm, s.tokens_per_s,
-                   100.0 * s.mfu);
+                   100.0 * s.mfu, comm);
             fflush(stdout);
         }
         if (cfg->save_dir[0] && cfg->save_interval > 0 && s.step % cfg->save_interval == 0 &&

@@ -212,20 +212,23 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
 // other. A ZeRO-sharded run gathers the shards into full arenas first.
 typedef struct ckpt_state {
     l3d_trainer_t *t;
-    float *m, *v;  // full arenas (the trainer's own when not sharded)
+    float *m, *v;  // this rank's arenas with every dp shard (the trainer's own when unsharded)
+    // tensor parallelism: the single-rank model and its optimizer arenas (else NULL)
+    l3d_model_t *full;
+    float *fm, *fv;
 } ckpt_state_t;
 
 static l3d_status fill_trainer(void *arg, const char *tmp) {
     ckpt_state_t *cs = arg;
     l3d_trainer_t *t = cs->t;
-    l3d_model_t *m = t->model;
+    l3d_model_t *m = cs->full ? cs->full : t->model;
     char path[1024];
     L3D_CHECK(t->ctx, write_model_files(m, tmp));
     join(path, sizeof(path), tmp, "optimizer.safetensors");
-    L3D_CHECK(t->ctx, write_arena(m, cs->m, path, ".exp_avg"));
+    L3D_CHECK(t->ctx, write_arena(m, cs->full ? cs->fm : cs->m, path, ".exp_avg"));
     // exp_avg_sq goes to its own file: each file holds one arena's worth of names.
     join(path, sizeof(path), tmp, "optimizer_sq.safetensors");
-    L3D_CHECK(t->ctx, write_arena(m, cs->v, path, ".exp_avg_sq"));
+    L3D_CHECK(t->ctx, write_arena(m, cs->full ? cs->fv : cs->v, path, ".exp_avg_sq"));
     json_t *s = json_pack("{s:s, s:i, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "format",
                           TRAINER_STATE_FORMAT, "step", t->step, "seed", (json_int_t)t->cfg.seed,
                           "train_batch_size", t->cfg.train_batch_size,
@@ -246,6 +249,7 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
 // Full-arena views of the optimizer state: the trainer's arenas, or (sharded) the gradient
 // arena (free between steps) and a temporary for exp_avg_sq.
 static l3d_status full_optim(l3d_trainer_t *t, ckpt_state_t *cs) {
+    memset(cs, 0, sizeof(*cs));
     cs->t = t;
     if (!t->dp.sharded) {
         cs->m = t->adam_m;
@@ -256,26 +260,51 @@ static l3d_status full_optim(l3d_trainer_t *t, ckpt_state_t *cs) {
     return l3d_dev_alloc(t->dev, t->dp.Ppad * sizeof(float), "staging", (void **)&cs->v);
 }
 
+// The single-rank model (its parameters arena) and two optimizer arenas of its size.
+static l3d_status full_model(l3d_trainer_t *t, ckpt_state_t *cs) {
+    L3D_CHECK(t->ctx, l3d_model_create(t->ctx, t->dev, &t->model->cfg, &cs->full));
+    size_t bytes = cs->full->n_params * sizeof(float);
+    L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&cs->fm));
+    return l3d_dev_alloc(t->dev, bytes, "staging", (void **)&cs->fv);
+}
+
 static void full_optim_release(l3d_trainer_t *t, ckpt_state_t *cs) {
     if (t->dp.sharded) l3d_dev_free(t->dev, cs->v, t->dp.Ppad * sizeof(float), "staging");
+    if (cs->full) {
+        size_t bytes = cs->full->n_params * sizeof(float);
+        l3d_dev_free(t->dev, cs->fv, bytes, "staging");
+        l3d_dev_free(t->dev, cs->fm, bytes, "staging");
+        l3d_model_destroy(cs->full);
+    }
 }
 
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
     ckpt_state_t cs;
-    L3D_CHECK(t->ctx, full_optim(t, &cs));
-    l3d_status st = l3d_dp_optim_gather(t, t->adam_m, cs.m);
+    l3d_model_t *m = t->model;
+    int tp_rank = m->tp.rank, writer = t->dp.rank == 0 && tp_rank == 0;
+    l3d_status st = full_optim(t, &cs);
+    if (st >= 0) st = l3d_dp_optim_gather(t, t->adam_m, cs.m);
     if (st >= 0) st = l3d_dp_optim_gather(t, t->adam_v, cs.v);
-    // Data-parallel replicas hold the same model: dp rank 0 writes; the barrier returns on
-    // every rank only once the directory is published (or tells them it failed).
-    if (st >= 0 && t->dp.rank == 0) st = publish_dir(t->ctx, dir, fill_trainer, &cs);
+    // Tensor parallelism: dp rank 0's tp group assembles the single-rank layout on its tp
+    // rank 0 (the other dp replicas hold the same shards).
+    if (st >= 0 && m->tp.size > 1 && t->dp.rank == 0) {
+        if (writer) st = full_model(t, &cs);
+        if (st >= 0) st = l3d_model_tp_gather(m, m->params, cs.full, writer ? cs.full->params : NULL);
+        if (st >= 0) st = l3d_model_tp_gather(m, cs.m, cs.full, writer ? cs.fm : NULL);
+        if (st >= 0) st = l3d_model_tp_gather(m, cs.v, cs.full, writer ? cs.fv : NULL);
+    }
+    // One rank writes; the agreement below returns on every rank only once the directory is
+    // published (or tells them all that it failed).
+    if (st >= 0 && writer) st = publish_dir(t->ctx, dir, fill_trainer, &cs);
     full_optim_release(t, &cs);
-    if (t->dp.n > 1) {
+    l3d_comm_t *world = t->mesh->world;
+    if (world && l3d_comm_size(world) > 1) {
         int32_t ok = st >= 0, all_ok = 0;
-        l3d_status cst = l3d_comm_allreduce(t->dp.comm, &ok, &all_ok, 1, L3D_INT32, L3D_MIN);
-        if (st >= 0 && cst < 0) st = l3d_error(t->ctx, cst, "save: %s",
-                                               l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
+        l3d_status cst = l3d_comm_allreduce(world, &ok, &all_ok, 1, L3D_INT32, L3D_MIN);
+        if (st >= 0 && cst < 0)
+            st = l3d_error(t->ctx, cst, "save: %s", l3d_ctx_last_error(l3d_comm_ctx(world)));
         if (st >= 0 && cst >= 0 && !all_ok)
-            st = l3d_error(t->ctx, L3D_ERR_IO, "save: dp rank 0 failed to write %s", dir);
+            st = l3d_error(t->ctx, L3D_ERR_IO, "save: another rank failed to write %s", dir);
     }
     L3D_CHECK(t->ctx, st);
     l3d_log(t->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved checkpoint at step %d to %s", t->step,
@@ -321,13 +350,22 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
     int nstep = st >= 0 ? (int)json_integer_value(step) : 0;
     json_decref(s);
     L3D_CHECK(ctx, st);
-    L3D_CHECK(ctx, l3d_model_load(t->model, dir));
     ckpt_state_t cs;
     L3D_CHECK(ctx, full_optim(t, &cs));
+    l3d_model_t *m = t->model;
+    // Any layout reads the single-rank layout; a tensor-parallel rank takes its shards.
+    if (m->tp.size > 1) st = full_model(t, &cs);
+    l3d_model_t *rm = cs.full ? cs.full : m;
+    if (st >= 0) st = l3d_model_load(rm, dir);
     join(path, sizeof(path), dir, "optimizer.safetensors");
-    st = read_arena(t->model, cs.m, path, ".exp_avg");
+    if (st >= 0) st = read_arena(rm, cs.full ? cs.fm : cs.m, path, ".exp_avg");
     join(path, sizeof(path), dir, "optimizer_sq.safetensors");
-    if (st >= 0) st = read_arena(t->model, cs.v, path, ".exp_avg_sq");
+    if (st >= 0) st = read_arena(rm, cs.full ? cs.fv : cs.v, path, ".exp_avg_sq");
+    if (st >= 0 && cs.full) {
+        l3d_model_tp_slice(m, cs.full, cs.full->params, m->params);
+        l3d_model_tp_slice(m, cs.full, cs.fm, cs.m);
+        l3d_model_tp_slice(m, cs.full, cs.fv, cs.v);
+    }
     if (st >= 0) st = l3d_dp_optim_scatter(t, cs.m, t->adam_m);
     if (st >= 0) st = l3d_dp_optim_scatter(t, cs.v, t->adam_v);
     full_optim_release(t, &cs);

@@ -71,6 +71,11 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
         return l3d_error(c->ctx, L3D_ERR_INVALID_ARG,
                          "%s inside l3d_comm_group_start/end (groups batch send/recv only)", what);
     L3D_CHECK(c->ctx, l3d_comm_check(c, what));
+    size_t vol = count * esz;  // nccl-tests' size: the whole buffer for rs/ag/alltoall
+    if (op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_ALLGATHER || op == L3D_COLL_ALLTOALL)
+        vol *= (size_t)n;
+    c->stats.calls++;
+    c->stats.bytes += vol;
     if (op != L3D_COLL_BARRIER && count == 0) return l3d_request_done(c, what, L3D_OK, req_p);
 
     uint32_t seq = c->seq++;

@@ -342,6 +342,8 @@ static l3d_status p2p_start(l3d_comm_t *c, int send, void *buf, size_t count, l3
     l3d_sched_t s;
     l3d_sched_init(&s, c);
     size_t bytes = count * l3d_dtype_size(dt);
+    c->stats.calls++;
+    if (send) c->stats.bytes += bytes;
     if (send) l3d_sched_send(&s, peer, 0, buf, bytes);
     else l3d_sched_recv(&s, peer, 0, buf, bytes);
     return l3d_request_start(c, &s, what, p2p_tag(c), req_p);
@@ -362,6 +364,8 @@ static l3d_status p2p_blocking(l3d_comm_t *c, int send, void *buf, size_t count,
     if (c && c->in_group) {
         L3D_CHECK(c->ctx, p2p_check(c, send ? "send" : "recv", buf, count, dt, peer));
         size_t bytes = count * l3d_dtype_size(dt);
+        c->stats.calls++;
+        if (send) c->stats.bytes += bytes;
         if (send) l3d_sched_send(c->group, peer, 0, buf, bytes);
         else l3d_sched_recv(c->group, peer, 0, buf, bytes);
         return c->group->st;
@@ -405,4 +409,17 @@ l3d_status l3d_comm_group_end(l3d_comm_t *c) {
     l3d_free(c->ctx, s, sizeof(*s), "comm");
     L3D_CHECK(c->ctx, st);
     return l3d_request_wait(r);
+}
+
+void l3d_comm_get_stats(const l3d_comm_t *c, l3d_comm_stats_t *s) {
+    if (!s) return;
+    if (!c) {
+        memset(s, 0, sizeof(*s));
+        return;
+    }
+    *s = c->stats;
+}
+
+void l3d_comm_reset_stats(l3d_comm_t *c) {
+    if (c) memset(&c->stats, 0, sizeof(c->stats));
 }

@@ -137,6 +137,7 @@ struct l3d_comm {
     int dead_epoch_seen;
     int in_group;
     struct l3d_sched *group;
+    l3d_comm_stats_t stats;  // l3d_comm_get_stats
 };
 
 // ---- schedules ---------------------------------------------------------------------------------

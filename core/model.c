@@ -11,8 +11,20 @@
 // q, k, v, o, post_attention_layernorm, gate, up, down; then model.norm, then lm_head when
 // the embeddings are not tied. Gradients and optimizer state use the same offsets.
 // With m->tensors NULL (and m->layer NULL) it only counts: l3d_model_arena_floats uses that.
+//
+// Tensor parallelism (Megatron 1D) keeps the same order with each rank's shard:
+//   column-parallel (rows split): q, k, v (by heads), gate, up (by ffn), embed and lm_head
+//     (by vocabulary: rank r holds the rows of block r of V, uneven when tp does not divide V)
+//   row-parallel (columns split): o (by heads), down (by ffn)
+//   replicated: the norms (every tp rank), k and v when there are fewer kv heads than tp
+//     (tp / KVH ranks share each head and sum its gradients)
+typedef struct slice {
+    int64_t full_r, full_c, r0, c0;
+    int repl;
+} slice_t;
+
 static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t rows, int64_t cols,
-                      int decay, size_t *slot) {
+                      int decay, size_t *slot, slice_t sl) {
     size_t numel = (size_t)rows * (size_t)(cols ? cols : 1);
     if (m->tensors) {
         l3d_param_t *p = &m->tensors[m->n_tensors];
@@ -23,6 +35,11 @@ static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t row
         p->numel = numel;
         p->offset = *off;
         p->decay = decay;
+        p->full[0] = sl.full_r;
+        p->full[1] = sl.full_c;
+        p->r0 = sl.r0;
+        p->c0 = sl.c0;
+        p->repl = sl.repl;
     }
     m->n_tensors++;
     if (slot) *slot = *off;
@@ -30,61 +47,128 @@ static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t row
     *off += (numel + 15) & ~(size_t)15;
 }
 
-static void layout_params(l3d_model_t *m) {
+void l3d_model_layout(l3d_model_t *m) {
     size_t off = 0;
     char name[64];
-    int64_t C = m->C, F = m->F, HD = (int64_t)m->H * m->D, KD = (int64_t)m->KVH * m->D;
-    add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed);
+    m->n_tensors = 0;
+    const l3d_model_config_t *c = &m->cfg;
+    int tp = m->tp.size, r = m->tp.rank, D = m->D;
+    int64_t C = m->C, F = m->F, HD = (int64_t)m->H * D, KD = (int64_t)m->KVH * D;
+    int64_t Hf = (int64_t)c->num_attention_heads * D, Kf = (int64_t)c->num_key_value_heads * D;
+    int64_t Ff = c->intermediate_size, Vf = c->vocab_size;
+    int kv_rep = m->tp.kv_rep > 0 ? m->tp.kv_rep : 1;
+    slice_t vocab = {Vf, C, m->tp.v0, 0, 1}, norm = {C, 0, 0, 0, tp};
+    slice_t q = {Hf, C, r * HD, 0, 1}, kv = {Kf, C, (int64_t)(r / kv_rep) * KD, 0, kv_rep};
+    slice_t o = {C, Hf, 0, r * HD, 1}, gu = {Ff, C, r * F, 0, 1}, dn = {C, Ff, 0, r * F, 1};
+    add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed, vocab);
     for (int l = 0; l < m->L; l++) {
         l3d_layer_params_t scratch, *lp = m->layer ? &m->layer[l] : &scratch;
-#define LP(suffix, r, c, decay, slot)                                              \
+#define LP(suffix, rr, cc, decay, slot, sl)                                        \
     snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);                 \
-    add_param(m, &off, name, r, c, decay, slot)
-        LP("input_layernorm.weight", C, 0, 0, &lp->ln1);
-        LP("self_attn.q_proj.weight", HD, C, 1, &lp->wq);
-        LP("self_attn.k_proj.weight", KD, C, 1, &lp->wk);
-        LP("self_attn.v_proj.weight", KD, C, 1, &lp->wv);
-        LP("self_attn.o_proj.weight", C, HD, 1, &lp->wo);
-        LP("post_attention_layernorm.weight", C, 0, 0, &lp->ln2);
-        LP("mlp.gate_proj.weight", F, C, 1, &lp->wg);
-        LP("mlp.up_proj.weight", F, C, 1, &lp->wu);
-        LP("mlp.down_proj.weight", C, F, 1, &lp->wd);
+    add_param(m, &off, name, rr, cc, decay, slot, sl)
+        LP("input_layernorm.weight", C, 0, 0, &lp->ln1, norm);
+        LP("self_attn.q_proj.weight", HD, C, 1, &lp->wq, q);
+        LP("self_attn.k_proj.weight", KD, C, 1, &lp->wk, kv);
+        LP("self_attn.v_proj.weight", KD, C, 1, &lp->wv, kv);
+        LP("self_attn.o_proj.weight", C, HD, 1, &lp->wo, o);
+        LP("post_attention_layernorm.weight", C, 0, 0, &lp->ln2, norm);
+        LP("mlp.gate_proj.weight", F, C, 1, &lp->wg, gu);
+        LP("mlp.up_proj.weight", F, C, 1, &lp->wu, gu);
+        LP("mlp.down_proj.weight", C, F, 1, &lp->wd, dn);
 #undef LP
     }
-    add_param(m, &off, "model.norm.weight", C, 0, 0, &m->norm);
+    add_param(m, &off, "model.norm.weight", C, 0, 0, &m->norm, norm);
     if (m->cfg.tie_word_embeddings) m->head = m->embed;
-    else add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head);
+    else add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head, vocab);
     m->n_params = off;
 }
 
-void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
+l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp) {
+    int H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
+    if (tp < 1) return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d must be >= 1", tp);
+    if (H % tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d does not divide "
+                         "num_attention_heads %d (tensor parallelism splits heads)", tp, H);
+    if (K >= tp ? K % tp : tp % K)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d and num_key_value_heads %d: one "
+                         "must divide the other (kv heads are split, or replicated when fewer)",
+                         tp, K);
+    if (cfg->intermediate_size % tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d does not divide "
+                         "intermediate_size %d (the MLP is split by columns)", tp,
+                         cfg->intermediate_size);
+    if (cfg->vocab_size < tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d exceeds vocab_size %d", tp,
+                         cfg->vocab_size);
+    return L3D_OK;
+}
+
+void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank) {
     m->cfg = *cfg;
     m->C = cfg->hidden_size;
-    m->F = cfg->intermediate_size;
     m->L = cfg->num_hidden_layers;
-    m->H = cfg->num_attention_heads;
-    m->KVH = cfg->num_key_value_heads;
     m->D = cfg->head_dim;
-    m->V = cfg->vocab_size;
+    m->F = cfg->intermediate_size / tp;
+    m->H = cfg->num_attention_heads / tp;
+    int K = cfg->num_key_value_heads;
+    m->KVH = K >= tp ? K / tp : 1;
+    m->tp.size = tp;
+    m->tp.rank = rank;
+    m->tp.kv_rep = K >= tp ? 1 : tp / K;
+    int V = cfg->vocab_size, q = V / tp, rem = V % tp;
+    m->V = q + (rank < rem);
+    m->tp.v0 = q * rank + (rank < rem ? rank : rem);
+}
+
+void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
+    l3d_model_set_dims_tp(m, cfg, 1, 0);
+}
+
+size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank) {
+    l3d_model_t m;
+    memset(&m, 0, sizeof(m));
+    l3d_model_set_dims_tp(&m, cfg, tp, rank);
+    l3d_model_layout(&m);
+    return m.n_params;
 }
 
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
-    l3d_model_t m;
-    memset(&m, 0, sizeof(m));
-    l3d_model_set_dims(&m, cfg);
-    layout_params(&m);
-    return m.n_params;
+    return l3d_model_arena_floats_tp(cfg, 1, 0);
+}
+
+static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, l3d_model_t **model_p);
+
+l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, tp_comm, model_p);
 }
 
 l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                             l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, NULL, model_p);
+}
+
+static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, l3d_model_t **model_p) {
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
+    int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
+    L3D_CHECK(ctx, l3d_tp_check(ctx, cfg, tp));
     l3d_status st = L3D_OK;
     l3d_model_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
     if (!m) return L3D_ERR_NOMEM;
     m->ctx = ctx;
     m->dev = dev;
-    l3d_model_set_dims(m, cfg);
+    l3d_model_set_dims_tp(m, cfg, tp, rank);
+    m->tp.comm = tp > 1 ? tp_comm : NULL;
+    if (m->tp.kv_rep > 1) {
+        // Ranks sharing a key/value head: r / kv_rep names the head.
+        st = l3d_comm_split(tp_comm, rank / m->tp.kv_rep, rank, &m->tp.kv_comm);
+        if (st < 0) {
+            l3d_free(ctx, m, sizeof(*m), "other");
+            return st;
+        }
+    }
     int max_tensors = 3 + 9 * m->L;
     m->tensors = l3d_calloc(ctx, (size_t)max_tensors, sizeof(l3d_param_t), "other");
     m->layer = l3d_calloc(ctx, (size_t)m->L, sizeof(l3d_layer_params_t), "other");
@@ -92,7 +176,7 @@ l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_c
         st = L3D_ERR_NOMEM;
         goto err_free;
     }
-    layout_params(m);
+    l3d_model_layout(m);
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, m->n_params * sizeof(float), "params", (void **)&m->params),
                    st, err_free);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, m->n_params * sizeof(float)), st,
@@ -102,6 +186,7 @@ l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_c
 err_free_params:
     l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
 err_free:
+    l3d_comm_destroy(m->tp.kv_comm);
     l3d_free(ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(ctx, m->tensors, (size_t)max_tensors * sizeof(l3d_param_t), "other");
     l3d_free(ctx, m, sizeof(*m), "other");
@@ -115,6 +200,7 @@ void l3d_model_destroy(l3d_model_t *m) {
     l3d_dev_free(dev, m->cos_tab, rope_bytes, "params");
     l3d_dev_free(dev, m->sin_tab, rope_bytes, "params");
     l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
+    l3d_comm_destroy(m->tp.kv_comm);
     l3d_free(m->ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(m->ctx, m->tensors, (size_t)(3 + 9 * m->L) * sizeof(l3d_param_t), "other");
     l3d_free(m->ctx, m, sizeof(*m), "other");
@@ -159,8 +245,13 @@ l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
             for (size_t i = 0; i < p->numel; i++) w[i] = 1.0f;
             continue;
         }
+        // Element (r, c) of the shard is element (r0 + r, c0 + c) of the full tensor.
         uint64_t key = splitmix64(seed) ^ hash_name(p->name);
-        for (size_t i = 0; i < p->numel; i++) w[i] = std * normal_at(key, i);
+        size_t rows = (size_t)p->shape[0], cols = (size_t)p->shape[1];
+        for (size_t r = 0; r < rows; r++) {
+            uint64_t g = ((uint64_t)p->r0 + r) * (uint64_t)p->full[1] + (uint64_t)p->c0;
+            for (size_t c = 0; c < cols; c++) w[r * cols + c] = std * normal_at(key, g + c);
+        }
     }
     l3d_status st = L3D_OK;
     if (!host) {

@@ -92,6 +92,8 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     a->lnf = take(ar, N * C * f);
     a->logits = take(ar, N * V * f);
     a->losses = take(ar, N * f);
+    a->vp_max = take(ar, N * f);
+    a->vp_stats = take(ar, 2 * N * f);
     a->sw = take(ar, N * F * f);
     a->dres = take(ar, N * C * f);
     a->dln = take(ar, N * C * f);
@@ -172,16 +174,19 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
     L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0));
     l3d_attn_dims_t dims = {B, T, Tk, m->H, m->KVH, m->D, kv_bstride};
     L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims));
-    // h = x_in + att Wo^T
-    L3D_CHECK(ctx, l3d_dev_copy(dev, a->h, a->x_in, (size_t)N * C * sizeof(float), L3D_COPY_D2D));
+    // h = x_in + att Wo^T. Row-parallel o_proj: each tp rank's heads give a partial sum; rank
+    // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g).
+    L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C));
     L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, W + lp->wo, N, HD, C, 1.0f));
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, N, C, eps));
     L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, W + lp->wg, N, C, F, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, W + lp->wu, N, C, F, 0.0f));
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F));
-    // x_out = h + swiglu Wd^T
-    L3D_CHECK(ctx, l3d_dev_copy(dev, x_out, a->h, (size_t)N * C * sizeof(float), L3D_COPY_D2D));
+    // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
+    L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C));
     L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, W + lp->wd, N, F, C, 1.0f));
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C));
     return L3D_OK;
 }
 
@@ -206,6 +211,8 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wu, acts->dup, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, W + lp->wg, N, C, F, 0.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, W + lp->wu, N, C, F, 1.0f));
+    // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln2, acts->dln, a->h, W + lp->ln2,
                                        a->rstd2, N, C));
     // attention: h = x_in + att Wo^T
@@ -222,6 +229,7 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, W + lp->wq, N, C, HD, 0.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, W + lp->wk, N, C, KD, 1.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, W + lp->wv, N, C, KD, 1.0f));
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln1, acts->dln, a->x_in, W + lp->ln1,
                                        a->rstd1, N, C));
     return L3D_OK;
@@ -236,14 +244,14 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
     float eps = m->cfg.rms_norm_eps;
 
-    L3D_CHECK(ctx, l3d_dev_embedding_fwd(dev, a->layers[0].x_in, a->tokens, W + m->embed, N, C, V));
+    L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
         L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], x_out, a->sw, B, T, 0, T, 0));
     }
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf, a->rstdf, a->x_final, W + m->norm, N, C, eps));
     L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, W + m->head, N, C, V, 0.0f));
-    L3D_CHECK(ctx, l3d_dev_xent_fwd_bwd(dev, a->logits, a->losses, a->targets, N, V, grad_scale));
+    L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
     // The loss is summed on the host in double, in row order: deterministic for any layout.
     size_t lbytes = (size_t)N * sizeof(float);
@@ -270,6 +278,7 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
     // head and final norm: logits now hold dL/dlogits
     L3D_CHECK(ctx, linear_bwd_w(dev, G + m->head, a->logits, a->lnf, N, C, V));
     L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));  // vocabulary-parallel head
     L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, (size_t)N * C * sizeof(float)));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln, a->x_final, W + m->norm,
                                        a->rstdf, N, C));
@@ -283,9 +292,10 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
             L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
         }
         L3D_CHECK(ctx, layer_backward(m, l, a, G));
+        if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, l, G));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[l].ln1));
     }
-    L3D_CHECK(ctx, l3d_dev_embedding_bwd(dev, G + m->embed, a->dres, a->tokens, N, C));
+    L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, G + m->embed, a->dres, a->tokens, N));
     if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
     return L3D_OK;
 }

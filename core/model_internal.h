@@ -5,6 +5,7 @@
 
 #include "core/l3d_core.h"
 #include "devices/device.h"
+#include "llama3d/comm.h"
 #include "llama3d/model.h"
 
 // One named parameter tensor: a slice of the parameter arena (and of the gradient arena,
@@ -12,11 +13,25 @@
 typedef struct l3d_param {
     char name[64];
     int ndim;
-    int64_t shape[2];
-    size_t offset;  // floats from the arena start
+    int64_t shape[2];  // this rank's shard
+    size_t offset;     // floats from the arena start
     size_t numel;
-    int decay;      // weight decay applies (matrices and embeddings, not norms)
+    int decay;         // weight decay applies (matrices and embeddings, not norms)
+    // Tensor parallelism: the shard is rows [r0, r0+shape[0]) and columns [c0, c0+shape[1])
+    // of the full tensor (full[0], full[1]); `repl` tp ranks hold identical copies of it
+    // (norms: all tp ranks; key/value heads when there are fewer than tp; else 1).
+    int64_t full[2], r0, c0;
+    int repl;
 } l3d_param_t;
+
+// Tensor parallelism of one model (Megatron 1D; core/model_tp.c). size 1: not split.
+typedef struct l3d_tp {
+    int size, rank;
+    l3d_comm_t *comm;     // the tp group (borrowed; NULL when size 1)
+    l3d_comm_t *kv_comm;  // tp ranks holding the same key/value heads (owned; NULL if kv_rep 1)
+    int kv_rep;           // tp ranks sharing each key/value head: tp / KVH when KVH < tp, else 1
+    int v0;               // first vocabulary row of this rank (rows split unevenly, no padding)
+} l3d_tp_t;
 
 // Offsets (in floats) of one layer's tensors in the arena.
 typedef struct l3d_layer_params {
@@ -49,6 +64,8 @@ typedef struct l3d_acts {
     l3d_layer_acts_t *layers;  // L entries
     float *x_final, *rstdf, *lnf, *logits, *losses;
     float *sw;                 // (N,F) SwiGLU output scratch
+    float *vp_max, *vp_stats;  // (N), (N,2): vocabulary-parallel cross-entropy reductions
+    int tp_sync_grads;         // last micro-batch of a step: sum replicated kv-head gradients
     // backward scratch
     float *dres, *dln, *datt, *dq, *dk, *dv, *dgate, *dup;
     int32_t *tokens, *targets;  // (N) on the device
@@ -63,8 +80,9 @@ typedef struct l3d_acts {
 struct l3d_model {
     l3d_ctx_t *ctx;
     l3d_device_t *dev;
-    l3d_model_config_t cfg;
-    int C, F, L, H, KVH, D, V;
+    l3d_model_config_t cfg;    // the full model
+    int C, F, L, H, KVH, D, V; // this rank's shard: F, H, KVH and V are per tp rank
+    l3d_tp_t tp;
     float *params;  // arena on the device
     size_t n_params;
     l3d_param_t *tensors;
@@ -81,8 +99,48 @@ struct l3d_model {
 // and bytes of training activations for micro-batches of B x T: exactly what
 // l3d_model_create and l3d_acts_create allocate, computed without allocating.
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg);
-// Copies cfg into m->cfg and the short dimension fields (C, F, L, H, KVH, D, V).
+// The same for tensor-parallel rank `rank` of `tp`.
+size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank);
+// Copies cfg into m->cfg and the short dimension fields (C, F, L, H, KVH, D, V) of tp rank
+// `rank` of `tp` (1, 0: the whole model). The shapes must divide (l3d_tp_check).
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
+void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
+// Tensor parallelism preconditions: heads, key/value heads (or tp by them) and ffn divide by
+// tp, vocabulary >= tp. L3D_ERR_CONFIG naming the dimension otherwise.
+l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp);
+// A model holding tp rank tp_rank's shard; tp_comm is the tp group (size tp). Collective over
+// tp_comm (it splits off the key/value replica group when KVH < tp).
+l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, l3d_model_t **model_p);
+
+// ---- tensor-parallel steps of the forward/backward (core/model_tp.c) -----------------------
+// Each is the plain single-rank operation when m->tp.size is 1.
+// x(n) = sum over the tp group (blocking; syncs the device first).
+l3d_status l3d_tp_allreduce(l3d_model_t *m, float *x, size_t n);
+// Start of a row-parallel output: dst = residual on tp rank 0, 0 on the others (the GEMM then
+// accumulates each rank's partial product and l3d_tp_allreduce completes dst).
+l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residual, size_t n);
+// out(N,C) = embedding of tokens (vocabulary-parallel: each rank looks up its rows, summed).
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *tokens, int N);
+l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
+                                const int32_t *tokens, int N);
+// Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
+// parallel over tp with two all-reduces of (N) and (N,2) floats; a->losses on every rank.
+l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
+// Sums layer l's k/v gradients over the tp ranks that hold the same key/value heads.
+l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, int l, float *G);
+
+// Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
+// only counts m->n_params). n_tensors restarts at 0.
+void l3d_model_layout(l3d_model_t *m);
+// Checkpoints in the single-rank layout: `full` is a tp-1 model of the same config (its
+// layout, and an arena of its size). slice: this rank's shard of every tensor from the full
+// arena; gather (collective over tp): tp rank 0's full_arena receives every rank's shards,
+// the others pass NULL.
+void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const float *full_arena,
+                        float *local_arena);
+l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l3d_model_t *full,
+                               float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
 
 // Grows the rope tables to cover positions [0, len).

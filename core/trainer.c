@@ -38,14 +38,15 @@ out:
     return st;
 }
 
-// Model FLOPs per trained token (PaLM's convention, as llm.c): 6 per matrix parameter for
-// forward + backward, plus 12 * L * H * D * T for attention scores and values.
-static double flops_per_token(const l3d_model_t *m, int T) {
-    double mat = 0;
-    for (int i = 0; i < m->n_tensors; i++)
-        if (m->tensors[i].ndim == 2 && m->tensors[i].offset != m->embed) mat += m->tensors[i].numel;
-    mat += (double)m->V * m->C;  // the head (the embedding itself is a lookup, not a matmul)
-    return 6.0 * mat + 12.0 * m->L * m->H * m->D * (double)T;
+// Model FLOPs per trained token of the whole model (PaLM's convention, as llm.c): 6 per
+// matrix parameter for forward + backward, plus 12 * L * H * D * T for attention scores and
+// values. The embedding is a lookup, not a matmul; the head is counted once.
+static double flops_per_token(const l3d_model_config_t *c, int T) {
+    double C = c->hidden_size, D = c->head_dim, HD = c->num_attention_heads * D;
+    double KD = c->num_key_value_heads * D, F = c->intermediate_size;
+    double layer = C * HD * 2 + C * KD * 2 + 3 * C * F;
+    double mat = layer * c->num_hidden_layers + (double)c->vocab_size * C;
+    return 6.0 * mat + 12.0 * c->num_hidden_layers * HD * (double)T;
 }
 
 l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
@@ -62,10 +63,9 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     t->cfg = *cfg;
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
                                         cfg->parallel_order, &t->mesh), st, err);
-    if (cfg->tp > 1 || cfg->pp > 1) {
-        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "parallel: tp %d, pp %d: tensor and pipeline "
-                       "parallelism are not built yet; this build trains dp x 1 x 1 layouts",
-                       cfg->tp, cfg->pp);
+    if (cfg->pp > 1) {
+        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "parallel: pp %d: pipeline parallelism is not "
+                       "built yet; this build trains dp x tp x 1 layouts", cfg->pp);
         goto err;
     }
     if (!cfg->adam_w_mode && cfg->weight_decay != 0.0f) {
@@ -76,7 +76,8 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_model_create(ctx, t->dev, &cfg->model, &t->model), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_model_create_tp(ctx, t->dev, &cfg->model, t->mesh->group[L3D_MESH_TP],
+                                            &t->model), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
 
     L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);
@@ -101,7 +102,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
         goto err;
     }
     L3D_CHECK_GOTO(ctx, measure_gemm_peak(t), st, err);
-    t->flops_per_token = flops_per_token(t->model, cfg->seq_len);
+    t->flops_per_token = flops_per_token(&cfg->model, cfg->seq_len);
     *trainer_p = t;
     return L3D_OK;
 err:
@@ -146,6 +147,9 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     size_t n = (size_t)mb * T;
     double t0 = l3d_time_now();
 
+    l3d_comm_t *groups[4] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
+                             t->mesh->group[L3D_MESH_PP], m->tp.kv_comm};
+    for (int g = 0; g < 4; g++) l3d_comm_reset_stats(groups[g]);
     L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
     // Loss = mean over every target token of the global batch, so each micro-batch's
     // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
@@ -162,12 +166,13 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->targets, t->h_targets, n * sizeof(int32_t),
                                     L3D_COPY_H2D));
         l3d_dp_arm(t, j == A - 1);
+        t->acts->tp_sync_grads = j == A - 1;
         double s = 0.0;
         L3D_CHECK(ctx, l3d_model_train_micro(m, t->acts, t->grads, grad_scale, &s));
         loss_sum += s;
     }
     L3D_CHECK(ctx, l3d_dp_reduce_finish(t));
-    L3D_CHECK(ctx, l3d_dp_sum_double(t, &loss_sum));
+    L3D_CHECK(ctx, l3d_dp_sum_double(t, t->dp.comm, &loss_sum));
     double loss = loss_sum / ((double)Bg * T);
     if (!isfinite(loss))
         return l3d_error(ctx, L3D_ERR_INTERNAL, "step %d: loss is %g; lower the learning rate "
@@ -197,6 +202,14 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
                                             (t->gemm_peak * 1e9 * ranks)
                                       : 0.0;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
+        for (int g = 0; g < 4; g++) {
+            l3d_comm_stats_t cs;
+            l3d_comm_get_stats(groups[g], &cs);
+            int grp = g == 3 ? L3D_MESH_TP : g;  // the kv replica group is part of tp
+            if (g < 3) stats->comm_calls[grp] = stats->comm_bytes[grp] = 0;
+            stats->comm_calls[grp] += cs.calls;
+            stats->comm_bytes[grp] += cs.bytes;
+        }
     }
     return L3D_OK;
 }
@@ -210,7 +223,9 @@ int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->dat
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp).
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
-    size_t P = l3d_model_arena_floats(&cfg->model), n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
+    // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
+    size_t P = l3d_model_arena_floats_tp(&cfg->model, cfg->tp, 0);
+    size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
     size_t Ppad = (P + n - 1) / n * n;
     mem->params = P * sizeof(float);
     mem->grads = Ppad * sizeof(float);

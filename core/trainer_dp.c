@@ -23,6 +23,14 @@
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
+// reduce_bucket_size is in elements (DeepSpeed's default 5e8); rounded down to a multiple of
+// dp (at least dp), at most the whole arena.
+size_t l3d_dp_bucket_floats(double reduce_bucket_size, size_t Ppad, int dp) {
+    double rbs = reduce_bucket_size > 0 ? reduce_bucket_size : 5e8;
+    size_t n = (size_t)dp, S = rbs >= (double)Ppad ? Ppad : (size_t)rbs;
+    return S < n ? n : S / n * n;
+}
+
 l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     l3d_dp_t *d = &t->dp;
     memset(d, 0, sizeof(*d));
@@ -33,10 +41,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->P = t->model->n_params;
     size_t n = (size_t)d->n;
     d->Ppad = (d->P + n - 1) / n * n;
-    // reduce_bucket_size is in elements (DeepSpeed); 0 or huge means one bucket.
-    double rbs = t->cfg.reduce_bucket_size > 0 ? t->cfg.reduce_bucket_size : 5e8;
-    size_t S = rbs >= (double)d->Ppad ? d->Ppad : (size_t)rbs;
-    S = S < n ? n : S / n * n;
+    size_t S = l3d_dp_bucket_floats(t->cfg.reduce_bucket_size, d->Ppad, d->n);
     d->nb = (int)((d->Ppad + S - 1) / S);
     d->b = l3d_calloc(t->ctx, (size_t)d->nb, sizeof(*d->b), "other");
     if (!d->b) return L3D_ERR_NOMEM;
@@ -113,40 +118,54 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
     return L3D_OK;
 }
 
-// Sums one double per dp rank in rank order (bit-identical on every rank). Doubles travel as
+// Sums one double per rank of c in rank order (bit-identical on every rank). Doubles travel as
 // bytes: the reduction itself happens here, in a fixed order.
-l3d_status l3d_dp_sum_double(l3d_trainer_t *t, double *x) {
-    l3d_dp_t *d = &t->dp;
-    if (d->n == 1) return L3D_OK;
+l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
+    int n = c ? l3d_comm_size(c) : 1;
+    if (n == 1) return L3D_OK;
     double all[256], *buf = all;
-    size_t bytes = (size_t)d->n * sizeof(double);
-    if (d->n > 256 && !(buf = l3d_malloc(t->ctx, bytes, "other"))) return L3D_ERR_NOMEM;
-    l3d_status st = l3d_comm_allgather(d->comm, x, buf, sizeof(double), L3D_UINT8);
+    size_t bytes = (size_t)n * sizeof(double);
+    if (n > 256 && !(buf = l3d_malloc(t->ctx, bytes, "other"))) return L3D_ERR_NOMEM;
+    l3d_status st = l3d_comm_allgather(c, x, buf, sizeof(double), L3D_UINT8);
     if (st >= 0) {
         double s = 0;
-        for (int i = 0; i < d->n; i++) s += buf[i];
+        for (int i = 0; i < n; i++) s += buf[i];
         *x = s;
     }
     if (buf != all) l3d_free(t->ctx, buf, bytes, "other");
     return st;
 }
 
-// Sum of squares of the gradients this rank is responsible for: all of them at stage 0 (they
-// are identical on every rank after the all-reduce), its pieces when sharded; summed over dp.
+// Squared global gradient norm (clip_grad_norm_ over the whole model): every tensor's part
+// this rank is responsible for (all of its arena at stage 0, where the dp replicas agree; its
+// pieces when sharded, summed over dp), weighted by 1/repl so that a tensor held by several
+// tp ranks (norms, replicated kv heads) counts once, then summed over tp. Sums of doubles in
+// rank order: bit-identical everywhere.
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
     l3d_dp_t *d = &t->dp;
-    if (!d->sharded) return l3d_dev_sumsq(t->dev, t->grads, d->P, sumsq);
+    l3d_model_t *m = t->model;
     double s = 0;
-    for (int i = d->nb - 1; i >= 0; i--) {
-        const l3d_dp_bucket_t *b = &d->b[i];
-        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
-        if (hi <= lo) continue;
-        double x = 0;
-        L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + lo, hi - lo, &x));
-        s += x;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        double w = 1.0 / (p->repl > 0 ? p->repl : 1), x = 0;
+        if (!d->sharded) {
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + p->offset, p->numel, &x));
+            s += w * x;
+            continue;
+        }
+        for (int k = 0; k < d->nb; k++) {
+            const l3d_dp_bucket_t *b = &d->b[k];
+            size_t lo = b->off + (size_t)d->rank * b->q, hi = lo + b->q;
+            size_t a0 = lo > p->offset ? lo : p->offset, a1 = min_sz(hi, p->offset + p->numel);
+            if (a1 <= a0) continue;
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + a0, a1 - a0, &x));
+            s += w * x;
+        }
     }
     *sumsq = s;
-    return l3d_dp_sum_double(t, sumsq);
+    if (d->sharded) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, d->comm, sumsq));
+    if (m->tp.size > 1) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, m->tp.comm, sumsq));
+    return L3D_OK;
 }
 
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated

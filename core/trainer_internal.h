@@ -49,12 +49,13 @@ float l3d_clip_scale(double norm, float max_norm);
 
 // core/trainer_dp.c: data parallelism and ZeRO-1.
 l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *dp_comm);
+size_t l3d_dp_bucket_floats(double reduce_bucket_size, size_t Ppad, int dp);
 void l3d_dp_fini(l3d_trainer_t *t);
 // Before each micro-batch: hooks the bucket reductions into the backward of the last one.
 void l3d_dp_arm(l3d_trainer_t *t, int last_micro);
 // Starts the buckets not started yet and waits for all of them.
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
-l3d_status l3d_dp_sum_double(l3d_trainer_t *t, double *x);
+l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq);
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale);
 // Optimizer state: full arena (Ppad floats) <-> this rank's shard. gather is collective.

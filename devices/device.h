@@ -23,7 +23,8 @@
 #include "llama3d/ctx.h"
 #include "llama3d/status.h"
 
-#define L3D_DEVICE_ABI_VERSION 1
+// 2: vocabulary-parallel embedding and cross-entropy entries (tensor parallelism).
+#define L3D_DEVICE_ABI_VERSION 2
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -170,6 +171,35 @@ struct l3d_device_ops {
     l3d_status (*xent_fwd_bwd)(l3d_device_t *dev, float *logits, float *losses,
                                const int32_t *targets, int N, int V, float grad_scale);
 
+    // ---- vocabulary-parallel forms (tensor parallelism, Megatron) ----------------------------
+    // This rank holds rows [v0, v0+Vl) of a vocabulary of V: of the embedding table (Vl,C)
+    // and of the head, so its logits are the columns [v0, v0+Vl) (N,Vl). The tp group sums
+    // or maxes the partial results in between (core/model_tp.c); nothing here communicates.
+    //
+    // out(N,C) = table[tokens - v0] for tokens in [v0, v0+Vl), 0 for the others. A token
+    // outside [0, V) is L3D_ERR_INVALID_ARG.
+    l3d_status (*embedding_fwd_vp)(l3d_device_t *dev, float *out, const int32_t *tokens,
+                                   const float *table, int N, int C, int v0, int Vl, int V);
+    // dtable(Vl,C) += dout(N,C) rows scattered by tokens in [v0, v0+Vl); others ignored.
+    l3d_status (*embedding_bwd_vp)(l3d_device_t *dev, float *dtable, const float *dout,
+                                   const int32_t *tokens, int N, int C, int v0, int Vl);
+    // Cross-entropy over logits split by columns, in three passes around two all-reduces:
+    // 1. rowmax(N) = max of each row of this rank's logits(N,Vl).        -> all-reduce MAX
+    l3d_status (*xent_vp_max)(l3d_device_t *dev, const float *logits, float *rowmax, int N,
+                              int Vl);
+    // 2. stats(N,2): [n][0] = sum_j exp(logits[n][j] - gmax[n]); [n][1] = logits[n][target-v0]
+    //    if this rank owns target[n] (v0 <= target < v0+Vl), else 0.  -> all-reduce SUM
+    //    (targets < 0 give 0, 0). gmax is the all-reduced rowmax.
+    l3d_status (*xent_vp_stats)(l3d_device_t *dev, const float *logits, const float *gmax,
+                                const int32_t *targets, int N, int Vl, int v0, float *stats);
+    // 3. In place: logits <- grad_scale * (exp(logits - gmax) / gstats[n][0] - onehot(target -
+    //    v0)), and losses(N) = log(gstats[n][0]) + gmax[n] - gstats[n][1] (every rank computes
+    //    the same losses; may be NULL). A row with target < 0 gets loss 0 and a zero gradient.
+    //    With one rank (v0 = 0, Vl = V) the three passes equal xent_fwd_bwd.
+    l3d_status (*xent_vp_grad)(l3d_device_t *dev, float *logits, float *losses, const float *gmax,
+                               const float *gstats, const int32_t *targets, int N, int Vl, int v0,
+                               float grad_scale);
+
     // *out_host = sum of x(n)^2, accumulated in double. Blocking (the result is on the host).
     l3d_status (*sumsq)(l3d_device_t *dev, const float *x, size_t n, double *out_host);
 
@@ -273,6 +303,31 @@ static inline l3d_status l3d_dev_add(l3d_device_t *d, float *out, const float *a
 }
 static inline l3d_status l3d_dev_scale(l3d_device_t *d, float *x, float s, size_t n) {
     return d->ops->scale(d, x, s, n);
+}
+static inline l3d_status l3d_dev_embedding_fwd_vp(l3d_device_t *d, float *out,
+                                                  const int32_t *tok, const float *table, int N,
+                                                  int C, int v0, int Vl, int V) {
+    return d->ops->embedding_fwd_vp(d, out, tok, table, N, C, v0, Vl, V);
+}
+static inline l3d_status l3d_dev_embedding_bwd_vp(l3d_device_t *d, float *dtable,
+                                                  const float *dout, const int32_t *tok, int N,
+                                                  int C, int v0, int Vl) {
+    return d->ops->embedding_bwd_vp(d, dtable, dout, tok, N, C, v0, Vl);
+}
+static inline l3d_status l3d_dev_xent_vp_max(l3d_device_t *d, const float *logits, float *rowmax,
+                                             int N, int Vl) {
+    return d->ops->xent_vp_max(d, logits, rowmax, N, Vl);
+}
+static inline l3d_status l3d_dev_xent_vp_stats(l3d_device_t *d, const float *logits,
+                                               const float *gmax, const int32_t *targets, int N,
+                                               int Vl, int v0, float *stats) {
+    return d->ops->xent_vp_stats(d, logits, gmax, targets, N, Vl, v0, stats);
+}
+static inline l3d_status l3d_dev_xent_vp_grad(l3d_device_t *d, float *logits, float *losses,
+                                              const float *gmax, const float *gstats,
+                                              const int32_t *targets, int N, int Vl, int v0,
+                                              float grad_scale) {
+    return d->ops->xent_vp_grad(d, logits, losses, gmax, gstats, targets, N, Vl, v0, grad_scale);
 }
 static inline l3d_status l3d_dev_xent_fwd_bwd(l3d_device_t *d, float *logits, float *losses,
                                               const int32_t *targets, int N, int V,

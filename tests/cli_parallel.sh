@@ -47,6 +47,24 @@ for tp in $built; do
       fi
     done
   done
+  # Tensor parallelism as processes: tp 2 (dp inferred 2) and tp 4, the same losses; the
+  # bytes each step counts equal the dry run's prediction.
+  for lay in "4 2" "4 4" "2 2"; do
+    set -- $lay
+    "$L3D" launch -n $1 --transport "$tp" -- "$L3D" train --config "$tmp/z1.json" --tp $2 \
+      --metrics "$tmp/$tp.tp.$1.$2.jsonl" >"$tmp/out" 2>&1
+    rc=$?
+    "$L3D" train --config "$tmp/z1.json" --tp $2 --dp $(($1 / $2)) --dry-run >"$tmp/dry" 2>&1
+    pred=$(sed -nE 's/.*predicted\): tp ([0-9]+) calls .* dp ([0-9]+) calls .*/\1 \2/p' "$tmp/dry")
+    got=$(sed -nE 's/.*"comm_calls": \{"tp": ([0-9]+), "dp": ([0-9]+),.*/\1 \2/p' "$tmp/$tp.tp.$1.$2.jsonl" | tail -n 1)
+    if [ $rc -eq 0 ] && same_losses "$tmp/$tp.tp.$1.$2.jsonl" "$tmp/ref.jsonl" && [ -n "$pred" ] \
+       && [ "$pred" = "$got" ]; then
+      ok "$tp: $1 ranks with tp $2: losses equal the single rank's, calls as predicted ($got)"
+    else
+      fail "$tp: $1 ranks tp $2 (exit $rc, calls $got predicted $pred)" "$tmp/out" "$tmp/dry"
+    fi
+  done
+
   # ZeRO-1 shards the optimizer state: each rank of 2 holds half of it
   if grep -qE "memory rank 1: .* optimizer [0-9.]+ MiB" "$tmp/out"; then ok "$tp: per-rank memory lines"; else fail "$tp: per-rank memory lines" "$tmp/out"; fi
 

@@ -61,7 +61,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->reduce_bucket_size = L->bucket;
     cfg->activation_checkpointing = L->recompute;
     cfg->gradient_clipping = L->clip;
-    cfg->lr = 3e-3f;
+    cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;
     cfg->num_threads = 1;
     cfg->seed = 7;
@@ -69,8 +69,13 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
 
 typedef struct result {
     double loss[STEPS];
-    float *params;  // final parameters (rank 0's copy)
-    size_t n;
+    l3d_step_stats_t last;     // rank 0's last step
+    l3d_comm_stats_t plan[3];  // and its predicted communication
+    // every rank's final parameters (its shard) and their layout
+    int nranks;
+    float *params[MAXR];
+    l3d_param_t *tensors[MAXR];
+    int nt[MAXR];
     char err[256];
 } result_t;
 
@@ -79,7 +84,8 @@ typedef struct rank_arg {
     const char *save_dir;    // save after step STEPS/2 (then stop)
     const char *resume_dir;  // resume from it (steps STEPS/2+1 .. STEPS)
     l3d_comm_t *comm;
-    result_t *res;  // rank 0 fills it
+    result_t *res;  // rank 0 fills the losses and stats, every rank its parameters
+    int r;
     int rc;
     char err[256];
 } rank_arg_t;
@@ -104,14 +110,20 @@ static void *rank_main(void *p) {
     for (int s = s0; s < s1 && st == L3D_OK; s++) {
         l3d_step_stats_t stats;
         st = l3d_trainer_step(t, &stats);
-        if (st == L3D_OK && a->res) a->res->loss[s] = stats.loss;
+        if (st == L3D_OK && a->res && a->r == 0) {
+            a->res->loss[s] = stats.loss;
+            a->res->last = stats;
+        }
     }
     if (st == L3D_OK && a->save_dir) st = l3d_trainer_save(t, a->save_dir);
     if (st == L3D_OK && a->res) {
+        if (a->r == 0) l3d_train_config_comm(&cfg, a->res->plan);
         l3d_model_t *m = l3d_trainer_model(t);
-        a->res->n = m->n_params;
-        a->res->params = malloc(m->n_params * sizeof(float));
-        memcpy(a->res->params, m->params, m->n_params * sizeof(float));
+        a->res->params[a->r] = malloc(m->n_params * sizeof(float));
+        memcpy(a->res->params[a->r], m->params, m->n_params * sizeof(float));
+        a->res->tensors[a->r] = malloc((size_t)m->n_tensors * sizeof(l3d_param_t));
+        memcpy(a->res->tensors[a->r], m->tensors, (size_t)m->n_tensors * sizeof(l3d_param_t));
+        a->res->nt[a->r] = m->n_tensors;
     }
     if (st != L3D_OK) {
         snprintf(a->err, sizeof(a->err), "%s", l3d_ctx_last_error(ctx));
@@ -135,9 +147,8 @@ static void run_layout_ckpt(const layout_t *L, result_t *res, const char *save,
     rank_arg_t args[MAXR];
     pthread_t th[MAXR];
     for (int r = 0; r < n; r++) {
-        args[r] = (rank_arg_t){.L = L, .comm = threaded ? comms[r] : NULL,
-                               .res = r == 0 ? res : NULL, .save_dir = save,
-                               .resume_dir = resume};
+        args[r] = (rank_arg_t){.L = L, .comm = threaded ? comms[r] : NULL, .res = res, .r = r,
+                               .save_dir = save, .resume_dir = resume};
         cr_assert_eq(pthread_create(&th[r], NULL, rank_main, &args[r]), 0);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -150,10 +161,43 @@ static void run_layout_ckpt(const layout_t *L, result_t *res, const char *save,
 
 static void run_layout(const layout_t *L, result_t *res) { run_layout_ckpt(L, res, NULL, NULL); }
 
+static void free_result(result_t *r) {
+    for (int i = 0; i < MAXR; i++) {
+        free(r->params[i]);
+        free(r->tensors[i]);
+    }
+}
+
+// Max |w - w_ref| over every rank's shard of every tensor (each compared with its slice of the
+// single-rank tensor), and max |w_ref|.
+static double weights_diff(const result_t *got, const result_t *ref, double *wmax) {
+    double dmax = 0;
+    *wmax = 0;
+    const float *R = ref->params[0];
+    for (int r = 0; r < MAXR && got->params[r]; r++)
+        for (int i = 0; i < got->nt[r]; i++) {
+            const l3d_param_t *p = &got->tensors[r][i], *q = &ref->tensors[0][i];
+            cr_assert_str_eq(p->name, q->name);
+            size_t rows = (size_t)p->shape[0], cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
+            size_t fcols = p->ndim == 2 ? (size_t)q->shape[1] : 1;
+            for (size_t y = 0; y < rows; y++)
+                for (size_t x = 0; x < cols; x++) {
+                    double w = got->params[r][p->offset + y * cols + x];
+                    double v = R[q->offset + ((size_t)p->r0 + y) * fcols + (size_t)p->c0 + x];
+                    if (getenv("L3D_TEST_WHERE") && fabs(w - v) > dmax)
+                        fprintf(stderr, "max so far: %s [%zu,%zu] %.9g vs %.9g\n", p->name,
+                                (size_t)p->r0 + y, (size_t)p->c0 + x, w, v);
+                    dmax = fmax(dmax, fabs(w - v));
+                    *wmax = fmax(*wmax, fabs(v));
+                }
+        }
+    return dmax;
+}
+
 static result_t g_ref;
 
 static void reference(void) {
-    if (g_ref.params) return;
+    if (g_ref.params[0]) return;
     make_data();
     layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f};
     run_layout(&one, &g_ref);
@@ -174,16 +218,25 @@ static void compare(const layout_t *L) {
                   got.loss[s], g_ref.loss[s], rel);
     }
     cr_assert(g_ref.loss[STEPS - 1] < g_ref.loss[0] - 0.1, "the reference run does not learn");
-    cr_assert_eq(got.n, g_ref.n);
-    double dmax = 0, wmax = 0;
-    for (size_t i = 0; i < got.n; i++) {
-        dmax = fmax(dmax, fabs((double)got.params[i] - g_ref.params[i]));
-        wmax = fmax(wmax, fabs((double)g_ref.params[i]));
-    }
+    double wmax, dmax = weights_diff(&got, &g_ref, &wmax);
     cr_expect(dmax <= 1e-5 * wmax, "%s: final weights differ by %.3g (max |w| %.3g)", name, dmax,
               wmax);
-    cr_log_info("%s: worst loss rel %.2e, weights max diff %.2e of %.3g", name, worst, dmax, wmax);
-    free(got.params);
+    // The counted communication of a step equals the analytic prediction, per group.
+    static const char *gname[3] = {"tp", "dp", "pp"};
+    for (int g = 0; g < 3; g++) {
+        cr_expect_eq(got.last.comm_calls[g], got.plan[g].calls, "%s: %s calls %llu, predicted %llu",
+                     name, gname[g], (unsigned long long)got.last.comm_calls[g],
+                     (unsigned long long)got.plan[g].calls);
+        cr_expect_eq(got.last.comm_bytes[g], got.plan[g].bytes, "%s: %s bytes %llu, predicted %llu",
+                     name, gname[g], (unsigned long long)got.last.comm_bytes[g],
+                     (unsigned long long)got.plan[g].bytes);
+    }
+    cr_assert(L->tp == 1 || got.last.comm_bytes[0] > 0, "%s: no tp traffic counted", name);
+    cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
+    cr_log_info("%s: worst loss rel %.2e, weights max diff %.2e of %.3g; bytes tp %llu dp %llu",
+                name, worst, dmax, wmax, (unsigned long long)got.last.comm_bytes[0],
+                (unsigned long long)got.last.comm_bytes[1]);
+    free_result(&got);
 }
 
 // The layouts this build trains; tp and pp join as they are built.
@@ -193,12 +246,46 @@ static layout_t k_layouts[] = {
     {2, 1, 1, 1, 1, 8, 0, 0.25f},     {2, 1, 1, 2, 0, 8, 0, 0.25f},
     {4, 1, 1, 1, 0, 8, 3000, 0.25f},  {2, 1, 1, 0, 1, 8, 777, 0.25f},
     {8, 1, 1, 1, 0, 8, 5000, 0.25f},
+    // tensor parallelism: heads, ffn and vocabulary split; tp 4 > 2 kv heads replicates them
+    {1, 2, 1, 0, 0, 8, 0, 0.25f},     {1, 2, 1, 0, 1, 8, 0, 0.25f},
+    {1, 4, 1, 0, 0, 8, 0, 0.25f},     {2, 2, 1, 0, 0, 8, 0, 0.25f},
+    {2, 2, 1, 1, 0, 8, 2000, 0.25f},  {2, 4, 1, 1, 1, 8, 0, 0.25f},
 };
 
 ParameterizedTestParameters(parallel, layout_equivalence) {
     return cr_make_param_array(layout_t, k_layouts, sizeof(k_layouts) / sizeof(k_layouts[0]));
 }
 ParameterizedTest(layout_t *L, parallel, layout_equivalence, .timeout = 240) { compare(L); }
+
+// Shapes that do not split are refused naming the dimension; the vocabulary splits unevenly.
+Test(parallel, tp_shape_errors) {
+    make_data();
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0};
+    l3d_train_config_t cfg;
+    config(ctx, &L, &cfg);
+    l3d_model_config_t m = cfg.model;  // 4 heads, 2 kv heads, ffn 160, vocab 264
+    cr_assert_eq(l3d_tp_check(ctx, &m, 3), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "num_attention_heads 4"), "%s",
+              l3d_ctx_last_error(ctx));
+    m.num_attention_heads = 6;
+    cr_assert_eq(l3d_tp_check(ctx, &m, 3), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "num_key_value_heads 2"), "%s",
+              l3d_ctx_last_error(ctx));
+    m = cfg.model;
+    m.intermediate_size = 162;
+    cr_assert_eq(l3d_tp_check(ctx, &m, 4), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "intermediate_size 162"), "%s",
+              l3d_ctx_last_error(ctx));
+    m = cfg.model;
+    m.vocab_size = 263;  // 263 = 66 + 66 + 66 + 65 rows: no padding needed
+    cr_assert_eq(l3d_tp_check(ctx, &m, 4), L3D_OK);
+    size_t total = 0;
+    for (int r = 0; r < 4; r++) total += l3d_model_arena_floats_tp(&m, 4, r);
+    cr_assert(total > l3d_model_arena_floats(&m), "shards hold at least the model");
+    l3d_ctx_destroy(ctx);
+}
 
 // The world must have exactly dp*tp*pp ranks; the error shows the product and the world.
 Test(parallel, world_size_mismatch) {
@@ -233,14 +320,10 @@ static void resume_case(const layout_t *from, const layout_t *to) {
         cr_expect(rel <= 1e-5, "dp %d zero %d -> dp %d zero %d: step %d loss %.9g vs %.9g",
                   from->dp, from->zero, to->dp, to->zero, s + 1, b.loss[s], g_ref.loss[s]);
     }
-    double dmax = 0, wmax = 0;
-    for (size_t i = 0; i < b.n; i++) {
-        dmax = fmax(dmax, fabs((double)b.params[i] - g_ref.params[i]));
-        wmax = fmax(wmax, fabs((double)g_ref.params[i]));
-    }
+    double wmax, dmax = weights_diff(&b, &g_ref, &wmax);
     cr_expect(dmax <= 1e-5 * wmax, "resumed final weights differ by %.3g", dmax);
-    free(a.params);
-    free(b.params);
+    free_result(&a);
+    free_result(&b);
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
@@ -252,4 +335,13 @@ Test(parallel, resume_across_layouts, .timeout = 240) {
     resume_case(&z1x4, &one);   // sharded -> single rank
     resume_case(&one, &z1x2);   // single rank -> sharded
     resume_case(&z1x2, &z0x2);  // sharded -> replicated
+}
+
+// Tensor-parallel shards are gathered into the single-rank layout and re-sliced on resume.
+Test(parallel, resume_across_tp_layouts, .timeout = 240) {
+    layout_t d2t2 = {2, 2, 1, 1, 0, 8, 2000, 0.25f}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f}, d2t4 = {2, 4, 1, 1, 1, 8, 0, 0.25f};
+    resume_case(&d2t2, &t4);    // (2,2,1) ZeRO-1 -> (1,4,1)
+    resume_case(&d2t2, &one);   // -> (1,1,1)
+    resume_case(&t4, &d2t4);    // (1,4,1) -> (2,4,1) ZeRO-1 with recompute
 }

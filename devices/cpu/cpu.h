@@ -189,6 +189,17 @@ l3d_status l3d_cpu_add(l3d_device_t *dev, float *out, const float *a, const floa
 l3d_status l3d_cpu_scale(l3d_device_t *dev, float *x, float s, size_t n);
 l3d_status l3d_cpu_xent_fwd_bwd(l3d_device_t *dev, float *logits, float *losses,
                                 const int32_t *targets, int N, int V, float grad_scale);
+l3d_status l3d_cpu_embedding_fwd_vp(l3d_device_t *dev, float *out, const int32_t *tokens,
+                                    const float *table, int N, int C, int v0, int Vl, int V);
+l3d_status l3d_cpu_embedding_bwd_vp(l3d_device_t *dev, float *dtable, const float *dout,
+                                    const int32_t *tokens, int N, int C, int v0, int Vl);
+l3d_status l3d_cpu_xent_vp_max(l3d_device_t *dev, const float *logits, float *rowmax, int N,
+                               int Vl);
+l3d_status l3d_cpu_xent_vp_stats(l3d_device_t *dev, const float *logits, const float *gmax,
+                                 const int32_t *targets, int N, int Vl, int v0, float *stats);
+l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, float *logits, float *losses,
+                                const float *gmax, const float *gstats, const int32_t *targets,
+                                int N, int Vl, int v0, float grad_scale);
 l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const float *x, size_t n, double *out_host);
 l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const float *grad, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,

@@ -149,6 +149,11 @@ const l3d_device_ops_t l3d_cpu_device_ops = {
     .add = l3d_cpu_add,
     .scale = l3d_cpu_scale,
     .xent_fwd_bwd = l3d_cpu_xent_fwd_bwd,
+    .embedding_fwd_vp = l3d_cpu_embedding_fwd_vp,
+    .embedding_bwd_vp = l3d_cpu_embedding_bwd_vp,
+    .xent_vp_max = l3d_cpu_xent_vp_max,
+    .xent_vp_stats = l3d_cpu_xent_vp_stats,
+    .xent_vp_grad = l3d_cpu_xent_vp_grad,
     .sumsq = l3d_cpu_sumsq,
     .adamw = l3d_cpu_adamw,
 };

@@ -138,6 +138,19 @@ l3d_status l3d_request_test(l3d_request_t *req, int *done_p);
 // Blocks until complete (bounded by L3D_COMM_TIMEOUT) and frees the request.
 l3d_status l3d_request_wait(l3d_request_t *req);
 
+// ---- accounting ---------------------------------------------------------------------------
+// What this rank started on the communicator since creation or the last reset: calls (every
+// collective, send and recv, count 0 included) and bytes, counted as nccl-tests' "size" so
+// the figure does not depend on the algorithm or transport: allreduce, broadcast, reduce:
+// count * elemsize; reduce_scatter, allgather, alltoall: the whole buffer (count * elemsize *
+// ranks); send: the bytes sent; recv and barrier: 0. Formulas per training step built on
+// these are in docs/parallel.md.
+typedef struct l3d_comm_stats {
+    uint64_t calls, bytes;
+} l3d_comm_stats_t;
+void l3d_comm_get_stats(const l3d_comm_t *comm, l3d_comm_stats_t *stats);
+void l3d_comm_reset_stats(l3d_comm_t *comm);
+
 // Batches point-to-point calls like ncclGroupStart/End: l3d_comm_send/recv between start and
 // end are only posted, and end waits for all of them together, so a pipeline stage can send
 // to its successor and receive from its predecessor without deadlock. Groups do not nest.

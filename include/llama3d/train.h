@@ -27,6 +27,9 @@ typedef struct l3d_step_stats {
     double tokens_per_s;
     double mfu;           // model FLOP/s over the measured GEMM peak of this device
     size_t mem_peak;      // peak bytes allocated through the context so far
+    // communication of this rank during the step, per group [0] tp, [1] dp, [2] pp: calls and
+    // bytes as l3d_comm_get_stats counts them (docs/parallel.md has the formulas)
+    uint64_t comm_calls[3], comm_bytes[3];
 } l3d_step_stats_t;
 
 typedef struct l3d_mem_breakdown {
@@ -60,6 +63,9 @@ l3d_model_t *l3d_trainer_model(l3d_trainer_t *t);
 // however large). Equals l3d_trainer_memory of a trainer created from the same config.
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem);
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem);
+// The communication one step of `cfg` costs world rank 0, per group ([0] tp, [1] dp, [2] pp),
+// from the analytic formulas of docs/parallel.md: equal to what l3d_trainer_step counts.
+void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[3]);
 // The sgemm peak measured at creation, GFLOP/s, and the model FLOPs per trained token.
 double l3d_trainer_gemm_peak(const l3d_trainer_t *t);
 double l3d_trainer_flops_per_token(const l3d_trainer_t *t);

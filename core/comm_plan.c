@@ -1,0 +1,44 @@
+// The communication of one training step, predicted from the layout and the model's shapes
+// (docs/parallel.md derives each term). l3d_trainer_step counts the same quantities with
+// l3d_comm_get_stats, and the two agree exactly: tests/test_parallel.c checks it per layout.
+#include "core/trainer_internal.h"
+
+static void add(l3d_comm_stats_t *s, uint64_t calls, uint64_t bytes) {
+    s->calls += calls;
+    s->bytes += bytes;
+}
+
+void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[3]) {
+    for (int g = 0; g < 3; g++) plan[g] = (l3d_comm_stats_t){0, 0};
+    const l3d_model_config_t *mc = &cfg->model;
+    uint64_t f = sizeof(float), A = (uint64_t)cfg->grad_accum_steps;
+    uint64_t N = (uint64_t)cfg->micro_batch_size * (uint64_t)cfg->seq_len;
+    uint64_t C = (uint64_t)mc->hidden_size, L = (uint64_t)mc->num_hidden_layers;
+    int tp = cfg->tp, dp = cfg->dp;
+    if (tp > 1) {
+        l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
+        // per micro-batch: embedding, 2 per layer forward (+2 recomputed), head gradient,
+        // 2 per layer backward: all (N,C); cross-entropy max (N) and sums (N,2)
+        uint64_t nc = 1 + 2 * L * (cfg->activation_checkpointing ? 2 : 1) + 1 + 2 * L;
+        add(s, A * (nc + 2), A * (nc * N * C * f + N * f + 2 * N * f));
+        // once per step: replicated kv heads sum their k and v gradients (kv_rep ranks)
+        int K = mc->num_key_value_heads;
+        if (K < tp) add(s, 2 * L, 2 * L * (uint64_t)mc->head_dim * C * f);
+        add(s, 1, 8 * (uint64_t)tp);  // global gradient norm (one double per tp rank)
+    }
+    if (dp > 1) {
+        l3d_comm_stats_t *s = &plan[L3D_MESH_DP];
+        size_t P = l3d_model_arena_floats_tp(mc, tp, 0), n = (size_t)dp;
+        size_t Ppad = (P + n - 1) / n * n;
+        uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
+                      l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);
+        if (cfg->zero_stage >= 1) {
+            add(s, nb, Ppad * f);          // reduce-scatter of every bucket
+            add(s, nb, Ppad * f);          // all-gather of the updated parameters
+            add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
+        } else {
+            add(s, nb, Ppad * f);          // all-reduce of every bucket
+        }
+        add(s, 1, 8 * (uint64_t)dp);       // the loss
+    }
+}

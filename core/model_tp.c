@@ -1,0 +1,152 @@
+// Tensor parallelism (Megatron 1D) for the forward/backward of core/model_fwdbwd.c, and the
+// gathering/slicing of shards for checkpoints.
+//
+// Where the tp group talks, per layer (N = B*T rows, C hidden):
+//   forward   h = x + all_reduce(att_local Wo_local^T)        (N,C)  row-parallel o_proj
+//             x' = h + all_reduce(sw_local Wd_local^T)        (N,C)  row-parallel down_proj
+//   backward  dln2 = all_reduce(dgate Wg_local + dup Wu_local) (N,C)  column-parallel gate/up
+//             dln1 = all_reduce(dq Wq + dk Wk + dv Wv)         (N,C)  column-parallel q/k/v
+// plus the vocabulary-parallel embedding (all-reduce of (N,C)), head (all-reduce of dlnf) and
+// cross-entropy (all-reduce MAX of (N), SUM of (N,2)): the full logits never meet on one rank.
+// Everything else (norms, rope, attention on this rank's heads, SwiGLU) is local.
+#include <string.h>
+
+#include "core/model_internal.h"
+
+static l3d_status comm_fail(l3d_model_t *m, l3d_comm_t *c, l3d_status st, const char *what) {
+    return l3d_error(m->ctx, st, "tensor parallel %s: %s", what,
+                     l3d_ctx_last_error(l3d_comm_ctx(c)));
+}
+
+static l3d_status allreduce(l3d_model_t *m, l3d_comm_t *c, float *x, size_t n, l3d_redop op,
+                            const char *what) {
+    L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));  // host transports read device results
+    l3d_status st = l3d_comm_allreduce(c, x, x, n, L3D_FLOAT32, op);
+    return st < 0 ? comm_fail(m, c, st, what) : L3D_OK;
+}
+
+l3d_status l3d_tp_allreduce(l3d_model_t *m, float *x, size_t n) {
+    if (m->tp.size == 1) return L3D_OK;
+    return allreduce(m, m->tp.comm, x, n, L3D_SUM, "all-reduce");
+}
+
+l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residual, size_t n) {
+    if (m->tp.rank == 0)
+        return l3d_dev_copy(m->dev, dst, residual, n * sizeof(float), L3D_COPY_D2D);
+    return l3d_dev_memset(m->dev, dst, 0, n * sizeof(float));
+}
+
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *tokens, int N) {
+    const float *table = m->params + m->embed;
+    if (m->tp.size == 1)
+        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V);
+    L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
+                                               m->V, m->cfg.vocab_size));
+    return allreduce(m, m->tp.comm, out, (size_t)N * m->C, L3D_SUM, "embedding");
+}
+
+l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
+                                const int32_t *tokens, int N) {
+    if (m->tp.size == 1) return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C);
+    return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V);
+}
+
+l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
+    if (m->tp.size == 1)
+        return l3d_dev_xent_fwd_bwd(m->dev, a->logits, a->losses, a->targets, N, m->V,
+                                    grad_scale);
+    l3d_device_t *dev = m->dev;
+    int Vl = m->V, v0 = m->tp.v0;
+    L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl));
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_max, (size_t)N, L3D_MAX, "cross-entropy max"));
+    L3D_CHECK(m->ctx, l3d_dev_xent_vp_stats(dev, a->logits, a->vp_max, a->targets, N, Vl, v0,
+                                            a->vp_stats));
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_stats, 2 * (size_t)N, L3D_SUM,
+                                "cross-entropy sums"));
+    return l3d_dev_xent_vp_grad(dev, a->logits, a->losses, a->vp_max, a->vp_stats, a->targets, N,
+                                Vl, v0, grad_scale);
+}
+
+l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, int l, float *G) {
+    if (!m->tp.kv_comm) return L3D_OK;
+    const l3d_layer_params_t *lp = &m->layer[l];
+    size_t n = (size_t)m->KVH * m->D * m->C;
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, G + lp->wk, n, L3D_SUM, "k_proj gradient"));
+    return allreduce(m, m->tp.kv_comm, G + lp->wv, n, L3D_SUM, "v_proj gradient");
+}
+
+// ---- checkpoints: shards <-> the full (single-rank) layout -------------------------------------
+// Copies the shard of tensor p between the local arena and the full tensor at `full`
+// (full[0] x full[1] floats). to_full: local -> full.
+static void copy_shard(const l3d_param_t *p, float *local, float *full, int to_full) {
+    size_t rows = (size_t)p->shape[0], cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
+    size_t fcols = p->ndim == 2 ? (size_t)p->full[1] : 1;
+    for (size_t r = 0; r < rows; r++) {
+        float *f = full + ((size_t)p->r0 + r) * fcols + (size_t)p->c0;
+        float *s = local + r * cols;
+        if (to_full) memcpy(f, s, cols * sizeof(float));
+        else memcpy(s, f, cols * sizeof(float));
+    }
+}
+
+void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const float *full_arena,
+                        float *local_arena) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        copy_shard(p, local_arena + p->offset, (float *)full_arena + full->tensors[i].offset, 0);
+    }
+}
+
+// Collective over the tp group. Every rank sends its shard of each tensor; tp rank 0 places
+// them into full_arena (the others pass NULL). Shards of one tensor differ in size only by
+// the uneven vocabulary split, so each travels padded to the largest.
+l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l3d_model_t *full,
+                               float *full_arena) {
+    if (m->tp.size == 1) {
+        if (full_arena) memcpy(full_arena, local_arena, m->n_params * sizeof(float));
+        return L3D_OK;
+    }
+    int tp = m->tp.size;
+    // Every rank's layout, to know where its shards go and the largest shard of each tensor.
+    l3d_model_t *peer = l3d_calloc(m->ctx, (size_t)tp, sizeof(*peer), "other");
+    l3d_param_t *pt = l3d_calloc(m->ctx, (size_t)tp * (size_t)m->n_tensors, sizeof(*pt), "other");
+    l3d_layer_params_t *pl = l3d_calloc(m->ctx, (size_t)tp * (size_t)m->L, sizeof(*pl), "other");
+    float *send = NULL, *recv = NULL;
+    size_t maxn = 0;
+    l3d_status st = peer && pt && pl ? L3D_OK : L3D_ERR_NOMEM;
+    for (int j = 0; j < tp && st >= 0; j++) {
+        peer[j].tensors = pt + (size_t)j * m->n_tensors;
+        peer[j].layer = pl + (size_t)j * m->L;
+        l3d_model_set_dims_tp(&peer[j], &m->cfg, tp, j);
+        l3d_model_layout(&peer[j]);
+        for (int i = 0; i < m->n_tensors; i++) maxn = L3D_MAX(maxn, peer[j].tensors[i].numel);
+    }
+    if (st >= 0) {
+        send = l3d_malloc(m->ctx, maxn * sizeof(float), "staging");
+        recv = l3d_malloc(m->ctx, (size_t)tp * maxn * sizeof(float), "staging");
+        if (!send || !recv) st = L3D_ERR_NOMEM;
+    }
+    if (st < 0) goto out;
+    L3D_CHECK_GOTO(m->ctx, l3d_dev_sync(m->dev), st, out);
+    for (int i = 0; i < m->n_tensors && st >= 0; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        memset(send, 0, maxn * sizeof(float));
+        memcpy(send, local_arena + p->offset, p->numel * sizeof(float));
+        st = l3d_comm_allgather(m->tp.comm, send, recv, maxn, L3D_FLOAT32);
+        if (st < 0) {
+            st = comm_fail(m, m->tp.comm, st, "checkpoint gather");
+            break;
+        }
+        if (!full_arena) continue;
+        for (int j = 0; j < tp; j++)
+            copy_shard(&peer[j].tensors[i], recv + (size_t)j * maxn,
+                       full_arena + full->tensors[i].offset, 1);
+    }
+out:
+    l3d_free(m->ctx, recv, (size_t)tp * maxn * sizeof(float), "staging");
+    l3d_free(m->ctx, send, maxn * sizeof(float), "staging");
+    l3d_free(m->ctx, pl, (size_t)tp * (size_t)m->L * sizeof(*pl), "other");
+    l3d_free(m->ctx, pt, (size_t)tp * (size_t)m->n_tensors * sizeof(*pt), "other");
+    l3d_free(m->ctx, peer, (size_t)tp * sizeof(*peer), "other");
+    return st;
+}
