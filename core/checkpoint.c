@@ -278,24 +278,94 @@ static void full_optim_release(l3d_trainer_t *t, ckpt_state_t *cs) {
     }
 }
 
+// One pipeline stage's tensors in the tp-1 layout: parameters, exp_avg, exp_avg_sq.
+typedef struct stage_arrays {
+    l3d_model_t *model;  // owned when `own`
+    float *p, *m, *v;
+    int own;
+} stage_arrays_t;
+
+static l3d_status stage_alloc(l3d_trainer_t *t, int stage, stage_arrays_t *sa) {
+    memset(sa, 0, sizeof(*sa));
+    sa->own = 1;
+    L3D_CHECK(t->ctx, l3d_model_create_part(t->ctx, t->dev, &t->model->cfg, NULL,
+                                            t->model->pp_size, stage, &sa->model));
+    size_t bytes = sa->model->n_params * sizeof(float);
+    sa->p = sa->model->params;
+    L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&sa->m));
+    return l3d_dev_alloc(t->dev, bytes, "staging", (void **)&sa->v);
+}
+
+static void stage_release(l3d_trainer_t *t, stage_arrays_t *sa) {
+    if (!sa->own || !sa->model) return;
+    size_t bytes = sa->model->n_params * sizeof(float);
+    l3d_dev_free(t->dev, sa->v, bytes, "staging");
+    l3d_dev_free(t->dev, sa->m, bytes, "staging");
+    l3d_model_destroy(sa->model);
+    memset(sa, 0, sizeof(*sa));
+}
+
+// Stage writers send their three arrays to world rank 0 (stage 0's writer), which places them
+// into the whole model by name.
+static l3d_status pp_collect(l3d_trainer_t *t, ckpt_state_t *cs, const stage_arrays_t *own) {
+    l3d_model_t *m = t->model;
+    l3d_comm_t *c = t->pp.comm;
+    l3d_status st = L3D_OK;
+    if (m->pp_rank != 0) {
+        size_t n = own->model->n_params;
+        const float *arr[3] = {own->p, own->m, own->v};
+        for (int k = 0; k < 3 && st >= 0; k++)
+            st = l3d_comm_send(c, arr[k], n, L3D_FLOAT32, 0);
+        return st;
+    }
+    L3D_CHECK(t->ctx, full_model(t, cs));
+    float *dst[3] = {cs->full->params, cs->fm, cs->fv};
+    const float *mine[3] = {own->p, own->m, own->v};
+    for (int k = 0; k < 3; k++) l3d_model_copy_named(own->model, mine[k], cs->full, dst[k]);
+    for (int s = 1; s < m->pp_size && st >= 0; s++) {
+        stage_arrays_t tmp;
+        st = stage_alloc(t, s, &tmp);
+        float *arr[3] = {tmp.p, tmp.m, tmp.v};
+        for (int k = 0; k < 3 && st >= 0; k++) {
+            st = l3d_comm_recv(c, arr[k], tmp.model->n_params, L3D_FLOAT32, s);
+            if (st >= 0) l3d_model_copy_named(tmp.model, arr[k], cs->full, dst[k]);
+        }
+        stage_release(t, &tmp);
+    }
+    return st;
+}
+
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
     ckpt_state_t cs;
     l3d_model_t *m = t->model;
-    int tp_rank = m->tp.rank, writer = t->dp.rank == 0 && tp_rank == 0;
+    int stage_writer = t->dp.rank == 0 && m->tp.rank == 0, writer = stage_writer && m->pp_rank == 0;
     l3d_status st = full_optim(t, &cs);
     if (st >= 0) st = l3d_dp_optim_gather(t, t->adam_m, cs.m);
     if (st >= 0) st = l3d_dp_optim_gather(t, t->adam_v, cs.v);
-    // Tensor parallelism: dp rank 0's tp group assembles the single-rank layout on its tp
-    // rank 0 (the other dp replicas hold the same shards).
+    // This stage in the tp-1 layout on its writer: tensor-parallel shards are gathered by dp
+    // rank 0's tp group (the other dp replicas hold the same shards).
+    stage_arrays_t own = {m, m->params, cs.m, cs.v, 0};
     if (st >= 0 && m->tp.size > 1 && t->dp.rank == 0) {
-        if (writer) st = full_model(t, &cs);
-        if (st >= 0) st = l3d_model_tp_gather(m, m->params, cs.full, writer ? cs.full->params : NULL);
-        if (st >= 0) st = l3d_model_tp_gather(m, cs.m, cs.full, writer ? cs.fm : NULL);
-        if (st >= 0) st = l3d_model_tp_gather(m, cs.v, cs.full, writer ? cs.fv : NULL);
+        if (stage_writer) st = stage_alloc(t, m->pp_rank, &own);
+        if (st >= 0) st = l3d_model_tp_gather(m, m->params, own.model, stage_writer ? own.p : NULL);
+        if (st >= 0) st = l3d_model_tp_gather(m, cs.m, own.model, stage_writer ? own.m : NULL);
+        if (st >= 0) st = l3d_model_tp_gather(m, cs.v, own.model, stage_writer ? own.v : NULL);
+    }
+    // The whole model on world rank 0: this stage is all of it, or the stages send theirs.
+    if (st >= 0 && stage_writer) {
+        if (m->pp_size > 1) {
+            st = pp_collect(t, &cs, &own);
+        } else if (own.own) {
+            cs.full = own.model;  // released with cs
+            cs.fm = own.m;
+            cs.fv = own.v;
+            own.own = 0;
+        }
     }
     // One rank writes; the agreement below returns on every rank only once the directory is
     // published (or tells them all that it failed).
     if (st >= 0 && writer) st = publish_dir(t->ctx, dir, fill_trainer, &cs);
+    stage_release(t, &own);
     full_optim_release(t, &cs);
     l3d_comm_t *world = t->mesh->world;
     if (world && l3d_comm_size(world) > 1) {
@@ -354,7 +424,7 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
     L3D_CHECK(ctx, full_optim(t, &cs));
     l3d_model_t *m = t->model;
     // Any layout reads the single-rank layout; a tensor-parallel rank takes its shards.
-    if (m->tp.size > 1) st = full_model(t, &cs);
+    if (m->tp.size > 1 || m->pp_size > 1) st = full_model(t, &cs);
     l3d_model_t *rm = cs.full ? cs.full : m;
     if (st >= 0) st = l3d_model_load(rm, dir);
     join(path, sizeof(path), dir, "optimizer.safetensors");

@@ -14,21 +14,34 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     uint64_t f = sizeof(float), A = (uint64_t)cfg->grad_accum_steps;
     uint64_t N = (uint64_t)cfg->micro_batch_size * (uint64_t)cfg->seq_len;
     uint64_t C = (uint64_t)mc->hidden_size, L = (uint64_t)mc->num_hidden_layers;
-    int tp = cfg->tp, dp = cfg->dp;
+    int tp = cfg->tp, dp = cfg->dp, pp = cfg->pp;
+    // World rank 0 is on stage 0: its layers, and the head only without a pipeline.
+    L = L / (uint64_t)pp + (L % (uint64_t)pp != 0);
+    int last = pp == 1;
     if (tp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
-        // per micro-batch: embedding, 2 per layer forward (+2 recomputed), head gradient,
-        // 2 per layer backward: all (N,C); cross-entropy max (N) and sums (N,2)
-        uint64_t nc = 1 + 2 * L * (cfg->activation_checkpointing ? 2 : 1) + 1 + 2 * L;
-        add(s, A * (nc + 2), A * (nc * N * C * f + N * f + 2 * N * f));
+        // per micro-batch: embedding, 2 per layer forward (+2 recomputed), 2 per layer
+        // backward: all (N,C); on the last stage the head gradient (N,C) and the
+        // cross-entropy max (N) and sums (N,2)
+        uint64_t nc = 1 + 2 * L * (cfg->activation_checkpointing ? 2 : 1) + 2 * L + last;
+        add(s, A * (nc + 2 * last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
         // once per step: replicated kv heads sum their k and v gradients (kv_rep ranks)
         int K = mc->num_key_value_heads;
         if (K < tp) add(s, 2 * L, 2 * L * (uint64_t)mc->head_dim * C * f);
         add(s, 1, 8 * (uint64_t)tp);  // global gradient norm (one double per tp rank)
     }
+    if (pp > 1) {
+        l3d_comm_stats_t *s = &plan[L3D_MESH_PP];
+        add(s, 2 * A, A * N * C * f);  // per micro-batch: send activations, receive gradients
+        add(s, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm (a double per stage)
+        if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
+            uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);
+            add(s, 1, vl * C * f);
+        }
+    }
     if (dp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_DP];
-        size_t P = l3d_model_arena_floats_tp(mc, tp, 0), n = (size_t)dp;
+        size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, 0), n = (size_t)dp;
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);

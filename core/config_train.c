@@ -15,6 +15,7 @@
 #include "core/config_json.h"
 #include "core/config_train_internal.h"
 #include "core/mesh.h"
+#include "core/pipeline.h"
 #include "core/l3d_core.h"
 #include "llama3d/config.h"
 #include "platform/platform.h"
@@ -240,8 +241,10 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     json_t *sec;
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "parallel", &sec));
     if (sec) {
-        static const char *const keys[] = {"dp", "tp", "pp", "order"};
-        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 4, NULL));
+        static const char *const keys[] = {"dp", "tp", "pp", "order", "schedule"};
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 5, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "schedule", cfg->pp_schedule,
+                                              sizeof(cfg->pp_schedule), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "order", cfg->parallel_order,
                                               sizeof(cfg->parallel_order), NULL));
         // The world size is checked against the launcher elsewhere.
@@ -307,6 +310,8 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
                          origin, cfg->dp, cfg->tp, cfg->pp);
     int perm[3];
     L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
+    l3d_pp_kind kind;
+    L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
     L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, &cfg->model));
     if (cfg->seq_len < 1 || cfg->seq_len > cfg->model.max_position_embeddings)

@@ -21,6 +21,7 @@
 typedef struct slice {
     int64_t full_r, full_c, r0, c0;
     int repl;
+    int pp_copy;  // the last stage's copy of a tied embedding
 } slice_t;
 
 static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t rows, int64_t cols,
@@ -40,6 +41,7 @@ static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t row
         p->r0 = sl.r0;
         p->c0 = sl.c0;
         p->repl = sl.repl;
+        p->pp_copy = sl.pp_copy;
     }
     m->n_tensors++;
     if (slot) *slot = *off;
@@ -57,14 +59,18 @@ void l3d_model_layout(l3d_model_t *m) {
     int64_t Hf = (int64_t)c->num_attention_heads * D, Kf = (int64_t)c->num_key_value_heads * D;
     int64_t Ff = c->intermediate_size, Vf = c->vocab_size;
     int kv_rep = m->tp.kv_rep > 0 ? m->tp.kv_rep : 1;
-    slice_t vocab = {Vf, C, m->tp.v0, 0, 1}, norm = {C, 0, 0, 0, tp};
-    slice_t q = {Hf, C, r * HD, 0, 1}, kv = {Kf, C, (int64_t)(r / kv_rep) * KD, 0, kv_rep};
-    slice_t o = {C, Hf, 0, r * HD, 1}, gu = {Ff, C, r * F, 0, 1}, dn = {C, Ff, 0, r * F, 1};
-    add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed, vocab);
+    slice_t vocab = {Vf, C, m->tp.v0, 0, 1, 0}, norm = {C, 0, 0, 0, tp, 0};
+    slice_t q = {Hf, C, r * HD, 0, 1, 0}, kv = {Kf, C, (int64_t)(r / kv_rep) * KD, 0, kv_rep, 0};
+    slice_t o = {C, Hf, 0, r * HD, 1, 0}, gu = {Ff, C, r * F, 0, 1, 0};
+    slice_t dn = {C, Ff, 0, r * F, 1, 0};
+    // Pipeline stages hold their layers only: the embedding on the first, the final norm and
+    // the head on the last. A tied head on a last stage that is not also the first is a copy
+    // of the embedding under its name (same initialisation; the two stages sum its gradient).
+    if (m->has_embed) add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed, vocab);
     for (int l = 0; l < m->L; l++) {
         l3d_layer_params_t scratch, *lp = m->layer ? &m->layer[l] : &scratch;
 #define LP(suffix, rr, cc, decay, slot, sl)                                        \
-    snprintf(name, sizeof(name), "model.layers.%d.%s", l, suffix);                 \
+    snprintf(name, sizeof(name), "model.layers.%d.%s", m->l0 + l, suffix);         \
     add_param(m, &off, name, rr, cc, decay, slot, sl)
         LP("input_layernorm.weight", C, 0, 0, &lp->ln1, norm);
         LP("self_attn.q_proj.weight", HD, C, 1, &lp->wq, q);
@@ -77,9 +83,18 @@ void l3d_model_layout(l3d_model_t *m) {
         LP("mlp.down_proj.weight", C, F, 1, &lp->wd, dn);
 #undef LP
     }
-    add_param(m, &off, "model.norm.weight", C, 0, 0, &m->norm, norm);
-    if (m->cfg.tie_word_embeddings) m->head = m->embed;
-    else add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head, vocab);
+    if (m->has_head) {
+        add_param(m, &off, "model.norm.weight", C, 0, 0, &m->norm, norm);
+        if (m->cfg.tie_word_embeddings && m->has_embed) {
+            m->head = m->embed;
+        } else if (m->cfg.tie_word_embeddings) {
+            slice_t copy = vocab;
+            copy.pp_copy = 1;
+            add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->head, copy);
+        } else {
+            add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head, vocab);
+        }
+    }
     m->n_params = off;
 }
 
@@ -118,18 +133,35 @@ void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp
     int V = cfg->vocab_size, q = V / tp, rem = V % tp;
     m->V = q + (rank < rem);
     m->tp.v0 = q * rank + (rank < rem ? rank : rem);
+    l3d_model_set_stage(m, 1, 0);
+}
+
+void l3d_model_set_stage(l3d_model_t *m, int pp, int stage) {
+    int L = m->cfg.num_hidden_layers, q = L / pp, rem = L % pp;
+    m->L = q + (stage < rem);
+    m->l0 = q * stage + (stage < rem ? stage : rem);
+    m->has_embed = stage == 0;
+    m->has_head = stage == pp - 1;
+    m->pp_size = pp;
+    m->pp_rank = stage;
 }
 
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
     l3d_model_set_dims_tp(m, cfg, 1, 0);
 }
 
-size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank) {
+size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int rank, int pp,
+                                   int stage) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, rank);
+    l3d_model_set_stage(&m, pp, stage);
     l3d_model_layout(&m);
     return m.n_params;
+}
+
+size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank) {
+    return l3d_model_arena_floats_part(cfg, tp, rank, 1, 0);
 }
 
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
@@ -137,20 +169,25 @@ size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, l3d_model_t **model_p);
+                               l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p);
 
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, 0, model_p);
+}
+
+l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                                 l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, tp_comm, pp, stage, model_p);
 }
 
 l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                             l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, NULL, model_p);
+    return model_create(ctx, dev, cfg, NULL, 1, 0, model_p);
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, l3d_model_t **model_p) {
+                               l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p) {
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
     int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
     L3D_CHECK(ctx, l3d_tp_check(ctx, cfg, tp));
@@ -160,6 +197,7 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     m->ctx = ctx;
     m->dev = dev;
     l3d_model_set_dims_tp(m, cfg, tp, rank);
+    l3d_model_set_stage(m, pp, stage);
     m->tp.comm = tp > 1 ? tp_comm : NULL;
     if (m->tp.kv_rep > 1) {
         // Ranks sharing a key/value head: r / kv_rep names the head.

@@ -90,7 +90,7 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     a->x_final = take(ar, N * C * f);
     a->rstdf = take(ar, N * f);
     a->lnf = take(ar, N * C * f);
-    a->logits = take(ar, N * V * f);
+    a->logits = take(ar, (m->has_head || !m->pp_size ? N * V : 0) * f);  // last stage only
     a->losses = take(ar, N * f);
     a->vp_max = take(ar, N * f);
     a->vp_stats = take(ar, 2 * N * f);
@@ -108,9 +108,15 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
+    return l3d_acts_bytes_part(cfg, 1, 1, 0, B, T, recompute);
+}
+
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage, int B, int T,
+                           int recompute) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
-    l3d_model_set_dims(&m, cfg);
+    l3d_model_set_dims_tp(&m, cfg, tp, 0);
+    l3d_model_set_stage(&m, pp, stage);
     l3d_acts_t a = {.B = B, .T = T, .recompute = recompute};
     arena_t ar = {NULL, 0};
     layout_acts(&ar, &a, &m);
@@ -236,19 +242,26 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
 }
 
 // ---- a micro-batch -----------------------------------------------------------------------
-l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float grad_scale,
-                                 double *loss_sum_p) {
+// A pipeline stage runs its part: the first stage embeds a->tokens, the others start from the
+// activations received into a->layers[0].x_in; the last stage ends with the loss, the others
+// with a->x_final to send on. The backward mirrors it: the last stage starts from the loss,
+// the others from dL/dx_final received into a->dres, and all but the first leave dL/dx_in of
+// their first layer in a->dres to send back.
+l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_scale,
+                                   double *loss_sum_p) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
     float eps = m->cfg.rms_norm_eps;
+    *loss_sum_p = 0.0;
 
-    L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
+    if (m->has_embed) L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
         L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], x_out, a->sw, B, T, 0, T, 0));
     }
+    if (!m->has_head) return l3d_dev_sync(dev);
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf, a->rstdf, a->x_final, W + m->norm, N, C, eps));
     L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, W + m->head, N, C, V, 0.0f));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
@@ -274,17 +287,26 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
     for (int i = 0; i < N; i++) sum += losses[i];
     l3d_free(ctx, staged, lbytes, "staging");
     *loss_sum_p = sum;
+    return L3D_OK;
+}
 
-    // head and final norm: logits now hold dL/dlogits
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + m->head, a->logits, a->lnf, N, C, V));
-    L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
-    L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));  // vocabulary-parallel head
-    L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, (size_t)N * C * sizeof(float)));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln, a->x_final, W + m->norm,
-                                       a->rstdf, N, C));
-    // Arena order is embed, layers 0..L-1, norm, head (HF): the backward completes it from the
-    // end. A tied head shares offset 0 with the embedding, which completes last.
-    if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));
+l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
+    l3d_device_t *dev = m->dev;
+    l3d_ctx_t *ctx = m->ctx;
+    const float *W = m->params;
+    int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
+    if (m->has_head) {
+        // head and final norm: logits hold dL/dlogits since the forward
+        L3D_CHECK(ctx, linear_bwd_w(dev, G + m->head, a->logits, a->lnf, N, C, V));
+        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
+        L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));  // vocabulary-parallel head
+        L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, (size_t)N * C * sizeof(float)));
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln, a->x_final,
+                                           W + m->norm, a->rstdf, N, C));
+        // Arena order is embed, layers, norm, head (HF): the backward completes it from the
+        // end. A tied head shares offset 0 with the embedding, which completes last.
+        if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));
+    }
     for (int l = L - 1; l >= 0; l--) {
         if (a->recompute) {
             // Rebuild this layer's activations from its saved input. x_out is written to a
@@ -295,7 +317,15 @@ l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float 
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, l, G));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[l].ln1));
     }
-    L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, G + m->embed, a->dres, a->tokens, N));
-    if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
-    return L3D_OK;
+    if (m->has_embed) {
+        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, G + m->embed, a->dres, a->tokens, N));
+        if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
+    }
+    return l3d_dev_sync(dev);
+}
+
+l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float grad_scale,
+                                 double *loss_sum_p) {
+    L3D_CHECK(m->ctx, l3d_model_stage_forward(m, a, grad_scale, loss_sum_p));
+    return l3d_model_stage_backward(m, a, G);
 }

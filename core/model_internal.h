@@ -22,6 +22,7 @@ typedef struct l3d_param {
     // (norms: all tp ranks; key/value heads when there are fewer than tp; else 1).
     int64_t full[2], r0, c0;
     int repl;
+    int pp_copy;  // pipeline: the last stage's copy of a tied embedding (not in the norm twice)
 } l3d_param_t;
 
 // Tensor parallelism of one model (Megatron 1D; core/model_tp.c). size 1: not split.
@@ -81,8 +82,10 @@ struct l3d_model {
     l3d_ctx_t *ctx;
     l3d_device_t *dev;
     l3d_model_config_t cfg;    // the full model
-    int C, F, L, H, KVH, D, V; // this rank's shard: F, H, KVH and V are per tp rank
+    int C, F, L, H, KVH, D, V; // this rank's shard: F, H, KVH and V are per tp rank, L per stage
     l3d_tp_t tp;
+    // pipeline stage: layers l0 .. l0+L-1; the embedding (first stage), norm and head (last)
+    int l0, has_embed, has_head, pp_size, pp_rank;
     float *params;  // arena on the device
     size_t n_params;
     l3d_param_t *tensors;
@@ -105,6 +108,13 @@ size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank
 // `rank` of `tp` (1, 0: the whole model). The shapes must divide (l3d_tp_check).
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
+// Restricts m to pipeline stage `stage` of `pp` (balanced: the first L % pp stages get one
+// layer more). set_dims_tp sets stage 0 of 1.
+void l3d_model_set_stage(l3d_model_t *m, int pp, int stage);
+size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int rank, int pp,
+                                   int stage);
+l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                                 l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p);
 // Tensor parallelism preconditions: heads, key/value heads (or tp by them) and ffn divide by
 // tp, vocabulary >= tp. L3D_ERR_CONFIG naming the dimension otherwise.
 l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp);
@@ -141,7 +151,13 @@ void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const flo
                         float *local_arena);
 l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l3d_model_t *full,
                                float *full_arena);
+// Copies every tensor of m (a tp-1 layout, e.g. a pipeline stage) into full's arena by name.
+void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
+                          float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
+// The same for tp rank 0 of `tp` on pipeline stage `stage` of `pp`.
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage, int B, int T,
+                           int recompute);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
@@ -164,5 +180,10 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
 // of the per-token losses (not scaled).
 l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *grads, float grad_scale,
                                  double *loss_sum_p);
+// The two halves of train_micro for a pipeline stage (see core/model_fwdbwd.c): forward
+// (loss on the last stage, 0 elsewhere) and backward. Both return with the device synced.
+l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_scale,
+                                   double *loss_sum_p);
+l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *grads);
 
 #endif

@@ -89,11 +89,26 @@ static void copy_shard(const l3d_param_t *p, float *local, float *full, int to_f
     }
 }
 
+// The tensor of `full` named like p (pipeline stages hold a subset, in the same order).
+static const l3d_param_t *find(const l3d_model_t *full, const char *name) {
+    for (int i = 0; i < full->n_tensors; i++)
+        if (!strcmp(full->tensors[i].name, name)) return &full->tensors[i];
+    return NULL;
+}
+
+void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
+                          float *full_arena) {
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i], *q = find(full, p->name);
+        if (q) copy_shard(p, (float *)arena + p->offset, full_arena + q->offset, 1);
+    }
+}
+
 void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const float *full_arena,
                         float *local_arena) {
     for (int i = 0; i < m->n_tensors; i++) {
-        const l3d_param_t *p = &m->tensors[i];
-        copy_shard(p, local_arena + p->offset, (float *)full_arena + full->tensors[i].offset, 0);
+        const l3d_param_t *p = &m->tensors[i], *q = find(full, p->name);
+        if (q) copy_shard(p, local_arena + p->offset, (float *)full_arena + q->offset, 0);
     }
 }
 
@@ -103,7 +118,7 @@ void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const flo
 l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l3d_model_t *full,
                                float *full_arena) {
     if (m->tp.size == 1) {
-        if (full_arena) memcpy(full_arena, local_arena, m->n_params * sizeof(float));
+        if (full_arena) l3d_model_copy_named(m, local_arena, full, full_arena);
         return L3D_OK;
     }
     int tp = m->tp.size;
@@ -118,6 +133,7 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
         peer[j].tensors = pt + (size_t)j * m->n_tensors;
         peer[j].layer = pl + (size_t)j * m->L;
         l3d_model_set_dims_tp(&peer[j], &m->cfg, tp, j);
+        l3d_model_set_stage(&peer[j], m->pp_size, m->pp_rank);
         l3d_model_layout(&peer[j]);
         for (int i = 0; i < m->n_tensors; i++) maxn = L3D_MAX(maxn, peer[j].tensors[i].numel);
     }
@@ -137,10 +153,10 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
             st = comm_fail(m, m->tp.comm, st, "checkpoint gather");
             break;
         }
-        if (!full_arena) continue;
+        const l3d_param_t *q = full_arena ? find(full, p->name) : NULL;
+        if (!q) continue;
         for (int j = 0; j < tp; j++)
-            copy_shard(&peer[j].tensors[i], recv + (size_t)j * maxn,
-                       full_arena + full->tensors[i].offset, 1);
+            copy_shard(&peer[j].tensors[i], recv + (size_t)j * maxn, full_arena + q->offset, 1);
     }
 out:
     l3d_free(m->ctx, recv, (size_t)tp * maxn * sizeof(float), "staging");

@@ -61,13 +61,19 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     if (!t) return L3D_ERR_NOMEM;
     t->ctx = ctx;
     t->cfg = *cfg;
-    L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
-                                        cfg->parallel_order, &t->mesh), st, err);
-    if (cfg->pp > 1) {
-        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "parallel: pp %d: pipeline parallelism is not "
-                       "built yet; this build trains dp x tp x 1 layouts", cfg->pp);
+    if (cfg->pp > cfg->model.num_hidden_layers) {
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d is more stages than "
+                       "num_hidden_layers %d; lower parallel.pp", cfg->pp,
+                       cfg->model.num_hidden_layers);
         goto err;
     }
+    if (cfg->pp > 1) {
+        l3d_pp_kind kind;
+        L3D_CHECK_GOTO(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind), st, err);
+        L3D_CHECK_GOTO(ctx, l3d_pp_validate(ctx, kind, cfg->pp, cfg->grad_accum_steps), st, err);
+    }
+    L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
+                                        cfg->parallel_order, &t->mesh), st, err);
     if (!cfg->adam_w_mode && cfg->weight_decay != 0.0f) {
         st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "optimizer: Adam with L2 weight decay "
                        "(adam_w_mode false) is not supported; use AdamW or weight_decay 0");
@@ -76,8 +82,9 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_model_create_tp(ctx, t->dev, &cfg->model, t->mesh->group[L3D_MESH_TP],
-                                            &t->model), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, t->dev, &cfg->model,
+                                              t->mesh->group[L3D_MESH_TP], cfg->pp,
+                                              t->mesh->coord[L3D_MESH_PP], &t->model), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
 
     L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);
@@ -92,8 +99,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_v), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, obytes), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_v, 0, obytes), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_acts_create(t->model, cfg->micro_batch_size, cfg->seq_len,
-                                        cfg->activation_checkpointing, &t->acts), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_pp_init(t), st, err);
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
     t->h_tokens = l3d_malloc(ctx, n * sizeof(int32_t), "data");
     t->h_targets = l3d_malloc(ctx, n * sizeof(int32_t), "data");
@@ -119,7 +125,7 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
     if (t->model) {
         size_t gbytes = t->dp.Ppad * sizeof(float), obytes = t->dp.shard_len * sizeof(float);
         l3d_dp_fini(t);
-        l3d_acts_destroy(t->model, t->acts);
+        l3d_pp_fini(t);
         l3d_dev_free(t->dev, t->adam_v, obytes, "optim");
         l3d_dev_free(t->dev, t->adam_m, obytes, "optim");
         l3d_dev_free(t->dev, t->grads, gbytes, "grads");
@@ -143,34 +149,20 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     l3d_device_t *dev = t->dev;
     l3d_model_t *m = t->model;
     const l3d_train_config_t *cfg = &t->cfg;
-    int Bg = cfg->train_batch_size, mb = cfg->micro_batch_size, T = cfg->seq_len;
-    size_t n = (size_t)mb * T;
+    int Bg = cfg->train_batch_size, T = cfg->seq_len;
     double t0 = l3d_time_now();
 
-    l3d_comm_t *groups[4] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
-                             t->mesh->group[L3D_MESH_PP], m->tp.kv_comm};
-    for (int g = 0; g < 4; g++) l3d_comm_reset_stats(groups[g]);
+    l3d_comm_t *groups[5] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
+                             t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm};
+    for (int g = 0; g < 5; g++) l3d_comm_reset_stats(groups[g]);
     L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
     // Loss = mean over every target token of the global batch, so each micro-batch's
     // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
     // the data-parallel reduction is a plain sum. dp rank r takes the global batch's
-    // micro-batches r*A .. r*A + A-1 (A = accumulation steps).
+    // micro-batches r*A .. r*A + A-1 (A = accumulation steps), through this pipeline stage.
     float grad_scale = (float)(1.0 / ((double)Bg * T));
     double loss_sum = 0.0;
-    int A = cfg->grad_accum_steps;
-    for (int j = 0; j < A; j++) {
-        int first = (t->dp.rank * A + j) * mb;
-        l3d_dataset_batch(t->data, t->step, Bg, T, first, mb, t->h_tokens, t->h_targets);
-        L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->tokens, t->h_tokens, n * sizeof(int32_t),
-                                    L3D_COPY_H2D));
-        L3D_CHECK(ctx, l3d_dev_copy(dev, t->acts->targets, t->h_targets, n * sizeof(int32_t),
-                                    L3D_COPY_H2D));
-        l3d_dp_arm(t, j == A - 1);
-        t->acts->tp_sync_grads = j == A - 1;
-        double s = 0.0;
-        L3D_CHECK(ctx, l3d_model_train_micro(m, t->acts, t->grads, grad_scale, &s));
-        loss_sum += s;
-    }
+    L3D_CHECK(ctx, l3d_pp_run(t, grad_scale, &loss_sum));
     L3D_CHECK(ctx, l3d_dp_reduce_finish(t));
     L3D_CHECK(ctx, l3d_dp_sum_double(t, t->dp.comm, &loss_sum));
     double loss = loss_sum / ((double)Bg * T);
@@ -202,10 +194,11 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
                                             (t->gemm_peak * 1e9 * ranks)
                                       : 0.0;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
-        for (int g = 0; g < 4; g++) {
+        for (int g = 0; g < 5; g++) {
             l3d_comm_stats_t cs;
             l3d_comm_get_stats(groups[g], &cs);
-            int grp = g == 3 ? L3D_MESH_TP : g;  // the kv replica group is part of tp
+            // the kv replica group is part of tp, the tied-embedding group part of pp
+            int grp = g == 3 ? L3D_MESH_TP : g == 4 ? L3D_MESH_PP : g;
             if (g < 3) stats->comm_calls[grp] = stats->comm_bytes[grp] = 0;
             stats->comm_calls[grp] += cs.calls;
             stats->comm_bytes[grp] += cs.bytes;
@@ -224,19 +217,25 @@ int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->dat
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp).
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
-    size_t P = l3d_model_arena_floats_tp(&cfg->model, cfg->tp, 0);
+    size_t P = l3d_model_arena_floats_part(&cfg->model, cfg->tp, 0, cfg->pp, 0);
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
     size_t Ppad = (P + n - 1) / n * n;
     mem->params = P * sizeof(float);
     mem->grads = Ppad * sizeof(float);
     mem->optim = 2 * (n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P) * sizeof(float);
-    mem->acts = l3d_acts_bytes(&cfg->model, cfg->micro_batch_size, cfg->seq_len,
-                               cfg->activation_checkpointing);
+    // Pipeline: stage 0 keeps up to its schedule's number of activation sets.
+    l3d_pp_kind kind = L3D_PP_1F1B;
+    (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
+    int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, 0, cfg->grad_accum_steps) : 1;
+    mem->acts = (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->pp, 0,
+                                                    cfg->micro_batch_size, cfg->seq_len,
+                                                    cfg->activation_checkpointing);
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     mem->params = t->model->n_params * sizeof(float);
     mem->grads = t->dp.Ppad * sizeof(float);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
-    mem->acts = t->acts->bytes;
+    mem->acts = 0;
+    for (int i = 0; i < t->pp.nslots; i++) mem->acts += t->pp.slots[i]->bytes;
 }

@@ -93,16 +93,19 @@ static l3d_status dp_ready(void *arg, size_t final_from) {
     return L3D_OK;
 }
 
-void l3d_dp_arm(l3d_trainer_t *t, int last_micro) {
+void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro) {
     l3d_dp_t *d = &t->dp;
     d->next = 0;
-    t->acts->grad_ready = d->n > 1 && last_micro ? dp_ready : NULL;
-    t->acts->grad_ready_arg = t;
+    // A tied embedding split over the first and last pipeline stages is complete only after
+    // the two have summed it (l3d_pp_run): those stages start their buckets at the end.
+    a->grad_ready = d->n > 1 && last_micro && !t->pp.emb_comm ? dp_ready : NULL;
+    a->grad_ready_arg = t;
+    a->tp_sync_grads = last_micro;
 }
 
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
-    t->acts->grad_ready = NULL;
+    for (int i = 0; i < t->pp.nslots; i++) t->pp.slots[i]->grad_ready = NULL;
     if (d->n == 1) return L3D_OK;
     L3D_CHECK(t->ctx, dp_ready(t, 0));
     l3d_status st = L3D_OK;
@@ -147,7 +150,8 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
     double s = 0;
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i];
-        double w = 1.0 / (p->repl > 0 ? p->repl : 1), x = 0;
+        double w = p->pp_copy ? 0.0 : 1.0 / (p->repl > 0 ? p->repl : 1), x = 0;
+        if (w == 0.0) continue;  // the first stage counts a tied embedding
         if (!d->sharded) {
             L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + p->offset, p->numel, &x));
             s += w * x;
@@ -165,6 +169,7 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
     *sumsq = s;
     if (d->sharded) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, d->comm, sumsq));
     if (m->tp.size > 1) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, m->tp.comm, sumsq));
+    if (t->pp.comm) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, t->pp.comm, sumsq));
     return L3D_OK;
 }
 

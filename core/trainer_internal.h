@@ -5,6 +5,7 @@
 #include "core/data.h"
 #include "core/mesh.h"
 #include "core/model_internal.h"
+#include "core/pipeline.h"
 #include "llama3d/comm.h"
 #include "llama3d/train.h"
 
@@ -25,6 +26,17 @@ typedef struct l3d_dp {
     size_t shard_len;  // floats of exp_avg / exp_avg_sq on this rank
 } l3d_dp_t;
 
+// Pipeline state (core/trainer_pp.c). With pp 1 there is one slot and no communicator.
+typedef struct l3d_pp {
+    l3d_comm_t *comm;       // the pp group (mesh-owned; NULL when pp 1)
+    l3d_comm_t *emb_comm;   // first + last stage of one (dp, tp) place, tied embeddings (owned)
+    int kind, nslots;
+    l3d_acts_t **slots;     // activation sets, micro-batch j uses slots[j % nslots]
+    l3d_request_t **fsend, **bsend;  // per slot: the pending send of x_final / dres
+    l3d_pp_op_t *ops;
+    int nops;
+} l3d_pp_t;
+
 struct l3d_trainer {
     l3d_ctx_t *ctx;
     l3d_train_config_t cfg;
@@ -36,7 +48,8 @@ struct l3d_trainer {
     l3d_dp_t dp;
     float *grads;                    // Ppad floats, the parameters' layout
     float *adam_m, *adam_v;          // dp.shard_len floats (the full layout unless sharded)
-    l3d_acts_t *acts;
+    l3d_acts_t *acts;               // == pp.slots[0]
+    l3d_pp_t pp;
     int32_t *h_tokens, *h_targets;  // (micro, T) host staging
     int step;                       // optimizer steps done
     double gemm_peak;               // GFLOP/s
@@ -52,7 +65,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *dp_comm);
 size_t l3d_dp_bucket_floats(double reduce_bucket_size, size_t Ppad, int dp);
 void l3d_dp_fini(l3d_trainer_t *t);
 // Before each micro-batch: hooks the bucket reductions into the backward of the last one.
-void l3d_dp_arm(l3d_trainer_t *t, int last_micro);
+void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro);
 // Starts the buckets not started yet and waits for all of them.
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
@@ -61,5 +74,13 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
 // Optimizer state: full arena (Ppad floats) <-> this rank's shard. gather is collective.
 l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full);
 l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shard);
+
+// core/trainer_pp.c: pipeline parallelism. init creates the slots (all layouts) and, when
+// pp > 1, the schedule and the tied-embedding group (collective over the world).
+l3d_status l3d_pp_init(l3d_trainer_t *t);
+void l3d_pp_fini(l3d_trainer_t *t);
+// Runs the step's micro-batches on this stage (all of them when pp 1); *loss_sum is the
+// sum over the step's tokens of this dp rank, on every stage.
+l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum);
 
 #endif

@@ -65,6 +65,32 @@ for tp in $built; do
     fi
   done
 
+  # The README's 3D run: 8 ranks of (2,2,2) from examples/3d.json, the single rank's losses.
+  ex="$(dirname "$0")/../examples/3d.json"
+  "$L3D" launch -n 8 --transport "$tp" -- "$L3D" train --config "$ex" --steps 4 \
+    --metrics "$tmp/$tp.3d.jsonl" >"$tmp/out" 2>&1
+  rc=$?
+  "$L3D" train --config "$ex" --steps 4 --tp 1 --pp 1 --metrics "$tmp/3d.ref.jsonl" >"$tmp/out2" 2>&1
+  if [ $rc -eq 0 ] && same_losses "$tmp/$tp.3d.jsonl" "$tmp/3d.ref.jsonl" \
+     && grep -q "parallel dp 2 x tp 2 x pp 2" "$tmp/out"; then
+    ok "$tp: examples/3d.json on 8 ranks (2,2,2) reproduces one rank"
+  else
+    fail "$tp: 3d example (exit $rc)" "$tmp/out" "$tmp/out2"
+  fi
+  # The seed batch (32 = 4 x 8, dp 1) runs when tp * pp = 8.
+  cat >"$tmp/seed8.json" <<'EOF2'
+{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
+ "train": {"threads": 1}, "data": {"seq_len": 32}}
+EOF2
+  "$L3D" launch -n 8 --transport "$tp" -- "$L3D" train --config "$tmp/seed8.json" --tp 2 --pp 4 \
+    --steps 1 >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "parallel dp 1 x tp 2 x pp 4" "$tmp/out"; then
+    ok "$tp: the seed batch runs on 8 ranks with tp 2 x pp 4"
+  else
+    fail "$tp: seed batch tp 2 pp 4 (exit $rc)" "$tmp/out"
+  fi
+
   # ZeRO-1 shards the optimizer state: each rank of 2 holds half of it
   if grep -qE "memory rank 1: .* optimizer [0-9.]+ MiB" "$tmp/out"; then ok "$tp: per-rank memory lines"; else fail "$tp: per-rank memory lines" "$tmp/out"; fi
 

@@ -22,6 +22,7 @@ typedef struct layout {
     int dp, tp, pp, zero, recompute, accum_total;
     double bucket;  // reduce_bucket_size (0: default, one bucket)
     float clip;
+    int gpipe;      // pipeline schedule GPipe (else 1F1B)
 } layout_t;
 
 static char g_data[64];
@@ -60,6 +61,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->zero_stage = L->zero;
     cfg->reduce_bucket_size = L->bucket;
     cfg->activation_checkpointing = L->recompute;
+    snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", L->gpipe ? "gpipe" : "1f1b");
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;
@@ -176,8 +178,11 @@ static double weights_diff(const result_t *got, const result_t *ref, double *wma
     const float *R = ref->params[0];
     for (int r = 0; r < MAXR && got->params[r]; r++)
         for (int i = 0; i < got->nt[r]; i++) {
-            const l3d_param_t *p = &got->tensors[r][i], *q = &ref->tensors[0][i];
-            cr_assert_str_eq(p->name, q->name);
+            // pipeline stages hold a subset of the tensors: match by name
+            const l3d_param_t *p = &got->tensors[r][i], *q = NULL;
+            for (int k = 0; k < ref->nt[0] && !q; k++)
+                if (!strcmp(ref->tensors[0][k].name, p->name)) q = &ref->tensors[0][k];
+            cr_assert_not_null(q, "%s is not in the single-rank model", p->name);
             size_t rows = (size_t)p->shape[0], cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
             size_t fcols = p->ndim == 2 ? (size_t)q->shape[1] : 1;
             for (size_t y = 0; y < rows; y++)
@@ -199,7 +204,7 @@ static result_t g_ref;
 static void reference(void) {
     if (g_ref.params[0]) return;
     make_data();
-    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0};
     run_layout(&one, &g_ref);
 }
 
@@ -208,8 +213,8 @@ static void compare(const layout_t *L) {
     result_t got = {0};
     run_layout(L, &got);
     char name[96];
-    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g", L->dp,
-             L->tp, L->pp, L->zero, L->recompute, L->bucket);
+    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s", L->dp,
+             L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe ? " gpipe" : "");
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
         double rel = fabs(got.loss[s] - g_ref.loss[s]) / fabs(g_ref.loss[s]);
@@ -241,15 +246,22 @@ static void compare(const layout_t *L) {
 
 // The layouts this build trains; tp and pp join as they are built.
 static layout_t k_layouts[] = {
-    {2, 1, 1, 0, 0, 8, 0, 0.25f},     {2, 1, 1, 1, 0, 8, 0, 0.25f},
-    {4, 1, 1, 0, 0, 8, 0, 0.25f},     {4, 1, 1, 1, 0, 8, 0, 0.25f},
-    {2, 1, 1, 1, 1, 8, 0, 0.25f},     {2, 1, 1, 2, 0, 8, 0, 0.25f},
-    {4, 1, 1, 1, 0, 8, 3000, 0.25f},  {2, 1, 1, 0, 1, 8, 777, 0.25f},
-    {8, 1, 1, 1, 0, 8, 5000, 0.25f},
+    {2, 1, 1, 0, 0, 8, 0, 0.25f, 0},     {2, 1, 1, 1, 0, 8, 0, 0.25f, 0},
+    {4, 1, 1, 0, 0, 8, 0, 0.25f, 0},     {4, 1, 1, 1, 0, 8, 0, 0.25f, 0},
+    {2, 1, 1, 1, 1, 8, 0, 0.25f, 0},     {2, 1, 1, 2, 0, 8, 0, 0.25f, 0},
+    {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0},  {2, 1, 1, 0, 1, 8, 777, 0.25f, 0},
+    {8, 1, 1, 1, 0, 8, 5000, 0.25f, 0},
     // tensor parallelism: heads, ffn and vocabulary split; tp 4 > 2 kv heads replicates them
-    {1, 2, 1, 0, 0, 8, 0, 0.25f},     {1, 2, 1, 0, 1, 8, 0, 0.25f},
-    {1, 4, 1, 0, 0, 8, 0, 0.25f},     {2, 2, 1, 0, 0, 8, 0, 0.25f},
-    {2, 2, 1, 1, 0, 8, 2000, 0.25f},  {2, 4, 1, 1, 1, 8, 0, 0.25f},
+    {1, 2, 1, 0, 0, 8, 0, 0.25f, 0},     {1, 2, 1, 0, 1, 8, 0, 0.25f, 0},
+    {1, 4, 1, 0, 0, 8, 0, 0.25f, 0},     {2, 2, 1, 0, 0, 8, 0, 0.25f, 0},
+    {2, 2, 1, 1, 0, 8, 2000, 0.25f, 0},  {2, 4, 1, 1, 1, 8, 0, 0.25f, 0},
+    // pipeline parallelism (1F1B unless noted): 3 layers over 2 and 3 stages, tied embedding
+    // split between the first and last stage
+    {1, 1, 2, 0, 0, 8, 0, 0.25f, 0},     {1, 1, 3, 0, 0, 8, 0, 0.25f, 0},
+    {2, 1, 2, 1, 0, 8, 0, 0.25f, 0},     {1, 2, 2, 0, 1, 8, 0, 0.25f, 0},
+    {2, 2, 2, 0, 0, 8, 0, 0.25f, 0},     {2, 2, 2, 1, 1, 8, 3000, 0.25f, 0},
+    {1, 1, 2, 0, 0, 8, 0, 0.25f, 1},  {1, 2, 2, 1, 0, 8, 0, 0.25f, 1},
+    {1, 4, 2, 0, 0, 8, 0, 0.25f, 1},
 };
 
 ParameterizedTestParameters(parallel, layout_equivalence) {
@@ -262,7 +274,7 @@ Test(parallel, tp_shape_errors) {
     make_data();
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
-    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0};
+    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0, 0};
     l3d_train_config_t cfg;
     config(ctx, &L, &cfg);
     l3d_model_config_t m = cfg.model;  // 4 heads, 2 kv heads, ffn 160, vocab 264
@@ -292,7 +304,7 @@ Test(parallel, world_size_mismatch) {
     make_data();
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
-    layout_t L = {2, 1, 1, 0, 0, 8, 0, 0};
+    layout_t L = {2, 1, 1, 0, 0, 8, 0, 0, 0};
     l3d_train_config_t cfg;
     config(ctx, &L, &cfg);
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
@@ -330,8 +342,8 @@ static void resume_case(const layout_t *from, const layout_t *to) {
 }
 
 Test(parallel, resume_across_layouts, .timeout = 240) {
-    layout_t z1x4 = {4, 1, 1, 1, 0, 8, 3000, 0.25f}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f};
-    layout_t z1x2 = {2, 1, 1, 1, 0, 8, 0, 0.25f}, z0x2 = {2, 1, 1, 0, 0, 8, 0, 0.25f};
+    layout_t z1x4 = {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0};
+    layout_t z1x2 = {2, 1, 1, 1, 0, 8, 0, 0.25f, 0}, z0x2 = {2, 1, 1, 0, 0, 8, 0, 0.25f, 0};
     resume_case(&z1x4, &one);   // sharded -> single rank
     resume_case(&one, &z1x2);   // single rank -> sharded
     resume_case(&z1x2, &z0x2);  // sharded -> replicated
@@ -339,9 +351,78 @@ Test(parallel, resume_across_layouts, .timeout = 240) {
 
 // Tensor-parallel shards are gathered into the single-rank layout and re-sliced on resume.
 Test(parallel, resume_across_tp_layouts, .timeout = 240) {
-    layout_t d2t2 = {2, 2, 1, 1, 0, 8, 2000, 0.25f}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f};
-    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f}, d2t4 = {2, 4, 1, 1, 1, 8, 0, 0.25f};
+    layout_t d2t2 = {2, 2, 1, 1, 0, 8, 2000, 0.25f, 0}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0}, d2t4 = {2, 4, 1, 1, 1, 8, 0, 0.25f, 0};
     resume_case(&d2t2, &t4);    // (2,2,1) ZeRO-1 -> (1,4,1)
     resume_case(&d2t2, &one);   // -> (1,1,1)
     resume_case(&t4, &d2t4);    // (1,4,1) -> (2,4,1) ZeRO-1 with recompute
+}
+
+// The resharding case: save at step 10 on (2,2,2), resume on (1,4,2) and (1,1,1).
+Test(parallel, resume_across_pipeline_layouts, .timeout = 240) {
+    layout_t d2t2p2 = {2, 2, 2, 1, 0, 8, 0, 0.25f, 0}, t4p2 = {1, 4, 2, 0, 0, 8, 0, 0.25f, 1};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0}, p3 = {1, 1, 3, 0, 1, 8, 0, 0.25f, 0};
+    resume_case(&d2t2p2, &t4p2);  // (2,2,2) ZeRO-1 -> (1,4,2) GPipe
+    resume_case(&d2t2p2, &one);   // -> (1,1,1)
+    resume_case(&one, &p3);       // (1,1,1) -> (1,1,3) with recompute
+}
+
+// Every schedule for every pp and micro-batch count up to 8 completes within its slots, runs
+// each micro-batch's F and B once per stage, and 1F1B keeps min(pp - stage, A) sets alive.
+Test(parallel, schedules_complete) {
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    for (int kind = 0; kind < 2; kind++)
+        for (int pp = 1; pp <= 8; pp++)
+            for (int A = 1; A <= 8; A++) {
+                cr_assert_eq(l3d_pp_validate(ctx, (l3d_pp_kind)kind, pp, A), L3D_OK,
+                             "kind %d pp %d A %d: %s", kind, pp, A, l3d_ctx_last_error(ctx));
+                for (int s = 0; s < pp; s++) {
+                    l3d_pp_op_t ops[16];
+                    int n = l3d_pp_schedule((l3d_pp_kind)kind, pp, s, A, ops), seen[2][8] = {{0}};
+                    int live = 0, peak = 0;
+                    cr_assert_eq(n, 2 * A);
+                    for (int i = 0; i < n; i++) {
+                        seen[ops[i].backward][ops[i].micro]++;
+                        if (ops[i].backward)
+                            cr_assert(seen[0][ops[i].micro], "B before F");
+                        live += ops[i].backward ? -1 : 1;
+                        peak = live > peak ? live : peak;
+                    }
+                    for (int j = 0; j < A; j++) cr_assert(seen[0][j] == 1 && seen[1][j] == 1);
+                    int want = kind == L3D_PP_GPIPE ? A : (pp - s < A ? pp - s : A);
+                    cr_assert_eq(peak, want, "kind %d pp %d stage %d A %d: peak %d", kind, pp, s,
+                                 A, peak);
+                }
+            }
+    l3d_ctx_destroy(ctx);
+}
+
+// Layouts whose preconditions fail are refused before training, naming the knob.
+Test(parallel, pipeline_preconditions) {
+    make_data();
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0, 0};
+    l3d_train_config_t cfg;
+    config(ctx, &L, &cfg);
+    snprintf(cfg.pp_schedule, sizeof(cfg.pp_schedule), "interleaved");
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.schedule 'interleaved'"), "%s",
+              l3d_ctx_last_error(ctx));
+    // 4 stages for 3 layers: every rank refuses at creation (a 4-rank in-process world)
+    l3d_ctx_t *wctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &wctx), L3D_OK);
+    l3d_comm_t *comms[4];
+    cr_assert_eq(l3d_comm_create_local(wctx, 1, comms), L3D_OK);
+    config(ctx, &L, &cfg);
+    cfg.pp = 4;
+    l3d_trainer_t *t = NULL;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    cr_assert_eq(l3d_trainer_create_parallel(ctx, &cfg, comms[0], &t), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.pp 4 is more stages than "
+                                              "num_hidden_layers 3"), "%s", l3d_ctx_last_error(ctx));
+    l3d_comm_destroy(comms[0]);
+    l3d_ctx_destroy(wctx);
+    l3d_ctx_destroy(ctx);
 }
