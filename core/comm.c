@@ -107,6 +107,7 @@ l3d_status l3d_comm_create_local(l3d_ctx_t *ctx, int nranks, l3d_comm_t **comms)
         }
     }
     for (int i = 0; i < nranks; i++) L3D_CHECK_GOTO(ctx, world_setup(w[i], i, nranks), st, fail);
+    for (int i = 0; i < nranks; i++) w[i]->oversubscribed = nranks > l3d_num_cores();
     for (int i = 0; i < nranks; i++) {
         int *ranks = identity_ranks(ctx, nranks);
         if (!ranks) {
@@ -202,6 +203,8 @@ l3d_status l3d_comm_create_env(l3d_ctx_t *ctx, const char *transport, l3d_comm_t
     if (addr != small) l3d_free(ctx, addr, len, "comm");
     addr = small;
     L3D_CHECK_GOTO(ctx, world_setup(w, env.rank, env.size), st, fail_tp);
+    // Ranks on this node: the launcher's count, else (unknown) all of them.
+    w->oversubscribed = (env.local_size > 0 ? env.local_size : env.size) > l3d_num_cores();
     int *ranks = identity_ranks(ctx, env.size);
     if (!ranks) {
         st = L3D_ERR_NOMEM;

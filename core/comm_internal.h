@@ -100,6 +100,10 @@ typedef struct l3d_world {
     size_t nmr, cap_mr;
 
     l3d_request_t *active;    // requests started and not yet freed (all communicators)
+    // More ranks on this node than cores: idle waits may sleep instead of only yielding
+    // (spinning would starve the very peer being waited for; sleeping otherwise costs
+    // bandwidth: a transport moving a large message needs its progress called continuously).
+    int oversubscribed;
 
     // Large schedule temporaries kept for the next collective: fresh ones cost a page fault
     // per 4 KiB, a quarter of a big in-process allreduce. Bounded (L3D_SCRATCH_*).

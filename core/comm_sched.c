@@ -763,10 +763,10 @@ l3d_status l3d_request_test(l3d_request_t *req, int *done_p) {
 
 // Spin briefly, then yield, then sleep ~50 us: with more ranks than cores (threads of the
 // local transport) spinning starves the very peer being waited for.
-static void backoff(int *idle) {
+static void backoff(const l3d_world_t *w, int *idle) {
     int n = (*idle)++;
     if (n < 32) return;
-    if (n < 256) {
+    if (n < 256 || !w->oversubscribed) {
         sched_yield();
         return;
     }
@@ -780,7 +780,7 @@ l3d_status l3d_request_wait(l3d_request_t *req) {
     int idle = 0;
     while (!req->complete) {
         if (world_progress(w)) idle = 0;
-        else backoff(&idle);
+        else backoff(w, &idle);
     }
     l3d_status st = req->st;
     req_free(req);
