@@ -18,7 +18,21 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     // World rank 0 is on stage 0: its layers, and the head only without a pipeline.
     L = L / (uint64_t)pp + (L % (uint64_t)pp != 0);
     int last = pp == 1;
-    if (tp > 1) {
+    int sp = cfg->sequence_parallel && tp > 1;
+    if (sp) {
+        // Sequence parallelism: per micro-batch the embedding's reduce-scatter, per layer 2
+        // all-gathers + 2 reduce-scatters forward (again when recomputed) and backward, the
+        // embedding gradient's all-gather; the last stage adds lnf's all-gather and the head's
+        // reduce-scatter and the cross-entropy's max and sums. Once per step the norm weight
+        // gradients (partial over rows) are summed: 2 per layer, + the final norm.
+        l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
+        uint64_t nc = 2 + 4 * L * (cfg->activation_checkpointing ? 2 : 1) + 4 * L + 2 * (uint64_t)last;
+        add(s, A * (nc + 2 * (uint64_t)last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
+        add(s, 2 * L + (uint64_t)last, (2 * L + (uint64_t)last) * C * f);
+        int K = mc->num_key_value_heads;
+        if (K < tp) add(s, 2 * L, 2 * L * (uint64_t)mc->head_dim * C * f);
+        add(s, 1, 8 * (uint64_t)tp);
+    } else if (tp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
         // per micro-batch: embedding, 2 per layer forward (+2 recomputed), 2 per layer
         // backward: all (N,C); on the last stage the head gradient (N,C) and the
@@ -32,7 +46,8 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     }
     if (pp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_PP];
-        add(s, 2 * A, A * N * C * f);  // per micro-batch: send activations, receive gradients
+        // per micro-batch: send activations, receive gradients (this rank's rows with SP)
+        add(s, 2 * A, A * N * C * f / (sp ? (uint64_t)tp : 1));
         add(s, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm (a double per stage)
         if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
             uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);

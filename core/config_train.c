@@ -241,8 +241,11 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     json_t *sec;
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "parallel", &sec));
     if (sec) {
-        static const char *const keys[] = {"dp", "tp", "pp", "order", "schedule"};
-        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 5, NULL));
+        static const char *const keys[] = {"dp", "tp", "pp", "order", "schedule",
+                                           "sequence_parallel"};
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 6, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, "parallel", "sequence_parallel",
+                                               &cfg->sequence_parallel, NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "schedule", cfg->pp_schedule,
                                               sizeof(cfg->pp_schedule), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "order", cfg->parallel_order,

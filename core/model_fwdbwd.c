@@ -96,6 +96,8 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     a->vp_stats = take(ar, 2 * N * f);
     a->sw = take(ar, N * F * f);
     a->dres = take(ar, N * C * f);
+    float *sp_tmp = take(ar, N * C * f);  // sequence parallelism's (N,C) partial sums
+    for (int l = 0; a->layers && l < m->L; l++) a->layers[l].sp_tmp = sp_tmp;
     a->dln = take(ar, N * C * f);
     a->datt = take(ar, N * HD * f);
     a->dq = take(ar, N * HD * f);
@@ -172,7 +174,14 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
     float eps = m->cfg.rms_norm_eps;
     float *k_new = a->k + (size_t)pos0 * KD, *v_new = a->v + (size_t)pos0 * KD;
 
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, a->x_in, W + lp->ln1, N, C, eps));
+    // Sequence parallelism: x_in, h, x_out and the norms are this rank's `rows` rows; ln1/ln2
+    // are gathered to all N rows before the column-parallel GEMMs and the row-parallel
+    // outputs reduce-scattered back to rows.
+    int sp = m->tp.sp;
+    size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1 + roff, a->rstd1, a->x_in, W + lp->ln1,
+                                       (int)rows, C, eps));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows));
     L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, W + lp->wq, N, C, HD, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, W + lp->wk, N, C, KD, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, W + lp->wv, N, C, KD, 0.0f));
@@ -181,15 +190,29 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
     l3d_attn_dims_t dims = {B, T, Tk, m->H, m->KVH, m->D, kv_bstride};
     L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims));
     // h = x_in + att Wo^T. Row-parallel o_proj: each tp rank's heads give a partial sum; rank
-    // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g).
-    L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C));
-    L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, W + lp->wo, N, HD, C, 1.0f));
-    L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, N, C, eps));
+    // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g). With
+    // sequence parallelism the partial sums are reduce-scattered and added to this rank's rows.
+    if (sp) {
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, W + lp->wo, N, HD, C, 0.0f));
+        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows));
+        L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C));
+    } else {
+        L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C));
+        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, W + lp->wo, N, HD, C, 1.0f));
+        L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C));
+    }
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2 + roff, a->rstd2, a->h, W + lp->ln2, (int)rows,
+                                       C, eps));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows));
     L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, W + lp->wg, N, C, F, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, W + lp->wu, N, C, F, 0.0f));
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
+    if (sp) {
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, W + lp->wd, N, F, C, 0.0f));
+        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows));
+        return l3d_dev_add(dev, x_out, x_out, a->h, rows * C);
+    }
     L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C));
     L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, W + lp->wd, N, F, C, 1.0f));
     L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C));
@@ -207,23 +230,38 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
     size_t NF = (size_t)N * F;
     float *dres = acts->dres, *sw = acts->sw;
+    // Sequence parallelism: dres is this rank's rows; D, the gradient the GEMMs need, is all N
+    // rows gathered into sp_tmp, and dL/dln is reduce-scattered in place to this rank's rows.
+    int sp = m->tp.sp;
+    size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
+    float *D = sp ? a->sp_tmp : dres, *dln = acts->dln + roff;
+#define GATHER_D()                                                                             \
+    if (sp) {                                                                                  \
+        L3D_CHECK(ctx, l3d_dev_copy(dev, D + roff, dres, rows * C * sizeof(float), L3D_COPY_D2D)); \
+        L3D_CHECK(ctx, l3d_tp_gather_rows(m, D, rows));                                        \
+    }
+#define REDUCE_DLN()                                                                           \
+    if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, acts->dln, dln, rows));                      \
+    else L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C));
 
     // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
+    GATHER_D();
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wd, dres, sw, N, F, C));
-    L3D_CHECK(ctx, linear_bwd_x(dev, sw, dres, W + lp->wd, N, F, C, 0.0f));  // sw <- dsw
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wd, D, sw, N, F, C));
+    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, W + lp->wd, N, F, C, 0.0f));  // sw <- dsw
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF));
     L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wg, acts->dgate, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wu, acts->dup, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, W + lp->wg, N, C, F, 0.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, W + lp->wu, N, C, F, 1.0f));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
-    L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln2, acts->dln, a->h, W + lp->ln2,
-                                       a->rstd2, N, C));
+    REDUCE_DLN();
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln2, dln, a->h, W + lp->ln2, a->rstd2,
+                                       (int)rows, C));
     // attention: h = x_in + att Wo^T
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wo, dres, a->att, N, HD, C));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, dres, W + lp->wo, N, HD, C, 0.0f));
+    GATHER_D();
+    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wo, D, a->att, N, HD, C));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, W + lp->wo, N, HD, C, 0.0f));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
                                          a->k, a->v, a->att, a->lse, &dims));
@@ -235,9 +273,11 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, W + lp->wq, N, C, HD, 0.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, W + lp->wk, N, C, KD, 1.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, W + lp->wv, N, C, KD, 1.0f));
-    L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln1, acts->dln, a->x_in, W + lp->ln1,
-                                       a->rstd1, N, C));
+    REDUCE_DLN();
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln1, dln, a->x_in, W + lp->ln1,
+                                       a->rstd1, (int)rows, C));
+#undef GATHER_D
+#undef REDUCE_DLN
     return L3D_OK;
 }
 
@@ -255,14 +295,24 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
     float eps = m->cfg.rms_norm_eps;
     *loss_sum_p = 0.0;
+    int sp = m->tp.sp;
+    size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
+    float *sp_tmp = a->layers[0].sp_tmp;
 
-    if (m->has_embed) L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
+    if (m->has_embed && sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, a->tokens, N));
+        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows));
+    } else if (m->has_embed) {
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
+    }
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
         L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], x_out, a->sw, B, T, 0, T, 0));
     }
     if (!m->has_head) return l3d_dev_sync(dev);
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf, a->rstdf, a->x_final, W + m->norm, N, C, eps));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, W + m->norm,
+                                       (int)rows, C, eps));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows));
     L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, W + m->head, N, C, V, 0.0f));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
@@ -295,14 +345,20 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
+    int sp = m->tp.sp;
+    size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
+    float *sp_tmp = a->layers[0].sp_tmp;
     if (m->has_head) {
         // head and final norm: logits hold dL/dlogits since the forward
         L3D_CHECK(ctx, linear_bwd_w(dev, G + m->head, a->logits, a->lnf, N, C, V));
         L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
-        L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));  // vocabulary-parallel head
-        L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, (size_t)N * C * sizeof(float)));
-        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln, a->x_final,
-                                           W + m->norm, a->rstdf, N, C));
+        // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
+        if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->dln, a->dln + roff, rows));
+        else L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));
+        L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * sizeof(float)));
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln + roff, a->x_final,
+                                           W + m->norm, a->rstdf, (int)rows, C));
+        if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, G, m->norm));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the
         // end. A tied head shares offset 0 with the embedding, which completes last.
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));
@@ -314,11 +370,22 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
         }
         L3D_CHECK(ctx, layer_backward(m, l, a, G));
-        if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, l, G));
+        if (a->tp_sync_grads) {
+            L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, l, G));
+            L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, G, m->layer[l].ln1));
+            L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, G, m->layer[l].ln2));
+        }
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[l].ln1));
     }
     if (m->has_embed) {
-        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, G + m->embed, a->dres, a->tokens, N));
+        const float *dx = a->dres;
+        if (sp) {  // every token's gradient, for this rank's vocabulary rows
+            L3D_CHECK(ctx, l3d_dev_copy(dev, sp_tmp + roff, a->dres, rows * C * sizeof(float),
+                                        L3D_COPY_D2D));
+            L3D_CHECK(ctx, l3d_tp_gather_rows(m, sp_tmp, rows));
+            dx = sp_tmp;
+        }
+        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, G + m->embed, dx, a->tokens, N));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
     }
     return l3d_dev_sync(dev);

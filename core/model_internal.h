@@ -32,6 +32,10 @@ typedef struct l3d_tp {
     l3d_comm_t *kv_comm;  // tp ranks holding the same key/value heads (owned; NULL if kv_rep 1)
     int kv_rep;           // tp ranks sharing each key/value head: tp / KVH when KVH < tp, else 1
     int v0;               // first vocabulary row of this rank (rows split unevenly, no padding)
+    // Sequence parallelism (Megatron): the residual stream and the norms hold rows
+    // [rank*N/tp, (rank+1)*N/tp) of the (N,C) activations; all-gathers before the column-
+    // parallel GEMMs and reduce-scatters after the row-parallel ones replace the all-reduces.
+    int sp;
 } l3d_tp_t;
 
 // Offsets (in floats) of one layer's tensors in the arena.
@@ -54,6 +58,7 @@ typedef struct l3d_layer_acts {
     float *ln2;    // (N,C)
     float *gate;   // (N,F)
     float *up;     // (N,F)
+    float *sp_tmp; // (N,C) sequence-parallel scratch, shared by all layers (NULL: no SP)
 } l3d_layer_acts_t;
 
 // Training activations for micro-batches of B sequences of T tokens.
@@ -132,6 +137,8 @@ l3d_status l3d_tp_allreduce(l3d_model_t *m, float *x, size_t n);
 l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residual, size_t n);
 // out(N,C) = embedding of tokens (vocabulary-parallel: each rank looks up its rows, summed).
 l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *tokens, int N);
+// This rank's vocabulary rows only (0 for other tokens), not summed: (N,C).
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const int32_t *tokens, int N);
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
                                 const int32_t *tokens, int N);
 // Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
@@ -139,6 +146,13 @@ l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
 // Sums layer l's k/v gradients over the tp ranks that hold the same key/value heads.
 l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, int l, float *G);
+// Sequence parallelism: rows of a norm's input are split, so its weight gradient is partial:
+// sums it over tp (the norm at offset off, C floats).
+l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *G, size_t off);
+// full (N,C) <- every rank's rows (this rank's already at full + rank*rows*C): in place.
+l3d_status l3d_tp_gather_rows(l3d_model_t *m, float *full, size_t rows);
+// out (rows,C) = this rank's rows of the sum over tp of partial (N,C).
+l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out, size_t rows);
 
 // Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
 // only counts m->n_params). n_tensors restarts at 0.

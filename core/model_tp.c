@@ -45,6 +45,12 @@ l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *token
     return allreduce(m, m->tp.comm, out, (size_t)N * m->C, L3D_SUM, "embedding");
 }
 
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const int32_t *tokens,
+                                        int N) {
+    return l3d_dev_embedding_fwd_vp(m->dev, out, tokens, m->params + m->embed, N, m->C, m->tp.v0,
+                                    m->V, m->cfg.vocab_size);
+}
+
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
                                 const int32_t *tokens, int N) {
     if (m->tp.size == 1) return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C);
@@ -73,6 +79,26 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, int l, float *G) {
     size_t n = (size_t)m->KVH * m->D * m->C;
     L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, G + lp->wk, n, L3D_SUM, "k_proj gradient"));
     return allreduce(m, m->tp.kv_comm, G + lp->wv, n, L3D_SUM, "v_proj gradient");
+}
+
+l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *G, size_t off) {
+    if (!m->tp.sp) return L3D_OK;
+    return allreduce(m, m->tp.comm, G + off, (size_t)m->C, L3D_SUM, "norm gradient");
+}
+
+l3d_status l3d_tp_gather_rows(l3d_model_t *m, float *full, size_t rows) {
+    L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));
+    size_t n = rows * (size_t)m->C;
+    l3d_status st = l3d_comm_allgather(m->tp.comm, full + (size_t)m->tp.rank * n, full, n,
+                                       L3D_FLOAT32);
+    return st < 0 ? comm_fail(m, m->tp.comm, st, "sequence all-gather") : L3D_OK;
+}
+
+l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out, size_t rows) {
+    L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));
+    l3d_status st = l3d_comm_reduce_scatter(m->tp.comm, partial, out, rows * (size_t)m->C,
+                                            L3D_FLOAT32, L3D_SUM);
+    return st < 0 ? comm_fail(m, m->tp.comm, st, "sequence reduce-scatter") : L3D_OK;
 }
 
 // ---- checkpoints: shards <-> the full (single-rank) layout -------------------------------------

@@ -86,6 +86,16 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
                                               t->mesh->group[L3D_MESH_TP], cfg->pp,
                                               t->mesh->coord[L3D_MESH_PP], &t->model), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
+    if (cfg->sequence_parallel && cfg->tp > 1) {
+        long long N = (long long)cfg->micro_batch_size * cfg->seq_len;
+        if (N % cfg->tp) {
+            st = l3d_error(ctx, L3D_ERR_CONFIG, "parallel.sequence_parallel splits the %lld "
+                           "tokens of a micro-batch (train_micro_batch_size_per_gpu x seq_len) "
+                           "over tp %d: make them divisible", N, cfg->tp);
+            goto err;
+        }
+        t->model->tp.sp = 1;
+    }
 
     L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);
     const char *data = cfg->data_path[0] ? cfg->data_path : L3D_DEFAULT_DATA;

@@ -23,6 +23,7 @@ typedef struct layout {
     double bucket;  // reduce_bucket_size (0: default, one bucket)
     float clip;
     int gpipe;      // pipeline schedule GPipe (else 1F1B)
+    int sp;         // sequence parallelism
 } layout_t;
 
 static char g_data[64];
@@ -62,6 +63,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->reduce_bucket_size = L->bucket;
     cfg->activation_checkpointing = L->recompute;
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", L->gpipe ? "gpipe" : "1f1b");
+    cfg->sequence_parallel = L->sp;
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;
@@ -204,7 +206,7 @@ static result_t g_ref;
 static void reference(void) {
     if (g_ref.params[0]) return;
     make_data();
-    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
     run_layout(&one, &g_ref);
 }
 
@@ -213,8 +215,9 @@ static void compare(const layout_t *L) {
     result_t got = {0};
     run_layout(L, &got);
     char name[96];
-    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s", L->dp,
-             L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe ? " gpipe" : "");
+    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s%s",
+             L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe ? " gpipe" : "",
+             L->sp ? " sp" : "");
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
         double rel = fabs(got.loss[s] - g_ref.loss[s]) / fabs(g_ref.loss[s]);
@@ -246,22 +249,26 @@ static void compare(const layout_t *L) {
 
 // The layouts this build trains; tp and pp join as they are built.
 static layout_t k_layouts[] = {
-    {2, 1, 1, 0, 0, 8, 0, 0.25f, 0},     {2, 1, 1, 1, 0, 8, 0, 0.25f, 0},
-    {4, 1, 1, 0, 0, 8, 0, 0.25f, 0},     {4, 1, 1, 1, 0, 8, 0, 0.25f, 0},
-    {2, 1, 1, 1, 1, 8, 0, 0.25f, 0},     {2, 1, 1, 2, 0, 8, 0, 0.25f, 0},
-    {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0},  {2, 1, 1, 0, 1, 8, 777, 0.25f, 0},
-    {8, 1, 1, 1, 0, 8, 5000, 0.25f, 0},
+    {2, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0},     {2, 1, 1, 1, 0, 8, 0, 0.25f, 0, 0},
+    {4, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0},     {4, 1, 1, 1, 0, 8, 0, 0.25f, 0, 0},
+    {2, 1, 1, 1, 1, 8, 0, 0.25f, 0, 0},     {2, 1, 1, 2, 0, 8, 0, 0.25f, 0, 0},
+    {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0, 0},  {2, 1, 1, 0, 1, 8, 777, 0.25f, 0, 0},
+    {8, 1, 1, 1, 0, 8, 5000, 0.25f, 0, 0},
     // tensor parallelism: heads, ffn and vocabulary split; tp 4 > 2 kv heads replicates them
-    {1, 2, 1, 0, 0, 8, 0, 0.25f, 0},     {1, 2, 1, 0, 1, 8, 0, 0.25f, 0},
-    {1, 4, 1, 0, 0, 8, 0, 0.25f, 0},     {2, 2, 1, 0, 0, 8, 0, 0.25f, 0},
-    {2, 2, 1, 1, 0, 8, 2000, 0.25f, 0},  {2, 4, 1, 1, 1, 8, 0, 0.25f, 0},
+    {1, 2, 1, 0, 0, 8, 0, 0.25f, 0, 0},     {1, 2, 1, 0, 1, 8, 0, 0.25f, 0, 0},
+    {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0},     {2, 2, 1, 0, 0, 8, 0, 0.25f, 0, 0},
+    {2, 2, 1, 1, 0, 8, 2000, 0.25f, 0, 0},  {2, 4, 1, 1, 1, 8, 0, 0.25f, 0, 0},
     // pipeline parallelism (1F1B unless noted): 3 layers over 2 and 3 stages, tied embedding
     // split between the first and last stage
-    {1, 1, 2, 0, 0, 8, 0, 0.25f, 0},     {1, 1, 3, 0, 0, 8, 0, 0.25f, 0},
-    {2, 1, 2, 1, 0, 8, 0, 0.25f, 0},     {1, 2, 2, 0, 1, 8, 0, 0.25f, 0},
-    {2, 2, 2, 0, 0, 8, 0, 0.25f, 0},     {2, 2, 2, 1, 1, 8, 3000, 0.25f, 0},
-    {1, 1, 2, 0, 0, 8, 0, 0.25f, 1},  {1, 2, 2, 1, 0, 8, 0, 0.25f, 1},
-    {1, 4, 2, 0, 0, 8, 0, 0.25f, 1},
+    {1, 1, 2, 0, 0, 8, 0, 0.25f, 0, 0},     {1, 1, 3, 0, 0, 8, 0, 0.25f, 0, 0},
+    {2, 1, 2, 1, 0, 8, 0, 0.25f, 0, 0},     {1, 2, 2, 0, 1, 8, 0, 0.25f, 0, 0},
+    {2, 2, 2, 0, 0, 8, 0, 0.25f, 0, 0},     {2, 2, 2, 1, 1, 8, 3000, 0.25f, 0, 0},
+    {1, 1, 2, 0, 0, 8, 0, 0.25f, 1, 0},  {1, 2, 2, 1, 0, 8, 0, 0.25f, 1, 0},
+    {1, 4, 2, 0, 0, 8, 0, 0.25f, 1, 0},
+    // sequence parallelism: norms and the residual stream split by rows over tp
+    {1, 2, 1, 0, 0, 8, 0, 0.25f, 0, 1},  {1, 4, 1, 0, 1, 8, 0, 0.25f, 0, 1},
+    {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 1},  {1, 2, 2, 0, 0, 8, 0, 0.25f, 0, 1},
+    {2, 2, 2, 1, 1, 8, 3000, 0.25f, 0, 1}, {1, 2, 3, 0, 0, 8, 0, 0.25f, 1, 1},
 };
 
 ParameterizedTestParameters(parallel, layout_equivalence) {
@@ -274,7 +281,7 @@ Test(parallel, tp_shape_errors) {
     make_data();
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
-    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0, 0};
+    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0, 0, 0};
     l3d_train_config_t cfg;
     config(ctx, &L, &cfg);
     l3d_model_config_t m = cfg.model;  // 4 heads, 2 kv heads, ffn 160, vocab 264
@@ -304,7 +311,7 @@ Test(parallel, world_size_mismatch) {
     make_data();
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
-    layout_t L = {2, 1, 1, 0, 0, 8, 0, 0, 0};
+    layout_t L = {2, 1, 1, 0, 0, 8, 0, 0, 0, 0};
     l3d_train_config_t cfg;
     config(ctx, &L, &cfg);
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
@@ -342,8 +349,8 @@ static void resume_case(const layout_t *from, const layout_t *to) {
 }
 
 Test(parallel, resume_across_layouts, .timeout = 240) {
-    layout_t z1x4 = {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0};
-    layout_t z1x2 = {2, 1, 1, 1, 0, 8, 0, 0.25f, 0}, z0x2 = {2, 1, 1, 0, 0, 8, 0, 0.25f, 0};
+    layout_t z1x4 = {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    layout_t z1x2 = {2, 1, 1, 1, 0, 8, 0, 0.25f, 0, 0}, z0x2 = {2, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
     resume_case(&z1x4, &one);   // sharded -> single rank
     resume_case(&one, &z1x2);   // single rank -> sharded
     resume_case(&z1x2, &z0x2);  // sharded -> replicated
@@ -351,8 +358,8 @@ Test(parallel, resume_across_layouts, .timeout = 240) {
 
 // Tensor-parallel shards are gathered into the single-rank layout and re-sliced on resume.
 Test(parallel, resume_across_tp_layouts, .timeout = 240) {
-    layout_t d2t2 = {2, 2, 1, 1, 0, 8, 2000, 0.25f, 0}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0};
-    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0}, d2t4 = {2, 4, 1, 1, 1, 8, 0, 0.25f, 0};
+    layout_t d2t2 = {2, 2, 1, 1, 0, 8, 2000, 0.25f, 0, 0}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}, d2t4 = {2, 4, 1, 1, 1, 8, 0, 0.25f, 0, 0};
     resume_case(&d2t2, &t4);    // (2,2,1) ZeRO-1 -> (1,4,1)
     resume_case(&d2t2, &one);   // -> (1,1,1)
     resume_case(&t4, &d2t4);    // (1,4,1) -> (2,4,1) ZeRO-1 with recompute
@@ -360,8 +367,8 @@ Test(parallel, resume_across_tp_layouts, .timeout = 240) {
 
 // The resharding case: save at step 10 on (2,2,2), resume on (1,4,2) and (1,1,1).
 Test(parallel, resume_across_pipeline_layouts, .timeout = 240) {
-    layout_t d2t2p2 = {2, 2, 2, 1, 0, 8, 0, 0.25f, 0}, t4p2 = {1, 4, 2, 0, 0, 8, 0, 0.25f, 1};
-    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0}, p3 = {1, 1, 3, 0, 1, 8, 0, 0.25f, 0};
+    layout_t d2t2p2 = {2, 2, 2, 1, 0, 8, 0, 0.25f, 0, 0}, t4p2 = {1, 4, 2, 0, 0, 8, 0, 0.25f, 1, 0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}, p3 = {1, 1, 3, 0, 1, 8, 0, 0.25f, 0, 0};
     resume_case(&d2t2p2, &t4p2);  // (2,2,2) ZeRO-1 -> (1,4,2) GPipe
     resume_case(&d2t2p2, &one);   // -> (1,1,1)
     resume_case(&one, &p3);       // (1,1,1) -> (1,1,3) with recompute
@@ -403,7 +410,7 @@ Test(parallel, pipeline_preconditions) {
     make_data();
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
-    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0, 0};
+    layout_t L = {1, 1, 1, 0, 0, 8, 0, 0, 0, 0};
     l3d_train_config_t cfg;
     config(ctx, &L, &cfg);
     snprintf(cfg.pp_schedule, sizeof(cfg.pp_schedule), "interleaved");

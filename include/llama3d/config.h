@@ -118,6 +118,7 @@ typedef struct l3d_train_config {
     int dp_auto;                 // dp not given: a launcher's world size decides (world/(tp*pp))
     char parallel_order[16];     // parallel.order, fastest first ("" = "tp-dp-pp")
     char pp_schedule[16];        // parallel.schedule: "1f1b" (default) or "gpipe"
+    int sequence_parallel;       // parallel.sequence_parallel (with tp > 1)
     char device[32];             // train.device ("cpu")
     int num_threads;             // train.threads (0 = L3D_NUM_THREADS or cores)
 
