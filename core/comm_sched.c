@@ -581,9 +581,14 @@ static l3d_status op_failed(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_stat
     l3d_comm_t *c = r->comm;
     char detail[192], pn[64];
     snprintf(detail, sizeof(detail), "%s", l3d_ctx_last_error(c->ctx));
-    if (p->peer < 0)  // the native collective: the transport's detail names the peer
+    if (p->peer < 0) {
+        // The native collective: the transport's own text for this endpoint names the peer
+        // (the context may be shared by the thread ranks of an in-process world, so its last
+        // error can be another rank's).
+        const char *te = l3d_tp_strerror(&c->world->tp);
         return req_finish(r, l3d_comm_fail(c, st, "%s (native %s): %s", r->what,
-                                           c->world->tp.ops->name, detail));
+                                           c->world->tp.ops->name, te && te[0] ? te : detail));
+    }
     peer_name(c, p->peer, pn, sizeof(pn));
     // A peer that failed because of an earlier failure (and exited) is not the cause: take in
     // the notices that have arrived and name the first failed rank if it is another one.
