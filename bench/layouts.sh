@@ -108,23 +108,24 @@ cell() {
 }
 
 start=$(date +%s)
-# (dp tp zero) in table order; pp is always 1 (this build refuses pp > 1)
-LAYOUTS=("1 1 0" "2 1 0" "2 1 1" "1 2 0" "2 2 0" "2 2 1" "4 1 0" "4 1 1" "1 4 0")
+# (dp tp pp zero) in table order
+LAYOUTS=("1 1 1 0" "2 1 1 0" "2 1 1 1" "1 2 1 0" "2 2 1 0" "2 2 1 1" "4 1 1 0" "4 1 1 1"
+         "1 4 1 0" "1 1 2 0" "2 1 2 1" "1 2 2 0" "2 2 2 1" "1 1 4 0")
 declare -A pred best bestm err
 
 # Pass 1: the dry run's prediction of every layout.
 for lay in "${LAYOUTS[@]}"; do
-  # shellcheck disable=SC2086  # split "dp tp zero" on purpose
+  # shellcheck disable=SC2086  # split "dp tp pp zero" on purpose
   set -- $lay
-  dp=$1; tp=$2; z=$3; n=$((dp * tp))
-  run "$tmp/dry.log" "$L3D" train --config "$tmp/z$z.json" --dp "$dp" --tp "$tp" --dry-run
+  dp=$1; tp=$2; pp=$3; z=$4; n=$((dp * tp * pp))
+  run "$tmp/dry.log" "$L3D" train --config "$tmp/z$z.json" --dp "$dp" --tp "$tp" --pp "$pp" --dry-run
   rc=$?
   g='([0-9]+) calls ([0-9.]+) MiB'
   p=$(sed -nE "s/.*predicted\\): tp $g, dp $g, pp $g.*/\\1 \\2 \\3 \\4 \\5 \\6/p" "$tmp/dry.log")
   # a world of one prints no communication line: nothing is predicted
   [ $n -eq 1 ] && [ $rc -eq 0 ] && [ -z "$p" ] && p="0 0.000 0 0.000 0 0.000"
   if [ $rc -ne 0 ] || [ -z "$p" ]; then
-    echo "layouts.sh: ($dp,$tp,1) zero $z: --dry-run failed (exit $rc):" >&2
+    echo "layouts.sh: ($dp,$tp,$pp) zero $z: --dry-run failed (exit $rc):" >&2
     sed 's/^/    /' "$tmp/dry.log" | tail -n 20 >&2
     err[$lay]="dry run FAILED (exit $rc)"
     p=""
@@ -139,25 +140,25 @@ for rep in $(seq 1 "$REPS"); do
     [ -z "${pred[$lay]}" ] && continue   # its dry run failed
     # shellcheck disable=SC2086
     set -- $lay
-    dp=$1; tp=$2; z=$3; n=$((dp * tp))
-    m=$tmp/m.$dp.$tp.$z.$rep.jsonl
+    dp=$1; tp=$2; pp=$3; z=$4; n=$((dp * tp * pp))
+    m=$tmp/m.$dp.$tp.$pp.$z.$rep.jsonl
     if [ $n -eq 1 ]; then
       run "$tmp/run.log" "$L3D" train --config "$tmp/z$z.json" --metrics "$m"
     else
       run "$tmp/run.log" "$L3D" launch -n "$n" --transport ucx -- \
-        "$L3D" train --config "$tmp/z$z.json" --dp "$dp" --tp "$tp" --metrics "$m"
+        "$L3D" train --config "$tmp/z$z.json" --dp "$dp" --tp "$tp" --pp "$pp" --metrics "$m"
     fi
     rc=$?
     med=""
     [ $rc -eq 0 ] && med=$(median "$m")
     if [ -z "$med" ]; then
-      echo "layouts.sh: ($dp,$tp,1) zero $z run $rep failed (exit $rc):" >&2
+      echo "layouts.sh: ($dp,$tp,$pp) zero $z run $rep failed (exit $rc):" >&2
       sed 's/^/    /' "$tmp/run.log" | tail -n 20 >&2
       err[$lay]="run FAILED (exit $rc)"
       fails=$((fails + 1))   # even if another run of it succeeds: a crash or hang is a bug
       continue
     fi
-    echo "layouts.sh: ($dp,$tp,1) zero $z ranks $n run $rep: median $med tok/s" >&2
+    echo "layouts.sh: ($dp,$tp,$pp) zero $z ranks $n run $rep: median $med tok/s" >&2
     if [ -z "${best[$lay]:-}" ] ||
        awk -v a="$med" -v b="${best[$lay]}" 'BEGIN { exit !(a > b) }'; then
       best[$lay]=$med; bestm[$lay]=$m
@@ -167,15 +168,15 @@ done
 
 # Pass 3: the table, from the best run of each layout.
 rows=()
-base=${best["1 1 0"]:-}
+base=${best["1 1 1 0"]:-}
 for lay in "${LAYOUTS[@]}"; do
   # shellcheck disable=SC2086
   set -- $lay
-  dp=$1; tp=$2; z=$3; n=$((dp * tp)); name="($dp,$tp,1)"
+  dp=$1; tp=$2; pp=$3; z=$4; n=$((dp * tp * pp)); name="($dp,$tp,$pp)"
   got=""
   [ -n "${bestm[$lay]:-}" ] && got=$(counted "${bestm[$lay]}")
   if [ -z "$got" ] || [ -z "${pred[$lay]}" ]; then
-    rows+=("| $name | $z | $n | ${err[$lay]:-metrics unreadable} | | | | |"); fails=$((fails + 1))
+    rows+=("| $name | $z | $n | ${err[$lay]:-metrics unreadable} | | | | | |"); fails=$((fails + 1))
     continue
   fi
   b=${best[$lay]}
@@ -185,14 +186,11 @@ for lay in "${LAYOUTS[@]}"; do
   # $8..$13: predicted tp calls/MiB, dp calls/MiB, pp calls/MiB
   tpc=$(cell "$1" "$2" "$8" "$9") || fails=$((fails + 1))
   dpc=$(cell "$3" "$4" "${10}" "${11}") || fails=$((fails + 1))
-  if [ "$5" != "${12}" ] || [ "$(mib "$6")" != "${13}" ]; then
-    echo "layouts.sh: $name zero $z: pp counted $5 calls $6 B, predicted ${12} calls ${13} MiB" >&2
-    fails=$((fails + 1))
-  fi
+  ppc=$(cell "$5" "$6" "${12}" "${13}") || fails=$((fails + 1))
   peak=$(awk -v v="$7" 'BEGIN { printf "%.2f", v / 1048576 }')
   ratio="n/a"
   [ -n "$base" ] && ratio=$(awk -v a="$b" -v c="$base" 'BEGIN { printf "%.2f×", a / c }')
-  rows+=("| $name | $z | $n | $(printf %.0f "$b") | $ratio | $tpc | $dpc | $peak |")
+  rows+=("| $name | $z | $n | $(printf %.0f "$b") | $ratio | $tpc | $dpc | $ppc | $peak |")
 done
 
 echo "llama3-tiny, batch 8 x seq_len 64 (512 tokens/step), 12 steps, 1 thread per rank;"
@@ -201,9 +199,10 @@ echo "tok/s: median of steps 3..12, best of $REPS runs;"
 echo "MiB: rank 0, last step, counted / --dry-run."
 echo
 hdr="| layout (dp,tp,pp) | zero | ranks | tok/s | vs (1,1,1) |"
-hdr+=" tp MiB counted / predicted | dp MiB counted / predicted | peak MiB rank 0 |"
+hdr+=" tp MiB counted / predicted | dp MiB counted / predicted | pp MiB counted / predicted |"
+hdr+=" peak MiB rank 0 |"
 echo "$hdr"
-echo "|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done
 echo
 echo "layouts.sh: $(( $(date +%s) - start )) s" >&2
