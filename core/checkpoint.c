@@ -289,7 +289,8 @@ static l3d_status stage_alloc(l3d_trainer_t *t, int stage, stage_arrays_t *sa) {
     memset(sa, 0, sizeof(*sa));
     sa->own = 1;
     L3D_CHECK(t->ctx, l3d_model_create_part(t->ctx, t->dev, &t->model->cfg, NULL,
-                                            t->model->pp_size, stage, &sa->model));
+                                            t->model->pp_size, stage,
+                                            l3d_train_config_lps(&t->cfg), &sa->model));
     size_t bytes = sa->model->n_params * sizeof(float);
     sa->p = sa->model->params;
     L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&sa->m));

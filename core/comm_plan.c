@@ -16,7 +16,8 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     uint64_t C = (uint64_t)mc->hidden_size, L = (uint64_t)mc->num_hidden_layers;
     int tp = cfg->tp, dp = cfg->dp, pp = cfg->pp;
     // World rank 0 is on stage 0: its layers, and the head only without a pipeline.
-    L = L / (uint64_t)pp + (L % (uint64_t)pp != 0);
+    const int *lps = l3d_train_config_lps(cfg);
+    L = lps ? (uint64_t)lps[0] : L / (uint64_t)pp + (L % (uint64_t)pp != 0);
     int last = pp == 1;
     int sp = cfg->sequence_parallel && tp > 1;
     if (sp) {
@@ -56,7 +57,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     }
     if (dp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_DP];
-        size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, 0), n = (size_t)dp;
+        size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, 0, lps), n = (size_t)dp;
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);

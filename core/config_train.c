@@ -242,8 +242,25 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "parallel", &sec));
     if (sec) {
         static const char *const keys[] = {"dp", "tp", "pp", "order", "schedule",
-                                           "sequence_parallel"};
-        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 6, NULL));
+                                           "sequence_parallel", "layers_per_stage"};
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 7, NULL));
+        json_t *lps = json_object_get(sec, "layers_per_stage");
+        if (lps) {
+            size_t n = json_is_array(lps) ? json_array_size(lps) : 0;
+            if (!json_is_array(lps) || n < 1 || n > L3D_ARRAY_LEN(cfg->layers_per_stage))
+                return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage must be "
+                                 "an array of 1..%zu layer counts, one per pipeline stage",
+                                 j->origin, L3D_ARRAY_LEN(cfg->layers_per_stage));
+            for (size_t i = 0; i < n; i++) {
+                json_t *v = json_array_get(lps, i);
+                if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+                    json_integer_value(v) > 1 << 20)
+                    return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage[%zu] "
+                                     "must be an integer >= 1", j->origin, i);
+                cfg->layers_per_stage[i] = (int)json_integer_value(v);
+            }
+            cfg->n_layers_per_stage = (int)n;
+        }
         L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, "parallel", "sequence_parallel",
                                                &cfg->sequence_parallel, NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "schedule", cfg->pp_schedule,
@@ -313,6 +330,15 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
                          origin, cfg->dp, cfg->tp, cfg->pp);
     int perm[3];
     L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
+    if (cfg->n_layers_per_stage) {
+        int sum = 0;
+        for (int i = 0; i < cfg->n_layers_per_stage; i++) sum += cfg->layers_per_stage[i];
+        if (cfg->n_layers_per_stage != cfg->pp || sum != cfg->model.num_hidden_layers)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage has %d entries "
+                             "summing to %d; it needs pp = %d entries summing to "
+                             "num_hidden_layers %d", origin, cfg->n_layers_per_stage, sum,
+                             cfg->pp, cfg->model.num_hidden_layers);
+    }
     l3d_pp_kind kind;
     L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
     L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));

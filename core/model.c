@@ -133,13 +133,18 @@ void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp
     int V = cfg->vocab_size, q = V / tp, rem = V % tp;
     m->V = q + (rank < rem);
     m->tp.v0 = q * rank + (rank < rem ? rank : rem);
-    l3d_model_set_stage(m, 1, 0);
+    l3d_model_set_stage(m, 1, 0, NULL);
 }
 
-void l3d_model_set_stage(l3d_model_t *m, int pp, int stage) {
+void l3d_model_set_stage(l3d_model_t *m, int pp, int stage, const int *layers_per_stage) {
     int L = m->cfg.num_hidden_layers, q = L / pp, rem = L % pp;
     m->L = q + (stage < rem);
     m->l0 = q * stage + (stage < rem ? stage : rem);
+    if (layers_per_stage && pp > 1) {
+        m->l0 = 0;
+        for (int s = 0; s < stage; s++) m->l0 += layers_per_stage[s];
+        m->L = layers_per_stage[stage];
+    }
     m->has_embed = stage == 0;
     m->has_head = stage == pp - 1;
     m->pp_size = pp;
@@ -151,17 +156,17 @@ void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
 }
 
 size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int rank, int pp,
-                                   int stage) {
+                                   int stage, const int *lps) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, rank);
-    l3d_model_set_stage(&m, pp, stage);
+    l3d_model_set_stage(&m, pp, stage, lps);
     l3d_model_layout(&m);
     return m.n_params;
 }
 
 size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank) {
-    return l3d_model_arena_floats_part(cfg, tp, rank, 1, 0);
+    return l3d_model_arena_floats_part(cfg, tp, rank, 1, 0, NULL);
 }
 
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
@@ -169,25 +174,28 @@ size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p);
+                               l3d_comm_t *tp_comm, int pp, int stage, const int *lps,
+                               l3d_model_t **model_p);
 
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 1, 0, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, 0, NULL, model_p);
 }
 
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                                 l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, pp, stage, model_p);
+                                 l3d_comm_t *tp_comm, int pp, int stage, const int *lps,
+                                 l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, tp_comm, pp, stage, lps, model_p);
 }
 
 l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                             l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, NULL, 1, 0, model_p);
+    return model_create(ctx, dev, cfg, NULL, 1, 0, NULL, model_p);
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p) {
+                               l3d_comm_t *tp_comm, int pp, int stage, const int *lps,
+                               l3d_model_t **model_p) {
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
     int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
     L3D_CHECK(ctx, l3d_tp_check(ctx, cfg, tp));
@@ -197,7 +205,7 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     m->ctx = ctx;
     m->dev = dev;
     l3d_model_set_dims_tp(m, cfg, tp, rank);
-    l3d_model_set_stage(m, pp, stage);
+    l3d_model_set_stage(m, pp, stage, lps);
     m->tp.comm = tp > 1 ? tp_comm : NULL;
     if (m->tp.kv_rep > 1) {
         // Ranks sharing a key/value head: r / kv_rep names the head.

@@ -110,15 +110,15 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
-    return l3d_acts_bytes_part(cfg, 1, 1, 0, B, T, recompute);
+    return l3d_acts_bytes_part(cfg, 1, 1, 0, NULL, B, T, recompute);
 }
 
-size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage, int B, int T,
-                           int recompute) {
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage,
+                           const int *lps, int B, int T, int recompute) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, 0);
-    l3d_model_set_stage(&m, pp, stage);
+    l3d_model_set_stage(&m, pp, stage, lps);
     l3d_acts_t a = {.B = B, .T = T, .recompute = recompute};
     arena_t ar = {NULL, 0};
     layout_acts(&ar, &a, &m);

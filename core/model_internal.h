@@ -113,13 +113,15 @@ size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank
 // `rank` of `tp` (1, 0: the whole model). The shapes must divide (l3d_tp_check).
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
-// Restricts m to pipeline stage `stage` of `pp` (balanced: the first L % pp stages get one
-// layer more). set_dims_tp sets stage 0 of 1.
-void l3d_model_set_stage(l3d_model_t *m, int pp, int stage);
+// Restricts m to pipeline stage `stage` of `pp`: layers_per_stage[stage] layers (pp entries
+// summing to the model's, checked by the config), or balanced when NULL (the first L % pp
+// stages get one layer more). set_dims_tp sets stage 0 of 1.
+void l3d_model_set_stage(l3d_model_t *m, int pp, int stage, const int *layers_per_stage);
 size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int rank, int pp,
-                                   int stage);
+                                   int stage, const int *layers_per_stage);
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                                 l3d_comm_t *tp_comm, int pp, int stage, l3d_model_t **model_p);
+                                 l3d_comm_t *tp_comm, int pp, int stage,
+                                 const int *layers_per_stage, l3d_model_t **model_p);
 // Tensor parallelism preconditions: heads, key/value heads (or tp by them) and ffn divide by
 // tp, vocabulary >= tp. L3D_ERR_CONFIG naming the dimension otherwise.
 l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp);
@@ -170,8 +172,8 @@ void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_mo
                           float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
 // The same for tp rank 0 of `tp` on pipeline stage `stage` of `pp`.
-size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage, int B, int T,
-                           int recompute);
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage,
+                           const int *layers_per_stage, int B, int T, int recompute);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);

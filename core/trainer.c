@@ -84,7 +84,8 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, t->dev, &cfg->model,
                                               t->mesh->group[L3D_MESH_TP], cfg->pp,
-                                              t->mesh->coord[L3D_MESH_PP], &t->model), st, err);
+                                              t->mesh->coord[L3D_MESH_PP], l3d_train_config_lps(cfg),
+                                              &t->model), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;
@@ -227,7 +228,8 @@ int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->dat
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp).
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
-    size_t P = l3d_model_arena_floats_part(&cfg->model, cfg->tp, 0, cfg->pp, 0);
+    size_t P = l3d_model_arena_floats_part(&cfg->model, cfg->tp, 0, cfg->pp, 0,
+                                           l3d_train_config_lps(cfg));
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
     size_t Ppad = (P + n - 1) / n * n;
     mem->params = P * sizeof(float);
@@ -238,6 +240,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
     int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, 0, cfg->grad_accum_steps) : 1;
     mem->acts = (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->pp, 0,
+                                                    l3d_train_config_lps(cfg),
                                                     cfg->micro_batch_size, cfg->seq_len,
                                                     cfg->activation_checkpointing);
 }

@@ -60,6 +60,11 @@ struct l3d_trainer {
 // `norm` and limit `max_norm` (<= 0: no clipping): max_norm / (norm + 1e-6) when below 1.
 float l3d_clip_scale(double norm, float max_norm);
 
+// parallel.layers_per_stage when given for this pp, else NULL (balanced stages).
+static inline const int *l3d_train_config_lps(const l3d_train_config_t *cfg) {
+    return cfg->pp > 1 && cfg->n_layers_per_stage == cfg->pp ? cfg->layers_per_stage : NULL;
+}
+
 // core/trainer_dp.c: data parallelism and ZeRO-1.
 l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *dp_comm);
 size_t l3d_dp_bucket_floats(double reduce_bucket_size, size_t Ppad, int dp);

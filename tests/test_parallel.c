@@ -27,6 +27,7 @@ typedef struct layout {
 } layout_t;
 
 static char g_data[64];
+static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 
 static void make_data(void) {
     if (g_data[0]) return;
@@ -64,6 +65,10 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->activation_checkpointing = L->recompute;
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", L->gpipe ? "gpipe" : "1f1b");
     cfg->sequence_parallel = L->sp;
+    if (g_lps && L->pp > 1) {
+        cfg->n_layers_per_stage = L->pp;
+        memcpy(cfg->layers_per_stage, g_lps, (size_t)L->pp * sizeof(int));
+    }
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;
@@ -431,5 +436,32 @@ Test(parallel, pipeline_preconditions) {
                                               "num_hidden_layers 3"), "%s", l3d_ctx_last_error(ctx));
     l3d_comm_destroy(comms[0]);
     l3d_ctx_destroy(wctx);
+    l3d_ctx_destroy(ctx);
+}
+
+// parallel.layers_per_stage overrides the balanced split: 3 layers as 1 + 2 and 2 + 1, with
+// the predicted bytes following the first stage's layer count; bad lists are refused.
+Test(parallel, layers_per_stage, .timeout = 120) {
+    static const int a[] = {1, 2}, b[] = {2, 1};
+    layout_t p2 = {1, 1, 2, 0, 0, 8, 0, 0.25f, 0, 0}, d2t2p2 = {2, 2, 2, 1, 1, 8, 0, 0.25f, 1, 1};
+    reference();
+    g_lps = a;
+    compare(&p2);
+    compare(&d2t2p2);
+    g_lps = b;
+    compare(&p2);
+    g_lps = NULL;
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    l3d_train_config_t cfg;
+    config(ctx, &p2, &cfg);
+    cfg.pp = 2;
+    cfg.n_layers_per_stage = 2;
+    cfg.layers_per_stage[0] = 2;
+    cfg.layers_per_stage[1] = 2;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "2 entries summing to 4; it needs pp = 2 entries "
+                                              "summing to num_hidden_layers 3"), "%s",
+              l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
 }

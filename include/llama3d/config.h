@@ -119,6 +119,8 @@ typedef struct l3d_train_config {
     char parallel_order[16];     // parallel.order, fastest first ("" = "tp-dp-pp")
     char pp_schedule[16];        // parallel.schedule: "1f1b" (default) or "gpipe"
     int sequence_parallel;       // parallel.sequence_parallel (with tp > 1)
+    int n_layers_per_stage;      // parallel.layers_per_stage: pp entries (0 = balanced)
+    int layers_per_stage[64];
     char device[32];             // train.device ("cpu")
     int num_threads;             // train.threads (0 = L3D_NUM_THREADS or cores)
 
