@@ -256,7 +256,10 @@ static l3d_status full_optim(l3d_trainer_t *t, ckpt_state_t *cs) {
         cs->v = t->adam_v;
         return L3D_OK;
     }
-    cs->m = t->grads;
+    cs->m = t->grads;  // ZeRO-2 has no gradient arena: a temporary too
+    if (!cs->m)
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, t->dp.Ppad * sizeof(float), "staging",
+                                        (void **)&cs->m));
     return l3d_dev_alloc(t->dev, t->dp.Ppad * sizeof(float), "staging", (void **)&cs->v);
 }
 
@@ -270,6 +273,7 @@ static l3d_status full_model(l3d_trainer_t *t, ckpt_state_t *cs) {
 
 static void full_optim_release(l3d_trainer_t *t, ckpt_state_t *cs) {
     if (t->dp.sharded) l3d_dev_free(t->dev, cs->v, t->dp.Ppad * sizeof(float), "staging");
+    if (t->dp.zero2) l3d_dev_free(t->dev, cs->m, t->dp.Ppad * sizeof(float), "staging");
     if (cs->full) {
         size_t bytes = cs->full->n_params * sizeof(float);
         l3d_dev_free(t->dev, cs->fv, bytes, "staging");

@@ -20,6 +20,10 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     L = lps ? (uint64_t)lps[0] : L / (uint64_t)pp + (L % (uint64_t)pp != 0);
     int last = pp == 1;
     int sp = cfg->sequence_parallel && tp > 1;
+    // ZeRO-2 reduces every micro-batch's gradient, so the tp sums of gradients run per
+    // micro-batch too (else once per step).
+    int zero2 = dp > 1 && cfg->zero_stage >= 2;
+    uint64_t Ag = zero2 ? A : 1;
     if (sp) {
         // Sequence parallelism: per micro-batch the embedding's reduce-scatter, per layer 2
         // all-gathers + 2 reduce-scatters forward (again when recomputed) and backward, the
@@ -29,9 +33,9 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
         uint64_t nc = 2 + 4 * L * (cfg->activation_checkpointing ? 2 : 1) + 4 * L + 2 * (uint64_t)last;
         add(s, A * (nc + 2 * (uint64_t)last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
-        add(s, 2 * L + (uint64_t)last, (2 * L + (uint64_t)last) * C * f);
+        add(s, Ag * (2 * L + (uint64_t)last), Ag * (2 * L + (uint64_t)last) * C * f);
         int K = mc->num_key_value_heads;
-        if (K < tp) add(s, 2 * L, 2 * L * (uint64_t)mc->head_dim * C * f);
+        if (K < tp) add(s, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
         add(s, 1, 8 * (uint64_t)tp);
     } else if (tp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
@@ -42,7 +46,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         add(s, A * (nc + 2 * last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
         // once per step: replicated kv heads sum their k and v gradients (kv_rep ranks)
         int K = mc->num_key_value_heads;
-        if (K < tp) add(s, 2 * L, 2 * L * (uint64_t)mc->head_dim * C * f);
+        if (K < tp) add(s, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
         add(s, 1, 8 * (uint64_t)tp);  // global gradient norm (one double per tp rank)
     }
     if (pp > 1) {
@@ -52,7 +56,9 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         add(s, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm (a double per stage)
         if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
             uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);
-            add(s, 1, vl * C * f);
+            // ZeRO-2: this rank's piece of the table's bucket (16-float aligned, padded to dp)
+            uint64_t n = vl * C, a = (n + 15) / 16 * 16, q = (a + (uint64_t)dp - 1) / (uint64_t)dp;
+            add(s, 1, (zero2 ? q : n) * f);
         }
     }
     if (dp > 1) {
@@ -61,7 +67,18 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);
-        if (cfg->zero_stage >= 1) {
+        if (zero2) {
+            l3d_model_t m = {0};
+            l3d_model_set_dims_tp(&m, mc, tp, 0);
+            l3d_model_set_stage(&m, pp, 0, lps);
+            size_t shard = 0;
+            uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m, cfg->reduce_bucket_size, dp, NULL,
+                                                       &shard, NULL);
+            uint64_t all = (uint64_t)shard * (uint64_t)dp * f;
+            add(s, A * nb2, A * all);      // every micro-batch: reduce-scatter of each bucket
+            add(s, nb2, all);              // all-gather of the updated parameters
+            add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
+        } else if (cfg->zero_stage >= 1) {
             add(s, nb, Ppad * f);          // reduce-scatter of every bucket
             add(s, nb, Ppad * f);          // all-gather of the updated parameters
             add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards

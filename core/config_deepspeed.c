@@ -369,10 +369,6 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx,
               l3d_cfgjson_get_num(j, z, zp, "reduce_bucket_size", L3D_NUM_GT0, &rbs, &have));
     if (have) cfg->reduce_bucket_size = rbs;
-    if (cfg->zero_stage == 2)
-        note(cfg, "zero_optimization.stage 2: runs as stage 1 (optimizer state sharded, gradients "
-                  "reduce-scattered at the accumulation boundary); the full gradient buffer is "
-                  "still allocated on every rank");
     if (cfg->zero_stage == 3)
         note(cfg, "zero_optimization.stage 3: accepted, not yet effective (parameters are not "
                   "sharded yet; stage3_* keys have no effect)");

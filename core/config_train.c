@@ -242,8 +242,12 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "parallel", &sec));
     if (sec) {
         static const char *const keys[] = {"dp", "tp", "pp", "order", "schedule",
-                                           "sequence_parallel", "layers_per_stage"};
-        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, 7, NULL));
+                                           "sequence_parallel", "layers_per_stage",
+                                           "virtual_stages"};
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, L3D_ARRAY_LEN(keys),
+                                                 NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, "parallel", "virtual_stages", 1, 64,
+                                              &cfg->virtual_stages, NULL));
         json_t *lps = json_object_get(sec, "layers_per_stage");
         if (lps) {
             size_t n = json_is_array(lps) ? json_array_size(lps) : 0;
@@ -280,7 +284,7 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "train", &sec));
     if (sec) {
         static const char *const keys[] = {"steps",   "seed",   "save_dir", "save_interval",
-                                           "metrics", "device", "threads"};
+                                           "metrics", "device", "threads", "save_consolidated"};
         const char *tp = "train";
         L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, tp, keys, L3D_ARRAY_LEN(keys), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "steps", 0, 1 << 30, &cfg->steps, NULL));
@@ -293,6 +297,8 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
                                               sizeof(cfg->save_dir), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "save_interval", 0, 1 << 30,
                                               &cfg->save_interval, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, tp, "save_consolidated",
+                                               &cfg->save_consolidated, NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, tp, "metrics", cfg->metrics_path,
                                               sizeof(cfg->metrics_path), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, tp, "device", cfg->device,

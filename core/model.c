@@ -98,6 +98,39 @@ void l3d_model_layout(l3d_model_t *m) {
     m->n_params = off;
 }
 
+// Group sizes follow add_param's rounding, so they add up to l3d_model_layout's n_params.
+static size_t al16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+int l3d_model_grad_groups(const l3d_model_t *m) {
+    int sep_head = !m->cfg.tie_word_embeddings || !m->has_embed;
+    return m->has_embed + m->L + (m->has_head ? 1 + sep_head : 0);
+}
+
+void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone) {
+    size_t C = (size_t)m->C, HD = (size_t)m->H * m->D, KD = (size_t)m->KVH * m->D;
+    size_t F = (size_t)m->F, V = (size_t)m->V;
+    size_t emb = m->has_embed ? al16(V * C) : 0;
+    size_t layer = 2 * al16(C) + 2 * al16(HD * C) + 2 * al16(KD * C) + 3 * al16(F * C);
+    size_t layers_end = emb + (size_t)m->L * layer;
+    int is_alone = 0;
+    if (m->has_embed && i == 0) {
+        *lo = 0;
+        *n = emb;
+        is_alone = 1;
+    } else if (i < m->has_embed + m->L) {
+        *lo = emb + (size_t)(i - m->has_embed) * layer;
+        *n = layer;
+    } else if (i == m->has_embed + m->L) {
+        *lo = layers_end;  // the final norm
+        *n = al16(C);
+    } else {
+        *lo = layers_end + al16(C);  // a head of its own
+        *n = al16(V * C);
+        is_alone = 1;
+    }
+    if (alone) *alone = is_alone;
+}
+
 l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp) {
     int H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
     if (tp < 1) return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d must be >= 1", tp);
@@ -223,6 +256,17 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
         goto err_free;
     }
     l3d_model_layout(m);
+    size_t next = 0;  // the gradient groups tile the arena in order
+    for (int i = 0; i < l3d_model_grad_groups(m) && next != (size_t)-1; i++) {
+        size_t lo, len;
+        l3d_model_grad_group(m, i, &lo, &len, NULL);
+        next = lo == next ? lo + len : (size_t)-1;
+    }
+    if (next != m->n_params) {
+        st = l3d_error(ctx, L3D_ERR_INTERNAL, "model layout: gradient groups do not tile the "
+                       "%zu-float parameter arena", m->n_params);
+        goto err_free;
+    }
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, m->n_params * sizeof(float), "params", (void **)&m->params),
                    st, err_free);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, m->n_params * sizeof(float)), st,

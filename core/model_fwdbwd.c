@@ -219,8 +219,9 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
     return L3D_OK;
 }
 
-// On entry acts->dres = dL/dx_out of layer l; on return dL/dx_in. Gradients += into G.
-static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float *G) {
+// On entry acts->dres = dL/dx_out of layer l; on return dL/dx_in. Gradients += into Gl, the
+// layer's gradient group (its first float is input_layernorm's).
+static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float *Gl) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
@@ -235,6 +236,7 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     float *D = sp ? a->sp_tmp : dres, *dln = acts->dln + roff;
+#define GW(f) (Gl + (lp->f - lp->ln1))
 #define GATHER_D()                                                                             \
     if (sp) {                                                                                  \
         L3D_CHECK(ctx, l3d_dev_copy(dev, D + roff, dres, rows * C * sizeof(float), L3D_COPY_D2D)); \
@@ -247,35 +249,41 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
     GATHER_D();
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wd, D, sw, N, F, C));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wd), D, sw, N, F, C));
     L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, W + lp->wd, N, F, C, 0.0f));  // sw <- dsw
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wg, acts->dgate, a->ln2, N, C, F));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wu, acts->dup, a->ln2, N, C, F));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wg), acts->dgate, a->ln2, N, C, F));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wu), acts->dup, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, W + lp->wg, N, C, F, 0.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, W + lp->wu, N, C, F, 1.0f));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln2, dln, a->h, W + lp->ln2, a->rstd2,
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln2), dln, a->h, W + lp->ln2, a->rstd2,
                                        (int)rows, C));
     // attention: h = x_in + att Wo^T
     GATHER_D();
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wo, D, a->att, N, HD, C));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wo), D, a->att, N, HD, C));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, W + lp->wo, N, HD, C, 0.0f));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
                                          a->k, a->v, a->att, a->lse, &dims));
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1));
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wq, acts->dq, a->ln1, N, C, HD));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wk, acts->dk, a->ln1, N, C, KD));
-    L3D_CHECK(ctx, linear_bwd_w(dev, G + lp->wv, acts->dv, a->ln1, N, C, KD));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wq), acts->dq, a->ln1, N, C, HD));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wk), acts->dk, a->ln1, N, C, KD));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wv), acts->dv, a->ln1, N, C, KD));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, W + lp->wq, N, C, HD, 0.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, W + lp->wk, N, C, KD, 1.0f));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, W + lp->wv, N, C, KD, 1.0f));
     REDUCE_DLN();
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, G + lp->ln1, dln, a->x_in, W + lp->ln1,
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, W + lp->ln1,
                                        a->rstd1, (int)rows, C));
+    if (acts->tp_sync_grads) {  // replicated kv heads, and the norms' partial rows with SP
+        L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, GW(wk), GW(wv)));
+        L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, GW(ln1)));
+        L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, GW(ln2)));
+    }
+#undef GW
 #undef GATHER_D
 #undef REDUCE_DLN
     return L3D_OK;
@@ -340,6 +348,18 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     return L3D_OK;
 }
 
+// The gradient of group i (l3d_model_grad_group) for this micro-batch: in G, or where the
+// grad_window hook puts it.
+static l3d_status group_grads(l3d_model_t *m, l3d_acts_t *a, float *G, int i, float **g) {
+    size_t lo, n;
+    l3d_model_grad_group(m, i, &lo, &n, NULL);
+    if (!a->grad_window) {
+        *g = G + lo;
+        return L3D_OK;
+    }
+    return a->grad_window(a->grad_ready_arg, lo, lo + n, g);
+}
+
 l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
@@ -348,17 +368,24 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     float *sp_tmp = a->layers[0].sp_tmp;
+    // Gradient groups in arena order (l3d_model_grad_group): [embed] layers.. [norm [head]]
+    int g_layer0 = m->has_embed, g_norm = g_layer0 + L;
     if (m->has_head) {
-        // head and final norm: logits hold dL/dlogits since the forward
-        L3D_CHECK(ctx, linear_bwd_w(dev, G + m->head, a->logits, a->lnf, N, C, V));
+        // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
+        // first stage is the embedding: its group, which completes last.
+        float *gh, *gn;
+        int tied_here = m->cfg.tie_word_embeddings && m->has_embed;
+        L3D_CHECK(ctx, group_grads(m, a, G, tied_here ? 0 : g_norm + 1, &gh));
+        L3D_CHECK(ctx, group_grads(m, a, G, g_norm, &gn));
+        L3D_CHECK(ctx, linear_bwd_w(dev, gh, a->logits, a->lnf, N, C, V));
         L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
         // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
         if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->dln, a->dln + roff, rows));
         else L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));
         L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * sizeof(float)));
-        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, G + m->norm, a->dln + roff, a->x_final,
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, a->dln + roff, a->x_final,
                                            W + m->norm, a->rstdf, (int)rows, C));
-        if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, G, m->norm));
+        if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, gn));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the
         // end. A tied head shares offset 0 with the embedding, which completes last.
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));
@@ -369,12 +396,9 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             // scratch that is free now (dln), not to the next layer's saved input.
             L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
         }
-        L3D_CHECK(ctx, layer_backward(m, l, a, G));
-        if (a->tp_sync_grads) {
-            L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, l, G));
-            L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, G, m->layer[l].ln1));
-            L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, G, m->layer[l].ln2));
-        }
+        float *gl;
+        L3D_CHECK(ctx, group_grads(m, a, G, g_layer0 + l, &gl));
+        L3D_CHECK(ctx, layer_backward(m, l, a, gl));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[l].ln1));
     }
     if (m->has_embed) {
@@ -385,7 +409,9 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             L3D_CHECK(ctx, l3d_tp_gather_rows(m, sp_tmp, rows));
             dx = sp_tmp;
         }
-        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, G + m->embed, dx, a->tokens, N));
+        float *ge;
+        L3D_CHECK(ctx, group_grads(m, a, G, 0, &ge));
+        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, ge, dx, a->tokens, N));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
     }
     return l3d_dev_sync(dev);

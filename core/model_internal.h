@@ -81,6 +81,13 @@ typedef struct l3d_acts {
     // parallelism starts its bucket reductions from it while the backward goes on.
     l3d_status (*grad_ready)(void *arg, size_t final_from);
     void *grad_ready_arg;
+    // Optional (NULL: the gradients are the arena G passed to the backward, accumulated +=):
+    // where the backward accumulates the gradient group [lo, hi) (l3d_model_grad_group) of this
+    // micro-batch. *g receives the address of arena float lo; the hi - lo floats after it are
+    // zero when the group is first asked for in a backward. Called before the group's first
+    // write, possibly again for the same group (a tied head and the embedding); may block
+    // (ZeRO-2 waits for a free window). Shares grad_ready_arg.
+    l3d_status (*grad_window)(void *arg, size_t lo, size_t hi, float **g);
 } l3d_acts_t;
 
 struct l3d_model {
@@ -146,15 +153,25 @@ l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout
 // Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
 // parallel over tp with two all-reduces of (N) and (N,2) floats; a->losses on every rank.
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
-// Sums layer l's k/v gradients over the tp ranks that hold the same key/value heads.
-l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, int l, float *G);
-// Sequence parallelism: rows of a norm's input are split, so its weight gradient is partial:
-// sums it over tp (the norm at offset off, C floats).
-l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *G, size_t off);
+// Sums a layer's k/v gradients (gk, gv: KVH*D x C each) over the tp ranks that hold the
+// same key/value heads.
+l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
+// Sequence parallelism: rows of a norm's input are split, so its weight gradient g (C floats)
+// is partial: sums it over tp.
+l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
 // full (N,C) <- every rank's rows (this rank's already at full + rank*rows*C): in place.
 l3d_status l3d_tp_gather_rows(l3d_model_t *m, float *full, size_t rows);
 // out (rows,C) = this rank's rows of the sum over tp of partial (N,C).
 l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out, size_t rows);
+
+// Gradient groups: the arena ranges the backward completes one at a time, from the last:
+// in arena order the embedding (first stage), each layer, the final norm, and the head when
+// it is a tensor of its own (last stage; a tied head on the first stage is the embedding).
+// Needs only the dims (l3d_model_set_dims_tp + set_stage). group_count <= L + 3; group i is
+// [*lo, *lo + *n); *alone (may be NULL) is 1 for the embedding and head groups, which ZeRO-2
+// keeps in buckets of their own (a tied pair on two stages must split the same way).
+int l3d_model_grad_groups(const l3d_model_t *m);
+void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone);
 
 // Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
 // only counts m->n_params). n_tensors restarts at 0.

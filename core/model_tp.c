@@ -73,17 +73,16 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
                                 Vl, v0, grad_scale);
 }
 
-l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, int l, float *G) {
+l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {
     if (!m->tp.kv_comm) return L3D_OK;
-    const l3d_layer_params_t *lp = &m->layer[l];
     size_t n = (size_t)m->KVH * m->D * m->C;
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, G + lp->wk, n, L3D_SUM, "k_proj gradient"));
-    return allreduce(m, m->tp.kv_comm, G + lp->wv, n, L3D_SUM, "v_proj gradient");
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, gk, n, L3D_SUM, "k_proj gradient"));
+    return allreduce(m, m->tp.kv_comm, gv, n, L3D_SUM, "v_proj gradient");
 }
 
-l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *G, size_t off) {
+l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g) {
     if (!m->tp.sp) return L3D_OK;
-    return allreduce(m, m->tp.comm, G + off, (size_t)m->C, L3D_SUM, "norm gradient");
+    return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_SUM, "norm gradient");
 }
 
 l3d_status l3d_tp_gather_rows(l3d_model_t *m, float *full, size_t rows) {

@@ -104,8 +104,11 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_dataset_check(ctx, t->data, cfg->seq_len), st, err);
 
     L3D_CHECK_GOTO(ctx, l3d_dp_init(t, t->mesh->group[L3D_MESH_DP]), st, err);
-    size_t gbytes = t->dp.Ppad * sizeof(float), obytes = t->dp.shard_len * sizeof(float);
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", (void **)&t->grads), st, err);
+    // ZeRO-2 holds gradient shards and windows (l3d_zero2_init), no full arena.
+    size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * sizeof(float);
+    size_t obytes = t->dp.shard_len * sizeof(float);
+    if (gbytes)
+        L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", (void **)&t->grads), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_m), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_v), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, obytes), st, err);
@@ -134,7 +137,8 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
     l3d_free(ctx, t->h_targets, n * sizeof(int32_t), "data");
     l3d_free(ctx, t->h_tokens, n * sizeof(int32_t), "data");
     if (t->model) {
-        size_t gbytes = t->dp.Ppad * sizeof(float), obytes = t->dp.shard_len * sizeof(float);
+        size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * sizeof(float);
+        size_t obytes = t->dp.shard_len * sizeof(float);
         l3d_dp_fini(t);
         l3d_pp_fini(t);
         l3d_dev_free(t->dev, t->adam_v, obytes, "optim");
@@ -166,7 +170,10 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     l3d_comm_t *groups[5] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
                              t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm};
     for (int g = 0; g < 5; g++) l3d_comm_reset_stats(groups[g]);
-    L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
+    if (t->dp.zero2)
+        L3D_CHECK(ctx, l3d_dev_memset(dev, t->dp.gshard, 0, t->dp.shard_len * sizeof(float)));
+    else
+        L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
     // Loss = mean over every target token of the global batch, so each micro-batch's
     // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
     // the data-parallel reduction is a plain sum. dp rank r takes the global batch's
@@ -225,16 +232,26 @@ double l3d_trainer_flops_per_token(const l3d_trainer_t *t) { return t->flops_per
 int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->data->n_tokens; }
 
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
-// exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp).
+// exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);
+// ZeRO-2 keeps the gradient as that shard plus its windows.
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
-    size_t P = l3d_model_arena_floats_part(&cfg->model, cfg->tp, 0, cfg->pp, 0,
-                                           l3d_train_config_lps(cfg));
+    l3d_model_t m;
+    memset(&m, 0, sizeof(m));
+    l3d_model_set_dims_tp(&m, &cfg->model, cfg->tp, 0);
+    l3d_model_set_stage(&m, cfg->pp, 0, l3d_train_config_lps(cfg));
+    l3d_model_layout(&m);
+    size_t P = m.n_params;
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
-    size_t Ppad = (P + n - 1) / n * n;
+    size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
     mem->params = P * sizeof(float);
     mem->grads = Ppad * sizeof(float);
-    mem->optim = 2 * (n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P) * sizeof(float);
+    if (n > 1 && cfg->zero_stage >= 2) {
+        size_t wlen = 0;
+        l3d_zero2_buckets(&m, cfg->reduce_bucket_size, (int)n, NULL, &shard, &wlen);
+        mem->grads = (shard + (size_t)l3d_zero2_windows(&m) * wlen) * sizeof(float);
+    }
+    mem->optim = 2 * shard * sizeof(float);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets.
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
@@ -247,7 +264,9 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     mem->params = t->model->n_params * sizeof(float);
-    mem->grads = t->dp.Ppad * sizeof(float);
+    const l3d_dp_t *d = &t->dp;
+    mem->grads = (d->zero2 ? d->shard_len + (size_t)d->nwin * d->win_len : d->Ppad) *
+                 sizeof(float);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
     mem->acts = 0;
     for (int i = 0; i < t->pp.nslots; i++) mem->acts += t->pp.slots[i]->bytes;

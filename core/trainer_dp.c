@@ -8,7 +8,7 @@
 //   arena [off_b + r*q_b, off_b + (r+1)*q_b)  <->  shard [sh_b, sh_b + q_b)
 //
 // Stage 0: each bucket is all-reduced (sum) in place; every rank then holds the full gradient
-// and runs AdamW on all parameters. Stage 1 (and 2, see below): each bucket is
+// and runs AdamW on all parameters. Stage 1: each bucket is
 // reduce-scattered in place, so rank r's piece of the arena holds the summed gradient; AdamW
 // runs on the pieces only, with exp_avg/exp_avg_sq of shard size (1/dp of the model), and the
 // updated pieces are all-gathered back into every rank's parameters.
@@ -16,7 +16,8 @@
 // The gradients are scaled by 1 / (global batch tokens) in the backward, so the reduction is a
 // sum: the update equals the single-rank one up to float summation order.
 // Reductions start on the last micro-batch of a step only (gradient accumulation boundary),
-// as in DeepSpeed stage 0/1.
+// as in DeepSpeed stage 0/1. Stage 2 has buckets of its own and no gradient arena
+// (core/trainer_zero2.c); the optimizer below serves both sharded stages.
 #include <string.h>
 
 #include "core/trainer_internal.h"
@@ -38,7 +39,9 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->n = comm ? l3d_comm_size(comm) : 1;
     d->rank = comm ? l3d_comm_rank(comm) : 0;
     d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
+    d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
     d->P = t->model->n_params;
+    if (d->zero2) return l3d_zero2_init(t);
     size_t n = (size_t)d->n;
     d->Ppad = (d->P + n - 1) / n * n;
     size_t S = l3d_dp_bucket_floats(t->cfg.reduce_bucket_size, d->Ppad, d->n);
@@ -50,7 +53,9 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
         l3d_dp_bucket_t *b = &d->b[i];
         b->len = min_sz(S, end);
         b->off = end - b->len;
+        b->end = end;
         b->q = b->len / n;
+        b->win = -1;
         end = b->off;
     }
     // Shard offsets in arena order (the last bucket is first in the arena).
@@ -67,7 +72,9 @@ void l3d_dp_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     for (int i = 0; d->b && i < d->nb; i++)
         if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
-    l3d_free(t->ctx, d->b, (size_t)d->nb * sizeof(*d->b), "other");
+    if (d->zero2) l3d_zero2_fini(t);
+    size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
+    l3d_free(t->ctx, d->b, nalloc * sizeof(*d->b), "other");
     d->b = NULL;
 }
 
@@ -96,6 +103,11 @@ static l3d_status dp_ready(void *arg, size_t final_from) {
 void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro) {
     l3d_dp_t *d = &t->dp;
     d->next = 0;
+    a->grad_window = NULL;
+    if (d->zero2) {
+        l3d_zero2_arm(t, a);
+        return;
+    }
     // A tied embedding split over the first and last pipeline stages is complete only after
     // the two have summed it (l3d_pp_run): those stages start their buckets at the end.
     a->grad_ready = d->n > 1 && last_micro && !t->pp.emb_comm ? dp_ready : NULL;
@@ -105,8 +117,12 @@ void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro) {
 
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
-    for (int i = 0; i < t->pp.nslots; i++) t->pp.slots[i]->grad_ready = NULL;
+    for (int i = 0; i < t->pp.nslots; i++) {
+        t->pp.slots[i]->grad_ready = NULL;
+        t->pp.slots[i]->grad_window = NULL;
+    }
     if (d->n == 1) return L3D_OK;
+    if (d->zero2) return l3d_zero2_finish(t);
     L3D_CHECK(t->ctx, dp_ready(t, 0));
     l3d_status st = L3D_OK;
     for (int i = 0; i < d->nb; i++) {
@@ -139,6 +155,13 @@ l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
     return st;
 }
 
+// The gradient of arena float a0 of bucket b's piece on this rank: in the arena (ZeRO-1) or
+// in the gradient shard (ZeRO-2).
+static float *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) {
+    size_t lo = b->off + (size_t)t->dp.rank * b->q;
+    return t->dp.zero2 ? t->dp.gshard + b->sh + (a0 - lo) : t->grads + a0;
+}
+
 // Squared global gradient norm (clip_grad_norm_ over the whole model): every tensor's part
 // this rank is responsible for (all of its arena at stage 0, where the dp replicas agree; its
 // pieces when sharded, summed over dp), weighted by 1/repl so that a tensor held by several
@@ -159,10 +182,10 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
         }
         for (int k = 0; k < d->nb; k++) {
             const l3d_dp_bucket_t *b = &d->b[k];
-            size_t lo = b->off + (size_t)d->rank * b->q, hi = lo + b->q;
+            size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
             size_t a0 = lo > p->offset ? lo : p->offset, a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
-            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + a0, a1 - a0, &x));
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, piece_grad(t, b, a0), a1 - a0, &x));
             s += w * x;
         }
     }
@@ -191,17 +214,19 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
         }
         for (int k = 0; k < d->nb; k++) {  // this tensor's part of each of this rank's pieces
             const l3d_dp_bucket_t *b = &d->b[k];
-            size_t lo = b->off + (size_t)d->rank * b->q, hi = lo + b->q;
+            size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
             size_t a0 = lo > p->offset ? lo : p->offset;
             size_t a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
             size_t s = b->sh + (a0 - lo);
-            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, m->params + a0, t->grads + a0, t->adam_m + s,
+            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, m->params + a0, piece_grad(t, b, a0),
+                                            t->adam_m + s,
                                             t->adam_v + s, a1 - a0, lr, cfg->beta1, cfg->beta2,
                                             cfg->eps, wd, bc1, bc2, gscale));
         }
     }
     if (!d->sharded) return L3D_OK;
+    if (d->zero2) return l3d_zero2_gather_params(t);
     // Gather through the gradient arena (it is padded to Ppad; the parameters are not).
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     for (int k = 0; k < d->nb; k++) {
@@ -230,13 +255,31 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
     return L3D_OK;
 }
 
+int l3d_dp_pieces(const l3d_trainer_t *t) { return t->dp.sharded ? t->dp.nb : 1; }
+
+void l3d_dp_piece(const l3d_trainer_t *t, int k, size_t *lo, size_t *hi, size_t *sh) {
+    const l3d_dp_t *d = &t->dp;
+    if (!d->sharded) {
+        *lo = 0;
+        *hi = d->P;
+        *sh = 0;
+        return;
+    }
+    const l3d_dp_bucket_t *b = &d->b[k];
+    size_t a = b->off + (size_t)d->rank * b->q, end = min_sz(b->end, d->P);
+    *lo = min_sz(a, end);
+    *hi = min_sz(a + b->q, end);
+    *sh = b->sh;
+}
+
 // Optimizer state between the shard and a full arena (checkpoints use the single-rank layout,
 // so any layout can resume any other). gather: full (Ppad floats, every rank) <- shards;
 // scatter: shard <- full. Unsharded, the full arena is the trainer's own and both are no-ops.
 l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full) {
     l3d_dp_t *d = &t->dp;
     if (!d->sharded) return L3D_OK;  // the caller's full arena is the trainer's own
-    for (int k = 0; k < d->nb; k++) {
+    // In arena order: a ZeRO-2 bucket's padding lands on the next bucket, written after it.
+    for (int k = d->nb - 1; k >= 0; k--) {
         l3d_dp_bucket_t *b = &d->b[k];
         L3D_CHECK(t->ctx, l3d_comm_allgather(d->comm, shard + b->sh, full + b->off, b->q,
                                              L3D_FLOAT32));

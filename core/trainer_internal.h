@@ -10,11 +10,16 @@
 #include "llama3d/train.h"
 
 // One gradient bucket of the data-parallel reduction (core/trainer_dp.c): arena floats
-// [off, off+len), len a multiple of dp; piece r = [off + r*q, off + (r+1)*q) at shard offset sh.
+// [off, end); it is reduced as len >= end - off floats (a multiple of dp: ZeRO-1 pads the
+// arena's end, ZeRO-2 each bucket), so piece r = [off + r*q, off + (r+1)*q) clipped to end,
+// held at shard offset sh.
 typedef struct l3d_dp_bucket {
-    size_t off, len, q, sh;
+    size_t off, end, len, q, sh;
     l3d_request_t *req;
+    int win;  // ZeRO-2: the window holding this micro-batch's gradient (-1: none)
 } l3d_dp_bucket_t;
+
+#define L3D_ZERO2_MAX_WIN 3
 
 typedef struct l3d_dp {
     l3d_comm_t *comm;  // the dp group (NULL: dp 1)
@@ -24,6 +29,17 @@ typedef struct l3d_dp {
     l3d_dp_bucket_t *b;
     int nb, next;      // buckets (0 = the arena's end), next one to start
     size_t shard_len;  // floats of exp_avg / exp_avg_sq on this rank
+    // ZeRO-2 (core/trainer_zero2.c; stage 2 with dp > 1): no full gradient arena. Buckets are
+    // whole gradient groups; each micro-batch's backward accumulates a bucket in a window,
+    // reduce-scatters it and adds this rank's piece to gshard (shard_len floats).
+    int zero2;
+    float *gshard;
+    float *win[L3D_ZERO2_MAX_WIN];
+    int win_bucket[L3D_ZERO2_MAX_WIN];  // -1: free
+    unsigned win_started[L3D_ZERO2_MAX_WIN];  // 0: filling; else the order it was started in
+    unsigned win_seq;
+    int nwin;
+    size_t win_len;  // floats per window (the longest bucket)
 } l3d_dp_t;
 
 // Pipeline state (core/trainer_pp.c). With pp 1 there is one slot and no communicator.
@@ -76,9 +92,34 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq);
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale);
+// This rank's pieces under ZeRO (dp.sharded): piece k (0 <= k < dp.nb) is arena floats
+// [*lo, *hi) (may be empty; never beyond the parameters' n_params) whose optimizer state sits
+// at adam_m/adam_v + *sh. Every arena float below n_params is in exactly one piece of one dp
+// rank. Not sharded: one piece, the whole arena at shard offset 0 (returns 1 either way: the
+// count of pieces).
+int l3d_dp_pieces(const l3d_trainer_t *t);
+void l3d_dp_piece(const l3d_trainer_t *t, int k, size_t *lo, size_t *hi, size_t *sh);
 // Optimizer state: full arena (Ppad floats) <-> this rank's shard. gather is collective.
 l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full);
 l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shard);
+
+// core/trainer_zero2.c: ZeRO stage 2. buckets: the buckets of model part m (dims set) for dp
+// ranks and reduce_bucket_size, whole gradient groups cut from the arena's end (b may be NULL:
+// count only); *shard_len and *max_len (may be NULL) get the sum and the maximum of len/dp and
+// len. Returns the count (<= l3d_model_grad_groups(m)).
+int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
+                      l3d_dp_bucket_t *b, size_t *shard_len, size_t *max_len);
+l3d_status l3d_zero2_init(l3d_trainer_t *t);
+void l3d_zero2_fini(l3d_trainer_t *t);
+// Hooks the windows into a micro-batch's backward (every micro-batch reduces its gradient).
+void l3d_zero2_arm(l3d_trainer_t *t, l3d_acts_t *a);
+// End of the step's backward: completes every reduction (and sums a tied embedding's piece
+// over the embedding group). Then gshard holds this rank's summed gradient pieces.
+l3d_status l3d_zero2_finish(l3d_trainer_t *t);
+// After AdamW updated this rank's pieces: all-gathers every bucket into the parameters.
+l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
+// Windows a configuration uses (the tied embedding+head of a single stage holds one more).
+int l3d_zero2_windows(const l3d_model_t *m);
 
 // core/trainer_pp.c: pipeline parallelism. init creates the slots (all layouts) and, when
 // pp > 1, the schedule and the tied-embedding group (collective over the world).

@@ -126,7 +126,7 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
         L3D_CHECK(t->ctx, wait_send(t, &p->fsend[i]));
         L3D_CHECK(t->ctx, wait_send(t, &p->bsend[i]));
     }
-    if (p->emb_comm) {
+    if (p->emb_comm && !t->dp.zero2) {  // (ZeRO-2 sums the reduced pieces: trainer_zero2.c)
         // the embedding (first stage) and the tied head (last stage): one gradient
         const l3d_param_t *e = NULL;
         for (int i = 0; i < m->n_tensors && !e; i++)

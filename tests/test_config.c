@@ -540,7 +540,7 @@ Test(config, unknown_keys_suggest) {
                    "did you mean 'fp16.enabled'");
     // Nothing close: list the valid keys instead.
     ASSERT_ERR_HAS(ds_fresh("{\"parallel\": {\"zzzzzzz\": 2}}", &c), L3D_ERR_CONFIG,
-                   "unknown key 'parallel.zzzzzzz' (valid keys of parallel: dp, tp, pp, order, schedule, sequence_parallel, layers_per_stage)");
+                   "unknown key 'parallel.zzzzzzz' (valid keys of parallel: dp, tp, pp, order, schedule, sequence_parallel, layers_per_stage, virtual_stages)");
     ASSERT_ERR_HAS(ds_fresh("{\"amp\": {\"enabled\": true}}", &c), L3D_ERR_CONFIG,
                    "unknown key 'amp'");
     // A WarmupLR parameter under WarmupCosineLR.
@@ -652,10 +652,12 @@ Test(config, notes) {
                  L3D_OK, "%s", err());
     cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
     cr_assert_eq(c.zero_stage, 1);
-    // Stage 2 runs as stage 1 until gradients are sharded too: said, not silent.
+    // Stage 2 is effective (gradients sharded): no note. Stage 3 is not yet: said, not silent.
     cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 2}}", &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
+    cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 3}}", &c), L3D_OK, "%s", err());
     cr_assert_eq(c.n_notes, 1);
-    cr_assert(strstr(c.notes[0], "stage 2: runs as stage 1"), "%s", c.notes[0]);
+    cr_assert(strstr(c.notes[0], "stage 3: accepted, not yet effective"), "%s", c.notes[0]);
     cr_assert_eq(ds_fresh("{\"bf16\": {\"enabled\": true}, \"wall_clock_breakdown\": true,"
                           " \"activation_checkpointing\": {}, \"wandb\": {\"enabled\": true},"
                           " \"communication_data_type\": \"bf16\", \"prescale_gradients\": true}",

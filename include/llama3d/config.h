@@ -113,11 +113,15 @@ typedef struct l3d_train_config {
     uint64_t seed;               // train.seed
     char save_dir[512];          // train.save_dir ("" = no saving)
     int save_interval;           // train.save_interval (0 = only at the end)
+    int save_consolidated;       // train.save_consolidated: a parallel run writes one HF
+                                 // directory (else each rank writes its shard in parallel)
     char metrics_path[512];      // train.metrics ("" = none)
     int dp, tp, pp;              // parallel section
     int dp_auto;                 // dp not given: a launcher's world size decides (world/(tp*pp))
     char parallel_order[16];     // parallel.order, fastest first ("" = "tp-dp-pp")
-    char pp_schedule[16];        // parallel.schedule: "1f1b" (default) or "gpipe"
+    char pp_schedule[16];        // parallel.schedule: "1f1b" (default), "gpipe", "interleaved"
+    int virtual_stages;          // parallel.virtual_stages: model chunks per pipeline rank
+                                 // (interleaved 1F1B; 0 = 2 when interleaved, else 1)
     int sequence_parallel;       // parallel.sequence_parallel (with tp > 1)
     int n_layers_per_stage;      // parallel.layers_per_stage: pp entries (0 = balanced)
     int layers_per_stage[64];

@@ -1,0 +1,259 @@
+// ZeRO stage 2: the gradients are sharded over dp too. No rank holds the full gradient
+// arena: the backward of every micro-batch accumulates each bucket of gradient groups (a
+// layer, the embedding, the final norm, the head: l3d_model_grad_group) in a window,
+// reduce-scatters the window while the backward goes on, and adds this rank's piece to its
+// gradient shard gshard. The optimizer then works on the shard exactly as ZeRO-1 does, and
+// the updated pieces are all-gathered back through the windows.
+//
+//   memory per rank: shard (P / dp) + nwin windows of the longest bucket, instead of P
+//   communication: the reduce-scatter happens for every micro-batch (DeepSpeed stage 2 with
+//   gradient accumulation does the same), A x the bytes of ZeRO-1's once-per-step reduction.
+//
+// Buckets are whole groups merged from the arena's end up to reduce_bucket_size elements;
+// the embedding and a separate head stay alone, so that a tied embedding split over the first
+// and last pipeline stage has the same pieces on both (they sum the piece once reduced).
+// Each bucket is padded to a multiple of dp: piece r = [off + r*q, off + (r+1)*q) clipped to
+// the bucket's end; the window's pad floats are zero and reduce to zero.
+//
+// Windows: a bucket takes a free window when the backward first asks for one of its groups
+// (zeroed), is started (reduce-scatter) when grad_ready says it is complete, and gives the
+// window back once the reduction finished and its piece was added. Two windows let one bucket
+// reduce while the next fills; a tied head on a single stage writes the embedding's bucket at
+// the start of the backward and it completes last, so that case keeps a third.
+#include <string.h>
+
+#include "core/trainer_internal.h"
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
+                      l3d_dp_bucket_t *b, size_t *shard_len, size_t *max_len) {
+    double rbs = reduce_bucket_size > 0 ? reduce_bucket_size : 5e8;
+    size_t n = (size_t)dp, sum = 0, mx = 0, lo = 0, hi = 0;
+    int nb = 0, open = 0, open_alone = 0;
+    for (int i = l3d_model_grad_groups(m) - 1; i >= -1; i--) {
+        size_t glo = 0, gn = 0;
+        int alone = 0;
+        if (i >= 0) l3d_model_grad_group(m, i, &glo, &gn, &alone);
+        // close the open bucket before a group that may not join it
+        if (open && (i < 0 || alone || open_alone || (double)(hi - glo) > rbs)) {
+            size_t len = (hi - lo + n - 1) / n * n;
+            if (b) b[nb] = (l3d_dp_bucket_t){lo, hi, len, len / n, 0, NULL, -1};
+            sum += len / n;
+            mx = len > mx ? len : mx;
+            nb++;
+            open = 0;
+        }
+        if (i < 0) break;
+        if (!open) {
+            hi = glo + gn;
+            open = 1;
+            open_alone = alone;
+        }
+        lo = glo;
+    }
+    // Shard offsets in arena order (bucket 0 is the arena's end).
+    for (int k = nb - 1, sh = 0; b && k >= 0; k--) {
+        b[k].sh = (size_t)sh;
+        sh += (int)b[k].q;
+    }
+    if (shard_len) *shard_len = sum;
+    if (max_len) *max_len = mx;
+    return nb;
+}
+
+int l3d_zero2_windows(const l3d_model_t *m) {
+    return 2 + (m->cfg.tie_word_embeddings && m->has_embed && m->has_head);
+}
+
+l3d_status l3d_zero2_init(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    int G = l3d_model_grad_groups(m);
+    d->b = l3d_calloc(t->ctx, (size_t)G, sizeof(*d->b), "other");
+    if (!d->b) return L3D_ERR_NOMEM;
+    d->nb = l3d_zero2_buckets(m, t->cfg.reduce_bucket_size, d->n, d->b, &d->shard_len,
+                              &d->win_len);
+    // The full-arena views (checkpoints' optimizer gather) reach the last bucket's padding.
+    d->Ppad = d->b[0].off + d->b[0].len;
+    d->nwin = l3d_zero2_windows(m);
+    for (int w = 0; w < d->nwin; w++) {
+        d->win_bucket[w] = -1;
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len * sizeof(float), "grads",
+                                        (void **)&d->win[w]));
+    }
+    return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
+}
+
+void l3d_zero2_fini(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    for (int w = 0; w < d->nwin; w++) {
+        l3d_dev_free(t->dev, d->win[w], d->win_len * sizeof(float), "grads");
+        d->win[w] = NULL;
+    }
+    l3d_dev_free(t->dev, d->gshard, d->shard_len * sizeof(float), "grads");
+    d->gshard = NULL;
+}
+
+static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
+    return l3d_error(t->ctx, st, "ZeRO-2 %s: %s", what,
+                     l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
+}
+
+// Waits for window w's reduction and adds this rank's piece to the shard; frees w.
+static l3d_status win_complete(l3d_trainer_t *t, int w) {
+    l3d_dp_t *d = &t->dp;
+    l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
+    l3d_status st = l3d_request_wait(b->req);
+    b->req = NULL;
+    b->win = -1;
+    d->win_bucket[w] = -1;
+    d->win_started[w] = 0;
+    if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
+    float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
+    return l3d_dev_add(t->dev, g, g, piece, b->q);
+}
+
+// Starts window w's reduce-scatter (in place: piece r lands at its offset in the window).
+static l3d_status win_start(l3d_trainer_t *t, int w) {
+    l3d_dp_t *d = &t->dp;
+    l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
+    float *buf = d->win[w];
+    d->win_started[w] = ++d->win_seq;
+    l3d_status st = l3d_comm_ireduce_scatter(d->comm, buf, buf + (size_t)d->rank * b->q, b->q,
+                                             L3D_FLOAT32, L3D_SUM, &b->req);
+    return st < 0 ? comm_fail(t, st, "gradient reduce-scatter") : L3D_OK;
+}
+
+// A free window: one never taken, else the one started longest ago, completed.
+static l3d_status win_take(l3d_trainer_t *t, int *w_p) {
+    l3d_dp_t *d = &t->dp;
+    int oldest = -1;
+    for (int w = 0; w < d->nwin; w++) {
+        if (d->win_bucket[w] < 0) {
+            *w_p = w;
+            return L3D_OK;
+        }
+        if (d->win_started[w] && (oldest < 0 || d->win_started[w] < d->win_started[oldest]))
+            oldest = w;
+    }
+    if (oldest < 0)
+        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: all %d gradient windows are "
+                         "filling at once", d->nwin);
+    L3D_CHECK(t->ctx, win_complete(t, oldest));
+    *w_p = oldest;
+    return L3D_OK;
+}
+
+// grad_window hook: the bucket holding [lo, hi), in a window of this backward.
+static l3d_status zero2_window(void *arg, size_t lo, size_t hi, float **g) {
+    l3d_trainer_t *t = arg;
+    l3d_dp_t *d = &t->dp;
+    int k = 0;
+    while (k < d->nb && !(d->b[k].off <= lo && hi <= d->b[k].end)) k++;
+    if (k == d->nb)
+        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: gradient range [%zu, %zu) is in "
+                         "no bucket", lo, hi);
+    l3d_dp_bucket_t *b = &d->b[k];
+    if (b->win >= 0 && d->win_started[b->win]) L3D_CHECK(t->ctx, win_complete(t, b->win));
+    if (b->win < 0) {
+        int w = -1;
+        L3D_CHECK(t->ctx, win_take(t, &w));
+        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, d->win[w], 0, b->len * sizeof(float)));
+        d->win_bucket[w] = k;
+        d->win_started[w] = 0;
+        b->win = w;
+    }
+    *g = d->win[b->win] + (lo - b->off);
+    return L3D_OK;
+}
+
+// Starts, in bucket order, every filling window whose bucket lies in [final_from, ...).
+static l3d_status start_ready(l3d_trainer_t *t, size_t final_from) {
+    l3d_dp_t *d = &t->dp;
+    for (;;) {
+        int best = -1;
+        for (int w = 0; w < d->nwin; w++)
+            if (d->win_bucket[w] >= 0 && !d->win_started[w] &&
+                d->b[d->win_bucket[w]].off >= final_from &&
+                (best < 0 || d->win_bucket[w] < d->win_bucket[best]))
+                best = w;
+        if (best < 0) return L3D_OK;
+        // the device finishes the gradients before a host-side transport reads them
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        L3D_CHECK(t->ctx, win_start(t, best));
+    }
+}
+
+static l3d_status zero2_ready(void *arg, size_t final_from) { return start_ready(arg, final_from); }
+
+void l3d_zero2_arm(l3d_trainer_t *t, l3d_acts_t *a) {
+    a->grad_window = zero2_window;
+    a->grad_ready = zero2_ready;
+    a->grad_ready_arg = t;
+    // Each micro-batch's gradient leaves its window reduced: the tp sums happen every time.
+    a->tp_sync_grads = 1;
+}
+
+l3d_status l3d_zero2_finish(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    L3D_CHECK(t->ctx, start_ready(t, 0));
+    l3d_status st = L3D_OK;
+    for (;;) {  // in the order started
+        int w = -1;
+        for (int i = 0; i < d->nwin; i++)
+            if (d->win_bucket[i] >= 0 && (w < 0 || d->win_started[i] < d->win_started[w])) w = i;
+        if (w < 0) break;
+        l3d_status s = win_complete(t, w);
+        if (s < 0 && st >= 0) st = s;
+    }
+    L3D_CHECK(t->ctx, st);
+    l3d_comm_t *ec = t->pp.emb_comm;
+    if (!ec) return L3D_OK;
+    // The embedding (first stage) and the tied head (last stage) are one tensor: both are a
+    // bucket of their own with the same pieces, summed here after the dp reduction.
+    l3d_model_t *m = t->model;
+    size_t at = m->has_embed ? m->embed : m->head;
+    for (int k = 0; k < d->nb; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        if (b->off != at) continue;
+        float *g = d->gshard + b->sh;
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        st = l3d_comm_allreduce(ec, g, g, b->q, L3D_FLOAT32, L3D_SUM);
+        if (st < 0)
+            return l3d_error(t->ctx, st, "pipeline tied embedding gradient: %s",
+                             l3d_ctx_last_error(l3d_comm_ctx(ec)));
+    }
+    return L3D_OK;
+}
+
+// Bucket k's window: this rank's updated piece in, every piece out, then into the parameters.
+l3d_status l3d_zero2_gather_params(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    l3d_status st = L3D_OK;
+    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    for (int k = 0; k < d->nb + d->nwin && st >= 0; k++) {
+        // complete the bucket that used this window before, then start bucket k
+        int w = k % d->nwin, prev = k - d->nwin;
+        if (prev >= 0) {
+            l3d_dp_bucket_t *b = &d->b[prev];
+            st = l3d_request_wait(b->req);
+            b->req = NULL;
+            if (st < 0) return comm_fail(t, st, "parameter all-gather");
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, m->params + b->off, d->win[w],
+                                           (b->end - b->off) * sizeof(float), L3D_COPY_D2D));
+        }
+        if (k >= d->nb) continue;
+        l3d_dp_bucket_t *b = &d->b[k];
+        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
+        float *mine = d->win[w] + (size_t)d->rank * b->q;
+        if (hi > lo)
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, m->params + lo,
+                                           (hi - lo) * sizeof(float), L3D_COPY_D2D));
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        st = l3d_comm_iallgather(d->comm, mine, d->win[w], b->q, L3D_FLOAT32, &b->req);
+        if (st < 0) return comm_fail(t, st, "parameter all-gather");
+    }
+    return st;
+}
