@@ -293,7 +293,7 @@ static l3d_status stage_alloc(l3d_trainer_t *t, int stage, stage_arrays_t *sa) {
     memset(sa, 0, sizeof(*sa));
     sa->own = 1;
     L3D_CHECK(t->ctx, l3d_model_create_part(t->ctx, t->dev, &t->model->cfg, NULL,
-                                            t->model->pp_size, stage,
+                                            t->model->pp_size, t->model->nchunks, stage,
                                             l3d_train_config_lps(&t->cfg), &sa->model));
     size_t bytes = sa->model->n_params * sizeof(float);
     sa->p = sa->model->params;

@@ -15,9 +15,14 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     uint64_t N = (uint64_t)cfg->micro_batch_size * (uint64_t)cfg->seq_len;
     uint64_t C = (uint64_t)mc->hidden_size, L = (uint64_t)mc->num_hidden_layers;
     int tp = cfg->tp, dp = cfg->dp, pp = cfg->pp;
-    // World rank 0 is on stage 0: its layers, and the head only without a pipeline.
+    // World rank 0 is on stage 0: its layers (of all its chunks), and the head only without
+    // a pipeline.
     const int *lps = l3d_train_config_lps(cfg);
-    L = lps ? (uint64_t)lps[0] : L / (uint64_t)pp + (L % (uint64_t)pp != 0);
+    int v = l3d_train_config_v(cfg);
+    l3d_model_t m0 = {0};
+    l3d_model_set_dims_tp(&m0, mc, tp, 0);
+    l3d_model_set_stage(&m0, pp, v, 0, lps);
+    L = (uint64_t)m0.L;
     int last = pp == 1;
     int sp = cfg->sequence_parallel && tp > 1;
     // ZeRO-2 reduces every micro-batch's gradient, so the tp sums of gradients run per
@@ -52,7 +57,10 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     if (pp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_PP];
         // per micro-batch: send activations, receive gradients (this rank's rows with SP)
-        add(s, 2 * A, A * N * C * f / (sp ? (uint64_t)tp : 1));
+        // (interleaved: chunk c sends forward, and backward unless c = 0; receives likewise
+        // with the roles swapped: 2v - 1 sends and as many receives)
+        uint64_t nv = 2 * (uint64_t)v - 1;
+        add(s, 2 * nv * A, nv * A * N * C * f / (sp ? (uint64_t)tp : 1));
         add(s, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm (a double per stage)
         if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
             uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);
@@ -63,16 +71,14 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
     }
     if (dp > 1) {
         l3d_comm_stats_t *s = &plan[L3D_MESH_DP];
-        size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, 0, lps), n = (size_t)dp;
+        size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, v, 0, lps);
+        size_t n = (size_t)dp;
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);
         if (zero2) {
-            l3d_model_t m = {0};
-            l3d_model_set_dims_tp(&m, mc, tp, 0);
-            l3d_model_set_stage(&m, pp, 0, lps);
             size_t shard = 0;
-            uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m, cfg->reduce_bucket_size, dp, NULL,
+            uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, cfg->reduce_bucket_size, dp, NULL,
                                                        &shard, NULL);
             uint64_t all = (uint64_t)shard * (uint64_t)dp * f;
             add(s, A * nb2, A * all);      // every micro-batch: reduce-scatter of each bucket

@@ -348,6 +348,12 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
     l3d_pp_kind kind;
     L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
     L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));
+    // (checked again at trainer creation, after a launcher's world decided dp and A)
+    int v = cfg->virtual_stages > 0 ? cfg->virtual_stages : kind == L3D_PP_INTERLEAVED ? 2 : 1;
+    L3D_CHECK(ctx, l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
+    if (v > 1 && cfg->n_layers_per_stage)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage cannot be combined "
+                         "with parallel.schedule 'interleaved' (its chunks are balanced)", origin);
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, &cfg->model));
     if (cfg->seq_len < 1 || cfg->seq_len > cfg->model.max_position_embeddings)
         return l3d_error(ctx, L3D_ERR_CONFIG,

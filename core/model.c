@@ -70,7 +70,7 @@ void l3d_model_layout(l3d_model_t *m) {
     for (int l = 0; l < m->L; l++) {
         l3d_layer_params_t scratch, *lp = m->layer ? &m->layer[l] : &scratch;
 #define LP(suffix, rr, cc, decay, slot, sl)                                        \
-    snprintf(name, sizeof(name), "model.layers.%d.%s", m->l0 + l, suffix);         \
+    snprintf(name, sizeof(name), "model.layers.%d.%s", l3d_model_layer_index(m, l), suffix); \
     add_param(m, &off, name, rr, cc, decay, slot, sl)
         LP("input_layernorm.weight", C, 0, 0, &lp->ln1, norm);
         LP("self_attn.q_proj.weight", HD, C, 1, &lp->wq, q);
@@ -131,6 +131,12 @@ void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, in
     if (alone) *alone = is_alone;
 }
 
+int l3d_model_grad_group_chunk(const l3d_model_t *m, int i) {
+    if (m->has_embed && i == 0) return 0;
+    int l = i - m->has_embed;
+    return l < m->L ? l3d_model_layer_chunk(m, l) : m->nchunks - 1;
+}
+
 l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp) {
     int H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
     if (tp < 1) return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d must be >= 1", tp);
@@ -166,22 +172,41 @@ void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp
     int V = cfg->vocab_size, q = V / tp, rem = V % tp;
     m->V = q + (rank < rem);
     m->tp.v0 = q * rank + (rank < rem ? rank : rem);
-    l3d_model_set_stage(m, 1, 0, NULL);
+    l3d_model_set_stage(m, 1, 1, 0, NULL);
 }
 
-void l3d_model_set_stage(l3d_model_t *m, int pp, int stage, const int *layers_per_stage) {
-    int L = m->cfg.num_hidden_layers, q = L / pp, rem = L % pp;
-    m->L = q + (stage < rem);
-    m->l0 = q * stage + (stage < rem ? stage : rem);
-    if (layers_per_stage && pp > 1) {
-        m->l0 = 0;
-        for (int s = 0; s < stage; s++) m->l0 += layers_per_stage[s];
+void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *layers_per_stage) {
+    int L = m->cfg.num_hidden_layers, U = pp * v, q = L / U, rem = L % U;
+    m->L = 0;
+    m->nchunks = v;
+    for (int c = 0; c < v; c++) {
+        int u = c * pp + stage;  // the virtual stage
+        m->chunk_start[c] = m->L;
+        m->chunk_g0[c] = q * u + (u < rem ? u : rem);
+        m->L += q + (u < rem);
+    }
+    if (layers_per_stage && pp > 1 && v == 1) {
+        m->chunk_g0[0] = 0;
+        for (int s = 0; s < stage; s++) m->chunk_g0[0] += layers_per_stage[s];
         m->L = layers_per_stage[stage];
     }
+    m->chunk_start[v] = m->L;
+    m->l0 = m->chunk_g0[0];
     m->has_embed = stage == 0;
     m->has_head = stage == pp - 1;
     m->pp_size = pp;
     m->pp_rank = stage;
+}
+
+int l3d_model_layer_chunk(const l3d_model_t *m, int l) {
+    int c = 0;
+    while (c + 1 < m->nchunks && l >= m->chunk_start[c + 1]) c++;
+    return c;
+}
+
+int l3d_model_layer_index(const l3d_model_t *m, int l) {
+    int c = l3d_model_layer_chunk(m, l);
+    return m->chunk_g0[c] + l - m->chunk_start[c];
 }
 
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
@@ -189,17 +214,17 @@ void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg) {
 }
 
 size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int rank, int pp,
-                                   int stage, const int *lps) {
+                                   int v, int stage, const int *lps) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, rank);
-    l3d_model_set_stage(&m, pp, stage, lps);
+    l3d_model_set_stage(&m, pp, v, stage, lps);
     l3d_model_layout(&m);
     return m.n_params;
 }
 
 size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank) {
-    return l3d_model_arena_floats_part(cfg, tp, rank, 1, 0, NULL);
+    return l3d_model_arena_floats_part(cfg, tp, rank, 1, 1, 0, NULL);
 }
 
 size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
@@ -207,38 +232,42 @@ size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, int pp, int stage, const int *lps,
+                               l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                l3d_model_t **model_p);
 
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 1, 0, NULL, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, 1, 0, NULL, model_p);
 }
 
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                                 l3d_comm_t *tp_comm, int pp, int stage, const int *lps,
+                                 l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                  l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, pp, stage, lps, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, pp, v, stage, lps, model_p);
 }
 
 l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                             l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, NULL, 1, 0, NULL, model_p);
+    return model_create(ctx, dev, cfg, NULL, 1, 1, 0, NULL, model_p);
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, int pp, int stage, const int *lps,
+                               l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                l3d_model_t **model_p) {
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
     int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
     L3D_CHECK(ctx, l3d_tp_check(ctx, cfg, tp));
+    if (v < 1 || v > L3D_MAX_CHUNKS || pp < 1 || (long)pp * v > cfg->num_hidden_layers)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "pipeline: pp %d x virtual stages %d must be "
+                         "between 1 and num_hidden_layers %d (virtual stages at most %d)", pp, v,
+                         cfg->num_hidden_layers, L3D_MAX_CHUNKS);
     l3d_status st = L3D_OK;
     l3d_model_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
     if (!m) return L3D_ERR_NOMEM;
     m->ctx = ctx;
     m->dev = dev;
     l3d_model_set_dims_tp(m, cfg, tp, rank);
-    l3d_model_set_stage(m, pp, stage, lps);
+    l3d_model_set_stage(m, pp, v, stage, lps);
     m->tp.comm = tp > 1 ? tp_comm : NULL;
     if (m->tp.kv_rep > 1) {
         // Ranks sharing a key/value head: r / kv_rep names the head.

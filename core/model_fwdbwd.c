@@ -66,38 +66,40 @@ static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m
     la->up = take(ar, N * F * f);
 }
 
+// a->L layers (a->chunk's); the head's buffers only where the head runs.
 static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float);
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, V = (size_t)m->V;
+    int L = a->L, head = m->has_head && a->chunk == m->nchunks - 1;
     // a->layers is NULL when only counting (l3d_acts_bytes).
     l3d_layer_acts_t dummy;
     if (a->recompute) {
         // Checkpointing: only each layer's input survives the forward; the rest of a layer's
         // activations are rebuilt in one shared set during its backward.
-        for (int l = 0; l < m->L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * f);
+        for (int l = 0; l < L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * f);
         l3d_layer_acts_t shared = {0};
         layout_layer(ar, &shared, m, N, a->B, a->T, 0);
-        for (int l = 0; a->layers && l < m->L; l++) {
+        for (int l = 0; a->layers && l < L; l++) {
             float *x_in = a->layers[l].x_in;
             a->layers[l] = shared;
             a->layers[l].x_in = x_in;
         }
     } else {
-        for (int l = 0; l < m->L; l++)
+        for (int l = 0; l < L; l++)
             layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1);
     }
     a->x_final = take(ar, N * C * f);
     a->rstdf = take(ar, N * f);
     a->lnf = take(ar, N * C * f);
-    a->logits = take(ar, (m->has_head || !m->pp_size ? N * V : 0) * f);  // last stage only
+    a->logits = take(ar, (head ? N * V : 0) * f);  // last stage only
     a->losses = take(ar, N * f);
     a->vp_max = take(ar, N * f);
     a->vp_stats = take(ar, 2 * N * f);
     a->sw = take(ar, N * F * f);
     a->dres = take(ar, N * C * f);
     float *sp_tmp = take(ar, N * C * f);  // sequence parallelism's (N,C) partial sums
-    for (int l = 0; a->layers && l < m->L; l++) a->layers[l].sp_tmp = sp_tmp;
+    for (int l = 0; a->layers && l < L; l++) a->layers[l].sp_tmp = sp_tmp;
     a->dln = take(ar, N * C * f);
     a->datt = take(ar, N * HD * f);
     a->dq = take(ar, N * HD * f);
@@ -110,22 +112,34 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
-    return l3d_acts_bytes_part(cfg, 1, 1, 0, NULL, B, T, recompute);
+    return l3d_acts_bytes_part(cfg, 1, 1, 1, 0, NULL, 0, B, T, recompute);
 }
 
-size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage,
-                           const int *lps, int B, int T, int recompute) {
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
+                           const int *lps, int chunk, int B, int T, int recompute) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, 0);
-    l3d_model_set_stage(&m, pp, stage, lps);
-    l3d_acts_t a = {.B = B, .T = T, .recompute = recompute};
+    l3d_model_set_stage(&m, pp, v, stage, lps);
+    l3d_acts_t a = {.B = B, .T = T, .recompute = recompute, .chunk = chunk,
+                    .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};
     arena_t ar = {NULL, 0};
     layout_acts(&ar, &a, &m);
     return ar.off;
 }
 
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p) {
+    if (m->nchunks > 1)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: the model has %d chunks; "
+                         "create them per chunk", m->nchunks);
+    return l3d_acts_create_chunk(m, 0, B, T, recompute, acts_p);
+}
+
+l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
+                                 l3d_acts_t **acts_p) {
+    if (chunk < 0 || chunk >= m->nchunks)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: chunk %d of %d", chunk,
+                         m->nchunks);
     if (B < 1 || T < 1 || T > m->cfg.max_position_embeddings)
         return l3d_error(m->ctx, L3D_ERR_CONFIG,
                          "sequence length %d must be in [1, max_position_embeddings %d]", T,
@@ -133,7 +147,10 @@ l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts
     L3D_CHECK(m->ctx, l3d_model_rope_reserve(m, T));
     l3d_acts_t *a = l3d_calloc(m->ctx, 1, sizeof(*a), "acts");
     if (!a) return L3D_ERR_NOMEM;
-    a->layers = l3d_calloc(m->ctx, (size_t)m->L, sizeof(l3d_layer_acts_t), "acts");
+    a->chunk = chunk;
+    a->l_first = m->chunk_start[chunk];
+    a->L = m->chunk_start[chunk + 1] - a->l_first;
+    a->layers = l3d_calloc(m->ctx, (size_t)(a->L > 0 ? a->L : 1), sizeof(l3d_layer_acts_t), "acts");
     if (!a->layers) {
         l3d_free(m->ctx, a, sizeof(*a), "acts");
         return L3D_ERR_NOMEM;
@@ -146,7 +163,7 @@ l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts
     a->bytes = ar.off;
     l3d_status st = l3d_dev_alloc(m->dev, a->bytes, "acts", &a->mem);
     if (st < 0) {
-        l3d_free(m->ctx, a->layers, (size_t)m->L * sizeof(l3d_layer_acts_t), "acts");
+        l3d_free(m->ctx, a->layers, (size_t)(a->L > 0 ? a->L : 1) * sizeof(l3d_layer_acts_t), "acts");
         l3d_free(m->ctx, a, sizeof(*a), "acts");
         return st;
     }
@@ -159,7 +176,7 @@ l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts
 void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a) {
     if (!a) return;
     l3d_dev_free(m->dev, a->mem, a->bytes, "acts");
-    l3d_free(m->ctx, a->layers, (size_t)m->L * sizeof(l3d_layer_acts_t), "acts");
+    l3d_free(m->ctx, a->layers, (size_t)(a->L > 0 ? a->L : 1) * sizeof(l3d_layer_acts_t), "acts");
     l3d_free(m->ctx, a, sizeof(*a), "acts");
 }
 
@@ -226,7 +243,7 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
     const l3d_layer_params_t *lp = &m->layer[l];
-    const l3d_layer_acts_t *a = &acts->layers[l];
+    const l3d_layer_acts_t *a = &acts->layers[l - acts->l_first];
     int B = acts->B, T = acts->T;
     int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
     size_t NF = (size_t)N * F;
@@ -300,24 +317,26 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
-    int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
+    int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = a->L;
+    int embed = m->has_embed && a->chunk == 0, head = m->has_head && a->chunk == m->nchunks - 1;
     float eps = m->cfg.rms_norm_eps;
     *loss_sum_p = 0.0;
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     float *sp_tmp = a->layers[0].sp_tmp;
 
-    if (m->has_embed && sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
+    if (embed && sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
         L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, a->tokens, N));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows));
-    } else if (m->has_embed) {
+    } else if (embed) {
         L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
     }
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
-        L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], x_out, a->sw, B, T, 0, T, 0));
+        L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, &a->layers[l], x_out, a->sw, B, T,
+                                         0, T, 0));
     }
-    if (!m->has_head) return l3d_dev_sync(dev);
+    if (!head) return l3d_dev_sync(dev);
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, W + m->norm,
                                        (int)rows, C, eps));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows));
@@ -364,13 +383,14 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
-    int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = m->L;
+    int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = a->L;
+    int embed = m->has_embed && a->chunk == 0, head = m->has_head && a->chunk == m->nchunks - 1;
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     float *sp_tmp = a->layers[0].sp_tmp;
     // Gradient groups in arena order (l3d_model_grad_group): [embed] layers.. [norm [head]]
-    int g_layer0 = m->has_embed, g_norm = g_layer0 + L;
-    if (m->has_head) {
+    int g_layer0 = m->has_embed, g_norm = g_layer0 + m->L;
+    if (head) {
         // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
         // first stage is the embedding: its group, which completes last.
         float *gh, *gn;
@@ -391,17 +411,18 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));
     }
     for (int l = L - 1; l >= 0; l--) {
+        int lm = a->l_first + l;  // the model's local layer
         if (a->recompute) {
             // Rebuild this layer's activations from its saved input. x_out is written to a
             // scratch that is free now (dln), not to the next layer's saved input.
-            L3D_CHECK(ctx, l3d_layer_forward(m, l, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
+            L3D_CHECK(ctx, l3d_layer_forward(m, lm, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
         }
         float *gl;
-        L3D_CHECK(ctx, group_grads(m, a, G, g_layer0 + l, &gl));
-        L3D_CHECK(ctx, layer_backward(m, l, a, gl));
-        if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[l].ln1));
+        L3D_CHECK(ctx, group_grads(m, a, G, g_layer0 + lm, &gl));
+        L3D_CHECK(ctx, layer_backward(m, lm, a, gl));
+        if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[lm].ln1));
     }
-    if (m->has_embed) {
+    if (embed) {
         const float *dx = a->dres;
         if (sp) {  // every token's gradient, for this rank's vocabulary rows
             L3D_CHECK(ctx, l3d_dev_copy(dev, sp_tmp + roff, a->dres, rows * C * sizeof(float),

@@ -64,6 +64,8 @@ typedef struct l3d_layer_acts {
 // Training activations for micro-batches of B sequences of T tokens.
 typedef struct l3d_acts {
     int B, T;
+    int chunk, L;   // the model chunk these are for, and its layer count (layers[L])
+    int l_first;    // m's local index of layers[0]
     int recompute;  // activation checkpointing: layers share one buffer set, x_in kept each
     void *mem;
     size_t bytes;
@@ -90,14 +92,21 @@ typedef struct l3d_acts {
     l3d_status (*grad_window)(void *arg, size_t lo, size_t hi, float **g);
 } l3d_acts_t;
 
+#define L3D_MAX_CHUNKS 64  // parallel.virtual_stages at most
+
 struct l3d_model {
     l3d_ctx_t *ctx;
     l3d_device_t *dev;
     l3d_model_config_t cfg;    // the full model
     int C, F, L, H, KVH, D, V; // this rank's shard: F, H, KVH and V are per tp rank, L per stage
     l3d_tp_t tp;
-    // pipeline stage: layers l0 .. l0+L-1; the embedding (first stage), norm and head (last)
+    // pipeline stage: layers l0 .. l0+L-1; the embedding (first stage), norm and head (last).
+    // Interleaved 1F1B: the L local layers are nchunks model chunks, chunk c (virtual stage
+    // c * pp + pp_rank) local layers [chunk_start[c], chunk_start[c+1]) = global layers
+    // chunk_g0[c] ..; else one chunk of layers l0 ...
     int l0, has_embed, has_head, pp_size, pp_rank;
+    int nchunks;
+    int chunk_start[L3D_MAX_CHUNKS + 1], chunk_g0[L3D_MAX_CHUNKS];
     float *params;  // arena on the device
     size_t n_params;
     l3d_param_t *tensors;
@@ -120,14 +129,21 @@ size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank
 // `rank` of `tp` (1, 0: the whole model). The shapes must divide (l3d_tp_check).
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
-// Restricts m to pipeline stage `stage` of `pp`: layers_per_stage[stage] layers (pp entries
-// summing to the model's, checked by the config), or balanced when NULL (the first L % pp
-// stages get one layer more). set_dims_tp sets stage 0 of 1.
-void l3d_model_set_stage(l3d_model_t *m, int pp, int stage, const int *layers_per_stage);
+// Restricts m to pipeline stage `stage` of `pp` with v model chunks (virtual stages; 1: no
+// interleaving): layers_per_stage[stage] layers (v 1 only: pp entries summing to the model's,
+// checked by the config), or balanced over the pp * v virtual stages when NULL (the first
+// L % (pp v) get one layer more); chunk c of stage s is virtual stage c * pp + s. The
+// embedding is on stage 0 (chunk 0), the norm and head on stage pp-1 (its last chunk).
+// set_dims_tp sets stage 0 of 1.
+void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *layers_per_stage);
+// Global index of local layer l.
+int l3d_model_layer_index(const l3d_model_t *m, int l);
+// The chunk holding local layer l.
+int l3d_model_layer_chunk(const l3d_model_t *m, int l);
 size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int rank, int pp,
-                                   int stage, const int *layers_per_stage);
+                                   int v, int stage, const int *layers_per_stage);
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                                 l3d_comm_t *tp_comm, int pp, int stage,
+                                 l3d_comm_t *tp_comm, int pp, int v, int stage,
                                  const int *layers_per_stage, l3d_model_t **model_p);
 // Tensor parallelism preconditions: heads, key/value heads (or tp by them) and ffn divide by
 // tp, vocabulary >= tp. L3D_ERR_CONFIG naming the dimension otherwise.
@@ -172,6 +188,8 @@ l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out,
 // keeps in buckets of their own (a tied pair on two stages must split the same way).
 int l3d_model_grad_groups(const l3d_model_t *m);
 void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone);
+// The model chunk whose backward writes group i (the embedding: 0, norm and head: the last).
+int l3d_model_grad_group_chunk(const l3d_model_t *m, int i);
 
 // Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
 // only counts m->n_params). n_tensors restarts at 0.
@@ -188,16 +206,19 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
 void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
                           float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
-// The same for tp rank 0 of `tp` on pipeline stage `stage` of `pp`.
-size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int stage,
-                           const int *layers_per_stage, int B, int T, int recompute);
+// The same for chunk `chunk` of tp rank 0 of `tp` on pipeline stage `stage` of `pp` (v chunks).
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
+                           const int *layers_per_stage, int chunk, int B, int T, int recompute);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
 // inv_freq (D/2) with the Llama 3.1 scaling applied, in double (exposed for tests).
 void l3d_rope_inv_freq(const l3d_model_config_t *cfg, double *inv_freq);
 
+// Activations for all of m's layers (one chunk), or for chunk `chunk` of them only.
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p);
+l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
+                                 l3d_acts_t **acts_p);
 void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 
 // One layer forward. x_out (N,C) receives the residual stream leaving the layer.
@@ -214,7 +235,8 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
 l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *grads, float grad_scale,
                                  double *loss_sum_p);
 // The two halves of train_micro for a pipeline stage (see core/model_fwdbwd.c): forward
-// (loss on the last stage, 0 elsewhere) and backward. Both return with the device synced.
+// (loss on the last stage, 0 elsewhere) and backward, of the chunk `a` was created for. Both
+// return with the device synced.
 l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_scale,
                                    double *loss_sum_p);
 l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *grads);

@@ -158,9 +158,12 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
         peer[j].tensors = pt + (size_t)j * m->n_tensors;
         peer[j].layer = pl + (size_t)j * m->L;
         l3d_model_set_dims_tp(&peer[j], &m->cfg, tp, j);
-        l3d_model_set_stage(&peer[j], m->pp_size, m->pp_rank, NULL);
-        peer[j].l0 = m->l0;  // the same stage (and its layers) as this rank
+        // the same stage, chunks and layers as this rank
+        l3d_model_set_stage(&peer[j], m->pp_size, m->nchunks, m->pp_rank, NULL);
+        peer[j].l0 = m->l0;
         peer[j].L = m->L;
+        memcpy(peer[j].chunk_start, m->chunk_start, sizeof(m->chunk_start));
+        memcpy(peer[j].chunk_g0, m->chunk_g0, sizeof(m->chunk_g0));
         l3d_model_layout(&peer[j]);
         for (int i = 0; i < m->n_tensors; i++) maxn = L3D_MAX(maxn, peer[j].tensors[i].numel);
     }

@@ -67,10 +67,20 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
                        cfg->model.num_hidden_layers);
         goto err;
     }
-    if (cfg->pp > 1) {
+    int v = l3d_train_config_v(cfg);
+    if ((long)cfg->pp * v > cfg->model.num_hidden_layers) {
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d x parallel.virtual_stages %d is "
+                       "more virtual stages than num_hidden_layers %d; lower one of them",
+                       cfg->pp, v, cfg->model.num_hidden_layers);
+        goto err;
+    }
+    {
         l3d_pp_kind kind;
         L3D_CHECK_GOTO(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind), st, err);
-        L3D_CHECK_GOTO(ctx, l3d_pp_validate(ctx, kind, cfg->pp, cfg->grad_accum_steps), st, err);
+        L3D_CHECK_GOTO(ctx, l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps), st, err);
+        if (cfg->pp > 1)
+            L3D_CHECK_GOTO(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps),
+                           st, err);
     }
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
                                         cfg->parallel_order, &t->mesh), st, err);
@@ -83,7 +93,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, t->dev, &cfg->model,
-                                              t->mesh->group[L3D_MESH_TP], cfg->pp,
+                                              t->mesh->group[L3D_MESH_TP], cfg->pp, v,
                                               t->mesh->coord[L3D_MESH_PP], l3d_train_config_lps(cfg),
                                               &t->model), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
@@ -239,7 +249,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, &cfg->model, cfg->tp, 0);
-    l3d_model_set_stage(&m, cfg->pp, 0, l3d_train_config_lps(cfg));
+    int v = l3d_train_config_v(cfg);
+    l3d_model_set_stage(&m, cfg->pp, v, 0, l3d_train_config_lps(cfg));
     l3d_model_layout(&m);
     size_t P = m.n_params;
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
@@ -252,14 +263,17 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         mem->grads = (shard + (size_t)l3d_zero2_windows(&m) * wlen) * sizeof(float);
     }
     mem->optim = 2 * shard * sizeof(float);
-    // Pipeline: stage 0 keeps up to its schedule's number of activation sets.
+    // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
-    int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, 0, cfg->grad_accum_steps) : 1;
-    mem->acts = (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->pp, 0,
-                                                    l3d_train_config_lps(cfg),
-                                                    cfg->micro_batch_size, cfg->seq_len,
-                                                    cfg->activation_checkpointing);
+    mem->acts = 0;
+    for (int c = 0; c < v; c++) {
+        int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, cfg->grad_accum_steps, c) : 1;
+        mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->pp, v, 0,
+                                                         l3d_train_config_lps(cfg), c,
+                                                         cfg->micro_batch_size, cfg->seq_len,
+                                                         cfg->activation_checkpointing);
+    }
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {

@@ -102,7 +102,6 @@ static l3d_status dp_ready(void *arg, size_t final_from) {
 
 void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro) {
     l3d_dp_t *d = &t->dp;
-    d->next = 0;
     a->grad_window = NULL;
     if (d->zero2) {
         l3d_zero2_arm(t, a);
@@ -131,6 +130,9 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
         d->b[i].req = NULL;
         if (s < 0 && st >= 0) st = s;
     }
+    // Buckets start over next step. (Not per micro-batch: with interleaved chunks, each
+    // chunk's last backward starts the buckets above it, in decreasing arena order.)
+    d->next = 0;
     if (st < 0)
         return l3d_error(t->ctx, st, "data-parallel gradient reduction: %s",
                          l3d_ctx_last_error(l3d_comm_ctx(d->comm)));

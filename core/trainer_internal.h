@@ -2,6 +2,8 @@
 #ifndef L3D_TRAINER_INTERNAL_H
 #define L3D_TRAINER_INTERNAL_H
 
+#include <string.h>
+
 #include "core/data.h"
 #include "core/mesh.h"
 #include "core/model_internal.h"
@@ -46,8 +48,10 @@ typedef struct l3d_dp {
 typedef struct l3d_pp {
     l3d_comm_t *comm;       // the pp group (mesh-owned; NULL when pp 1)
     l3d_comm_t *emb_comm;   // first + last stage of one (dp, tp) place, tied embeddings (owned)
-    int kind, nslots;
-    l3d_acts_t **slots;     // activation sets, micro-batch j uses slots[j % nslots]
+    int kind, nslots, v;    // v: model chunks of this stage (interleaved 1F1B; else 1)
+    // activation sets: micro-batch j of chunk c uses slots[slot0[c] + j % (slot0[c+1] - slot0[c])]
+    l3d_acts_t **slots;
+    int slot0[L3D_MAX_CHUNKS + 1];
     l3d_request_t **fsend, **bsend;  // per slot: the pending send of x_final / dres
     l3d_pp_op_t *ops;
     int nops;
@@ -75,6 +79,12 @@ struct l3d_trainer {
 // torch.nn.utils.clip_grad_norm_: the factor applied to every gradient for a global norm
 // `norm` and limit `max_norm` (<= 0: no clipping): max_norm / (norm + 1e-6) when below 1.
 float l3d_clip_scale(double norm, float max_norm);
+
+// Model chunks per pipeline stage: parallel.virtual_stages, by default 2 when interleaved.
+static inline int l3d_train_config_v(const l3d_train_config_t *cfg) {
+    if (cfg->virtual_stages > 0) return cfg->virtual_stages;
+    return !strcmp(cfg->pp_schedule, "interleaved") ? 2 : 1;
+}
 
 // parallel.layers_per_stage when given for this pp, else NULL (balanced stages).
 static inline const int *l3d_train_config_lps(const l3d_train_config_t *cfg) {

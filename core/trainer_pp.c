@@ -2,7 +2,10 @@
 // schedule (core/pipeline.h), activations and their gradients moving between neighbouring
 // stages with point-to-point messages on the pp group.
 //
-// Per micro-batch j, slot j % nslots holds the activations from F(j) to B(j):
+// Per micro-batch j (of chunk c when interleaved), a slot holds the activations from F(j) to
+// B(j); with v chunks the stage is virtual stages c * pp + stage, and "previous stage" / "next
+// stage" below are the neighbours in that virtual order (stage 0's chunk c > 0 receives from
+// the last stage's chunk c-1):
 //   F(j)  first stage: embed the tokens; others: receive (N,C) from stage-1 into the first
 //         layer's input. Run this stage's layers. Last stage: loss; others: isend x_final.
 //   B(j)  last stage: from the loss; others: receive dL/dx_final (N,C) from stage+1 into dres.
@@ -26,19 +29,29 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
     p->comm = mesh->group[L3D_MESH_PP];
     l3d_pp_kind kind;
     L3D_CHECK(t->ctx, l3d_pp_kind_parse(t->ctx, cfg->pp_schedule, &kind));
+    // One stage runs F(j), B(j) in turn: 1F1B with no warm-up, whatever the schedule says.
+    if (pp == 1) kind = L3D_PP_1F1B;
     p->kind = kind;
-    p->nslots = pp > 1 ? l3d_pp_slots(kind, pp, stage, A) : 1;
+    p->v = t->model->nchunks;
+    p->nslots = 0;
+    for (int c = 0; c < p->v; c++) {
+        p->slot0[c] = p->nslots;
+        p->nslots += pp > 1 ? l3d_pp_slots(kind, pp, p->v, stage, A, c) : 1;
+    }
+    p->slot0[p->v] = p->nslots;
+    size_t nops = 2 * (size_t)A * (size_t)p->v;
     p->slots = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->slots), "other");
     p->fsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->fsend), "other");
     p->bsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->bsend), "other");
-    p->ops = l3d_calloc(t->ctx, 2 * (size_t)A, sizeof(*p->ops), "other");
+    p->ops = l3d_calloc(t->ctx, nops, sizeof(*p->ops), "other");
     if (!p->slots || !p->fsend || !p->bsend || !p->ops) return L3D_ERR_NOMEM;
-    for (int i = 0; i < p->nslots; i++)
-        L3D_CHECK(t->ctx, l3d_acts_create(t->model, cfg->micro_batch_size, cfg->seq_len,
-                                          cfg->activation_checkpointing, &p->slots[i]));
+    for (int c = 0; c < p->v; c++)
+        for (int i = p->slot0[c]; i < p->slot0[c + 1]; i++)
+            L3D_CHECK(t->ctx, l3d_acts_create_chunk(t->model, c, cfg->micro_batch_size,
+                                                    cfg->seq_len, cfg->activation_checkpointing,
+                                                    &p->slots[i]));
     t->acts = p->slots[0];
-    // One stage runs F(j), B(j) in turn: 1F1B with no warm-up, whatever the schedule says.
-    p->nops = l3d_pp_schedule(pp > 1 ? kind : L3D_PP_1F1B, pp, stage, A, p->ops);
+    p->nops = l3d_pp_schedule(kind, pp, p->v, stage, A, p->ops);
     if (pp > 1 && cfg->model.tie_word_embeddings) {
         // Collective over the world: the first and last stage of each (dp, tp) place.
         int ends = stage == 0 || stage == pp - 1;
@@ -57,7 +70,8 @@ void l3d_pp_fini(l3d_trainer_t *t) {
         if (t->model) l3d_acts_destroy(t->model, p->slots[i]);
     }
     size_t n = (size_t)p->nslots;
-    l3d_free(t->ctx, p->ops, 2 * (size_t)t->cfg.grad_accum_steps * sizeof(*p->ops), "other");
+    l3d_free(t->ctx, p->ops, 2 * (size_t)t->cfg.grad_accum_steps * (size_t)p->v * sizeof(*p->ops),
+             "other");
     l3d_free(t->ctx, p->bsend, n * sizeof(*p->bsend), "other");
     l3d_free(t->ctx, p->fsend, n * sizeof(*p->fsend), "other");
     l3d_free(t->ctx, p->slots, n * sizeof(*p->slots), "other");
@@ -94,31 +108,34 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
     if (m->tp.sp) nc /= (size_t)m->tp.size;
     double sum = 0.0;
     l3d_status st;
+    // Chunk c of this stage is virtual stage u = c pp + stage of U: its input comes from the
+    // stage before (stage 0's later chunks: from the last stage), its output goes to the next.
+    int U = pp * p->v, up = (stage + 1) % pp, down = (stage - 1 + pp) % pp;
     for (int k = 0; k < p->nops; k++) {
         l3d_pp_op_t o = p->ops[k];
-        int slot = o.micro % p->nslots;
+        int c = o.chunk, u = c * pp + stage;
+        int slot = p->slot0[c] + o.micro % (p->slot0[c + 1] - p->slot0[c]);
         l3d_acts_t *a = p->slots[slot];
         if (!o.backward) {
             L3D_CHECK(t->ctx, wait_send(t, &p->fsend[slot]));
             L3D_CHECK(t->ctx, load_micro(t, a, o.micro));
-            if (stage > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, L3D_FLOAT32,
-                                                 stage - 1)) < 0)
+            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, L3D_FLOAT32,
+                                             down)) < 0)
                 return comm_err(t, p->comm, st, "receive of activations");
             double s = 0.0;
             L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, grad_scale, &s));
             sum += s;
-            if (stage < pp - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, L3D_FLOAT32,
-                                                       stage + 1, &p->fsend[slot])) < 0)
+            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, L3D_FLOAT32, up,
+                                                  &p->fsend[slot])) < 0)
                 return comm_err(t, p->comm, st, "send of activations");
         } else {
             L3D_CHECK(t->ctx, wait_send(t, &p->bsend[slot]));
             l3d_dp_arm(t, a, o.micro == A - 1);
-            if (stage < pp - 1 &&
-                (st = l3d_comm_recv(p->comm, a->dres, nc, L3D_FLOAT32, stage + 1)) < 0)
+            if (u < U - 1 && (st = l3d_comm_recv(p->comm, a->dres, nc, L3D_FLOAT32, up)) < 0)
                 return comm_err(t, p->comm, st, "receive of gradients");
             L3D_CHECK(t->ctx, l3d_model_stage_backward(m, a, t->grads));
-            if (stage > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, L3D_FLOAT32, stage - 1,
-                                                  &p->bsend[slot])) < 0)
+            if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, L3D_FLOAT32, down,
+                                              &p->bsend[slot])) < 0)
                 return comm_err(t, p->comm, st, "send of gradients");
         }
     }

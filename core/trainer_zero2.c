@@ -30,13 +30,15 @@ int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
                       l3d_dp_bucket_t *b, size_t *shard_len, size_t *max_len) {
     double rbs = reduce_bucket_size > 0 ? reduce_bucket_size : 5e8;
     size_t n = (size_t)dp, sum = 0, mx = 0, lo = 0, hi = 0;
-    int nb = 0, open = 0, open_alone = 0;
+    int nb = 0, open = 0, open_alone = 0, open_chunk = 0;
     for (int i = l3d_model_grad_groups(m) - 1; i >= -1; i--) {
         size_t glo = 0, gn = 0;
-        int alone = 0;
+        int alone = 0, chunk = i >= 0 ? l3d_model_grad_group_chunk(m, i) : 0;
         if (i >= 0) l3d_model_grad_group(m, i, &glo, &gn, &alone);
-        // close the open bucket before a group that may not join it
-        if (open && (i < 0 || alone || open_alone || (double)(hi - glo) > rbs)) {
+        // close the open bucket before a group that may not join it; a bucket stays within
+        // one model chunk, whose backward alone writes it (interleaved pipelines)
+        if (open && (i < 0 || alone || open_alone || chunk != open_chunk ||
+                     (double)(hi - glo) > rbs)) {
             size_t len = (hi - lo + n - 1) / n * n;
             if (b) b[nb] = (l3d_dp_bucket_t){lo, hi, len, len / n, 0, NULL, -1};
             sum += len / n;
@@ -49,6 +51,7 @@ int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
             hi = glo + gn;
             open = 1;
             open_alone = alone;
+            open_chunk = chunk;
         }
         lo = glo;
     }

@@ -22,12 +22,13 @@ typedef struct layout {
     int dp, tp, pp, zero, recompute, accum_total;
     double bucket;  // reduce_bucket_size (0: default, one bucket)
     float clip;
-    int gpipe;      // pipeline schedule GPipe (else 1F1B)
+    int gpipe;      // pipeline schedule: 0 1F1B, 1 GPipe, v >= 2 interleaved with v chunks
     int sp;         // sequence parallelism
 } layout_t;
 
 static char g_data[64];
 static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
+static int g_layers;      // num_hidden_layers while set (else 3)
 
 static void make_data(void) {
     if (g_data[0]) return;
@@ -48,7 +49,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     l3d_model_config_t *m = &cfg->model;
     m->hidden_size = 64;
     m->intermediate_size = 160;
-    m->num_hidden_layers = 3;
+    m->num_hidden_layers = g_layers ? g_layers : 3;
     m->num_attention_heads = 4;
     m->num_key_value_heads = 2;
     m->head_dim = 16;
@@ -63,7 +64,9 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->zero_stage = L->zero;
     cfg->reduce_bucket_size = L->bucket;
     cfg->activation_checkpointing = L->recompute;
-    snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", L->gpipe ? "gpipe" : "1f1b");
+    snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s",
+             L->gpipe >= 2 ? "interleaved" : L->gpipe ? "gpipe" : "1f1b");
+    cfg->virtual_stages = L->gpipe >= 2 ? L->gpipe : 0;
     cfg->sequence_parallel = L->sp;
     if (g_lps && L->pp > 1) {
         cfg->n_layers_per_stage = L->pp;
@@ -220,23 +223,28 @@ static void reference(void) {
     run_layout(&one, &g_ref);
 }
 
+static void compare_to(const layout_t *L, const result_t *ref);
 static void compare(const layout_t *L) {
     reference();
+    compare_to(L, &g_ref);
+}
+
+static void compare_to(const layout_t *L, const result_t *ref) {
     result_t got = {0};
     run_layout(L, &got);
     char name[96];
-    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s%s",
-             L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe ? " gpipe" : "",
-             L->sp ? " sp" : "");
+    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s%s%s",
+             L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe == 1 ? " gpipe" : "",
+             L->gpipe >= 2 ? " interleaved" : "", L->sp ? " sp" : "");
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
-        double rel = fabs(got.loss[s] - g_ref.loss[s]) / fabs(g_ref.loss[s]);
+        double rel = fabs(got.loss[s] - ref->loss[s]) / fabs(ref->loss[s]);
         worst = fmax(worst, rel);
         cr_expect(rel <= 1e-5, "%s: step %d loss %.9g vs single-rank %.9g (rel %.2e)", name, s + 1,
-                  got.loss[s], g_ref.loss[s], rel);
+                  got.loss[s], ref->loss[s], rel);
     }
-    cr_assert(g_ref.loss[STEPS - 1] < g_ref.loss[0] - 0.1, "the reference run does not learn");
-    double wmax, dmax = weights_diff(&got, &g_ref, &wmax);
+    cr_assert(ref->loss[STEPS - 1] < ref->loss[0] - 0.1, "the reference run does not learn");
+    double wmax, dmax = weights_diff(&got, ref, &wmax);
     cr_expect(dmax <= 1e-5 * wmax, "%s: final weights differ by %.3g (max |w| %.3g)", name, dmax,
               wmax);
     // The counted communication of a step equals the analytic prediction, per group.
@@ -249,6 +257,12 @@ static void compare(const layout_t *L) {
                      name, gname[g], (unsigned long long)got.last.comm_bytes[g],
                      (unsigned long long)got.plan[g].bytes);
     }
+    // The memory estimate printed before training describes world rank 0 exactly.
+    cr_expect_eq(got.estimate.params, got.mem[0].params, "%s: params", name);
+    cr_expect_eq(got.estimate.grads, got.mem[0].grads, "%s: grads", name);
+    cr_expect_eq(got.estimate.optim, got.mem[0].optim, "%s: optim", name);
+    cr_expect_eq(got.estimate.acts, got.mem[0].acts, "%s: acts %zu, estimated %zu", name,
+                 got.mem[0].acts, got.estimate.acts);
     cr_assert(L->tp == 1 || got.last.comm_bytes[0] > 0, "%s: no tp traffic counted", name);
     cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
     cr_log_info("%s: worst loss rel %.2e, weights max diff %.2e of %.3g; bytes tp %llu dp %llu",
@@ -341,8 +355,7 @@ Test(parallel, world_size_mismatch) {
 // Checkpoints across layouts: save at step 10 on one layout, resume on others; steps 11..20
 // continue as in the uninterrupted single-rank run (the checkpoint holds the single-rank
 // layout, ZeRO shards gathered).
-static void resume_case(const layout_t *from, const layout_t *to) {
-    reference();
+static void resume_case_to(const layout_t *from, const layout_t *to, const result_t *ref) {
     char dir[] = "/tmp/l3d_test_parallel_ckpt_XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     char ck[128];
@@ -351,17 +364,22 @@ static void resume_case(const layout_t *from, const layout_t *to) {
     run_layout_ckpt(from, &a, ck, NULL);
     run_layout_ckpt(to, &b, NULL, ck);
     for (int s = STEPS / 2; s < STEPS; s++) {
-        double rel = fabs(b.loss[s] - g_ref.loss[s]) / fabs(g_ref.loss[s]);
+        double rel = fabs(b.loss[s] - ref->loss[s]) / fabs(ref->loss[s]);
         cr_expect(rel <= 1e-5, "dp %d zero %d -> dp %d zero %d: step %d loss %.9g vs %.9g",
-                  from->dp, from->zero, to->dp, to->zero, s + 1, b.loss[s], g_ref.loss[s]);
+                  from->dp, from->zero, to->dp, to->zero, s + 1, b.loss[s], ref->loss[s]);
     }
-    double wmax, dmax = weights_diff(&b, &g_ref, &wmax);
+    double wmax, dmax = weights_diff(&b, ref, &wmax);
     cr_expect(dmax <= 1e-5 * wmax, "resumed final weights differ by %.3g", dmax);
     free_result(&a);
     free_result(&b);
     char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+static void resume_case(const layout_t *from, const layout_t *to) {
+    reference();
+    resume_case_to(from, to, &g_ref);
 }
 
 Test(parallel, resume_across_layouts, .timeout = 240) {
@@ -434,35 +452,94 @@ Test(parallel, zero2_memory) {
     free_result(&r2);
 }
 
-// Every schedule for every pp and micro-batch count up to 8 completes within its slots, runs
-// each micro-batch's F and B once per stage, and 1F1B keeps min(pp - stage, A) sets alive.
+// Every schedule for every pp and micro-batch count up to 8 (interleaved: 2..4 chunks, where
+// its preconditions hold) completes within its slots with every message received in order,
+// runs each micro-batch's F and B once per stage and chunk, and 1F1B keeps min(pp - stage, A)
+// sets alive. Interleaving runs every virtual stage's forwards in micro-batch order.
 Test(parallel, schedules_complete) {
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
-    for (int kind = 0; kind < 2; kind++)
-        for (int pp = 1; pp <= 8; pp++)
-            for (int A = 1; A <= 8; A++) {
-                cr_assert_eq(l3d_pp_validate(ctx, (l3d_pp_kind)kind, pp, A), L3D_OK,
-                             "kind %d pp %d A %d: %s", kind, pp, A, l3d_ctx_last_error(ctx));
-                for (int s = 0; s < pp; s++) {
-                    l3d_pp_op_t ops[16];
-                    int n = l3d_pp_schedule((l3d_pp_kind)kind, pp, s, A, ops), seen[2][8] = {{0}};
-                    int live = 0, peak = 0;
-                    cr_assert_eq(n, 2 * A);
-                    for (int i = 0; i < n; i++) {
-                        seen[ops[i].backward][ops[i].micro]++;
-                        if (ops[i].backward)
-                            cr_assert(seen[0][ops[i].micro], "B before F");
-                        live += ops[i].backward ? -1 : 1;
-                        peak = live > peak ? live : peak;
+    int interleaved = 0;
+    for (int kind = 0; kind < 3; kind++)
+        for (int v = 1; v <= (kind == L3D_PP_INTERLEAVED ? 4 : 1); v++)
+            for (int pp = 1; pp <= 8; pp++)
+                for (int A = 1; A <= 8; A++) {
+                    if (kind == L3D_PP_INTERLEAVED) {
+                        if (l3d_pp_check(ctx, L3D_PP_INTERLEAVED, pp, v, A) != L3D_OK) continue;
+                        interleaved++;
                     }
-                    for (int j = 0; j < A; j++) cr_assert(seen[0][j] == 1 && seen[1][j] == 1);
-                    int want = kind == L3D_PP_GPIPE ? A : (pp - s < A ? pp - s : A);
-                    cr_assert_eq(peak, want, "kind %d pp %d stage %d A %d: peak %d", kind, pp, s,
-                                 A, peak);
+                    cr_assert_eq(l3d_pp_validate(ctx, (l3d_pp_kind)kind, pp, v, A), L3D_OK,
+                                 "kind %d pp %d v %d A %d: %s", kind, pp, v, A,
+                                 l3d_ctx_last_error(ctx));
+                    for (int s = 0; s < pp; s++) {
+                        l3d_pp_op_t ops[64];
+                        int seen[2][4][8] = {{{0}}}, live[4] = {0}, peak[4] = {0}, next_f[4] = {0};
+                        int n = l3d_pp_schedule((l3d_pp_kind)kind, pp, v, s, A, ops);
+                        cr_assert_eq(n, 2 * A * v);
+                        for (int i = 0; i < n; i++) {
+                            l3d_pp_op_t o = ops[i];
+                            cr_assert(o.chunk >= 0 && o.chunk < v && o.micro >= 0 && o.micro < A);
+                            seen[o.backward][o.chunk][o.micro]++;
+                            if (o.backward) cr_assert(seen[0][o.chunk][o.micro], "B before F");
+                            else cr_assert_eq(o.micro, next_f[o.chunk]++, "forwards in order");
+                            live[o.chunk] += o.backward ? -1 : 1;
+                            if (live[o.chunk] > peak[o.chunk]) peak[o.chunk] = live[o.chunk];
+                        }
+                        for (int c = 0; c < v; c++) {
+                            for (int j = 0; j < A; j++)
+                                cr_assert(seen[0][c][j] == 1 && seen[1][c][j] == 1);
+                            cr_assert_eq(peak[c], l3d_pp_slots((l3d_pp_kind)kind, pp, v, s, A, c));
+                        }
+                        int want = kind == L3D_PP_GPIPE ? A : (pp - s < A ? pp - s : A);
+                        if (kind != L3D_PP_INTERLEAVED)
+                            cr_assert_eq(peak[0], want, "kind %d pp %d stage %d A %d: peak %d",
+                                         kind, pp, s, A, peak[0]);
+                    }
                 }
-            }
+    cr_assert_geq(interleaved, 30, "only %d interleaved cases", interleaved);
+    // A channel delivering another message than the one a stage expects is caught: between
+    // two stages forward activations and backward gradients share one channel (pp 2).
+    cr_assert_eq(l3d_pp_check(ctx, L3D_PP_INTERLEAVED, 2, 2, 3), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "multiple of parallel.pp"), "%s",
+              l3d_ctx_last_error(ctx));
+    cr_assert_eq(l3d_pp_check(ctx, L3D_PP_1F1B, 2, 2, 4), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "virtual_stages 2 needs parallel.schedule"), "%s",
+              l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
+}
+
+// Interleaved 1F1B (virtual stages): more layers than the default 3, each count with its own
+// single-rank reference; stage 0's later chunks receive from the last stage.
+Test(parallel, interleaved, .timeout = 240) {
+    static const struct {
+        int layers;
+        layout_t L;
+    } cases[] = {
+        {4, {1, 1, 2, 0, 0, 8, 0, 0.25f, 2, 0}},  {4, {2, 1, 2, 1, 0, 8, 0, 0.25f, 2, 0}},
+        {4, {1, 2, 2, 0, 1, 8, 0, 0.25f, 2, 1}},  {4, {2, 2, 2, 2, 1, 8, 777, 0.25f, 2, 0}},
+        {6, {1, 1, 3, 0, 0, 6, 0, 0.25f, 2, 0}},  {6, {2, 1, 3, 1, 1, 12, 0, 0.25f, 2, 0}},
+        {6, {1, 1, 2, 0, 0, 8, 0, 0.25f, 3, 0}},  {8, {1, 1, 4, 0, 0, 8, 0, 0.25f, 2, 0}},
+        {8, {1, 2, 4, 2, 0, 8, 0, 0.25f, 2, 0}},
+    };
+    make_data();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        g_layers = cases[i].layers;
+        result_t ref = {0};
+        layout_t one = {1, 1, 1, 0, 0, cases[i].L.accum_total, 0, 0.25f, 0, 0};
+        run_layout(&one, &ref);
+        compare_to(&cases[i].L, &ref);
+        free_result(&ref);
+    }
+    // Checkpoints move between interleaved and plain pipelines (4 layers).
+    g_layers = 4;
+    result_t ref = {0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}, p2 = {1, 1, 2, 0, 0, 8, 0, 0.25f, 0, 0};
+    layout_t d2t2p2v2 = {2, 2, 2, 1, 0, 8, 0, 0.25f, 2, 0};
+    run_layout(&one, &ref);
+    resume_case_to(&d2t2p2v2, &p2, &ref);   // interleaved (2,2,2) ZeRO-1 -> 1F1B (1,1,2)
+    resume_case_to(&one, &d2t2p2v2, &ref);  // (1,1,1) -> interleaved (2,2,2)
+    free_result(&ref);
+    g_layers = 0;
 }
 
 // Layouts whose preconditions fail are refused before training, naming the knob.
@@ -477,6 +554,29 @@ Test(parallel, pipeline_preconditions) {
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.schedule 'interleaved'"), "%s",
               l3d_ctx_last_error(ctx));
+    // interleaved 1F1B: A a multiple of pp, virtual stages only with it, not with a
+    // layers_per_stage list, and pp x virtual stages within the layers
+    config(ctx, &L, &cfg);
+    cfg.pp = 2;
+    cfg.grad_accum_steps = 3;
+    cfg.train_batch_size = 3 * cfg.micro_batch_size;
+    snprintf(cfg.pp_schedule, sizeof(cfg.pp_schedule), "interleaved");
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "gradient_accumulation_steps (3) to be a multiple "
+                                              "of parallel.pp (2)"), "%s", l3d_ctx_last_error(ctx));
+    config(ctx, &L, &cfg);
+    cfg.pp = 2;
+    cfg.virtual_stages = 2;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.virtual_stages 2 needs parallel.schedule "
+                                              "'interleaved'"), "%s", l3d_ctx_last_error(ctx));
+    snprintf(cfg.pp_schedule, sizeof(cfg.pp_schedule), "interleaved");
+    cfg.n_layers_per_stage = 2;
+    cfg.layers_per_stage[0] = 1;
+    cfg.layers_per_stage[1] = 2;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "layers_per_stage cannot be combined"), "%s",
+              l3d_ctx_last_error(ctx));
     // 4 stages for 3 layers: every rank refuses at creation (a 4-rank in-process world)
     l3d_ctx_t *wctx;
     cr_assert_eq(l3d_ctx_create(NULL, &wctx), L3D_OK);
@@ -489,6 +589,13 @@ Test(parallel, pipeline_preconditions) {
     cr_assert_eq(l3d_trainer_create_parallel(ctx, &cfg, comms[0], &t), L3D_ERR_CONFIG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.pp 4 is more stages than "
                                               "num_hidden_layers 3"), "%s", l3d_ctx_last_error(ctx));
+    cfg.pp = 2;  // 2 stages x 2 chunks = 4 virtual stages for 3 layers
+    snprintf(cfg.pp_schedule, sizeof(cfg.pp_schedule), "interleaved");
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    cr_assert_eq(l3d_trainer_create_parallel(ctx, &cfg, comms[0], &t), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.pp 2 x parallel.virtual_stages 2 is "
+                                              "more virtual stages than num_hidden_layers 3"),
+              "%s", l3d_ctx_last_error(ctx));
     l3d_comm_destroy(comms[0]);
     l3d_ctx_destroy(wctx);
     l3d_ctx_destroy(ctx);
