@@ -49,8 +49,15 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
            m->intermediate_size, m->num_hidden_layers, m->num_attention_heads,
            m->num_key_value_heads, m->head_dim, m->vocab_size,
            m->tie_word_embeddings ? ", tied embeddings" : "");
-    printf("  parallel dp %d x tp %d x pp %d (order %s, zero stage %d)\n", c->dp, c->tp, c->pp,
+    printf("  parallel dp %d x tp %d x pp %d (order %s, zero stage %d", c->dp, c->tp, c->pp,
            c->parallel_order[0] ? c->parallel_order : "tp-dp-pp", c->zero_stage);
+    if (c->pp > 1) {
+        const char *ps = c->pp_schedule[0] ? c->pp_schedule : "1f1b";
+        int v = c->virtual_stages > 0 ? c->virtual_stages : !strcmp(ps, "interleaved") ? 2 : 1;
+        printf(", pipeline %s", ps);
+        if (v > 1) printf(" with %d chunks per stage", v);
+    }
+    printf(")\n");
     printf("  batch %d = micro %d x accumulation %d x dp %d; seq_len %d -> %d tokens per step\n",
            c->train_batch_size, c->micro_batch_size, c->grad_accum_steps, c->dp, c->seq_len,
            c->train_batch_size * c->seq_len);
