@@ -24,7 +24,7 @@ int l3d_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *maxt = NULL, *temp = NULL, *topp = NULL,
                *seed = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
-        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face layout)", &ckpt, 0},
+        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--prompt", "TEXT", "text to continue", &prompt, 0},
         {"--max-tokens", "N", "tokens to generate (default 128)", &maxt, 0},
         {"--temperature", "T", "sampling temperature, 0 = greedy (default 0.8)", &temp, 0},
@@ -157,7 +157,7 @@ static int parse_tokens(const char *s, int32_t **ids_p, int *n_p) {
 int l3d_cmd_forward(int argc, char **argv) {
     const char *ckpt = NULL, *tokens = NULL, *outp = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
-        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face layout)", &ckpt, 0},
+        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--tokens", "ID,ID,...", "token ids of one sequence", &tokens, 0},
         {"--out", "FILE", "float32 little-endian logits (T x vocab), row-major", &outp, 0},
         {"--help", NULL, "this text", &help, 1},

@@ -97,7 +97,8 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
 int l3d_cmd_train(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
-               *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL;
+               *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
+               *consolidated = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
         {"--model", "NAME|FILE|DIR", "preset name, HF config.json, or checkpoint dir", &model, 0},
@@ -107,6 +108,8 @@ int l3d_cmd_train(int argc, char **argv) {
         {"--seed", "S", "initialisation seed", &seed, 0},
         {"--save", "DIR", "checkpoint directory, written at the end (and every interval)", &save, 0},
         {"--save-interval", "N", "also save every N steps", &save_int, 0},
+        {"--save-consolidated", NULL, "a parallel run saves one HF directory (default: every "
+         "rank writes its shard in parallel)", &consolidated, 1},
         {"--resume", "DIR", "continue from a checkpoint written by --save", &resume, 0},
         {"--metrics", "FILE.jsonl", "one JSON object per step, and an SVG loss curve", &metrics, 0},
         {"--threads", "N", "CPU threads (default: L3D_NUM_THREADS or all cores)", &threads, 0},
@@ -156,6 +159,7 @@ int l3d_cmd_train(int argc, char **argv) {
     INT_FLAG(pp, "--pp", 1, 1 << 20, pp);
 #undef INT_FLAG
     if (save) snprintf(cfg->save_dir, sizeof(cfg->save_dir), "%s", save);
+    if (consolidated) cfg->save_consolidated = 1;
     if (metrics) snprintf(cfg->metrics_path, sizeof(cfg->metrics_path), "%s", metrics);
     if (dp) cfg->dp_auto = 0;
     // One rank of a job: as DeepSpeed, dp is whatever the world leaves after tp and pp unless

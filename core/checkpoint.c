@@ -1,5 +1,7 @@
 // Checkpoints: a directory in Hugging Face layout (config.json + model.safetensors) that
 // transformers loads as is, plus optimizer.safetensors and trainer_state.json for resuming.
+// A parallel run writes a sharded directory instead (core/checkpoint_dist.c), unless
+// train.save_consolidated asks for this layout; loading takes either.
 // A save builds the whole directory beside the target and swaps it in, so a run killed while
 // saving leaves the previous checkpoint whole.
 #include <jansson.h>
@@ -7,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/checkpoint_dist.h"
 #include "core/model_internal.h"
 #include "core/safetensors.h"
 #include "core/trainer_internal.h"
@@ -121,12 +124,7 @@ static l3d_status write_text(l3d_ctx_t *ctx, const char *path, const char *text)
 
 static l3d_status write_model_files(l3d_model_t *m, const char *dir) {
     char path[1024];
-    char *json = NULL;
-    L3D_CHECK(m->ctx, l3d_model_config_to_json(m->ctx, &m->cfg, &json));
-    join(path, sizeof(path), dir, "config.json");
-    l3d_status st = write_text(m->ctx, path, json);
-    free(json);
-    L3D_CHECK(m->ctx, st);
+    L3D_CHECK(m->ctx, l3d_ckpt_write_config(m, dir));
     join(path, sizeof(path), dir, "model.safetensors");
     return write_arena(m, m->params, path, "");
 }
@@ -184,6 +182,7 @@ l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
     join(path, sizeof(path), dir, "config.json");
     L3D_CHECK(m->ctx, l3d_model_config_from_file(m->ctx, path, &cfg));
     L3D_CHECK(m->ctx, check_same_arch(m->ctx, path, &cfg, &m->cfg));
+    if (l3d_ckpt_dist_is(dir)) return l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL);
     join(path, sizeof(path), dir, "model.safetensors");
     return read_arena(m, m->params, path, "");
 }
@@ -229,13 +228,31 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
     // exp_avg_sq goes to its own file: each file holds one arena's worth of names.
     join(path, sizeof(path), tmp, "optimizer_sq.safetensors");
     L3D_CHECK(t->ctx, write_arena(m, cs->full ? cs->fv : cs->v, path, ".exp_avg_sq"));
-    json_t *s = json_pack("{s:s, s:i, s:I, s:i, s:i, s:i, s:i, s:s, s:I}", "format",
+    return l3d_ckpt_write_state(t, tmp);
+}
+
+l3d_status l3d_ckpt_write_config(l3d_model_t *m, const char *dir) {
+    char path[1024];
+    char *json = NULL;
+    L3D_CHECK(m->ctx, l3d_model_config_to_json(m->ctx, &m->cfg, &json));
+    join(path, sizeof(path), dir, "config.json");
+    l3d_status st = write_text(m->ctx, path, json);
+    free(json);
+    return st;
+}
+
+l3d_status l3d_ckpt_write_state(l3d_trainer_t *t, const char *tmp) {
+    char path[1024];
+    const l3d_train_config_t *c = &t->cfg;
+    json_t *s = json_pack("{s:s, s:i, s:I, s:i, s:i, s:i, s:i, s:s, s:I, s:{s:i, s:i, s:i, s:i}}",
+                          "format",
                           TRAINER_STATE_FORMAT, "step", t->step, "seed", (json_int_t)t->cfg.seed,
                           "train_batch_size", t->cfg.train_batch_size,
                           "train_micro_batch_size_per_gpu", t->cfg.micro_batch_size,
                           "gradient_accumulation_steps", t->cfg.grad_accum_steps, "seq_len",
                           t->cfg.seq_len, "data", t->data->path, "data_tokens",
-                          (json_int_t)t->data->n_tokens);
+                          (json_int_t)t->data->n_tokens, "layout", "dp", c->dp, "tp", c->tp,
+                          "pp", c->pp, "virtual_stages", t->model->nchunks);
     if (!s) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building trainer_state.json");
     char *text = json_dumps(s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(s);
@@ -341,6 +358,13 @@ static l3d_status pp_collect(l3d_trainer_t *t, ckpt_state_t *cs, const stage_arr
 }
 
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
+    l3d_comm_t *w = t->mesh->world;
+    if (w && l3d_comm_size(w) > 1 && !t->cfg.save_consolidated) {
+        L3D_CHECK(t->ctx, l3d_ckpt_dist_save(t, dir));
+        l3d_log(t->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved sharded checkpoint at step %d to "
+                "%s (%d ranks)", t->step, dir, l3d_comm_size(w));
+        return L3D_OK;
+    }
     ckpt_state_t cs;
     l3d_model_t *m = t->model;
     int stage_writer = t->dp.rank == 0 && m->tp.rank == 0, writer = stage_writer && m->pp_rank == 0;
@@ -400,7 +424,25 @@ static l3d_status check_state_int(l3d_ctx_t *ctx, const char *path, json_t *s, c
     return L3D_OK;
 }
 
+static l3d_status resume(l3d_trainer_t *t, const char *dir);
+
+// Every rank resumes or none does: a rank that cannot read the checkpoint must not leave the
+// others waiting in their first step.
 l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
+    l3d_status st = resume(t, dir);
+    l3d_comm_t *world = t->mesh->world;
+    if (!world || l3d_comm_size(world) == 1) return st;
+    int32_t ok = st >= 0, all_ok = 0;
+    l3d_status cst = l3d_comm_allreduce(world, &ok, &all_ok, 1, L3D_INT32, L3D_MIN);
+    if (st < 0) return st;
+    if (cst < 0)
+        return l3d_error(t->ctx, cst, "resume: %s", l3d_ctx_last_error(l3d_comm_ctx(world)));
+    if (!all_ok)
+        return l3d_error(t->ctx, L3D_ERR_IO, "resume: another rank failed to read %s", dir);
+    return L3D_OK;
+}
+
+static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     l3d_ctx_t *ctx = t->ctx;
     char path[1024];
     if (!l3d_path_is_dir(dir))
@@ -428,6 +470,21 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
     ckpt_state_t cs;
     L3D_CHECK(ctx, full_optim(t, &cs));
     l3d_model_t *m = t->model;
+    if (l3d_ckpt_dist_is(dir)) {  // sharded: every rank picks its own parts
+        l3d_model_config_t ccfg;
+        join(path, sizeof(path), dir, "config.json");
+        st = l3d_model_config_from_file(ctx, path, &ccfg);
+        if (st >= 0) st = check_same_arch(ctx, path, &ccfg, &m->cfg);
+        if (st >= 0) st = l3d_ckpt_dist_read(m, dir, m->params, cs.m, cs.v);
+        if (st >= 0) st = l3d_dp_optim_scatter(t, cs.m, t->adam_m);
+        if (st >= 0) st = l3d_dp_optim_scatter(t, cs.v, t->adam_v);
+        full_optim_release(t, &cs);
+        L3D_CHECK(ctx, st);
+        t->step = nstep;
+        l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "resumed from sharded %s at step %d", dir,
+                nstep);
+        return L3D_OK;
+    }
     // Any layout reads the single-rank layout; a tensor-parallel rank takes its shards.
     if (m->tp.size > 1 || m->pp_size > 1) st = full_model(t, &cs);
     l3d_model_t *rm = cs.full ? cs.full : m;

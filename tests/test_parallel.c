@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/safetensors.h"
 #include "core/trainer_internal.h"
 #include "llama3d/llama3d.h"
 
@@ -29,6 +30,7 @@ typedef struct layout {
 static char g_data[64];
 static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 static int g_layers;      // num_hidden_layers while set (else 3)
+static int g_consolidated;  // train.save_consolidated
 
 static void make_data(void) {
     if (g_data[0]) return;
@@ -72,6 +74,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
         cfg->n_layers_per_stage = L->pp;
         memcpy(cfg->layers_per_stage, g_lps, (size_t)L->pp * sizeof(int));
     }
+    cfg->save_consolidated = g_consolidated;
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;
@@ -151,9 +154,10 @@ static void *rank_main(void *p) {
     return NULL;
 }
 
-static void run_layout_ckpt(const layout_t *L, result_t *res, const char *save,
-                            const char *resume) {
-    int n = L->dp * L->tp * L->pp;
+// Runs every rank; fills err[r] ("" when rank r succeeded) and returns the failed ranks.
+static int run_ranks(const layout_t *L, result_t *res, const char *save, const char *resume,
+                     char err[][256]) {
+    int n = L->dp * L->tp * L->pp, failed = 0;
     l3d_ctx_t *wctx;
     cr_assert_eq(l3d_ctx_create(NULL, &wctx), L3D_OK);
     l3d_comm_t *comms[MAXR] = {0};
@@ -171,9 +175,20 @@ static void run_layout_ckpt(const layout_t *L, result_t *res, const char *save,
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
     for (int r = 0; r < n; r++) l3d_comm_destroy(comms[r]);
     l3d_ctx_destroy(wctx);
-    for (int r = 0; r < n; r++)
-        cr_assert_eq(args[r].rc, 0, "layout (%d,%d,%d) zero %d: rank %d: %s", L->dp, L->tp, L->pp,
-                     L->zero, r, args[r].err);
+    for (int r = 0; r < n; r++) {
+        snprintf(err[r], 256, "%s", args[r].rc ? args[r].err : "");
+        failed += args[r].rc != 0;
+    }
+    return failed;
+}
+
+static void run_layout_ckpt(const layout_t *L, result_t *res, const char *save,
+                            const char *resume) {
+    char err[MAXR][256];
+    run_ranks(L, res, save, resume, err);
+    for (int r = 0; r < L->dp * L->tp * L->pp; r++)
+        cr_assert_eq(err[r][0], 0, "layout (%d,%d,%d) zero %d: rank %d: %s", L->dp, L->tp, L->pp,
+                     L->zero, r, err[r]);
 }
 
 static void run_layout(const layout_t *L, result_t *res) { run_layout_ckpt(L, res, NULL, NULL); }
@@ -450,6 +465,112 @@ Test(parallel, zero2_memory) {
     l3d_ctx_destroy(ctx);
     free_result(&r1);
     free_result(&r2);
+}
+
+// Parallel runs save sharded checkpoints: one file per rank, each element written once;
+// train.save_consolidated writes the single-rank layout instead; a single-rank model reads
+// either, bitwise alike; a missing or truncated shard and an unwritable target fail every
+// rank, naming the file, without hanging and without touching an older checkpoint.
+static size_t count_elements(const char *dir, const char *suffix) {
+    size_t n = 0;
+    char path[256];
+    for (int r = 0; r < 8; r++) {
+        snprintf(path, sizeof(path), "%s/shard-%05d-of-00008.safetensors", dir, r);
+        l3d_ctx_t *ctx;
+        cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+        l3d_st_file_t *f;
+        cr_assert_eq(l3d_st_open(ctx, path, &f), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+        for (size_t i = 0; i < l3d_st_count(f); i++) {
+            const l3d_st_tensor_t *e = l3d_st_at(f, i);
+            char want[64];
+            const char *at = strrchr(e->name, '@');
+            snprintf(want, sizeof(want), "%s@", suffix);
+            size_t wl = strlen(want);
+            int match = suffix[0] ? (size_t)(at - e->name) + 1 >= wl &&
+                                        !strncmp(at + 1 - wl, want, wl)
+                                  : !strstr(e->name, ".exp_avg");
+            if (match) n += (size_t)(e->end - e->begin) / sizeof(float);
+        }
+        l3d_st_close(f);
+        l3d_ctx_destroy(ctx);
+    }
+    return n;
+}
+
+Test(parallel, sharded_checkpoints, .timeout = 120) {
+    reference();
+    char dir[] = "/tmp/l3d_test_sharded_XXXXXX", a[64], b[64], cmd[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(a, sizeof(a), "%s/sharded", dir);
+    snprintf(b, sizeof(b), "%s/consolidated", dir);
+    layout_t d2t2p2 = {2, 2, 2, 1, 0, 8, 0, 0.25f, 0, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    layout_t d4p2 = {4, 1, 2, 1, 0, 8, 0, 0.25f, 0, 0}, d2 = {2, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    result_t r = {0};
+    run_layout_ckpt(&d2t2p2, &r, a, NULL);
+    free_result(&r);
+    g_consolidated = 1;
+    run_layout_ckpt(&d2t2p2, &r, b, NULL);
+    free_result(&r);
+    g_consolidated = 0;
+    snprintf(cmd, sizeof(cmd), "test -f %s/shards.json -a -f %s/shard-00007-of-00008.safetensors"
+             " -a ! -e %s/model.safetensors -a -f %s/model.safetensors -a ! -e %s/shards.json",
+             a, a, a, b, b);
+    cr_assert_eq(system(cmd), 0, "layouts of the two directories");
+    // every element of the model once per array, whatever the ranks held twice
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    l3d_model_t *ma, *mb;
+    l3d_device_t *dev;
+    cr_assert_eq(l3d_device_create(ctx, "cpu", NULL, &dev), L3D_OK);
+    cr_assert_eq(l3d_model_open(ctx, dev, a, &ma), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    size_t numel = 0;
+    for (int i = 0; i < ma->n_tensors; i++) numel += ma->tensors[i].numel;
+    cr_assert_eq(count_elements(a, ""), numel);
+    cr_assert_eq(count_elements(a, ".exp_avg"), numel);
+    cr_assert_eq(count_elements(a, ".exp_avg_sq"), numel);
+    cr_assert_eq(l3d_model_open(ctx, dev, b, &mb), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    cr_assert_eq(memcmp(ma->params, mb->params, ma->n_params * sizeof(float)), 0,
+                 "sharded and consolidated weights differ");
+    l3d_model_destroy(mb);
+    l3d_model_destroy(ma);
+    l3d_device_destroy(dev);
+    // both resume elsewhere and continue the uninterrupted run
+    const layout_t *to[] = {&one, &d4p2, &d2};
+    for (int k = 0; k < 3; k++)
+        for (int src = 0; src < 2; src++) {
+            result_t c = {0};
+            run_layout_ckpt(to[k], &c, NULL, src ? b : a);
+            for (int st = STEPS / 2; st < STEPS; st++)
+                cr_expect(fabs(c.loss[st] - g_ref.loss[st]) <= 1e-5 * fabs(g_ref.loss[st]),
+                          "%s -> (%d,%d,%d): step %d loss %.9g vs %.9g", src ? "consolidated" :
+                          "sharded", to[k]->dp, to[k]->tp, to[k]->pp, st + 1, c.loss[st],
+                          g_ref.loss[st]);
+            free_result(&c);
+        }
+    // a missing shard, then a truncated one: every rank fails naming it
+    char err[MAXR][256], p3[160];
+    snprintf(p3, sizeof(p3), "%s/shard-00003-of-00008.safetensors", a);
+    snprintf(cmd, sizeof(cmd), "cp %s %s.keep && rm %s", p3, p3, p3);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(run_ranks(&d2, NULL, NULL, a, err), 2);
+    cr_assert(strstr(err[0], "shard-00003-of-00008") || strstr(err[1], "shard-00003-of-00008"),
+              "%s | %s", err[0], err[1]);
+    snprintf(cmd, sizeof(cmd), "head -c 1000 %s.keep > %s", p3, p3);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(run_ranks(&d2, NULL, NULL, a, err), 2);
+    cr_assert(strstr(err[0], "shard-00003-of-00008"), "%s", err[0]);
+    // saving below a regular file fails on every rank; the older checkpoint stays
+    char bad[160];
+    snprintf(bad, sizeof(bad), "%s/plain/ck", dir);
+    snprintf(cmd, sizeof(cmd), "touch %s/plain", dir);
+    cr_assert_eq(system(cmd), 0);
+    cr_assert_eq(run_ranks(&d2t2p2, NULL, bad, NULL, err), 8);
+    cr_assert(strstr(err[0], "plain"), "%s", err[0]);
+    snprintf(cmd, sizeof(cmd), "test -f %s/shards.json", a);
+    cr_assert_eq(system(cmd), 0);
+    l3d_ctx_destroy(ctx);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 // Every schedule for every pp and micro-batch count up to 8 (interleaved: 2..4 chunks, where
