@@ -348,9 +348,7 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
     l3d_pp_kind kind;
     L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
     L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));
-    // (checked again at trainer creation, after a launcher's world decided dp and A)
     int v = cfg->virtual_stages > 0 ? cfg->virtual_stages : kind == L3D_PP_INTERLEAVED ? 2 : 1;
-    L3D_CHECK(ctx, l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
     if (v > 1 && cfg->n_layers_per_stage)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage cannot be combined "
                          "with parallel.schedule 'interleaved' (its chunks are balanced)", origin);
@@ -399,7 +397,14 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
 
 l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     if (!cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "train config: NULL argument");
-    return finalize(ctx, cfg, "train config");
+    L3D_CHECK(ctx, finalize(ctx, cfg, "train config"));
+    // The schedule's preconditions involve pp and the accumulation steps, which command-line
+    // flags may still change after the file: checked here (and again when the trainer starts,
+    // after a launcher's world decided dp), not while reading the file.
+    l3d_pp_kind kind;
+    L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
+    int v = cfg->virtual_stages > 0 ? cfg->virtual_stages : kind == L3D_PP_INTERLEAVED ? 2 : 1;
+    return l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps);
 }
 
 // ---- entry points ------------------------------------------------------------------------
