@@ -4,8 +4,12 @@
 #
 # Each layout trains llama3-tiny for 12 steps (batch 8 = micro 2 x accumulation 8/(2 dp) x dp,
 # seq_len 64, one thread per rank) as ranks of `l3d launch --transport ucx`; (1,1,1) runs as a
-# single process without launch. Layouts with dp > 1 run with ZeRO stage 0 and 1. From rank 0's
-# metrics JSONL the script takes the median tokens_per_s of steps 3..12 (global tokens per
+# single process without launch. Layouts with dp > 1 run with ZeRO stage 0, 1 and 2; pipelines
+# with 1F1B and interleaved 1F1B (2 chunks per stage). reduce_bucket_size is 100000 elements
+# (about one of llama3-tiny's layers at tp 2; a layer is never split, so at tp 1 each layer is
+# a bucket too), so that ZeRO-2's windows hold a layer each rather than all of them. The
+# gradient memory of rank 0 comes from the dry run (ZeRO-2: its 1/dp shard plus the reduction
+# windows). From rank 0's metrics JSONL the script takes the median tokens_per_s of steps 3..12 (global tokens per
 # second: 512 tokens / rank 0's step time), the last step's comm_calls/comm_bytes per group and
 # the peak of mem_peak_bytes. `l3d train --dry-run` with the same layout gives the predicted
 # communication; calls must agree exactly and bytes as MiB to 3 decimals (the precision the dry
@@ -56,12 +60,14 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
-for z in 0 1; do
+# z<stage>.json, and z<stage>i.json with interleaved 1F1B (2 chunks per stage)
+for z in 0 1 2; do
   cat >"$tmp/z$z.json" <<EOF
 {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2,
- "zero_optimization": {"stage": $z}, "steps_per_print": 100,
+ "zero_optimization": {"stage": $z, "reduce_bucket_size": 100000}, "steps_per_print": 100,
  "train": {"steps": 12, "threads": 1}, "data": {"seq_len": 64}}
 EOF
+  sed 's/"train": {/"parallel": {"schedule": "interleaved"}, "train": {/' "$tmp/z$z.json" >"$tmp/z${z}i.json"
 done
 
 # run LOG CMD...: run CMD under a timeout in the background (so a signal to this script is
@@ -108,17 +114,18 @@ cell() {
 }
 
 start=$(date +%s)
-# (dp tp pp zero) in table order
-LAYOUTS=("1 1 1 0" "2 1 1 0" "2 1 1 1" "1 2 1 0" "2 2 1 0" "2 2 1 1" "4 1 1 0" "4 1 1 1"
-         "1 4 1 0" "1 1 2 0" "2 1 2 1" "1 2 2 0" "2 2 2 1" "1 1 4 0")
-declare -A pred best bestm err
+# (dp tp pp zero schedule) in table order; schedule i: interleaved 1F1B, -: 1F1B (or none)
+LAYOUTS=("1 1 1 0 -" "2 1 1 0 -" "2 1 1 1 -" "2 1 1 2 -" "1 2 1 0 -" "2 2 1 0 -" "2 2 1 1 -"
+         "4 1 1 0 -" "4 1 1 1 -" "4 1 1 2 -" "1 4 1 0 -" "1 1 2 0 -" "1 1 2 0 i" "2 1 2 1 -"
+         "2 1 2 1 i" "1 2 2 0 -" "2 2 2 1 -" "2 2 2 2 -" "2 2 2 2 i" "1 1 4 0 -")
+declare -A pred best bestm err gmem
 
 # Pass 1: the dry run's prediction of every layout.
 for lay in "${LAYOUTS[@]}"; do
-  # shellcheck disable=SC2086  # split "dp tp pp zero" on purpose
+  # shellcheck disable=SC2086  # split "dp tp pp zero schedule" on purpose
   set -- $lay
-  dp=$1; tp=$2; pp=$3; z=$4; n=$((dp * tp * pp))
-  run "$tmp/dry.log" "$L3D" train --config "$tmp/z$z.json" --dp "$dp" --tp "$tp" --pp "$pp" --dry-run
+  dp=$1; tp=$2; pp=$3; z=$4; c=$tmp/z$z${5/-/}.json; n=$((dp * tp * pp))
+  run "$tmp/dry.log" "$L3D" train --config "$c" --dp "$dp" --tp "$tp" --pp "$pp" --dry-run
   rc=$?
   g='([0-9]+) calls ([0-9.]+) MiB'
   p=$(sed -nE "s/.*predicted\\): tp $g, dp $g, pp $g.*/\\1 \\2 \\3 \\4 \\5 \\6/p" "$tmp/dry.log")
@@ -131,6 +138,7 @@ for lay in "${LAYOUTS[@]}"; do
     p=""
   fi
   pred[$lay]=$p
+  gmem[$lay]=$(sed -nE 's/.*gradients ([0-9.]+) MiB.*/\1/p' "$tmp/dry.log" | head -n 1)
 done
 
 # Pass 2: REPS rounds over all layouts, so that a burst of load on the machine spoils one run
@@ -140,13 +148,13 @@ for rep in $(seq 1 "$REPS"); do
     [ -z "${pred[$lay]}" ] && continue   # its dry run failed
     # shellcheck disable=SC2086
     set -- $lay
-    dp=$1; tp=$2; pp=$3; z=$4; n=$((dp * tp * pp))
-    m=$tmp/m.$dp.$tp.$pp.$z.$rep.jsonl
+    dp=$1; tp=$2; pp=$3; z=$4; c=$tmp/z$z${5/-/}.json; n=$((dp * tp * pp))
+    m=$tmp/m.$dp.$tp.$pp.$z.$5.$rep.jsonl
     if [ $n -eq 1 ]; then
-      run "$tmp/run.log" "$L3D" train --config "$tmp/z$z.json" --metrics "$m"
+      run "$tmp/run.log" "$L3D" train --config "$c" --metrics "$m"
     else
       run "$tmp/run.log" "$L3D" launch -n "$n" --transport ucx -- \
-        "$L3D" train --config "$tmp/z$z.json" --dp "$dp" --tp "$tp" --pp "$pp" --metrics "$m"
+        "$L3D" train --config "$c" --dp "$dp" --tp "$tp" --pp "$pp" --metrics "$m"
     fi
     rc=$?
     med=""
@@ -168,15 +176,19 @@ done
 
 # Pass 3: the table, from the best run of each layout.
 rows=()
-base=${best["1 1 1 0"]:-}
+base=${best["1 1 1 0 -"]:-}
 for lay in "${LAYOUTS[@]}"; do
   # shellcheck disable=SC2086
   set -- $lay
   dp=$1; tp=$2; pp=$3; z=$4; n=$((dp * tp * pp)); name="($dp,$tp,$pp)"
+  sched="—"
+  [ "$pp" -gt 1 ] && sched=1f1b
+  [ "$5" = i ] && sched="interleaved ×2"
+  gm=${gmem[$lay]:-?}
   got=""
   [ -n "${bestm[$lay]:-}" ] && got=$(counted "${bestm[$lay]}")
   if [ -z "$got" ] || [ -z "${pred[$lay]}" ]; then
-    rows+=("| $name | $z | $n | ${err[$lay]:-metrics unreadable} | | | | | |"); fails=$((fails + 1))
+    rows+=("| $name | $z | $sched | $n | ${err[$lay]:-metrics unreadable} | | | | | | |"); fails=$((fails + 1))
     continue
   fi
   b=${best[$lay]}
@@ -190,7 +202,7 @@ for lay in "${LAYOUTS[@]}"; do
   peak=$(awk -v v="$7" 'BEGIN { printf "%.2f", v / 1048576 }')
   ratio="n/a"
   [ -n "$base" ] && ratio=$(awk -v a="$b" -v c="$base" 'BEGIN { printf "%.2f×", a / c }')
-  rows+=("| $name | $z | $n | $(printf %.0f "$b") | $ratio | $tpc | $dpc | $ppc | $peak |")
+  rows+=("| $name | $z | $sched | $n | $(printf %.0f "$b") | $ratio | $tpc | $dpc | $ppc | $gm | $peak |")
 done
 
 echo "llama3-tiny, batch 8 x seq_len 64 (512 tokens/step), 12 steps, 1 thread per rank;"
@@ -198,11 +210,11 @@ echo "l3d launch --transport ucx, UCX_TLS=$UCX_TLS; $(nproc) cores; $(date -u +%
 echo "tok/s: median of steps 3..12, best of $REPS runs;"
 echo "MiB: rank 0, last step, counted / --dry-run."
 echo
-hdr="| layout (dp,tp,pp) | zero | ranks | tok/s | vs (1,1,1) |"
+hdr="| layout (dp,tp,pp) | zero | pipeline | ranks | tok/s | vs (1,1,1) |"
 hdr+=" tp MiB counted / predicted | dp MiB counted / predicted | pp MiB counted / predicted |"
-hdr+=" peak MiB rank 0 |"
+hdr+=" grads MiB rank 0 | peak MiB rank 0 |"
 echo "$hdr"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done
 echo
 echo "layouts.sh: $(( $(date +%s) - start )) s" >&2

@@ -79,7 +79,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         if (zero2) {
             size_t shard = 0;
             uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, cfg->reduce_bucket_size, dp, NULL,
-                                                       &shard, NULL);
+                                                       &shard);
             uint64_t all = (uint64_t)shard * (uint64_t)dp * f;
             add(s, A * nb2, A * all);      // every micro-batch: reduce-scatter of each bucket
             add(s, nb2, all);              // all-gather of the updated parameters

@@ -258,9 +258,11 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     mem->params = P * sizeof(float);
     mem->grads = Ppad * sizeof(float);
     if (n > 1 && cfg->zero_stage >= 2) {
-        size_t wlen = 0;
-        l3d_zero2_buckets(&m, cfg->reduce_bucket_size, (int)n, NULL, &shard, &wlen);
-        mem->grads = (shard + (size_t)l3d_zero2_windows(&m) * wlen) * sizeof(float);
+        size_t wlen[L3D_ZERO2_MAX_WIN];
+        int nwin, nshared, reserved;
+        l3d_zero2_buckets(&m, cfg->reduce_bucket_size, (int)n, NULL, &shard);
+        mem->grads = l3d_zero2_windows(&m, cfg->reduce_bucket_size, (int)n, wlen, &nwin,
+                                       &nshared, &reserved) * sizeof(float);
     }
     mem->optim = 2 * shard * sizeof(float);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
@@ -279,8 +281,12 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     mem->params = t->model->n_params * sizeof(float);
     const l3d_dp_t *d = &t->dp;
-    mem->grads = (d->zero2 ? d->shard_len + (size_t)d->nwin * d->win_len : d->Ppad) *
-                 sizeof(float);
+    size_t g = d->Ppad;
+    if (d->zero2) {
+        g = d->shard_len;
+        for (int w = 0; w < d->nwin; w++) g += d->win_len[w];
+    }
+    mem->grads = g * sizeof(float);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
     mem->acts = 0;
     for (int i = 0; i < t->pp.nslots; i++) mem->acts += t->pp.slots[i]->bytes;

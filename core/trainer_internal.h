@@ -40,8 +40,11 @@ typedef struct l3d_dp {
     int win_bucket[L3D_ZERO2_MAX_WIN];  // -1: free
     unsigned win_started[L3D_ZERO2_MAX_WIN];  // 0: filling; else the order it was started in
     unsigned win_seq;
-    int nwin;
-    size_t win_len;  // floats per window (the longest bucket)
+    int nwin, nshared;  // windows 0..nshared-1 are shared; window nshared (if nwin > nshared)
+                        // is the reserved bucket's
+    size_t win_len[L3D_ZERO2_MAX_WIN];  // floats of each window
+    int win_reserved;  // a bucket with a window of its own (the embedding that a tied head on
+                       // the same stage writes first and completes last; -1: none)
 } l3d_dp_t;
 
 // Pipeline state (core/trainer_pp.c). With pp 1 there is one slot and no communicator.
@@ -115,10 +118,16 @@ l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shar
 
 // core/trainer_zero2.c: ZeRO stage 2. buckets: the buckets of model part m (dims set) for dp
 // ranks and reduce_bucket_size, whole gradient groups cut from the arena's end (b may be NULL:
-// count only); *shard_len and *max_len (may be NULL) get the sum and the maximum of len/dp and
-// len. Returns the count (<= l3d_model_grad_groups(m)).
+// count only); *shard_len (may be NULL) gets the sum of len/dp. Returns the count
+// (<= l3d_model_grad_groups(m)).
 int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
-                      l3d_dp_bucket_t *b, size_t *shard_len, size_t *max_len);
+                      l3d_dp_bucket_t *b, size_t *shard_len);
+// The windows m's buckets need: *nwin windows of win_len[w] floats, the first *nshared shared
+// by the buckets in turn; *reserved the bucket with the window after them (-1: none). Returns
+// the total floats of gradient memory (shard + windows).
+size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
+                         size_t win_len[L3D_ZERO2_MAX_WIN], int *nwin, int *nshared,
+                         int *reserved);
 l3d_status l3d_zero2_init(l3d_trainer_t *t);
 void l3d_zero2_fini(l3d_trainer_t *t);
 // Hooks the windows into a micro-batch's backward (every micro-batch reduces its gradient).
@@ -128,8 +137,6 @@ void l3d_zero2_arm(l3d_trainer_t *t, l3d_acts_t *a);
 l3d_status l3d_zero2_finish(l3d_trainer_t *t);
 // After AdamW updated this rank's pieces: all-gathers every bucket into the parameters.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
-// Windows a configuration uses (the tied embedding+head of a single stage holds one more).
-int l3d_zero2_windows(const l3d_model_t *m);
 
 // core/trainer_pp.c: pipeline parallelism. init creates the slots (all layouts) and, when
 // pp > 1, the schedule and the tied-embedding group (collective over the world).

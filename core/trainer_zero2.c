@@ -5,7 +5,7 @@
 // gradient shard gshard. The optimizer then works on the shard exactly as ZeRO-1 does, and
 // the updated pieces are all-gathered back through the windows.
 //
-//   memory per rank: shard (P / dp) + nwin windows of the longest bucket, instead of P
+//   memory per rank: shard (P / dp) + windows of the two longest buckets, instead of P
 //   communication: the reduce-scatter happens for every micro-batch (DeepSpeed stage 2 with
 //   gradient accumulation does the same), A x the bytes of ZeRO-1's once-per-step reduction.
 //
@@ -17,33 +17,34 @@
 //
 // Windows: a bucket takes a free window when the backward first asks for one of its groups
 // (zeroed), is started (reduce-scatter) when grad_ready says it is complete, and gives the
-// window back once the reduction finished and its piece was added. Two windows let one bucket
-// reduce while the next fills; a tied head on a single stage writes the embedding's bucket at
-// the start of the backward and it completes last, so that case keeps a third.
+// window back once the reduction finished and its piece was added. Two windows, as long as the
+// two longest buckets, let one bucket reduce while the next fills (one window when a single
+// bucket holds the whole stage); a tied head on a single stage writes the embedding's bucket
+// at the start of the backward and it completes last, so that case keeps one more, of the
+// embedding's size.
 #include <string.h>
 
 #include "core/trainer_internal.h"
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
-                      l3d_dp_bucket_t *b, size_t *shard_len, size_t *max_len) {
+// Visits the buckets from the arena's end (bucket 0 first): whole groups merged up to
+// reduce_bucket_size floats, the embedding and a separate head alone, never across a model
+// chunk (its backward alone writes a bucket: interleaved pipelines).
+typedef void (*bucket_fn)(void *arg, int k, size_t lo, size_t hi, size_t len);
+static int scan_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp, bucket_fn fn,
+                        void *arg) {
     double rbs = reduce_bucket_size > 0 ? reduce_bucket_size : 5e8;
-    size_t n = (size_t)dp, sum = 0, mx = 0, lo = 0, hi = 0;
+    size_t n = (size_t)dp, lo = 0, hi = 0;
     int nb = 0, open = 0, open_alone = 0, open_chunk = 0;
     for (int i = l3d_model_grad_groups(m) - 1; i >= -1; i--) {
         size_t glo = 0, gn = 0;
         int alone = 0, chunk = i >= 0 ? l3d_model_grad_group_chunk(m, i) : 0;
         if (i >= 0) l3d_model_grad_group(m, i, &glo, &gn, &alone);
-        // close the open bucket before a group that may not join it; a bucket stays within
-        // one model chunk, whose backward alone writes it (interleaved pipelines)
+        // close the open bucket before a group that may not join it
         if (open && (i < 0 || alone || open_alone || chunk != open_chunk ||
                      (double)(hi - glo) > rbs)) {
-            size_t len = (hi - lo + n - 1) / n * n;
-            if (b) b[nb] = (l3d_dp_bucket_t){lo, hi, len, len / n, 0, NULL, -1};
-            sum += len / n;
-            mx = len > mx ? len : mx;
-            nb++;
+            fn(arg, nb++, lo, hi, (hi - lo + n - 1) / n * n);
             open = 0;
         }
         if (i < 0) break;
@@ -55,18 +56,73 @@ int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
         }
         lo = glo;
     }
+    return nb;
+}
+
+typedef struct fill_arg {
+    l3d_dp_bucket_t *b;
+    size_t n, sum;
+} fill_arg_t;
+static void fill_bucket(void *arg, int k, size_t lo, size_t hi, size_t len) {
+    fill_arg_t *f = arg;
+    if (f->b) f->b[k] = (l3d_dp_bucket_t){lo, hi, len, len / f->n, 0, NULL, -1};
+    f->sum += len / f->n;
+}
+
+int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
+                      l3d_dp_bucket_t *b, size_t *shard_len) {
+    fill_arg_t f = {b, (size_t)dp, 0};
+    int nb = scan_buckets(m, reduce_bucket_size, dp, fill_bucket, &f);
     // Shard offsets in arena order (bucket 0 is the arena's end).
     for (int k = nb - 1, sh = 0; b && k >= 0; k--) {
         b[k].sh = (size_t)sh;
         sh += (int)b[k].q;
     }
-    if (shard_len) *shard_len = sum;
-    if (max_len) *max_len = mx;
+    if (shard_len) *shard_len = f.sum;
     return nb;
 }
 
-int l3d_zero2_windows(const l3d_model_t *m) {
-    return 2 + (m->cfg.tie_word_embeddings && m->has_embed && m->has_head);
+typedef struct len_arg {
+    size_t top[2], last;  // the two longest of all but the last bucket; the last
+    int seen;
+} len_arg_t;
+static void top2(size_t top[2], size_t len) {
+    if (len > top[0]) {
+        top[1] = top[0];
+        top[0] = len;
+    } else if (len > top[1]) {
+        top[1] = len;
+    }
+}
+static void bucket_lens(void *arg, int k, size_t lo, size_t hi, size_t len) {
+    len_arg_t *a = arg;
+    (void)k, (void)lo, (void)hi;
+    if (a->seen) top2(a->top, a->last);  // all but the last (the arena's start)
+    a->last = len;
+    a->seen = 1;
+}
+
+size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
+                         size_t win_len[L3D_ZERO2_MAX_WIN], int *nwin, int *nshared,
+                         int *reserved) {
+    size_t shard = 0;
+    int nb = l3d_zero2_buckets(m, reduce_bucket_size, dp, NULL, &shard);
+    len_arg_t a = {{0, 0}, 0, 0};
+    scan_buckets(m, reduce_bucket_size, dp, bucket_lens, &a);
+    // The tied head on the embedding's stage writes the embedding's bucket (the last one, at
+    // offset 0) first, and it completes last: it keeps a window of its own, of its size.
+    int tied = m->cfg.tie_word_embeddings && m->has_embed && m->has_head;
+    if (!tied) top2(a.top, a.last);
+    // The shared windows are as long as the two longest shared buckets: a bucket longer than
+    // the second takes the first. One shared bucket overlaps with nothing: one window.
+    int ns = nb - tied >= 2 ? 2 : 1;
+    size_t total = shard;
+    for (int w = 0; w < ns; w++) total += win_len[w] = a.top[w];
+    if (tied) total += win_len[ns] = a.last;
+    *nshared = ns;
+    *nwin = ns + tied;
+    *reserved = tied ? nb - 1 : -1;
+    return total;
 }
 
 l3d_status l3d_zero2_init(l3d_trainer_t *t) {
@@ -75,14 +131,14 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
     int G = l3d_model_grad_groups(m);
     d->b = l3d_calloc(t->ctx, (size_t)G, sizeof(*d->b), "other");
     if (!d->b) return L3D_ERR_NOMEM;
-    d->nb = l3d_zero2_buckets(m, t->cfg.reduce_bucket_size, d->n, d->b, &d->shard_len,
-                              &d->win_len);
+    d->nb = l3d_zero2_buckets(m, t->cfg.reduce_bucket_size, d->n, d->b, &d->shard_len);
+    (void)l3d_zero2_windows(m, t->cfg.reduce_bucket_size, d->n, d->win_len, &d->nwin,
+                            &d->nshared, &d->win_reserved);
     // The full-arena views (checkpoints' optimizer gather) reach the last bucket's padding.
     d->Ppad = d->b[0].off + d->b[0].len;
-    d->nwin = l3d_zero2_windows(m);
     for (int w = 0; w < d->nwin; w++) {
         d->win_bucket[w] = -1;
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len * sizeof(float), "grads",
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * sizeof(float), "grads",
                                         (void **)&d->win[w]));
     }
     return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
@@ -91,7 +147,7 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
 void l3d_zero2_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     for (int w = 0; w < d->nwin; w++) {
-        l3d_dev_free(t->dev, d->win[w], d->win_len * sizeof(float), "grads");
+        l3d_dev_free(t->dev, d->win[w], d->win_len[w] * sizeof(float), "grads");
         d->win[w] = NULL;
     }
     l3d_dev_free(t->dev, d->gshard, d->shard_len * sizeof(float), "grads");
@@ -128,23 +184,29 @@ static l3d_status win_start(l3d_trainer_t *t, int w) {
     return st < 0 ? comm_fail(t, st, "gradient reduce-scatter") : L3D_OK;
 }
 
-// A free window: one never taken, else the one started longest ago, completed.
-static l3d_status win_take(l3d_trainer_t *t, int *w_p) {
+// A shared window of at least len floats: the shortest one not filling, completed if it was
+// reducing (with every reduction started before it: they complete in order). Best fit
+// matters: the windows are as long as the two longest buckets, so any two buckets filling at
+// once (the head's and the last layer's, the head taking the shorter) both find one.
+static l3d_status win_take(l3d_trainer_t *t, size_t len, int *w_p) {
     l3d_dp_t *d = &t->dp;
-    int oldest = -1;
-    for (int w = 0; w < d->nwin; w++) {
-        if (d->win_bucket[w] < 0) {
-            *w_p = w;
-            return L3D_OK;
-        }
-        if (d->win_started[w] && (oldest < 0 || d->win_started[w] < d->win_started[oldest]))
-            oldest = w;
+    int best = -1;
+    for (int w = 0; w < d->nshared; w++)
+        if (d->win_len[w] >= len && (d->win_bucket[w] < 0 || d->win_started[w]) &&
+            (best < 0 || d->win_len[w] < d->win_len[best]))
+            best = w;
+    if (best < 0)
+        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: no gradient window for a bucket "
+                         "of %zu floats: every one that fits is filling", len);
+    while (d->win_bucket[best] >= 0) {
+        int oldest = best;
+        for (int w = 0; w < d->nwin; w++)
+            if (d->win_bucket[w] >= 0 && d->win_started[w] &&
+                d->win_started[w] < d->win_started[oldest])
+                oldest = w;
+        L3D_CHECK(t->ctx, win_complete(t, oldest));
     }
-    if (oldest < 0)
-        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: all %d gradient windows are "
-                         "filling at once", d->nwin);
-    L3D_CHECK(t->ctx, win_complete(t, oldest));
-    *w_p = oldest;
+    *w_p = best;
     return L3D_OK;
 }
 
@@ -160,8 +222,8 @@ static l3d_status zero2_window(void *arg, size_t lo, size_t hi, float **g) {
     l3d_dp_bucket_t *b = &d->b[k];
     if (b->win >= 0 && d->win_started[b->win]) L3D_CHECK(t->ctx, win_complete(t, b->win));
     if (b->win < 0) {
-        int w = -1;
-        L3D_CHECK(t->ctx, win_take(t, &w));
+        int w = d->nshared;  // the reserved bucket's own window is free here (completed above)
+        if (k != d->win_reserved) L3D_CHECK(t->ctx, win_take(t, b->len, &w));
         L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, d->win[w], 0, b->len * sizeof(float)));
         d->win_bucket[w] = k;
         d->win_started[w] = 0;
@@ -230,24 +292,50 @@ l3d_status l3d_zero2_finish(l3d_trainer_t *t) {
     return L3D_OK;
 }
 
-// Bucket k's window: this rank's updated piece in, every piece out, then into the parameters.
+// Waits for window w's all-gather and copies its bucket into the parameters.
+static l3d_status gather_complete(l3d_trainer_t *t, int w) {
+    l3d_dp_t *d = &t->dp;
+    l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
+    l3d_status st = l3d_request_wait(b->req);
+    b->req = NULL;
+    d->win_bucket[w] = -1;
+    if (st < 0) return comm_fail(t, st, "parameter all-gather");
+    return l3d_dev_copy(t->dev, t->model->params + b->off, d->win[w],
+                        (b->end - b->off) * sizeof(float), L3D_COPY_D2D);
+}
+
+// The window bucket k gathers through: the reserved bucket's own, else a shared one that
+// fits, free or, completed, the one holding the earliest bucket (buckets go out in order).
+static l3d_status gather_window(l3d_trainer_t *t, int k, int *w_p) {
+    l3d_dp_t *d = &t->dp;
+    int w = -1;
+    if (k == d->win_reserved) {
+        w = d->nshared;
+    } else {
+        for (int i = 0; i < d->nshared; i++) {
+            if (d->win_len[i] < d->b[k].len) continue;
+            if (d->win_bucket[i] < 0) {
+                w = i;
+                break;
+            }
+            if (w < 0 || d->win_bucket[i] < d->win_bucket[w]) w = i;
+        }
+    }
+    if (d->win_bucket[w] >= 0) L3D_CHECK(t->ctx, gather_complete(t, w));
+    *w_p = w;
+    return L3D_OK;
+}
+
+// Bucket k's window: this rank's updated piece in, every piece out, then into the parameters;
+// the shared windows alternate so that one bucket travels while the next is prepared.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     l3d_status st = L3D_OK;
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-    for (int k = 0; k < d->nb + d->nwin && st >= 0; k++) {
-        // complete the bucket that used this window before, then start bucket k
-        int w = k % d->nwin, prev = k - d->nwin;
-        if (prev >= 0) {
-            l3d_dp_bucket_t *b = &d->b[prev];
-            st = l3d_request_wait(b->req);
-            b->req = NULL;
-            if (st < 0) return comm_fail(t, st, "parameter all-gather");
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, m->params + b->off, d->win[w],
-                                           (b->end - b->off) * sizeof(float), L3D_COPY_D2D));
-        }
-        if (k >= d->nb) continue;
+    for (int k = 0; k < d->nb && st >= 0; k++) {
+        int w;
+        L3D_CHECK(t->ctx, gather_window(t, k, &w));
         l3d_dp_bucket_t *b = &d->b[k];
         size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
         float *mine = d->win[w] + (size_t)d->rank * b->q;
@@ -255,8 +343,17 @@ l3d_status l3d_zero2_gather_params(l3d_trainer_t *t) {
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, m->params + lo,
                                            (hi - lo) * sizeof(float), L3D_COPY_D2D));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        d->win_bucket[w] = k;
         st = l3d_comm_iallgather(d->comm, mine, d->win[w], b->q, L3D_FLOAT32, &b->req);
-        if (st < 0) return comm_fail(t, st, "parameter all-gather");
+        if (st < 0) {
+            d->win_bucket[w] = -1;
+            return comm_fail(t, st, "parameter all-gather");
+        }
+    }
+    for (int w = 0; w < d->nwin; w++) {
+        if (d->win_bucket[w] < 0) continue;
+        l3d_status s2 = gather_complete(t, w);
+        if (s2 < 0 && st >= 0) st = s2;
     }
     return st;
 }

@@ -148,6 +148,7 @@ static void *rank_main(void *p) {
     if (st != L3D_OK) {
         snprintf(a->err, sizeof(a->err), "%s", l3d_ctx_last_error(ctx));
         a->rc = 1;
+        l3d_comm_abort(a->comm);  // as l3d train does: the peers fail fast, naming this rank
     }
     l3d_trainer_destroy(t);
     l3d_ctx_destroy(ctx);
@@ -426,9 +427,10 @@ Test(parallel, resume_across_pipeline_layouts, .timeout = 240) {
     resume_case(&d2t2p2, &z2x4);  // ZeRO-1 (2,2,2) -> ZeRO-2 (4,1,1)
 }
 
-// ZeRO-2 holds the gradient as a 1/dp shard plus windows of the longest bucket instead of the
-// whole arena (three: a tied head on the one stage fills the embedding's bucket from the start
-// of the backward): the allocations say so, and the estimate printed before training agrees.
+// ZeRO-2 holds the gradient as a 1/dp shard plus two windows of the longest bucket instead of
+// the whole arena (and, with a tied head on the embedding's stage, which fills the embedding's
+// bucket from the start of the backward, a window of that bucket's size): the allocations say
+// so, and the estimate printed before training agrees.
 Test(parallel, zero2_memory) {
     make_data();
     layout_t z1 = {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0, 0}, z2 = z1;
@@ -438,6 +440,7 @@ Test(parallel, zero2_memory) {
     run_layout(&z2, &r2);
     size_t P = r1.mem[0].params / sizeof(float), f = sizeof(float);
     size_t layer = 2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 160 * 64;  // the longest bucket
+    size_t embed = 264 * 64;                                            // vocabulary x hidden
     for (int r = 0; r < 4; r++) {
         cr_assert_eq(r1.grads_in_use[r], r1.mem[r].grads);
         cr_assert_geq(r1.mem[r].grads, P * f);
@@ -445,7 +448,7 @@ Test(parallel, zero2_memory) {
                      r, r2.grads_in_use[r], r2.mem[r].grads);
         size_t shard = r2.mem[r].optim / 2 / f;
         cr_assert_leq(shard, P / 4 + 4 * 8, "rank %d: shard %zu of %zu", r, shard, P);
-        cr_assert_eq(r2.mem[r].grads, (shard + 3 * layer) * f, "rank %d: %zu", r,
+        cr_assert_eq(r2.mem[r].grads, (shard + 2 * layer + embed) * f, "rank %d: %zu", r,
                      r2.mem[r].grads);
     }
     cr_assert_eq(r2.estimate.grads, r2.mem[0].grads);
@@ -462,6 +465,15 @@ Test(parallel, zero2_memory) {
     cfg.zero_stage = 1;
     l3d_train_config_memory(&cfg, &e1);
     cr_assert_lt(2 * e2.grads, e1.grads, "ZeRO-2 %zu vs ZeRO-1 %zu bytes", e2.grads, e1.grads);
+    // One bucket holding every layer (DeepSpeed's 5e8 default on a small model) overlaps with
+    // nothing and needs one window, not two: shard + the layers' bucket + the embedding's.
+    cfg.zero_stage = 2;
+    cfg.reduce_bucket_size = 5e8;
+    l3d_mem_breakdown_t e3;
+    l3d_train_config_memory(&cfg, &e3);
+    size_t P16 = e3.params / f, shard16 = e3.optim / 2 / f;
+    cr_assert_leq(e3.grads, (shard16 + P16 + 2 * 4) * f, "one bucket: %zu bytes, P %zu floats",
+                  e3.grads, P16);
     l3d_ctx_destroy(ctx);
     free_result(&r1);
     free_result(&r2);
@@ -627,6 +639,26 @@ Test(parallel, schedules_complete) {
     cr_assert(strstr(l3d_ctx_last_error(ctx), "virtual_stages 2 needs parallel.schedule"), "%s",
               l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
+}
+
+// ZeRO-2 windows of unequal length: with a bucket a little over a layer, the last stage's
+// final norm joins its last layer (the longest bucket), the head stays alone, and the head
+// and that bucket fill at once at the start of every backward: the head must take the shorter
+// window. 4 layers, so that the last stage has a second layer bucket; own reference.
+Test(parallel, zero2_windows, .timeout = 240) {
+    static const layout_t cases[] = {
+        {2, 2, 2, 2, 0, 8, 21700, 0.25f, 0, 0},  // layer per tp rank 21632 floats, norm 64
+        {2, 1, 2, 2, 1, 8, 43200, 0.25f, 0, 0},  // layer 43136 floats
+        {2, 1, 2, 2, 0, 8, 43200, 0.25f, 2, 0},  // interleaved: a chunk per bucket run
+    };
+    make_data();
+    g_layers = 4;
+    result_t ref = {0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    run_layout(&one, &ref);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) compare_to(&cases[i], &ref);
+    free_result(&ref);
+    g_layers = 0;
 }
 
 // Interleaved 1F1B (virtual stages): more layers than the default 3, each count with its own
