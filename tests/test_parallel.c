@@ -641,14 +641,17 @@ Test(parallel, schedules_complete) {
     l3d_ctx_destroy(ctx);
 }
 
-// ZeRO-2 windows of unequal length: with a bucket a little over a layer, the last stage's
-// final norm joins its last layer (the longest bucket), the head stays alone, and the head
-// and that bucket fill at once at the start of every backward: the head must take the shorter
-// window. 4 layers, so that the last stage has a second layer bucket; own reference.
-Test(parallel, zero2_windows, .timeout = 240) {
+// Layouts that need more than the default 3 layers, against a 4-layer single-rank reference.
+// Four pipeline stages of one layer each, 1F1B and GPipe, with dp and tp beside them. ZeRO-2
+// windows of unequal length: with a bucket a little over a layer, the last stage's final norm
+// joins its last layer (the longest bucket), the head stays alone, and the two fill at once
+// at the start of every backward: the head must take the shorter window.
+Test(parallel, four_layers, .timeout = 240) {
     static const layout_t cases[] = {
-        {2, 2, 2, 2, 0, 8, 21700, 0.25f, 0, 0},  // layer per tp rank 21632 floats, norm 64
-        {2, 1, 2, 2, 1, 8, 43200, 0.25f, 0, 0},  // layer 43136 floats
+        {1, 1, 4, 0, 0, 8, 0, 0.25f, 0, 0},      {1, 1, 4, 0, 1, 8, 0, 0.25f, 1, 0},
+        {2, 1, 4, 1, 0, 8, 3000, 0.25f, 0, 0},   {1, 2, 4, 0, 0, 8, 0, 0.25f, 0, 1},
+        {2, 2, 2, 2, 0, 8, 21700, 0.25f, 0, 0},  // ZeRO-2: layer per tp rank 21632 floats
+        {2, 1, 2, 2, 1, 8, 43200, 0.25f, 0, 0},  // layer 43136 floats, norm 64
         {2, 1, 2, 2, 0, 8, 43200, 0.25f, 2, 0},  // interleaved: a chunk per bucket run
     };
     make_data();
