@@ -1,7 +1,8 @@
 #define _GNU_SOURCE  // mkstemps
 // Layout equivalence, the central proof of the parallel trainer: from the same initial
-// weights and data, 20 fp32 steps on a parallel layout give the single-rank run's per-step
-// losses within 1e-5 relative and its final weights within 1e-5 (max |diff| over max |w|).
+// weights and data, 20 fp32 steps on a parallel layout follow the same float64 trajectory as
+// the single-rank run, as closely as any float32 run does (per-step losses and gradient norms,
+// final weights; the tolerance and its derivation are above check_run).
 // Ranks are threads over the in-process transport (l3d_comm_create_local), each with its own
 // context and trainer, as a user embedding llama3d would run them.
 #include <criterion/criterion.h>
@@ -31,6 +32,7 @@ static char g_data[64];
 static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 static int g_layers;      // num_hidden_layers while set (else 3)
 static int g_consolidated;  // train.save_consolidated
+static const char *g_init_dir;  // the single-rank reference saves its initial weights there
 
 static void make_data(void) {
     if (g_data[0]) return;
@@ -83,7 +85,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
 }
 
 typedef struct result {
-    double loss[STEPS];
+    double loss[STEPS], gnorm[STEPS];  // rank 0's per-step loss and gradient norm
     l3d_step_stats_t last;     // rank 0's last step
     l3d_comm_stats_t plan[3];  // and its predicted communication
     // every rank's final parameters (its shard) and their layout
@@ -93,6 +95,10 @@ typedef struct result {
     int nt[MAXR];
     size_t grads_in_use[MAXR];                   // every rank's "grads" allocations
     l3d_mem_breakdown_t mem[MAXR], estimate;     // l3d_trainer_memory; rank 0's prediction
+    // single-rank references only (reference_run): the float64 trajectory's final weights in
+    // params[0]'s layout, losses and gradient norms, and the spread of float32 runs around it
+    double *w64, loss64[STEPS], gnorm64[STEPS];
+    double sigma[4];  // root-mean-square over the float32 runs of: rms, max, loss, gnorm error
     char err[256];
 } result_t;
 
@@ -100,6 +106,7 @@ typedef struct rank_arg {
     const layout_t *L;
     const char *save_dir;    // save after step STEPS/2 (then stop)
     const char *resume_dir;  // resume from it (steps STEPS/2+1 .. STEPS)
+    const char *init_dir;    // save the initial weights there before the first step
     l3d_comm_t *comm;
     result_t *res;  // rank 0 fills the losses and stats, every rank its parameters
     int r;
@@ -120,6 +127,7 @@ static void *rank_main(void *p) {
     l3d_status st = l3d_train_config_finalize(ctx, &cfg);
     if (st == L3D_OK) st = l3d_trainer_create_parallel(ctx, &cfg, a->comm, &t);
     int s0 = 0, s1 = a->save_dir ? STEPS / 2 : STEPS;
+    if (st == L3D_OK && a->init_dir) st = l3d_trainer_save(t, a->init_dir);
     if (st == L3D_OK && a->resume_dir) {
         st = l3d_trainer_resume(t, a->resume_dir);
         s0 = STEPS / 2;
@@ -129,6 +137,7 @@ static void *rank_main(void *p) {
         st = l3d_trainer_step(t, &stats);
         if (st == L3D_OK && a->res && a->r == 0) {
             a->res->loss[s] = stats.loss;
+            a->res->gnorm[s] = stats.grad_norm;
             a->res->last = stats;
         }
     }
@@ -170,7 +179,8 @@ static int run_ranks(const layout_t *L, result_t *res, const char *save, const c
     pthread_t th[MAXR];
     for (int r = 0; r < n; r++) {
         args[r] = (rank_arg_t){.L = L, .comm = threaded ? comms[r] : NULL, .res = res, .r = r,
-                               .save_dir = save, .resume_dir = resume};
+                               .save_dir = save, .resume_dir = resume,
+                               .init_dir = g_init_dir};
         cr_assert_eq(pthread_create(&th[r], NULL, rank_main, &args[r]), 0);
     }
     for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
@@ -199,13 +209,19 @@ static void free_result(result_t *r) {
         free(r->params[i]);
         free(r->tensors[i]);
     }
+    free(r->w64);
 }
 
-// Max |w - w_ref| over every rank's shard of every tensor (each compared with its slice of the
-// single-rank tensor), and max |w_ref|.
-static double weights_diff(const result_t *got, const result_t *ref, double *wmax) {
-    double dmax = 0;
-    *wmax = 0;
+// Distance of every rank's shard of every tensor from a trajectory in the single-rank layout
+// (`w`, or ref's own fp32 weights when NULL), each element compared with its slice of the
+// single-rank tensor: the root-mean-square and the max of |w_got - w|.
+typedef struct wdist {
+    double rms, max;
+} wdist_t;
+
+static wdist_t weights_dist(const result_t *got, const result_t *ref, const double *w) {
+    double ss = 0, mx = 0;
+    size_t n = 0;
     const float *R = ref->params[0];
     for (int r = 0; r < MAXR && got->params[r]; r++)
         for (int i = 0; i < got->nt[r]; i++) {
@@ -218,16 +234,144 @@ static double weights_diff(const result_t *got, const result_t *ref, double *wma
             size_t fcols = p->ndim == 2 ? (size_t)q->shape[1] : 1;
             for (size_t y = 0; y < rows; y++)
                 for (size_t x = 0; x < cols; x++) {
-                    double w = got->params[r][p->offset + y * cols + x];
-                    double v = R[q->offset + ((size_t)p->r0 + y) * fcols + (size_t)p->c0 + x];
-                    if (getenv("L3D_TEST_WHERE") && fabs(w - v) > dmax)
-                        fprintf(stderr, "max so far: %s [%zu,%zu] %.9g vs %.9g\n", p->name,
-                                (size_t)p->r0 + y, (size_t)p->c0 + x, w, v);
-                    dmax = fmax(dmax, fabs(w - v));
-                    *wmax = fmax(*wmax, fabs(v));
+                    size_t at = q->offset + ((size_t)p->r0 + y) * fcols + (size_t)p->c0 + x;
+                    double d = fabs(got->params[r][p->offset + y * cols + x] -
+                                    (w ? w[at] : (double)R[at]));
+                    if (getenv("L3D_TEST_WHERE") && d > mx)
+                        fprintf(stderr, "max so far: %s [%zu,%zu] diff %.3g\n", p->name,
+                                (size_t)p->r0 + y, (size_t)p->c0 + x, d);
+                    mx = fmax(mx, d);
+                    ss += d * d;
+                    n++;
                 }
         }
-    return dmax;
+    return (wdist_t){sqrt(ss / (double)n), mx};
+}
+
+// Max over steps s0..STEPS-1 of |x[s] - y[s]|.
+static double steps_dist(const double *x, const double *y, int s0) {
+    double m = 0;
+    for (int s = s0; s < STEPS; s++) m = fmax(m, fabs(x[s] - y[s]));
+    return m;
+}
+
+// Reads DIR/<tensor>.bin (raw float64) for every tensor of the single-rank run into its layout.
+static double *read_trajectory(const result_t *ref, const char *dir) {
+    size_t n = 0;
+    for (int i = 0; i < ref->nt[0]; i++)
+        n = ref->tensors[0][i].offset + ref->tensors[0][i].numel > n
+                ? ref->tensors[0][i].offset + ref->tensors[0][i].numel : n;
+    double *w = calloc(n, sizeof(double));
+    cr_assert_not_null(w);
+    for (int i = 0; i < ref->nt[0]; i++) {
+        const l3d_param_t *q = &ref->tensors[0][i];
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s.bin", dir, q->name);
+        FILE *f = fopen(path, "rb");
+        cr_assert_not_null(f, "%s is missing", path);
+        cr_assert_eq(fread(w + q->offset, sizeof(double), q->numel, f), q->numel, "%s", path);
+        fclose(f);
+    }
+    return w;
+}
+
+// A single-rank reference run, then the same run (same initial weights, data and
+// hyper-parameters, mirrored from config()) by tests/reference/f64_train.py: its float64
+// trajectory, and 7 float32 runs that accumulate micro-batches in other orders. This run and
+// those 7 are n = 8 float32 realizations of the float64 trajectory; sigma[] is the
+// root-mean-square of their errors (see check_run).
+enum { REALIZATIONS = 8, T_BOUND = 10 };  // T_BOUND: see check_run
+
+static void reference_run(const layout_t *one, result_t *ref) {
+    char dir[] = "/tmp/l3d_test_parallel_f64_XXXXXX", init[64], ds[64], sub[64], cmd[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(init, sizeof(init), "%s/init", dir);
+    snprintf(ds, sizeof(ds), "%s/ds.json", dir);
+    g_init_dir = init;
+    run_layout(one, ref);
+    g_init_dir = NULL;
+    FILE *f = fopen(ds, "w");
+    cr_assert_not_null(f);
+    fprintf(f,
+            "{\"train_batch_size\": %d, \"train_micro_batch_size_per_gpu\": 2,"
+            " \"gradient_accumulation_steps\": %d, \"gradient_clipping\": %.9g,"
+            " \"optimizer\": {\"type\": \"AdamW\", \"params\": {\"lr\": 1e-3,"
+            " \"betas\": [0.9, 0.95], \"eps\": 1e-8, \"weight_decay\": 0.1}},"
+            " \"data\": {\"path\": \"%s\", \"seq_len\": 32}}\n",
+            2 * one->accum_total, one->accum_total, (double)one->clip, g_data);
+    cr_assert_eq(fclose(f), 0);
+    snprintf(cmd, sizeof(cmd), "%s %s/reference/f64_train.py %s %s %d %s", L3D_TORCH_PYTHON,
+             L3D_TEST_SRC, init, ds, STEPS, dir);
+    cr_assert_eq(system(cmd), 0, "%s failed", cmd);
+    snprintf(sub, sizeof(sub), "%s/f64", dir);
+    ref->w64 = read_trajectory(ref, sub);
+    snprintf(sub, sizeof(sub), "%s/f64/steps.bin", dir);
+    double steps[2 * STEPS];
+    f = fopen(sub, "rb");
+    cr_assert(f && fread(steps, sizeof(double), 2 * STEPS, f) == 2 * STEPS, "%s", sub);
+    fclose(f);
+    for (int s = 0; s < STEPS; s++) ref->loss64[s] = steps[2 * s], ref->gnorm64[s] = steps[2 * s + 1];
+    // this run's own errors, then the float32 runs'
+    wdist_t e = weights_dist(ref, ref, ref->w64);
+    double e1[4] = {e.rms, e.max, steps_dist(ref->loss, ref->loss64, 0),
+                    steps_dist(ref->gnorm, ref->gnorm64, 0)};
+    snprintf(sub, sizeof(sub), "%s/f32.txt", dir);
+    f = fopen(sub, "r");
+    cr_assert_not_null(f, "%s", sub);
+    int runs = 0;
+    double x[4], ss[4] = {0};
+    while (fscanf(f, "%lf %lf %lf %lf", &x[0], &x[1], &x[2], &x[3]) == 4) {
+        for (int k = 0; k < 4; k++) ss[k] += x[k] * x[k];
+        runs++;
+    }
+    fclose(f);
+    cr_assert_eq(runs + 1, REALIZATIONS, "%s: %d float32 runs", sub, runs);
+    // This run must itself be one of the realizations, by the test check_run applies to the
+    // layouts (against the torch runs alone: t with 7 degrees of freedom, P(|t_7| > 10) =
+    // 2e-5): a config() that the mirror above no longer matches fails here instead of
+    // widening the tolerance.
+    for (int k = 0; k < 4; k++) {
+        double st = sqrt(ss[k] / runs);
+        cr_assert(e1[k] <= T_BOUND * st, "single-rank run: error %.3g is %.1f sigma of the torch "
+                  "float32 runs (%s: does config() match reference_run's JSON?)", e1[k],
+                  e1[k] / st, k < 2 ? "weights" : k == 2 ? "loss" : "grad norm");
+        ref->sigma[k] = sqrt((ss[k] + e1[k] * e1[k]) / REALIZATIONS);
+    }
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+// The tolerance. A float32 run of any layout is the float64 trajectory plus rounding errors
+// amplified by the training dynamics; on this chaotic trajectory (AdamW divides by sqrt(v),
+// large where gradients are near zero) the amplified error is dominated by one unstable
+// direction, so its size e = sigma |Z| with Z ~ N(0,1) and sigma a property of the trajectory,
+// the precision and the kernels, not of the summation order: a layout only reorders float32
+// sums (a K-sum split over tp, micro-batches over dp: no larger error bound than the serial
+// sum). sigma is estimated from the n = 8 realizations of reference_run (sigma-hat, the root
+// mean square of their errors), so e_layout / sigma-hat follows Student's t with n degrees of
+// freedom: P(|t_8| > 10) = 8.5e-6, under 1e-3 for the ~100 comparisons of a full run. A real
+// error moves weights by lr = 1e-3 per step (or, for an error that only scales a gradient,
+// changes the gradient norm by that scale): thousands of sigma (sigma is 2e-8..1e-7 rms,
+// 3e-6..1.3e-5 max here). Measured on AMD Zen with Haswell and Sandybridge kernels: the
+// largest e_layout / sigma-hat was 3.9 (tp 2 over 8 layers).
+
+// Steps from s0 on (a resumed run) and the final weights of `got` against the float64
+// trajectory of `ref`.
+static void check_run(const char *name, const result_t *got, const result_t *ref, int s0) {
+    wdist_t w = weights_dist(got, ref, ref->w64);
+    double e[4] = {w.rms, w.max, steps_dist(got->loss, ref->loss64, s0),
+                   steps_dist(got->gnorm, ref->gnorm64, s0)};
+    static const char *what[4] = {"weights rms", "weights max", "loss", "grad norm"};
+    for (int k = 0; k < 4; k++)
+        cr_expect(e[k] <= T_BOUND * ref->sigma[k], "%s: %s error %.3g against float64 is %.1f "
+                  "sigma (sigma %.3g over float32 runs; bound %d)", name, what[k], e[k],
+                  e[k] / ref->sigma[k], ref->sigma[k], T_BOUND);
+    cr_log_info("%s: errors/sigma weights rms %.2f max %.2f, loss %.2f, grad norm %.2f", name,
+                e[0] / ref->sigma[0], e[1] / ref->sigma[1], e[2] / ref->sigma[2],
+                e[3] / ref->sigma[3]);
+    if (getenv("L3D_TEST_SIGMA"))
+        fprintf(stderr, "SIGMA %s: %.2f %.2f %.2f %.2f\n", name, e[0] / ref->sigma[0],
+                e[1] / ref->sigma[1], e[2] / ref->sigma[2], e[3] / ref->sigma[3]);
 }
 
 static result_t g_ref;
@@ -236,7 +380,7 @@ static void reference(void) {
     if (g_ref.params[0]) return;
     make_data();
     layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
-    run_layout(&one, &g_ref);
+    reference_run(&one, &g_ref);
 }
 
 static void compare_to(const layout_t *L, const result_t *ref);
@@ -252,17 +396,8 @@ static void compare_to(const layout_t *L, const result_t *ref) {
     snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s%s%s",
              L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe == 1 ? " gpipe" : "",
              L->gpipe >= 2 ? " interleaved" : "", L->sp ? " sp" : "");
-    double worst = 0;
-    for (int s = 0; s < STEPS; s++) {
-        double rel = fabs(got.loss[s] - ref->loss[s]) / fabs(ref->loss[s]);
-        worst = fmax(worst, rel);
-        cr_expect(rel <= 1e-5, "%s: step %d loss %.9g vs single-rank %.9g (rel %.2e)", name, s + 1,
-                  got.loss[s], ref->loss[s], rel);
-    }
     cr_assert(ref->loss[STEPS - 1] < ref->loss[0] - 0.1, "the reference run does not learn");
-    double wmax, dmax = weights_diff(&got, ref, &wmax);
-    cr_expect(dmax <= 1e-5 * wmax, "%s: final weights differ by %.3g (max |w| %.3g)", name, dmax,
-              wmax);
+    check_run(name, &got, ref, 0);
     // The counted communication of a step equals the analytic prediction, per group.
     static const char *gname[3] = {"tp", "dp", "pp"};
     for (int g = 0; g < 3; g++) {
@@ -281,8 +416,7 @@ static void compare_to(const layout_t *L, const result_t *ref) {
                  got.mem[0].acts, got.estimate.acts);
     cr_assert(L->tp == 1 || got.last.comm_bytes[0] > 0, "%s: no tp traffic counted", name);
     cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
-    cr_log_info("%s: worst loss rel %.2e, weights max diff %.2e of %.3g; bytes tp %llu dp %llu",
-                name, worst, dmax, wmax, (unsigned long long)got.last.comm_bytes[0],
+    cr_log_info("%s: bytes tp %llu dp %llu", name, (unsigned long long)got.last.comm_bytes[0],
                 (unsigned long long)got.last.comm_bytes[1]);
     free_result(&got);
 }
@@ -379,13 +513,10 @@ static void resume_case_to(const layout_t *from, const layout_t *to, const resul
     result_t a = {0}, b = {0};
     run_layout_ckpt(from, &a, ck, NULL);
     run_layout_ckpt(to, &b, NULL, ck);
-    for (int s = STEPS / 2; s < STEPS; s++) {
-        double rel = fabs(b.loss[s] - ref->loss[s]) / fabs(ref->loss[s]);
-        cr_expect(rel <= 1e-5, "dp %d zero %d -> dp %d zero %d: step %d loss %.9g vs %.9g",
-                  from->dp, from->zero, to->dp, to->zero, s + 1, b.loss[s], ref->loss[s]);
-    }
-    double wmax, dmax = weights_diff(&b, ref, &wmax);
-    cr_expect(dmax <= 1e-5 * wmax, "resumed final weights differ by %.3g", dmax);
+    char name[96];
+    snprintf(name, sizeof(name), "(%d,%d,%d) zero %d -> (%d,%d,%d) zero %d", from->dp, from->tp,
+             from->pp, from->zero, to->dp, to->tp, to->pp, to->zero);
+    check_run(name, &b, ref, STEPS / 2);
     free_result(&a);
     free_result(&b);
     char cmd[160];
@@ -552,11 +683,10 @@ Test(parallel, sharded_checkpoints, .timeout = 120) {
         for (int src = 0; src < 2; src++) {
             result_t c = {0};
             run_layout_ckpt(to[k], &c, NULL, src ? b : a);
-            for (int st = STEPS / 2; st < STEPS; st++)
-                cr_expect(fabs(c.loss[st] - g_ref.loss[st]) <= 1e-5 * fabs(g_ref.loss[st]),
-                          "%s -> (%d,%d,%d): step %d loss %.9g vs %.9g", src ? "consolidated" :
-                          "sharded", to[k]->dp, to[k]->tp, to[k]->pp, st + 1, c.loss[st],
-                          g_ref.loss[st]);
+            char name[64];
+            snprintf(name, sizeof(name), "%s -> (%d,%d,%d)", src ? "consolidated" : "sharded",
+                     to[k]->dp, to[k]->tp, to[k]->pp);
+            check_run(name, &c, &g_ref, STEPS / 2);
             free_result(&c);
         }
     // a missing shard, then a truncated one: every rank fails naming it
@@ -658,7 +788,7 @@ Test(parallel, four_layers, .timeout = 240) {
     g_layers = 4;
     result_t ref = {0};
     layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
-    run_layout(&one, &ref);
+    reference_run(&one, &ref);
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) compare_to(&cases[i], &ref);
     free_result(&ref);
     g_layers = 0;
@@ -682,7 +812,7 @@ Test(parallel, interleaved, .timeout = 240) {
         g_layers = cases[i].layers;
         result_t ref = {0};
         layout_t one = {1, 1, 1, 0, 0, cases[i].L.accum_total, 0, 0.25f, 0, 0};
-        run_layout(&one, &ref);
+        reference_run(&one, &ref);
         compare_to(&cases[i].L, &ref);
         free_result(&ref);
     }
@@ -691,7 +821,7 @@ Test(parallel, interleaved, .timeout = 240) {
     result_t ref = {0};
     layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}, p2 = {1, 1, 2, 0, 0, 8, 0, 0.25f, 0, 0};
     layout_t d2t2p2v2 = {2, 2, 2, 1, 0, 8, 0, 0.25f, 2, 0};
-    run_layout(&one, &ref);
+    reference_run(&one, &ref);
     resume_case_to(&d2t2p2v2, &p2, &ref);   // interleaved (2,2,2) ZeRO-1 -> 1F1B (1,1,2)
     resume_case_to(&one, &d2t2p2v2, &ref);  // (1,1,1) -> interleaved (2,2,2)
     free_result(&ref);
