@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# The numerics-sensitive tests under every OpenBLAS kernel set this CPU can run, and in a
+# Release build: our users' CPUs (Intel, AMD; AVX2 or AVX-512) get other kernels than the
+# build machine, and fp32 sums come out in another order. OPENBLAS_CORETYPE forces a kernel
+# set on any x86 machine; SkylakeX needs AVX-512 (it dies with SIGILL without it), so it runs
+# only where /proc/cpuinfo lists avx512f, and says so where it does not.
+#   usage: tests/kernels.sh BUILD_DIR     (a configured and built tree; builds BUILD_DIR-release)
+set -euo pipefail
+build=${1:?usage: kernels.sh BUILD_DIR}
+tests='^(test_parallel|test_cpu_ops|test_cpu_grad|test_model|test_trainer|torch_test_forward|torch_test_train)$'
+cores=(Haswell Sandybridge)
+if grep -qw avx512f /proc/cpuinfo; then
+    cores+=(SkylakeX)
+else
+    echo "kernels.sh: this CPU has no AVX-512: SkylakeX kernels not run here"
+fi
+for c in "${cores[@]}"; do
+    echo "== OPENBLAS_CORETYPE=$c"
+    OPENBLAS_CORETYPE=$c ctest --test-dir "$build" --output-on-failure -j2 -R "$tests"
+done
+echo "== CMAKE_BUILD_TYPE=Release"
+cmake -S "$(dirname "$0")/.." -B "$build-release" -DCMAKE_BUILD_TYPE=Release -DL3D_WERROR=ON \
+    -DL3D_BUILD_BENCH=OFF >/dev/null
+cmake --build "$build-release" -j"$(nproc)" >/dev/null
+ctest --test-dir "$build-release" --output-on-failure -j2 -R "$tests"
