@@ -67,10 +67,20 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
            (double)c->weight_decay, (double)c->gradient_clipping);
     static const char *const sched[] = {"constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
     printf("  schedule %s", sched[c->sched]);
-    if (c->sched != L3D_SCHED_CONSTANT)
-        printf(" (%g -> %g over %d warmup steps, %s, total %d)", (double)c->warmup_min_lr,
-               (double)c->warmup_max_lr, c->warmup_num_steps, c->warmup_type_log ? "log" : "linear",
+    // The lr values each schedule really runs through: WarmupCosineLR scales the optimizer's
+    // lr by its ratios (warmup_min_lr/max_lr are not its parameters).
+    const char *wt = c->warmup_type_log ? "log" : "linear";
+    if (c->sched == L3D_SCHED_WARMUP_COSINE_LR)
+        printf(" (%g -> %g over %d warmup steps, %s, then cosine to %g at step %d)",
+               (double)c->lr * c->warmup_min_ratio, (double)c->lr, c->warmup_num_steps, wt,
+               (double)c->lr * c->cos_min_ratio, c->total_num_steps);
+    else if (c->sched == L3D_SCHED_WARMUP_DECAY_LR)
+        printf(" (%g -> %g over %d warmup steps, %s, then linear to 0 at step %d)",
+               (double)c->warmup_min_lr, (double)c->warmup_max_lr, c->warmup_num_steps, wt,
                c->total_num_steps);
+    else if (c->sched == L3D_SCHED_WARMUP_LR)
+        printf(" (%g -> %g over %d warmup steps, %s, then constant)", (double)c->warmup_min_lr,
+               (double)c->warmup_max_lr, c->warmup_num_steps, wt);
     printf("; steps %d; seed %llu; activation checkpointing %s\n", c->steps,
            (unsigned long long)c->seed, c->activation_checkpointing ? "on" : "off");
     const char *data = c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)";
@@ -98,9 +108,11 @@ int l3d_cmd_train(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
                *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
-               *consolidated = NULL;
+               *consolidated = NULL, *ds_config = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
+        {"--deepspeed_config", "FILE", "the same as --config (DeepSpeed's spelling)", &ds_config,
+         0},
         {"--model", "NAME|FILE|DIR", "preset name, HF config.json, or checkpoint dir", &model, 0},
         {"--data", "FILE", "UTF-8 text, or .bin of little-endian uint32 token ids", &data, 0},
         {"--steps", "N", "optimizer steps to run (total, counting resumed ones)", &steps, 0},
@@ -125,6 +137,15 @@ int l3d_cmd_train(int argc, char **argv) {
     if (help) {
         l3d_cli_usage(stdout, "train", "[FLAGS]", flags, nflags);
         return L3D_EXIT_OK;
+    }
+
+    if (ds_config) {
+        if (config && strcmp(config, ds_config)) {
+            fprintf(stderr, "l3d train: --config %s and --deepspeed_config %s name different "
+                    "files; give one\n", config, ds_config);
+            return L3D_EXIT_USAGE;
+        }
+        config = ds_config;
     }
 
     l3d_ctx_t *ctx = NULL;

@@ -52,5 +52,21 @@ for bad in "--tp 3" "--pp 5"; do
   fi
 done
 
+# ---- DeepSpeed's spelling of --config ------------------------------------------------------
+expect "--deepspeed_config FILE is --config FILE" 0 "batch 16 = micro 2 x accumulation 4 x dp 2" \
+  "$L3D" train --deepspeed_config "$data/ds_full.json" --dry-run
+expect "--deepspeed_config=FILE too" 0 "batch 16 = micro 2 x accumulation 4 x dp 2" \
+  "$L3D" train --deepspeed_config="$data/ds_full.json" --dry-run
+expect "--help lists --deepspeed_config" 0 "--deepspeed_config FILE" "$L3D" train --help
+expect "--config and --deepspeed_config naming different files" 2 "give one" \
+  "$L3D" train --config "$data/ds_full.json" --deepspeed_config "$tmp/dp2.json" --dry-run
+
+# ---- the start-up summary's schedule comes from the optimizer's lr --------------------------
+# ds_full.json: AdamW lr 3e-4, WarmupCosineLR with warmup_min_ratio 0.1 and cos_min_ratio 0.01
+# (it printed "0 -> 0.001", DeepSpeed's warmup_min_lr/max_lr defaults, which cosine ignores).
+expect "WarmupCosineLR summary from the optimizer's lr" 0 \
+  "schedule WarmupCosineLR \(3e-05 -> 0.0003 over 10 warmup steps, linear, then cosine to 3e-06 at step 100\)" \
+  "$L3D" train --config "$data/ds_full.json" --dry-run
+
 if [ $fails -ne 0 ]; then echo "$fails failed, $passes passed"; exit 1; fi
 echo "all $passes passed"
