@@ -54,7 +54,8 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->steps = 200;
     cfg->seed = 1;
     cfg->dp = cfg->tp = cfg->pp = 1;
-    snprintf(cfg->device, sizeof(cfg->device), "cpu");
+    // L3D_DEVICE: the device when the config does not say (checked when the context read it).
+    snprintf(cfg->device, sizeof(cfg->device), "%s", ctx ? l3d_ctx_settings(ctx)->device : "cpu");
 }
 
 static l3d_status parse_batch(const l3d_dsparser_t *p, json_t *root) {

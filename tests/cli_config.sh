@@ -68,5 +68,19 @@ expect "WarmupCosineLR summary from the optimizer's lr" 0 \
   "schedule WarmupCosineLR \(3e-05 -> 0.0003 over 10 warmup steps, linear, then cosine to 3e-06 at step 100\)" \
   "$L3D" train --config "$data/ds_full.json" --dry-run
 
+# ---- bad L3D_* values: exit 2 naming the variable and what it takes -------------------------
+# L3D_DEVICE=gpu was ignored (the run went on on the cpu); L3D_COMM_TIMEOUT=nan passed the
+# range check and failed later in the bootstrap without naming the variable.
+for kv in "L3D_DEVICE=gpu:L3D_DEVICE: 'gpu' is not a device of this build \(valid: cpu" \
+          "L3D_COMM_TIMEOUT=nan:L3D_COMM_TIMEOUT: 'nan'" \
+          "L3D_COMM_TIMEOUT=inf:L3D_COMM_TIMEOUT: 'inf'" \
+          "L3D_NUM_THREADS=nan:L3D_NUM_THREADS: 'nan'" \
+          "L3D_COMM_MAX_MSG=nan:L3D_COMM_MAX_MSG: 'nan'" \
+          "L3D_TRANSPORT=tcp:L3D_TRANSPORT: 'tcp' is not a transport of this build \(valid: "; do
+  expect "${kv%%:*}: exit 2 naming the variable" 2 "^llama3d: ${kv#*:}" env "${kv%%:*}" "$L3D" train --dry-run
+  if [ "$(wc -l <"$tmp/out")" -ne 1 ]; then fail "${kv%%:*}: one line" "$tmp/out"; fi
+done
+expect "L3D_DEVICE=cpu is taken" 0 "device cpu" env L3D_DEVICE=cpu "$L3D" train --dry-run
+
 if [ $fails -ne 0 ]; then echo "$fails failed, $passes passed"; exit 1; fi
 echo "all $passes passed"
