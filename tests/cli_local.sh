@@ -63,6 +63,17 @@ else
   fail "launched vs threads (exit $rc)" "$tmp/launch.out" "$tmp/launch.jsonl" "$tmp/dp2tp2.jsonl"
 fi
 
+# ---- the README's command: examples/3d.json as 8 threads (2,2,2) ------------------------------
+ex="$(dirname "$0")/../examples/3d.json"
+"$L3D" train --config "$ex" --dp 2 --steps 2 --metrics "$tmp/3d.jsonl" >"$tmp/3d.out" 2>&1
+rc=$?
+"$L3D" train --config "$ex" --tp 1 --pp 1 --steps 2 --metrics "$tmp/3d.ref.jsonl" >"$tmp/3d.ref.out" 2>&1
+if [ $rc -eq 0 ] && same_losses "$tmp/3d.jsonl" "$tmp/3d.ref.jsonl" && grep -q "parallel dp 2 x tp 2 x pp 2" "$tmp/3d.out"; then
+  ok "README: l3d train --config examples/3d.json --dp 2 runs (2,2,2) as threads, one rank's losses"
+else
+  fail "README 3d as threads (exit $rc)" "$tmp/3d.out" "$tmp/3d.ref.out"
+fi
+
 # ---- a parallel section in the file, no flags --------------------------------------------------
 sed 's/"train": {/"parallel": {"dp": 2}, "train": {/' "$tmp/c.json" >"$tmp/par.json"
 "$L3D" train --config "$tmp/par.json" --metrics "$tmp/par.jsonl" >"$tmp/par.out" 2>&1
