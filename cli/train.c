@@ -8,6 +8,7 @@
 #include "cli/train.h"
 #include "core/bootstrap.h"
 #include "core/l3d_core.h"
+#include "core/mesh.h"
 #include "platform/platform.h"
 
 // A layout without a launcher runs as threads of this process: at most this many (l3d launch's
@@ -215,6 +216,8 @@ int l3d_cmd_train(int argc, char **argv) {
     // Once, now that the file, the flags and the world are known: the batch identity and the
     // layout (the same checks as the run, so --dry-run refuses what the run would).
     if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
+    if (launched && (st = l3d_mesh_check_world(ctx, cfg->dp, cfg->tp, cfg->pp, nworld)) < 0)
+        goto fail;
     if (!launched) {
         long long n = (long long)cfg->dp * cfg->tp * cfg->pp;
         if (n > L3D_TRAIN_MAX_THREADED_RANKS) {

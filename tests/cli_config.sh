@@ -52,6 +52,16 @@ for bad in "--tp 3" "--pp 5"; do
   fi
 done
 
+# A launched world that is not dp x tp x pp: the dry run says so as the run does.
+"$L3D" launch -n 2 -- "$L3D" train --dp 4 --steps 1 >"$tmp/run" 2>&1; rrc=$?
+"$L3D" launch -n 2 -- "$L3D" train --dp 4 --dry-run >"$tmp/dry" 2>&1; drc=$?
+msg="dp 4 x tp 1 x pp 1 = 4 ranks, but the world has 2"
+if [ $drc -ne 0 ] && [ $rrc -ne 0 ] && grep -q "$msg" "$tmp/dry" && grep -q "$msg" "$tmp/run"; then
+  ok "--dry-run on 2 launched ranks with --dp 4: the run's message"
+else
+  fail "--dry-run world mismatch (dry exit $drc, run exit $rrc)" "$tmp/dry" "$tmp/run"
+fi
+
 # ---- DeepSpeed's spelling of --config ------------------------------------------------------
 expect "--deepspeed_config FILE is --config FILE" 0 "batch 16 = micro 2 x accumulation 4 x dp 2" \
   "$L3D" train --deepspeed_config "$data/ds_full.json" --dry-run
