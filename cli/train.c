@@ -213,11 +213,12 @@ int l3d_cmd_train(int argc, char **argv) {
         if (cfg->dp_auto && nworld % (cfg->tp * cfg->pp) == 0)
             cfg->dp = nworld / (cfg->tp * cfg->pp);
     }
-    // Once, now that the file, the flags and the world are known: the batch identity and the
-    // layout (the same checks as the run, so --dry-run refuses what the run would).
-    if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
+    // Once, now that the file, the flags and the world are known: the world against the
+    // layout, then the batch identity and the layout's checks (the run's, so --dry-run refuses
+    // what the run would).
     if (launched && (st = l3d_mesh_check_world(ctx, cfg->dp, cfg->tp, cfg->pp, nworld)) < 0)
         goto fail;
+    if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
     if (!launched) {
         long long n = (long long)cfg->dp * cfg->tp * cfg->pp;
         if (n > L3D_TRAIN_MAX_THREADED_RANKS) {

@@ -81,8 +81,9 @@ typedef struct l3d_train_config {
     int train_batch_size;
     int micro_batch_size;        // train_micro_batch_size_per_gpu
     int grad_accum_steps;        // gradient_accumulation_steps
-    int batch_inferred;          // L3D_BATCH_* bits: which of the three the last resolution
-                                 // inferred (finalize re-infers them, e.g. after a dp change)
+    int batch_inferred;          // L3D_BATCH_* bits: which of the three are to be inferred
+                                 // (0 in a file that was read, not yet resolved) or were by
+                                 // the last finalize (it re-infers them after a dp change)
 
     float gradient_clipping;     // 0 = off
     int steps_per_print;
