@@ -114,8 +114,16 @@ int l3d_cli_float(const char *cmd, const char *flag, const char *v, double lo, d
 
 int l3d_cli_fail(const char *cmd, l3d_ctx_t *ctx, l3d_status st) {
     const char *detail = ctx ? l3d_ctx_last_error(ctx) : "";
-    fprintf(stderr, "l3d %s: %s\n", cmd, detail[0] ? detail : l3d_strerror(st));
+    // Without a context the failure is l3d_ctx_create's, and a bad L3D_* value is the only
+    // configuration error it has: it printed the line naming the variable already.
+    if (ctx || st != L3D_ERR_CONFIG)
+        fprintf(stderr, "l3d %s: %s\n", cmd, detail[0] ? detail : l3d_strerror(st));
+    return l3d_cli_exit_code(st);
+}
+
+int l3d_cli_exit_code(l3d_status st) {
     switch (st) {
+    case L3D_OK: return L3D_EXIT_OK;
     case L3D_ERR_CONFIG:
     case L3D_ERR_FORMAT:
     case L3D_ERR_NOT_FOUND:

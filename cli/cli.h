@@ -35,6 +35,9 @@ int l3d_cli_float(const char *cmd, const char *flag, const char *v, double lo, d
                   double *out);
 // Prints "l3d CMD: <detail or strerror>" and returns the exit code for `st`.
 int l3d_cli_fail(const char *cmd, l3d_ctx_t *ctx, l3d_status st);
+// The exit code for `st`: 2 for bad input (config, format, not found, invalid, unsupported),
+// 1 for any other failure, 0 for L3D_OK.
+int l3d_cli_exit_code(l3d_status st);
 size_t l3d_cli_edit_distance(const char *a, const char *b);
 
 int l3d_cmd_train(int argc, char **argv);

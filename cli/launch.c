@@ -409,6 +409,13 @@ int l3d_cmd_launch(int argc, char **argv) {
     if (l3d_cli_int("launch", "-n", n_s, 1, LAUNCH_MAX_RANKS, &n)) return L3D_EXIT_USAGE;
     if (port_s && l3d_cli_int("launch", "--port", port_s, 1, 65535, &port)) return L3D_EXIT_USAGE;
     char list[256];
+    if (transport && !strcmp(transport, "local")) {
+        // Built, but it cannot join processes: say what it is for instead of "not built".
+        fprintf(stderr, "l3d launch: --transport local connects the ranks of one process (as "
+                "threads), not separate processes; to run a layout over it, run l3d train "
+                "without the launcher (e.g. l3d train --dp 2 --tp 2)\n");
+        return L3D_EXIT_USAGE;
+    }
     if (transport && !transport_ok(transport, list, sizeof(list))) {
         if (list[0])
             fprintf(stderr, "l3d launch: --transport: '%s' is not built into this l3d (built: "

@@ -1,12 +1,19 @@
-// l3d train: the main job. Prints the effective configuration and memory once, then a
-// progress line every steps_per_print steps; writes metrics and checkpoints as asked.
+// l3d train: the main job. Builds the configuration (the file, the flags, the launcher's world)
+// and checks it once; cli/train_ranks.c then runs the ranks, which print the effective
+// configuration and memory once, then a progress line every steps_per_print steps, and write
+// metrics and checkpoints as asked.
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli/cli.h"
+#include "cli/train.h"
 #include "core/bootstrap.h"
 #include "core/l3d_core.h"
+#include "core/mesh.h"
 #include "platform/platform.h"
+
+// A layout without a launcher runs as threads of this process: at most this many (l3d launch's
+// limit on processes).
+#define L3D_TRAIN_MAX_THREADED_RANKS 4096
 
 static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out, char *src,
                          size_t srclen) {
@@ -26,21 +33,21 @@ static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out,
     return st;
 }
 
-static void print_memory(const l3d_train_config_t *c, l3d_trainer_t *t, int rank, int world) {
-    l3d_mem_breakdown_t mem;
-    if (t) l3d_trainer_memory(t, &mem);
-    else l3d_train_config_memory(c, &mem);
+void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown_t *mem,
+                            int estimate, int rank, int world) {
+    (void)c;
     double MiB = 1024.0 * 1024.0;
     char who[32] = "";
     if (world > 1) snprintf(who, sizeof(who), " rank %d", rank);
     printf("memory%s%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
            "activations %.2f MiB, total %.2f MiB\n",
-           who, t ? "" : " (estimate, nothing allocated)", mem.params / MiB, mem.grads / MiB,
-           mem.optim / MiB, mem.acts / MiB, (mem.params + mem.grads + mem.optim + mem.acts) / MiB);
+           who, estimate ? " (estimate, nothing allocated)" : "", mem->params / MiB,
+           mem->grads / MiB, mem->optim / MiB, mem->acts / MiB,
+           (mem->params + mem->grads + mem->optim + mem->acts) / MiB);
     fflush(stdout);
 }
 
-static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads) {
+void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads) {
     const l3d_model_config_t *m = &c->model;
     double np = (double)l3d_model_config_num_params(m);
     printf("llama3d train: model %s (%.2fM parameters: hidden %d, ffn %d, layers %d, heads %d, "
@@ -67,10 +74,20 @@ static void print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int thre
            (double)c->weight_decay, (double)c->gradient_clipping);
     static const char *const sched[] = {"constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
     printf("  schedule %s", sched[c->sched]);
-    if (c->sched != L3D_SCHED_CONSTANT)
-        printf(" (%g -> %g over %d warmup steps, %s, total %d)", (double)c->warmup_min_lr,
-               (double)c->warmup_max_lr, c->warmup_num_steps, c->warmup_type_log ? "log" : "linear",
+    // The lr values each schedule really runs through: WarmupCosineLR scales the optimizer's
+    // lr by its ratios (warmup_min_lr/max_lr are not its parameters).
+    const char *wt = c->warmup_type_log ? "log" : "linear";
+    if (c->sched == L3D_SCHED_WARMUP_COSINE_LR)
+        printf(" (%g -> %g over %d warmup steps, %s, then cosine to %g at step %d)",
+               (double)c->lr * c->warmup_min_ratio, (double)c->lr, c->warmup_num_steps, wt,
+               (double)c->lr * c->cos_min_ratio, c->total_num_steps);
+    else if (c->sched == L3D_SCHED_WARMUP_DECAY_LR)
+        printf(" (%g -> %g over %d warmup steps, %s, then linear to 0 at step %d)",
+               (double)c->warmup_min_lr, (double)c->warmup_max_lr, c->warmup_num_steps, wt,
                c->total_num_steps);
+    else if (c->sched == L3D_SCHED_WARMUP_LR)
+        printf(" (%g -> %g over %d warmup steps, %s, then constant)", (double)c->warmup_min_lr,
+               (double)c->warmup_max_lr, c->warmup_num_steps, wt);
     printf("; steps %d; seed %llu; activation checkpointing %s\n", c->steps,
            (unsigned long long)c->seed, c->activation_checkpointing ? "on" : "off");
     const char *data = c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)";
@@ -98,9 +115,11 @@ int l3d_cmd_train(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
                *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
-               *consolidated = NULL;
+               *consolidated = NULL, *ds_config = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
+        {"--deepspeed_config", "FILE", "the same as --config (DeepSpeed's spelling)", &ds_config,
+         0},
         {"--model", "NAME|FILE|DIR", "preset name, HF config.json, or checkpoint dir", &model, 0},
         {"--data", "FILE", "UTF-8 text, or .bin of little-endian uint32 token ids", &data, 0},
         {"--steps", "N", "optimizer steps to run (total, counting resumed ones)", &steps, 0},
@@ -110,7 +129,8 @@ int l3d_cmd_train(int argc, char **argv) {
         {"--save-interval", "N", "also save every N steps", &save_int, 0},
         {"--save-consolidated", NULL, "a parallel run saves one HF directory (default: every "
          "rank writes its shard in parallel)", &consolidated, 1},
-        {"--resume", "DIR", "continue from a checkpoint written by --save", &resume, 0},
+        {"--resume", "DIR", "continue from a checkpoint written by --save (its model unless "
+         "--model or the config names one)", &resume, 0},
         {"--metrics", "FILE.jsonl", "one JSON object per step, and an SVG loss curve", &metrics, 0},
         {"--threads", "N", "CPU threads (default: L3D_NUM_THREADS or all cores)", &threads, 0},
         {"--dp", "N", "data-parallel size", &dp, 0},
@@ -127,19 +147,37 @@ int l3d_cmd_train(int argc, char **argv) {
         return L3D_EXIT_OK;
     }
 
+    if (ds_config) {
+        if (config && strcmp(config, ds_config)) {
+            fprintf(stderr, "l3d train: --config %s and --deepspeed_config %s name different "
+                    "files; give one\n", config, ds_config);
+            return L3D_EXIT_USAGE;
+        }
+        config = ds_config;
+    }
+
     l3d_ctx_t *ctx = NULL;
     l3d_status st = l3d_ctx_create(NULL, &ctx);
     if (st < 0) return l3d_cli_fail("train", NULL, st);
     int rc = L3D_EXIT_USAGE;
     l3d_train_config_t *cfg = calloc(1, sizeof(*cfg));
-    l3d_trainer_t *t = NULL;
-    l3d_metrics_t *mx = NULL;
-    l3d_comm_t *world = NULL;
     int rank = 0, nworld = 1;
     if (!cfg) goto out;
     l3d_train_config_default(ctx, cfg);
+    char default_source[sizeof(cfg->model_source)];
+    snprintf(default_source, sizeof(default_source), "%s", cfg->model_source);
     if (config && (st = l3d_train_config_from_file(ctx, config, cfg)) < 0) goto fail;
     long long v;
+    // The model: --model, else the config file's "model", else (resuming) the checkpoint's
+    // own config.json, which is the only model the checkpoint can resume into.
+    if (!model && resume && !strcmp(cfg->model_source, default_source)) {
+        if (l3d_path_is_dir(resume) <= 0) {
+            fprintf(stderr, "l3d train: --resume %s: no such directory (a checkpoint written by "
+                    "--save)\n", resume);
+            goto out;
+        }
+        model = resume;
+    }
     if (model && (st = resolve_model(ctx, model, &cfg->model, cfg->model_source,
                                      sizeof(cfg->model_source))) < 0)
         goto fail;
@@ -164,82 +202,60 @@ int l3d_cmd_train(int argc, char **argv) {
     if (dp) cfg->dp_auto = 0;
     // One rank of a job: as DeepSpeed, dp is whatever the world leaves after tp and pp unless
     // the config or --dp names it (then the mesh checks the product against the world).
+    // Without a launcher the layout's ranks are threads of this process: the world is
+    // dp x tp x pp.
+    int launched = l3d_cli_launched();
     l3d_launch_env_t env = {0};
-    if (l3d_cli_launched()) {
+    if (launched) {
         if ((st = l3d_launch_env_read(ctx, &env)) < 0) goto fail;
         rank = env.rank;
         nworld = env.size;
+        if (cfg->dp_auto && nworld % (cfg->tp * cfg->pp) == 0)
+            cfg->dp = nworld / (cfg->tp * cfg->pp);
     }
-    if (cfg->dp_auto && nworld % (cfg->tp * cfg->pp) == 0) cfg->dp = nworld / (cfg->tp * cfg->pp);
+    // Once, now that the file, the flags and the world are known: the world against the
+    // layout, then the batch identity and the layout's checks (the run's, so --dry-run refuses
+    // what the run would).
+    if (launched && (st = l3d_mesh_check_world(ctx, cfg->dp, cfg->tp, cfg->pp, nworld)) < 0)
+        goto fail;
     if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
+    if (!launched) {
+        long long n = (long long)cfg->dp * cfg->tp * cfg->pp;
+        if (n > L3D_TRAIN_MAX_THREADED_RANKS) {
+            fprintf(stderr, "l3d train: dp %d x tp %d x pp %d = %lld ranks is more than %d "
+                    "threads of one process; start them as processes (l3d launch -n %lld)\n",
+                    cfg->dp, cfg->tp, cfg->pp, n, L3D_TRAIN_MAX_THREADED_RANKS, n);
+            goto out;
+        }
+        nworld = (int)n;
+    }
 
     int nthreads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     if (!nthreads) {
-        // Ranks on one node share its cores.
+        // Ranks on one node share its cores (threads of this process too).
         int local = env.local_size > 0 ? env.local_size : (nworld > 1 ? nworld : 1);
         nthreads = l3d_num_cores() / local;
         if (nthreads < 1) nthreads = 1;
         cfg->num_threads = nthreads;
     }
     if (dry) {
-        if (rank == 0) print_config(cfg, NULL, nthreads);
-        print_memory(cfg, NULL, rank, nworld);
+        l3d_mem_breakdown_t mem;
+        l3d_train_config_memory(cfg, &mem);
+        if (rank == 0) l3d_train_print_config(cfg, NULL, nthreads);
+        l3d_train_print_memory(cfg, &mem, 1, rank, launched ? nworld : 1);
         rc = L3D_EXIT_OK;
         goto out;
     }
-    if (nworld > 1 && (st = l3d_comm_create_env(ctx, NULL, &world)) < 0) goto fail;
-    if ((st = l3d_trainer_create_parallel(ctx, cfg, world, &t)) < 0) goto fail;
-    if (resume && (st = l3d_trainer_resume(t, resume)) < 0) goto fail;
-    if (rank == 0) print_config(cfg, t, nthreads);
-    print_memory(cfg, t, rank, nworld);
-    if (cfg->metrics_path[0] && rank == 0) {
-        int e = l3d_metrics_open(cfg->metrics_path, resume != NULL, &mx);
-        if (e) {
-            fprintf(stderr, "l3d train: opening %s: %s\n", cfg->metrics_path, strerror(-e));
-            rc = L3D_EXIT_FAIL;
-            goto out;
-        }
-    }
-    int print_every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10;
-    while (l3d_trainer_steps_done(t) < cfg->steps) {
-        l3d_step_stats_t s;
-        if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
-        if (mx) l3d_metrics_write(mx, &s);
-        if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps)) {
-            char comm[96] = "";
-            if (nworld > 1)
-                snprintf(comm, sizeof(comm), " | comm MiB tp %.2f dp %.2f pp %.2f",
-                         s.comm_bytes[0] / 1048576.0, s.comm_bytes[1] / 1048576.0,
-                         s.comm_bytes[2] / 1048576.0);
-            printf("step %6d/%d | loss %.4f | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%"
-                   "%s\n",
-                   s.step, cfg->steps, s.loss, (double)s.lr, s.grad_norm, s.tokens_per_s,
-                   100.0 * s.mfu, comm);
-            fflush(stdout);
-        }
-        if (cfg->save_dir[0] && cfg->save_interval > 0 && s.step % cfg->save_interval == 0 &&
-            s.step < cfg->steps && (st = l3d_trainer_save(t, cfg->save_dir)) < 0)
-            goto fail;
-    }
-    if (cfg->save_dir[0]) {
-        if ((st = l3d_trainer_save(t, cfg->save_dir)) < 0) goto fail;
-        if (rank == 0) printf("saved %s (step %d)\n", cfg->save_dir, l3d_trainer_steps_done(t));
-    }
-    rc = L3D_EXIT_OK;
+    l3d_train_job_t job = {.cfg = cfg, .resume = resume, .nthreads = nthreads, .rank = rank,
+                           .world = nworld, .threaded = !launched && nworld > 1};
+    // The ranks make their own contexts: this one's part (reading the configuration) is done.
+    l3d_ctx_destroy(ctx);
+    ctx = NULL;
+    rc = job.threaded ? l3d_train_run_threads(&job) : l3d_train_run_process(&job);
     goto out;
 fail:
     rc = l3d_cli_fail("train", ctx, st);
 out:
-    if (mx) {
-        int e = l3d_metrics_close(mx);
-        if (e && rc == L3D_EXIT_OK) {
-            fprintf(stderr, "l3d train: writing the loss curve: %s\n", strerror(-e));
-            rc = L3D_EXIT_FAIL;
-        }
-    }
-    l3d_trainer_destroy(t);
-    if (world && rc != L3D_EXIT_OK) l3d_comm_abort(world);  // the peers fail fast, naming us
-    l3d_comm_destroy(world);
     free(cfg);
     l3d_ctx_destroy(ctx);
     return rc;

@@ -1,8 +1,8 @@
 // Training configuration: DeepSpeed's ds_config.json plus llama3d's own sections.
 // Every key is honoured, accepted with a note in cfg->notes (not yet effective here), or
 // rejected naming the key and the nearest valid one. docs/config.md lists each key's status.
-// This file: the defaults, the top level, llama3d's own sections, the batch identity and
-// finalize; DeepSpeed's sections are in config_deepspeed.c.
+// This file: the defaults, the top level, llama3d's own sections and finalize; DeepSpeed's
+// sections are in config_deepspeed.c, the batch identity and the layout in config_layout.c.
 // defines: l3d_train_config_default, l3d_train_config_from_json, l3d_train_config_from_file,
 //          l3d_train_config_finalize
 #include <math.h>
@@ -54,83 +54,8 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->steps = 200;
     cfg->seed = 1;
     cfg->dp = cfg->tp = cfg->pp = 1;
-    snprintf(cfg->device, sizeof(cfg->device), "cpu");
-}
-
-// ---- batch identity ----------------------------------------------------------------------
-// DeepSpeed's rules; 0 means "not given, infer it". train = micro * accum * dp.
-static l3d_status resolve_batch(l3d_ctx_t *ctx, const char *origin, l3d_train_config_t *cfg) {
-    // Values inferred by an earlier resolution are forgotten, so they follow a changed dp; the
-    // ones the user gave stay and are checked.
-    if (cfg->batch_inferred & L3D_BATCH_TRAIN) cfg->train_batch_size = 0;
-    if (cfg->batch_inferred & L3D_BATCH_MICRO) cfg->micro_batch_size = 0;
-    if (cfg->batch_inferred & L3D_BATCH_ACCUM) cfg->grad_accum_steps = 0;
-    long long t = cfg->train_batch_size, m = cfg->micro_batch_size, a = cfg->grad_accum_steps;
-    int given = (t ? L3D_BATCH_TRAIN : 0) | (m ? L3D_BATCH_MICRO : 0) | (a ? L3D_BATCH_ACCUM : 0);
-    long long dp = cfg->dp;
-    if (t < 0 || m < 0 || a < 0)
-        return l3d_error(ctx, L3D_ERR_CONFIG,
-                         "%s: batch sizes must be positive (train_batch_size %lld, "
-                         "train_micro_batch_size_per_gpu %lld, gradient_accumulation_steps %lld)",
-                         origin, t, m, a);
-    if (t && m && a) {
-        if (t != m * a * dp) {
-            char fix[160] = "";
-            if (t % (m * dp) == 0)
-                snprintf(fix, sizeof(fix), "set gradient_accumulation_steps to %lld, or ",
-                         t / (m * dp));
-            else if (t % (a * dp) == 0)
-                snprintf(fix, sizeof(fix), "set train_micro_batch_size_per_gpu to %lld, or ",
-                         t / (a * dp));
-            return l3d_error(ctx, L3D_ERR_CONFIG,
-                             "%s: train_batch_size %lld != train_micro_batch_size_per_gpu %lld * "
-                             "gradient_accumulation_steps %lld * dp %lld (= %lld); %sgive only "
-                             "two of the three and llama3d infers the third",
-                             origin, t, m, a, dp, m * a * dp, fix);
-        }
-    } else if (t && m) {
-        if (t % (m * dp) != 0)
-            return l3d_error(ctx, L3D_ERR_CONFIG,
-                             "%s: train_batch_size %lld is not divisible by "
-                             "train_micro_batch_size_per_gpu %lld * dp %lld, so "
-                             "gradient_accumulation_steps cannot be inferred; change one of them",
-                             origin, t, m, dp);
-        a = t / (m * dp);
-    } else if (t && a) {
-        if (t % (a * dp) != 0)
-            return l3d_error(ctx, L3D_ERR_CONFIG,
-                             "%s: train_batch_size %lld is not divisible by "
-                             "gradient_accumulation_steps %lld * dp %lld, so "
-                             "train_micro_batch_size_per_gpu cannot be inferred; change one of "
-                             "them",
-                             origin, t, a, dp);
-        m = t / (a * dp);
-    } else if (m && a) {
-        t = m * a * dp;
-    } else if (t) {
-        if (t % dp != 0)
-            return l3d_error(ctx, L3D_ERR_CONFIG,
-                             "%s: train_batch_size %lld is not divisible by dp %lld; give "
-                             "train_micro_batch_size_per_gpu too",
-                             origin, t, dp);
-        m = t / dp;
-        a = 1;
-    } else if (m) {
-        a = 1;
-        t = m * dp;
-    } else {
-        return l3d_error(ctx, L3D_ERR_CONFIG,
-                         "%s: give train_batch_size or train_micro_batch_size_per_gpu (DeepSpeed "
-                         "needs one of them)",
-                         origin);
-    }
-    if (t > 2147483647LL)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: train_batch_size %lld is too large", origin, t);
-    cfg->train_batch_size = (int)t;
-    cfg->micro_batch_size = (int)m;
-    cfg->grad_accum_steps = (int)a;
-    cfg->batch_inferred = (L3D_BATCH_TRAIN | L3D_BATCH_MICRO | L3D_BATCH_ACCUM) & ~given;
-    return L3D_OK;
+    // L3D_DEVICE: the device when the config does not say (checked when the context read it).
+    snprintf(cfg->device, sizeof(cfg->device), "%s", ctx ? l3d_ctx_settings(ctx)->device : "cpu");
 }
 
 static l3d_status parse_batch(const l3d_dsparser_t *p, json_t *root) {
@@ -142,16 +67,20 @@ static l3d_status parse_batch(const l3d_dsparser_t *p, json_t *root) {
                                           &m, &gm));
     L3D_CHECK(j->ctx,
               l3d_cfgjson_get_int(j, root, "", "gradient_accumulation_steps", 1, 1 << 30, &a, &ga));
+    if (!gt && !gm && !ga) return L3D_OK;  // the batch we have stands
     if (!gt && !gm) {
-        // Only accumulation (or nothing) given: keep the per-rank micro batch we have and
-        // re-derive the global batch, which also follows a changed dp.
-        m = cfg->micro_batch_size;
-        if (!ga) a = cfg->grad_accum_steps;
+        // Only accumulation given: keep the per-rank micro batch we have (or, when that was
+        // inferred, the global batch) and re-derive the other, which also follows dp.
+        if (!(cfg->batch_inferred & L3D_BATCH_MICRO)) m = cfg->micro_batch_size;
+        else if (!(cfg->batch_inferred & L3D_BATCH_TRAIN)) t = cfg->train_batch_size;
     }
+    // Only recorded here: the identity involves dp, which command-line flags and the
+    // launcher's world may still change, so l3d_train_config_finalize resolves it once.
     cfg->train_batch_size = t;
     cfg->micro_batch_size = m;
     cfg->grad_accum_steps = a;
-    cfg->batch_inferred = 0;  // what is zero here is inferred by the resolution
+    cfg->batch_inferred = (t ? 0 : L3D_BATCH_TRAIN) | (m ? 0 : L3D_BATCH_MICRO) |
+                          (a ? 0 : L3D_BATCH_ACCUM);
     return L3D_OK;
 }
 
@@ -330,28 +259,13 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
 }
 
 // ---- finalize ----------------------------------------------------------------------------
+// What the file alone decides; the batch identity and the layout wait for
+// l3d_train_config_finalize (core/config_layout.c).
 static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *origin) {
-    if (cfg->dp < 1 || cfg->tp < 1 || cfg->pp < 1)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel: dp %d, tp %d, pp %d must be >= 1",
-                         origin, cfg->dp, cfg->tp, cfg->pp);
     int perm[3];
     L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
-    if (cfg->n_layers_per_stage) {
-        int sum = 0;
-        for (int i = 0; i < cfg->n_layers_per_stage; i++) sum += cfg->layers_per_stage[i];
-        if (cfg->n_layers_per_stage != cfg->pp || sum != cfg->model.num_hidden_layers)
-            return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage has %d entries "
-                             "summing to %d; it needs pp = %d entries summing to "
-                             "num_hidden_layers %d", origin, cfg->n_layers_per_stage, sum,
-                             cfg->pp, cfg->model.num_hidden_layers);
-    }
     l3d_pp_kind kind;
     L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
-    L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));
-    int v = cfg->virtual_stages > 0 ? cfg->virtual_stages : kind == L3D_PP_INTERLEAVED ? 2 : 1;
-    if (v > 1 && cfg->n_layers_per_stage)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage cannot be combined "
-                         "with parallel.schedule 'interleaved' (its chunks are balanced)", origin);
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, &cfg->model));
     if (cfg->seq_len < 1 || cfg->seq_len > cfg->model.max_position_embeddings)
         return l3d_error(ctx, L3D_ERR_CONFIG,
@@ -397,14 +311,11 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
 
 l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     if (!cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "train config: NULL argument");
-    L3D_CHECK(ctx, finalize(ctx, cfg, "train config"));
-    // The schedule's preconditions involve pp and the accumulation steps, which command-line
-    // flags may still change after the file: checked here (and again when the trainer starts,
-    // after a launcher's world decided dp), not while reading the file.
-    l3d_pp_kind kind;
-    L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
-    int v = cfg->virtual_stages > 0 ? cfg->virtual_stages : kind == L3D_PP_INTERLEAVED ? 2 : 1;
-    return l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps);
+    const char *origin = cfg->origin[0] ? cfg->origin : "train config";
+    L3D_CHECK(ctx, finalize(ctx, cfg, origin));
+    // The batch identity and the layout involve dp, tp and pp, which command-line flags and
+    // a launcher's world may change after the file: checked once, here.
+    return l3d_train_config_check_layout(ctx, cfg, origin);
 }
 
 // ---- entry points ------------------------------------------------------------------------
@@ -420,12 +331,13 @@ l3d_status l3d_train_config_from_json(l3d_ctx_t *ctx, const char *text, size_t l
     const l3d_dsparser_t p = {{ctx, origin, L3D_CFGJSON_DS}, tmp};
     L3D_CHECK_GOTO(ctx, l3d_dsconfig_check_section(&p, root, "", k_top, L3D_ARRAY_LEN(k_top)), st,
                    done);
-    // Order matters: dp before the batch identity, train.device before the precision notes,
+    // Order matters: train.device before the precision notes,
     // the optimizer's lr before the scheduler's defaults.
     L3D_CHECK_GOTO(ctx, parse_llama3d(&p, root), st, done);
     L3D_CHECK_GOTO(ctx, parse_batch(&p, root), st, done);
     L3D_CHECK_GOTO(ctx, l3d_dsconfig_parse_sections(&p, root), st, done);
     L3D_CHECK_GOTO(ctx, finalize(ctx, tmp, origin), st, done);
+    snprintf(tmp->origin, sizeof(tmp->origin), "%s", origin);
     *cfg = *tmp;
 done:
     json_decref(root);

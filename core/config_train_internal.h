@@ -37,4 +37,11 @@ l3d_status l3d_dsconfig_check_section(const l3d_dsparser_t *p, json_t *obj, cons
 // the optimizer's lr, the precision notes name train.device (so llama3d's sections go first).
 l3d_status l3d_dsconfig_parse_sections(const l3d_dsparser_t *p, json_t *root);
 
+// The batch identity (DeepSpeed's rules: any two of train_batch_size,
+// train_micro_batch_size_per_gpu and gradient_accumulation_steps give the third with dp) and
+// the layout against the model, schedule and device; messages start with `origin`.
+// core/config_layout.c; called by l3d_train_config_finalize and the trainer.
+l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
+                                         const char *origin);
+
 #endif

@@ -56,16 +56,20 @@ void l3d_mesh_destroy(l3d_mesh_t *m) {
     l3d_free(m->ctx, m, sizeof(*m), "other");
 }
 
-l3d_status l3d_mesh_create(l3d_ctx_t *ctx, l3d_comm_t *world, int dp, int tp, int pp,
-                           const char *order, l3d_mesh_t **mesh_p) {
-    int perm[3];
-    L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, order, perm));
-    int nworld = world ? l3d_comm_size(world) : 1;
+l3d_status l3d_mesh_check_world(l3d_ctx_t *ctx, int dp, int tp, int pp, int nworld) {
     if (dp < 1 || tp < 1 || pp < 1 || (long long)dp * tp * pp != nworld)
         return l3d_error(ctx, L3D_ERR_CONFIG,
                          "parallel: dp %d x tp %d x pp %d = %lld ranks, but the world has %d; "
                          "launch %lld ranks or change parallel.{dp,tp,pp}",
                          dp, tp, pp, (long long)dp * tp * pp, nworld, (long long)dp * tp * pp);
+    return L3D_OK;
+}
+
+l3d_status l3d_mesh_create(l3d_ctx_t *ctx, l3d_comm_t *world, int dp, int tp, int pp,
+                           const char *order, l3d_mesh_t **mesh_p) {
+    int perm[3];
+    L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, order, perm));
+    L3D_CHECK(ctx, l3d_mesh_check_world(ctx, dp, tp, pp, world ? l3d_comm_size(world) : 1));
     l3d_mesh_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
     if (!m) return L3D_ERR_NOMEM;
     m->ctx = ctx;

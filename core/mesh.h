@@ -1,5 +1,5 @@
 // The 3D process mesh: world rank <-> (dp, tp, pp) coordinates and the three groups.
-// defines: l3d_mesh_t, l3d_mesh_create/destroy, l3d_mesh_order_parse, l3d_mesh_coords
+// defines: l3d_mesh_t, l3d_mesh_check_world, l3d_mesh_create/destroy, l3d_mesh_order_parse, l3d_mesh_coords
 //
 // Rank order follows Megatron's `order` string: the dimensions listed fastest-varying first,
 // default "tp-dp-pp" (tensor-parallel neighbours are adjacent ranks, so they share a node and
@@ -36,6 +36,9 @@ int l3d_mesh_rank_of(const int size[3], const int perm[3], const int coord[3]);
 // Creates the mesh over `world` (NULL: a single rank) for dp x tp x pp ranks. The world size
 // must equal dp * tp * pp: otherwise L3D_ERR_CONFIG showing the product and the world size.
 // Collective over world.
+// dp x tp x pp must be the world's size: else L3D_ERR_CONFIG showing the product and the
+// world (l3d_mesh_create checks it; `l3d train --dry-run` under a launcher too).
+l3d_status l3d_mesh_check_world(l3d_ctx_t *ctx, int dp, int tp, int pp, int nworld);
 l3d_status l3d_mesh_create(l3d_ctx_t *ctx, l3d_comm_t *world, int dp, int tp, int pp,
                            const char *order, l3d_mesh_t **mesh_p);
 void l3d_mesh_destroy(l3d_mesh_t *m);

@@ -7,6 +7,8 @@
 #include <strings.h>
 
 #include "core/l3d_core.h"
+#include "devices/device.h"
+#include "transports/transport.h"
 
 static const l3d_setting_row_t settings_rows[] = {
     {"L3D_LOG", "warn", "log level: none, error, warn, info, debug, trace"},
@@ -83,8 +85,32 @@ static int parse_num(const char *v, double lo, double hi, double *out) {
     char *end = NULL;
     errno = 0;
     double d = strtod(v, &end);
-    if (errno || end == v || *end || d < lo || d > hi) return -1;
+    // Written so that NaN fails too (every comparison with it is false).
+    if (errno || end == v || *end || !(d >= lo && d <= hi)) return -1;
     *out = d;
+    return 0;
+}
+
+static const char *transport_name(int i) {
+    return l3d_transport_backends[i] ? l3d_transport_backends[i]->name : NULL;
+}
+static const char *device_name(int i) {
+    return l3d_device_backends[i] ? l3d_device_backends[i]->name : NULL;
+}
+
+// Whether `v` names one of the built backends name_at(0), name_at(1), ... (NULL-ended); if not,
+// err says so naming the variable and the valid values. A name this build lacks would only
+// fail later, or (L3D_DEVICE) be ignored, far from the variable that asked for it.
+static int built_name(const char *v, const char *var, const char *what,
+                      const char *(*name_at)(int), char *err, size_t errlen) {
+    char list[128] = "";
+    size_t o = 0;
+    for (int i = 0; name_at(i); i++) {
+        if (!strcmp(name_at(i), v)) return 1;
+        o += (size_t)snprintf(list + o, sizeof(list) - o, "%s%s", i ? ", " : "", name_at(i));
+        if (o >= sizeof(list)) o = sizeof(list) - 1;
+    }
+    snprintf(err, errlen, "%s: '%s' is not a %s of this build (valid: %s)", var, v, what, list);
     return 0;
 }
 
@@ -129,7 +155,15 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
         }
         s->comm_max_inflight = (int)d;
     }
-    if ((v = getenv("L3D_TRANSPORT"))) snprintf(s->transport, sizeof(s->transport), "%s", v);
-    if ((v = getenv("L3D_DEVICE")) && *v) snprintf(s->device, sizeof(s->device), "%s", v);
+    if ((v = getenv("L3D_TRANSPORT")) && *v) {
+        if (!built_name(v, "L3D_TRANSPORT", "transport", transport_name, err, errlen))
+            return L3D_ERR_CONFIG;
+        snprintf(s->transport, sizeof(s->transport), "%s", v);
+    }
+    if ((v = getenv("L3D_DEVICE")) && *v) {
+        if (!built_name(v, "L3D_DEVICE", "device", device_name, err, errlen))
+            return L3D_ERR_CONFIG;
+        snprintf(s->device, sizeof(s->device), "%s", v);
+    }
     return L3D_OK;
 }

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/config_train_internal.h"
 #include "core/data.h"
 #include "core/model_internal.h"
 #include "core/trainer_internal.h"
@@ -61,34 +62,14 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     if (!t) return L3D_ERR_NOMEM;
     t->ctx = ctx;
     t->cfg = *cfg;
-    if (cfg->pp > cfg->model.num_hidden_layers) {
-        st = l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d is more stages than "
-                       "num_hidden_layers %d; lower parallel.pp", cfg->pp,
-                       cfg->model.num_hidden_layers);
-        goto err;
-    }
+    // The same checks as l3d_train_config_finalize (a no-op after it): `l3d train --dry-run`
+    // and the run refuse the same layouts with the same message.
+    L3D_CHECK_GOTO(ctx, l3d_train_config_check_layout(ctx, &t->cfg, t->cfg.origin[0] ?
+                                                      t->cfg.origin : "train config"), st, err);
+    cfg = &t->cfg;
     int v = l3d_train_config_v(cfg);
-    if ((long)cfg->pp * v > cfg->model.num_hidden_layers) {
-        st = l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d x parallel.virtual_stages %d is "
-                       "more virtual stages than num_hidden_layers %d; lower one of them",
-                       cfg->pp, v, cfg->model.num_hidden_layers);
-        goto err;
-    }
-    {
-        l3d_pp_kind kind;
-        L3D_CHECK_GOTO(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind), st, err);
-        L3D_CHECK_GOTO(ctx, l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps), st, err);
-        if (cfg->pp > 1)
-            L3D_CHECK_GOTO(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps),
-                           st, err);
-    }
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
                                         cfg->parallel_order, &t->mesh), st, err);
-    if (!cfg->adam_w_mode && cfg->weight_decay != 0.0f) {
-        st = l3d_error(ctx, L3D_ERR_UNSUPPORTED, "optimizer: Adam with L2 weight decay "
-                       "(adam_w_mode false) is not supported; use AdamW or weight_decay 0");
-        goto err;
-    }
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
@@ -97,16 +78,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
                                               t->mesh->coord[L3D_MESH_PP], l3d_train_config_lps(cfg),
                                               &t->model), st, err);
     L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
-    if (cfg->sequence_parallel && cfg->tp > 1) {
-        long long N = (long long)cfg->micro_batch_size * cfg->seq_len;
-        if (N % cfg->tp) {
-            st = l3d_error(ctx, L3D_ERR_CONFIG, "parallel.sequence_parallel splits the %lld "
-                           "tokens of a micro-batch (train_micro_batch_size_per_gpu x seq_len) "
-                           "over tp %d: make them divisible", N, cfg->tp);
-            goto err;
-        }
-        t->model->tp.sp = 1;
-    }
+    if (cfg->sequence_parallel && cfg->tp > 1) t->model->tp.sp = 1;
 
     L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);
     const char *data = cfg->data_path[0] ? cfg->data_path : L3D_DEFAULT_DATA;

@@ -34,6 +34,12 @@ static l3d_status ds_fresh(const char *text, l3d_train_config_t *c) {
     return ds(text, c);
 }
 
+// A file, then the checks that wait for the flags and the world (the batch identity).
+static l3d_status ds_final(const char *text, l3d_train_config_t *c) {
+    l3d_status st = ds_fresh(text, c);
+    return st < 0 ? st : l3d_train_config_finalize(ctx, c);
+}
+
 #define ASSERT_ERR_HAS(st, want, needle)                                                      \
     do {                                                                                      \
         l3d_status st_ = (st);                                                                \
@@ -328,6 +334,8 @@ Test(config, defaults) {
     // An empty file changes nothing.
     l3d_train_config_t d = c;
     cr_assert_eq(ds("{}", &d), L3D_OK, "%s", err());
+    cr_assert_str_eq(d.origin, "ds.json");
+    memset(d.origin, 0, sizeof(d.origin));
     cr_assert(memcmp(&c, &d, sizeof(c)) == 0);
 }
 
@@ -370,6 +378,7 @@ Test(config, full_file) {
     l3d_train_config_default(ctx, &c);
     cr_assert_eq(l3d_train_config_from_file(ctx, L3D_TEST_DATA "/ds_full.json", &c), L3D_OK,
                  "%s", err());
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
     cr_assert_eq(c.dp, 2);
     cr_assert_eq(c.grad_accum_steps, 4);  // 16 / (2 * dp 2)
     cr_assert_float_eq(c.gradient_clipping, 0.5f, 0);
@@ -409,6 +418,7 @@ Test(config, model_sources) {
     cr_assert_eq(c.model.hidden_size, p.hidden_size);
     cr_assert_eq(l3d_model_config_num_params(&c.model), 1235814400ull);
     cr_assert_str_eq(c.model_source, "hf_llama3.2-1b_config.json");
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
     cr_assert_eq(c.train_batch_size, 6);
     cr_assert_eq(c.seq_len, 128);
     // A directory holding config.json.
@@ -416,6 +426,7 @@ Test(config, model_sources) {
     cr_assert_eq(l3d_train_config_from_file(ctx, L3D_TEST_DATA "/ds_model_dir.json", &c), L3D_OK,
                  "%s", err());
     cr_assert_eq(l3d_model_config_num_params(&c.model), 8030261248ull);
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
     cr_assert_eq(c.micro_batch_size, 16);
     // A preset name.
     cr_assert_eq(ds_fresh("{\"model\": \"llama3-70b\"}", &c), L3D_OK, "%s", err());
@@ -460,7 +471,7 @@ Test(config, batch_identity) {
     };
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         l3d_train_config_t c;
-        cr_assert_eq(ds_fresh(ok[i].json, &c), L3D_OK, "%s: %s", ok[i].json, err());
+        cr_assert_eq(ds_final(ok[i].json, &c), L3D_OK, "%s: %s", ok[i].json, err());
         cr_assert_eq(c.train_batch_size, ok[i].t, "%s", ok[i].json);
         cr_assert_eq(c.micro_batch_size, ok[i].m, "%s", ok[i].json);
         cr_assert_eq(c.grad_accum_steps, ok[i].a, "%s", ok[i].json);
@@ -469,27 +480,63 @@ Test(config, batch_identity) {
 }
 
 Test(config, batch_mismatch) {
-    l3d_train_config_t c, before;
-    l3d_train_config_default(ctx, &c);
-    before = c;
-    ASSERT_ERR_HAS(ds("{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4,"
-                      " \"gradient_accumulation_steps\": 4}",
-                      &c),
-                   L3D_ERR_CONFIG, "train_batch_size 32");
+    l3d_train_config_t c;
+    ASSERT_ERR_HAS(ds_final("{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4,"
+                            " \"gradient_accumulation_steps\": 4}",
+                            &c),
+                   L3D_ERR_CONFIG, "ds.json: train_batch_size 32");
     cr_assert(strstr(err(), "train_micro_batch_size_per_gpu 4"), "%s", err());
     cr_assert(strstr(err(), "gradient_accumulation_steps 4"), "%s", err());
     cr_assert(strstr(err(), "dp 1"), "%s", err());
     cr_assert(strstr(err(), "gradient_accumulation_steps to 8"), "no fix in: %s", err());
-    cr_assert(memcmp(&c, &before, sizeof(c)) == 0, "a rejected file changed the config");
+    // No whole micro or accumulation fits: the fix is the global batch.
+    ASSERT_ERR_HAS(ds_final("{\"train_batch_size\": 30, \"train_micro_batch_size_per_gpu\": 4,"
+                            " \"gradient_accumulation_steps\": 4}",
+                            &c),
+                   L3D_ERR_CONFIG, "set train_batch_size to 16");
 
-    ASSERT_ERR_HAS(ds("{\"train_batch_size\": 30, \"train_micro_batch_size_per_gpu\": 4}", &c),
+    ASSERT_ERR_HAS(ds_final("{\"train_batch_size\": 30, \"train_micro_batch_size_per_gpu\": 4}",
+                            &c),
                    L3D_ERR_CONFIG, "30");
     cr_assert(strstr(err(), "divisible"), "%s", err());
-    ASSERT_ERR_HAS(ds("{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2,"
-                      " \"gradient_accumulation_steps\": 4, \"parallel\": {\"dp\": 2}}",
-                      &c),
+    ASSERT_ERR_HAS(ds_final("{\"train_batch_size\": 8, \"train_micro_batch_size_per_gpu\": 2,"
+                            " \"gradient_accumulation_steps\": 4, \"parallel\": {\"dp\": 2}}",
+                            &c),
                    L3D_ERR_CONFIG, "dp 2");
-    ASSERT_ERR_HAS(ds("{\"train_batch_size\": 0}", &c), L3D_ERR_CONFIG, "train_batch_size");
+    ASSERT_ERR_HAS(ds_fresh("{\"train_batch_size\": 0}", &c), L3D_ERR_CONFIG,
+                   "train_batch_size");
+}
+
+// The identity involves dp, which command-line flags (--dp) and a launcher's world set after
+// the file: checked once, when all are known, so its message and its fix are about the final
+// dp (issue 10: the file was checked at dp 1 first, and the fix it gave failed at dp 8).
+Test(config, batch_checked_once_with_final_dp) {
+    l3d_train_config_t c;
+    const char *for_dp2 = "{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4,"
+                          " \"gradient_accumulation_steps\": 4}";
+    cr_assert_eq(ds_fresh(for_dp2, &c), L3D_OK, "reading the file checked dp 1: %s", err());
+    c.dp = 2;  // --dp 2
+    c.dp_auto = 0;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.train_batch_size, 32);
+    cr_assert_eq(c.grad_accum_steps, 4);
+
+    // The seed file on a world of 8: one message, about dp 8, whose fix then works.
+    l3d_train_config_default(ctx, &c);
+    cr_assert_eq(l3d_train_config_from_file(ctx, L3D_TEST_DATA "/ds_config_seed.json", &c),
+                 L3D_OK, "%s", err());
+    c.dp = 8;  // the launcher's world, dp not given
+    ASSERT_ERR_HAS(l3d_train_config_finalize(ctx, &c), L3D_ERR_CONFIG,
+                   "ds_config_seed.json: train_batch_size 32 != train_micro_batch_size_per_gpu 4 "
+                   "* gradient_accumulation_steps 8 * dp 8 (= 256); set "
+                   "gradient_accumulation_steps to 1");
+    l3d_train_config_default(ctx, &c);
+    cr_assert_eq(ds("{\"train_batch_size\": 32, \"train_micro_batch_size_per_gpu\": 4,"
+                    " \"gradient_accumulation_steps\": 1}",
+                    &c),
+                 L3D_OK, "the fix is refused on reading: %s", err());
+    c.dp = 8;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &c), L3D_OK, "%s", err());
 }
 
 Test(config, finalize_after_override) {

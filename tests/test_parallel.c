@@ -863,7 +863,8 @@ Test(parallel, pipeline_preconditions) {
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "layers_per_stage cannot be combined"), "%s",
               l3d_ctx_last_error(ctx));
-    // 4 stages for 3 layers: every rank refuses at creation (a 4-rank in-process world)
+    // 4 stages for 3 layers: finalize (what --dry-run runs) and every rank at creation (a
+    // 4-rank in-process world) refuse with the same message.
     l3d_ctx_t *wctx;
     cr_assert_eq(l3d_ctx_create(NULL, &wctx), L3D_OK);
     l3d_comm_t *comms[4];
@@ -871,17 +872,19 @@ Test(parallel, pipeline_preconditions) {
     config(ctx, &L, &cfg);
     cfg.pp = 4;
     l3d_trainer_t *t = NULL;
-    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    const char *more = "parallel.pp 4 is more stages than num_hidden_layers 3";
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), more), "%s", l3d_ctx_last_error(ctx));
     cr_assert_eq(l3d_trainer_create_parallel(ctx, &cfg, comms[0], &t), L3D_ERR_CONFIG);
-    cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.pp 4 is more stages than "
-                                              "num_hidden_layers 3"), "%s", l3d_ctx_last_error(ctx));
+    cr_assert(strstr(l3d_ctx_last_error(ctx), more), "%s", l3d_ctx_last_error(ctx));
     cfg.pp = 2;  // 2 stages x 2 chunks = 4 virtual stages for 3 layers
     snprintf(cfg.pp_schedule, sizeof(cfg.pp_schedule), "interleaved");
-    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    more = "parallel.pp 2 x parallel.virtual_stages 2 is more virtual stages than "
+           "num_hidden_layers 3";
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), more), "%s", l3d_ctx_last_error(ctx));
     cr_assert_eq(l3d_trainer_create_parallel(ctx, &cfg, comms[0], &t), L3D_ERR_CONFIG);
-    cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.pp 2 x parallel.virtual_stages 2 is "
-                                              "more virtual stages than num_hidden_layers 3"),
-              "%s", l3d_ctx_last_error(ctx));
+    cr_assert(strstr(l3d_ctx_last_error(ctx), more), "%s", l3d_ctx_last_error(ctx));
     l3d_comm_destroy(comms[0]);
     l3d_ctx_destroy(wctx);
     l3d_ctx_destroy(ctx);

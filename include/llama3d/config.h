@@ -75,13 +75,15 @@ enum { L3D_BATCH_TRAIN = 1, L3D_BATCH_MICRO = 2, L3D_BATCH_ACCUM = 4 };
 typedef struct l3d_train_config {
     l3d_model_config_t model;
     char model_source[512];      // preset name or path, as given
+    char origin[256];            // the ds_config.json read last ("" = none), for messages
 
     // batch identity (DeepSpeed): train_batch_size = micro * accum * dp
     int train_batch_size;
     int micro_batch_size;        // train_micro_batch_size_per_gpu
     int grad_accum_steps;        // gradient_accumulation_steps
-    int batch_inferred;          // L3D_BATCH_* bits: which of the three the last resolution
-                                 // inferred (finalize re-infers them, e.g. after a dp change)
+    int batch_inferred;          // L3D_BATCH_* bits: which of the three are to be inferred
+                                 // (0 in a file that was read, not yet resolved) or were by
+                                 // the last finalize (it re-infers them after a dp change)
 
     float gradient_clipping;     // 0 = off
     int steps_per_print;
@@ -137,12 +139,15 @@ typedef struct l3d_train_config {
 void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
 // Applies a ds_config.json text on top of `cfg`. Every key is honoured, noted in cfg->notes
 // as not yet effective, or rejected with L3D_ERR_CONFIG naming the key, its path and the
-// nearest valid key. Resolves the batch identity with DeepSpeed's rules (any two of the
-// three numbers determine the third; a mismatch is an error naming all three and dp).
+// nearest valid key. The batch numbers are recorded (0: to be inferred), not yet resolved:
+// the identity involves dp, which command-line flags or a launcher's world may still set.
 l3d_status l3d_train_config_from_json(l3d_ctx_t *ctx, const char *text, size_t len,
                                       const char *origin, l3d_train_config_t *cfg);
 l3d_status l3d_train_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_train_config_t *cfg);
-// Re-checks the batch identity and the rest after command-line overrides.
+// Once the file, the overrides and dp, tp, pp are all known: resolves the batch identity with
+// DeepSpeed's rules (any two of the three numbers determine the third with dp; a mismatch is
+// an error naming all three, dp and the fix) and checks the layout against the model, the
+// pipeline schedule and the device, the same checks l3d_trainer_create_parallel makes.
 l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
 // Learning rate at optimizer step `step` (0-based) for the configured schedule.
 float l3d_train_config_lr(const l3d_train_config_t *cfg, int step);

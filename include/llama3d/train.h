@@ -44,7 +44,10 @@ l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
 // (cfg->dp/tp/pp; otherwise L3D_ERR_CONFIG showing the product and the world size), or NULL
 // for a single rank (l3d_trainer_create). Collective over world: every rank calls it with the
 // same cfg; steps, save and resume are collective too. The trainer borrows world (destroy
-// the trainer first). This build trains dp x 1 x 1 layouts (tp and pp are refused).
+// the trainer first). Any dp x tp x pp layout; it makes the checks of
+// l3d_train_config_finalize first (the batch identity, tp against the heads, pp against the
+// layers, the schedule, the device), so a caller may skip finalize. The world may be
+// l3d_comm_create_local's threads (as `l3d train` without a launcher) or processes.
 l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                                        l3d_comm_t *world, l3d_trainer_t **trainer_p);
 void l3d_trainer_destroy(l3d_trainer_t *t);

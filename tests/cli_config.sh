@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# l3d train's configuration as a user meets it: the batch identity checked once (after the
+# file, the flags and the launcher's world), --dry-run refusing what the run refuses, the
+# DeepSpeed spelling --deepspeed_config, --resume without --model, the start-up summary's
+# schedule, and bad L3D_* environment values named. Every case takes a second or two.
+# Usage: cli_config.sh /path/to/l3d
+set -u
+L3D=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+ok()   { echo "ok   $1"; passes=$((passes + 1)); }
+fail() { echo "FAIL $1"; shift; for f in "$@"; do sed 's/^/    /' "$f" | head -20; done; fails=$((fails + 1)); }
+export L3D_COMM_TIMEOUT=60
+data="$(dirname "$0")/data"
+
+# expect NAME RC PATTERN CMD...: exit status RC ("nz": any failure, for l3d launch, which
+# reports a failed rank its own way) and stdout+stderr matching PATTERN
+expect() {
+  local name=$1 want=$2 pat=$3; shift 3
+  "$@" >"$tmp/out" 2>&1
+  local rc=$? good=0
+  if [ "$want" = nz ]; then [ $rc -ne 0 ] && good=1; else [ $rc -eq "$want" ] && good=1; fi
+  if [ $good = 1 ] && grep -qE -e "$pat" "$tmp/out"; then ok "$name"; else fail "$name (exit $rc, want $want)" "$tmp/out"; fi
+}
+
+# ---- the batch identity: once, with the final dp ------------------------------------------
+# The seed file on 8 ranks: the one message is about dp 8, and its fix then runs (before, the
+# file was checked at dp 1 first, and the fix it gave failed with "dp 1 (= 4)").
+expect "seed batch on 8 ranks: one message about dp 8" nz \
+  "ds_config_seed.json: train_batch_size 32 != train_micro_batch_size_per_gpu 4 \* gradient_accumulation_steps 8 \* dp 8 \(= 256\); set gradient_accumulation_steps to 1" \
+  "$L3D" launch -n 8 -- "$L3D" train --config "$data/ds_config_seed.json" --dry-run
+sed 's/"gradient_accumulation_steps": 8/"gradient_accumulation_steps": 1/' \
+  "$data/ds_config_seed.json" >"$tmp/seed_fixed.json"
+expect "the suggested fix runs on 8 ranks" 0 "batch 32 = micro 4 x accumulation 1 x dp 8" \
+  "$L3D" launch -n 8 -- "$L3D" train --config "$tmp/seed_fixed.json" --dry-run
+echo '{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}' >"$tmp/dp2.json"
+expect "--dp 2 with a file whose batch holds for dp 2" 0 "batch 32 = micro 4 x accumulation 4 x dp 2" \
+  "$L3D" train --config "$tmp/dp2.json" --dp 2 --dry-run
+expect "--dp 4 with that file names dp 4 and the fix" 2 \
+  "dp 4 \(= 64\); set gradient_accumulation_steps to 2" \
+  "$L3D" train --config "$tmp/dp2.json" --dp 4 --dry-run
+
+# ---- --dry-run refuses what the run refuses, with the same message --------------------------
+for bad in "--tp 3" "--pp 5"; do
+  "$L3D" train $bad --steps 1 >"$tmp/run" 2>&1; rrc=$?
+  "$L3D" train $bad --dry-run >"$tmp/dry" 2>&1; drc=$?
+  if [ $drc -eq 2 ] && [ $rrc -eq 2 ] && [ "$(tail -n 1 "$tmp/dry")" = "$(tail -n 1 "$tmp/run")" ]; then
+    ok "--dry-run $bad: exit 2, the run's message ($(tail -n 1 "$tmp/dry"))"
+  else
+    fail "--dry-run $bad (dry exit $drc, run exit $rrc)" "$tmp/dry" "$tmp/run"
+  fi
+done
+
+# A launched world that is not dp x tp x pp: the dry run says so as the run does.
+"$L3D" launch -n 2 -- "$L3D" train --dp 4 --steps 1 >"$tmp/run" 2>&1; rrc=$?
+"$L3D" launch -n 2 -- "$L3D" train --dp 4 --dry-run >"$tmp/dry" 2>&1; drc=$?
+msg="dp 4 x tp 1 x pp 1 = 4 ranks, but the world has 2"
+if [ $drc -ne 0 ] && [ $rrc -ne 0 ] && grep -q "$msg" "$tmp/dry" && grep -q "$msg" "$tmp/run"; then
+  ok "--dry-run on 2 launched ranks with --dp 4: the run's message"
+else
+  fail "--dry-run world mismatch (dry exit $drc, run exit $rrc)" "$tmp/dry" "$tmp/run"
+fi
+
+# ---- DeepSpeed's spelling of --config ------------------------------------------------------
+expect "--deepspeed_config FILE is --config FILE" 0 "batch 16 = micro 2 x accumulation 4 x dp 2" \
+  "$L3D" train --deepspeed_config "$data/ds_full.json" --dry-run
+expect "--deepspeed_config=FILE too" 0 "batch 16 = micro 2 x accumulation 4 x dp 2" \
+  "$L3D" train --deepspeed_config="$data/ds_full.json" --dry-run
+expect "--help lists --deepspeed_config" 0 "--deepspeed_config FILE" "$L3D" train --help
+expect "--config and --deepspeed_config naming different files" 2 "give one" \
+  "$L3D" train --config "$data/ds_full.json" --deepspeed_config "$tmp/dp2.json" --dry-run
+
+# ---- the start-up summary's schedule comes from the optimizer's lr --------------------------
+# ds_full.json: AdamW lr 3e-4, WarmupCosineLR with warmup_min_ratio 0.1 and cos_min_ratio 0.01
+# (it printed "0 -> 0.001", DeepSpeed's warmup_min_lr/max_lr defaults, which cosine ignores).
+expect "WarmupCosineLR summary from the optimizer's lr" 0 \
+  "schedule WarmupCosineLR \(3e-05 -> 0.0003 over 10 warmup steps, linear, then cosine to 3e-06 at step 100\)" \
+  "$L3D" train --config "$data/ds_full.json" --dry-run
+
+# ---- bad L3D_* values: exit 2 naming the variable and what it takes -------------------------
+# L3D_DEVICE=gpu was ignored (the run went on on the cpu); L3D_COMM_TIMEOUT=nan passed the
+# range check and failed later in the bootstrap without naming the variable.
+for kv in "L3D_DEVICE=gpu:L3D_DEVICE: 'gpu' is not a device of this build \(valid: cpu" \
+          "L3D_COMM_TIMEOUT=nan:L3D_COMM_TIMEOUT: 'nan'" \
+          "L3D_COMM_TIMEOUT=inf:L3D_COMM_TIMEOUT: 'inf'" \
+          "L3D_NUM_THREADS=nan:L3D_NUM_THREADS: 'nan'" \
+          "L3D_COMM_MAX_MSG=nan:L3D_COMM_MAX_MSG: 'nan'" \
+          "L3D_TRANSPORT=tcp:L3D_TRANSPORT: 'tcp' is not a transport of this build \(valid: "; do
+  expect "${kv%%:*}: exit 2 naming the variable" 2 "^llama3d: ${kv#*:}" env "${kv%%:*}" "$L3D" train --dry-run
+  if [ "$(wc -l <"$tmp/out")" -ne 1 ]; then fail "${kv%%:*}: one line" "$tmp/out"; fi
+done
+expect "L3D_DEVICE=cpu is taken" 0 "device cpu" env L3D_DEVICE=cpu "$L3D" train --dry-run
+
+if [ $fails -ne 0 ]; then echo "$fails failed, $passes passed"; exit 1; fi
+echo "all $passes passed"
