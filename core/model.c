@@ -277,8 +277,8 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
             return st;
         }
     }
-    int max_tensors = 3 + 9 * m->L;
-    m->tensors = l3d_calloc(ctx, (size_t)max_tensors, sizeof(l3d_param_t), "other");
+    size_t max_tensors = 3 + 9 * (size_t)m->L;  // L is bounded by config validation
+    m->tensors = l3d_calloc(ctx, max_tensors, sizeof(l3d_param_t), "other");
     m->layer = l3d_calloc(ctx, (size_t)m->L, sizeof(l3d_layer_params_t), "other");
     if (!m->tensors || !m->layer) {
         st = L3D_ERR_NOMEM;
