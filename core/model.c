@@ -296,6 +296,12 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
                        "%zu-float parameter arena", m->n_params);
         goto err_free;
     }
+    if (l3d_dev_is_host(dev)) {
+        char what[96];
+        snprintf(what, sizeof(what), "the model's weights (%zu parameters)", m->n_params);
+        L3D_CHECK_GOTO(ctx, l3d_mem_check(ctx, (uint64_t)m->n_params * sizeof(float), what), st,
+                       err_free);
+    }
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, m->n_params * sizeof(float), "params", (void **)&m->params),
                    st, err_free);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, m->n_params * sizeof(float)), st,
