@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
 #include "core/model_internal.h"
 #include "core/safetensors.h"
@@ -84,21 +85,8 @@ static l3d_status read_arena(l3d_model_t *m, float *a, const char *path, const c
     size_t bytes = m->n_params * sizeof(float);
     float *h = host ? a : l3d_malloc(ctx, bytes, "staging");
     l3d_status st = h ? L3D_OK : L3D_ERR_NOMEM;
-    // Every tensor in the file must be one the model has: a stray tensor means the file was
-    // written for another architecture. A tied model accepts (and ignores) lm_head.weight.
-    for (size_t i = 0; st >= 0 && i < l3d_st_count(f); i++) {
-        const char *name = l3d_st_at(f, i)->name;
-        int known = 0;
-        char want[80];
-        for (int j = 0; j < m->n_tensors && !known; j++) {
-            snprintf(want, sizeof(want), "%s%s", m->tensors[j].name, suffix);
-            known = !strcmp(want, name);
-        }
-        snprintf(want, sizeof(want), "lm_head.weight%s", suffix);
-        if (!known && !(m->cfg.tie_word_embeddings && !strcmp(name, want)))
-            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is not part of this model "
-                           "(config has %d layers)", path, name, m->L);
-    }
+    // The file's index was checked against the config (l3d_ckpt_check) before the model was
+    // allocated; what is left to check is the values.
     for (int j = 0; st >= 0 && j < m->n_tensors; j++) {
         const l3d_param_t *p = &m->tensors[j];
         char name[80];
@@ -106,6 +94,15 @@ static l3d_status read_arena(l3d_model_t *m, float *a, const char *path, const c
         st = l3d_st_read_f32(ctx, f, name, p->shape, p->ndim, h + p->offset);
         if (st == L3D_ERR_NOT_FOUND)
             st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
+        size_t bad = st >= 0 ? l3d_ckpt_nonfinite(h + p->offset, p->numel) : p->numel;
+        if (bad < p->numel) {
+            size_t cols = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
+            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu (row "
+                           "%zu, column %zu): the checkpoint is damaged or training diverged "
+                           "before it was saved", path, name,
+                           l3d_ckpt_nonfinite_name(h[p->offset + bad]), bad, bad / cols,
+                           bad % cols);
+        }
     }
     if (st >= 0 && !host) {
         st = l3d_dev_copy(m->dev, a, h, bytes, L3D_COPY_H2D);
@@ -176,15 +173,22 @@ static l3d_status check_same_arch(l3d_ctx_t *ctx, const char *origin, const l3d_
     return L3D_OK;
 }
 
+// The weights of a checkpoint whose index l3d_ckpt_check has accepted for m's config.
+static l3d_status load_weights(l3d_model_t *m, const char *dir) {
+    char path[1024];
+    if (l3d_ckpt_dist_is(dir)) return l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL);
+    join(path, sizeof(path), dir, "model.safetensors");
+    return read_arena(m, m->params, path, "");
+}
+
 l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
     char path[1024];
     l3d_model_config_t cfg;
     join(path, sizeof(path), dir, "config.json");
     L3D_CHECK(m->ctx, l3d_model_config_from_file(m->ctx, path, &cfg));
     L3D_CHECK(m->ctx, check_same_arch(m->ctx, path, &cfg, &m->cfg));
-    if (l3d_ckpt_dist_is(dir)) return l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL);
-    join(path, sizeof(path), dir, "model.safetensors");
-    return read_arena(m, m->params, path, "");
+    L3D_CHECK(m->ctx, l3d_ckpt_check(m->ctx, dir, &m->cfg, 0));
+    return load_weights(m, dir);
 }
 
 l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
@@ -195,9 +199,11 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
         return l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", dir);
     join(path, sizeof(path), dir, "config.json");
     L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &cfg));
+    // The files must hold what the config says before the config sizes an allocation.
+    L3D_CHECK(ctx, l3d_ckpt_check(ctx, dir, &cfg, 0));
     l3d_model_t *m = NULL;
     L3D_CHECK(ctx, l3d_model_create(ctx, dev, &cfg, &m));
-    l3d_status st = l3d_model_load(m, dir);
+    l3d_status st = load_weights(m, dir);
     if (st < 0) {
         l3d_model_destroy(m);
         return st;
@@ -464,18 +470,22 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     if (st >= 0 && (!json_is_integer(step) || json_integer_value(step) < 0 ||
                     json_integer_value(step) > (1 << 30)))
         st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: 'step' is missing or out of range", path);
+    if (st >= 0) st = l3d_ckpt_check_layout(ctx, path, s, 0);
     int nstep = st >= 0 ? (int)json_integer_value(step) : 0;
     json_decref(s);
     L3D_CHECK(ctx, st);
+    // The checkpoint's model must be this run's, and its files must hold all of it (weights
+    // and both moments), before anything is staged for it.
+    l3d_model_t *m = t->model;
+    l3d_model_config_t ccfg;
+    join(path, sizeof(path), dir, "config.json");
+    L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &ccfg));
+    L3D_CHECK(ctx, check_same_arch(ctx, path, &ccfg, &m->cfg));
+    L3D_CHECK(ctx, l3d_ckpt_check(ctx, dir, &m->cfg, 1));
     ckpt_state_t cs;
     L3D_CHECK(ctx, full_optim(t, &cs));
-    l3d_model_t *m = t->model;
     if (l3d_ckpt_dist_is(dir)) {  // sharded: every rank picks its own parts
-        l3d_model_config_t ccfg;
-        join(path, sizeof(path), dir, "config.json");
-        st = l3d_model_config_from_file(ctx, path, &ccfg);
-        if (st >= 0) st = check_same_arch(ctx, path, &ccfg, &m->cfg);
-        if (st >= 0) st = l3d_ckpt_dist_read(m, dir, m->params, cs.m, cs.v);
+        st = l3d_ckpt_dist_read(m, dir, m->params, cs.m, cs.v);
         if (st >= 0) st = l3d_dp_optim_scatter(t, cs.m, t->adam_m);
         if (st >= 0) st = l3d_dp_optim_scatter(t, cs.v, t->adam_v);
         full_optim_release(t, &cs);
@@ -488,7 +498,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     // Any layout reads the single-rank layout; a tensor-parallel rank takes its shards.
     if (m->tp.size > 1 || m->pp_size > 1) st = full_model(t, &cs);
     l3d_model_t *rm = cs.full ? cs.full : m;
-    if (st >= 0) st = l3d_model_load(rm, dir);
+    if (st >= 0) st = load_weights(rm, dir);
     join(path, sizeof(path), dir, "optimizer.safetensors");
     if (st >= 0) st = read_arena(rm, cs.full ? cs.fm : cs.m, path, ".exp_avg");
     join(path, sizeof(path), dir, "optimizer_sq.safetensors");

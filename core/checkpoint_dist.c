@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
 #include "core/safetensors.h"
 #include "platform/platform.h"
@@ -229,25 +230,17 @@ l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
 
 // ---- reading -----------------------------------------------------------------------------
 // "<name><suffix>@R,C" -> the tensor's index in m (-1: not one of m's), suffix index, R, C.
+// l3d_ckpt_dist_check has checked every name against the whole model; a tensor m lacks is
+// another stage's.
 static l3d_status parse_entry(l3d_ctx_t *ctx, const char *path, const l3d_model_t *m,
                               const char *ename, int *ti, int *si, long long *R, long long *C) {
-    const char *at = strrchr(ename, '@');
-    char base[96], tail;
-    size_t len = at ? (size_t)(at - ename) : 0;
-    if (!at || len == 0 || len >= sizeof(base) || sscanf(at + 1, "%lld,%lld%c", R, C, &tail) != 2 ||
-        *R < 0 || *C < 0)
+    char base[128];
+    int64_t r, c;
+    if (l3d_ckpt_rect_name_parse(ename, base, sizeof(base), si, &r, &c))
         return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is not named "
                          "<tensor>[.exp_avg|.exp_avg_sq]@ROW,COL", path, ename);
-    memcpy(base, ename, len);
-    base[len] = 0;
-    *si = 0;
-    for (int s = 2; s >= 1 && !*si; s--) {
-        size_t sl = strlen(k_suffix[s]);
-        if (len > sl && !strcmp(base + len - sl, k_suffix[s])) {
-            base[len - sl] = 0;
-            *si = s;
-        }
-    }
+    *R = r;
+    *C = c;
     *ti = -1;
     for (int i = 0; i < m->n_tensors && *ti < 0; i++)
         if (!strcmp(m->tensors[i].name, base)) *ti = i;
@@ -262,8 +255,9 @@ static l3d_status place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t 
     shard_dims(p, &rows, &cols, &row0, &col0);
     int64_t h = e->ndim == 2 ? e->shape[0] : 1, w = e->ndim == 2 ? e->shape[1] : e->shape[0];
     int64_t frows = p->ndim == 2 ? p->full[0] : 1, fcols = p->ndim == 2 ? p->full[1] : p->full[0];
-    if (e->dtype != L3D_ST_F32 || e->ndim != p->ndim || h < 1 || w < 1 || R + h > frows ||
-        C + w > fcols)
+    // R and C are below 10^15 (the name parser's bound): R > frows - h cannot overflow.
+    if (e->dtype != L3D_ST_F32 || e->ndim != p->ndim || h < 1 || w < 1 || R > frows - h ||
+        C > fcols - w)
         return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' (%lld x %lld at %lld,%lld) does "
                          "not fit %s (%lld x %lld, float32)", path, e->name, (long long)h,
                          (long long)w, R, C, p->name, (long long)frows, (long long)fcols);
@@ -272,8 +266,14 @@ static l3d_status place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t 
     *n = 0;
     for (int64_t y = y0; y < y1 && x0 < x1; y++) {
         const char *src = (const char *)e->data + ((size_t)(y - R) * (size_t)w + (size_t)(x0 - C)) * 4;
-        memcpy(dst + p->offset + (size_t)(y - row0) * (size_t)cols + (size_t)(x0 - col0), src,
-               (size_t)(x1 - x0) * sizeof(float));
+        float *d = dst + p->offset + (size_t)(y - row0) * (size_t)cols + (size_t)(x0 - col0);
+        memcpy(d, src, (size_t)(x1 - x0) * sizeof(float));
+        size_t bad = l3d_ckpt_nonfinite(d, (size_t)(x1 - x0));
+        if (bad < (size_t)(x1 - x0))
+            return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' holds %s at row %lld, column "
+                             "%lld of %s: the checkpoint is damaged or training diverged before "
+                             "it was saved", path, e->name, l3d_ckpt_nonfinite_name(d[bad]),
+                             (long long)y, (long long)(x0 + (int64_t)bad), p->name);
         *n += (size_t)(x1 - x0);
     }
     return L3D_OK;

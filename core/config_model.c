@@ -5,6 +5,7 @@
 //          l3d_model_config_num_params
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -316,23 +317,42 @@ l3d_status l3d_model_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_mode
 // ---- validation --------------------------------------------------------------------------
 // `n` starts each message: the file being parsed, or the config's name.
 static l3d_status validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const char *n) {
+    // Upper bounds far above any released Llama (405B: hidden 16384, 126 layers, 128 heads)
+    // that keep every size the code forms from them inside its type: tensor counts
+    // (9 x layers) and row widths (heads x head_dim) in int, element counts in size_t.
     const struct {
         const char *key;
-        int v;
+        int v, max;
     } pos[] = {
-        {"hidden_size", cfg->hidden_size},
-        {"intermediate_size", cfg->intermediate_size},
-        {"num_hidden_layers", cfg->num_hidden_layers},
-        {"num_attention_heads", cfg->num_attention_heads},
-        {"num_key_value_heads", cfg->num_key_value_heads},
-        {"head_dim", cfg->head_dim},
-        {"vocab_size", cfg->vocab_size},
-        {"max_position_embeddings", cfg->max_position_embeddings},
+        {"hidden_size", cfg->hidden_size, 1 << 20},
+        {"intermediate_size", cfg->intermediate_size, 1 << 22},
+        {"num_hidden_layers", cfg->num_hidden_layers, 1 << 16},
+        {"num_attention_heads", cfg->num_attention_heads, 1 << 14},
+        {"num_key_value_heads", cfg->num_key_value_heads, 1 << 14},
+        {"head_dim", cfg->head_dim, 1 << 14},
+        {"vocab_size", cfg->vocab_size, 1 << 24},
+        {"max_position_embeddings", cfg->max_position_embeddings, 1 << 24},
     };
-    for (size_t i = 0; i < L3D_ARRAY_LEN(pos); i++)
+    for (size_t i = 0; i < L3D_ARRAY_LEN(pos); i++) {
         if (pos[i].v <= 0)
             return l3d_error(ctx, L3D_ERR_CONFIG, "%s: %s: must be positive, got %d", n,
                              pos[i].key, pos[i].v);
+        if (pos[i].v > pos[i].max)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "%s: %s: %d is more than llama3d supports "
+                             "(at most %d)", n, pos[i].key, pos[i].v, pos[i].max);
+    }
+    if ((int64_t)cfg->num_attention_heads * cfg->head_dim > (1 << 20) ||
+        (int64_t)cfg->num_key_value_heads * cfg->head_dim > (1 << 20))
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: head_dim: num_attention_heads %d x head_dim %d "
+                         "is more than llama3d supports (at most %d)", n,
+                         cfg->num_attention_heads, cfg->head_dim, 1 << 20);
+    // With the bounds above the count cannot overflow 64 bits; the cap keeps the trainer's
+    // four arenas (weights, gradients, two AdamW moments) addressable in size_t.
+    uint64_t np = l3d_model_config_num_params(cfg);
+    if (np > ((uint64_t)1 << 48) || np > SIZE_MAX / 16)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: num_hidden_layers: %d layers of this size "
+                         "make %llu parameters, more than llama3d can address", n,
+                         cfg->num_hidden_layers, (unsigned long long)np);
     if (cfg->num_attention_heads % cfg->num_key_value_heads != 0)
         return l3d_error(ctx, L3D_ERR_CONFIG,
                          "%s: num_key_value_heads: num_attention_heads %d is not a multiple of "

@@ -277,8 +277,8 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
             return st;
         }
     }
-    int max_tensors = 3 + 9 * m->L;
-    m->tensors = l3d_calloc(ctx, (size_t)max_tensors, sizeof(l3d_param_t), "other");
+    size_t max_tensors = 3 + 9 * (size_t)m->L;  // L is bounded by config validation
+    m->tensors = l3d_calloc(ctx, max_tensors, sizeof(l3d_param_t), "other");
     m->layer = l3d_calloc(ctx, (size_t)m->L, sizeof(l3d_layer_params_t), "other");
     if (!m->tensors || !m->layer) {
         st = L3D_ERR_NOMEM;
@@ -295,6 +295,12 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
         st = l3d_error(ctx, L3D_ERR_INTERNAL, "model layout: gradient groups do not tile the "
                        "%zu-float parameter arena", m->n_params);
         goto err_free;
+    }
+    if (l3d_dev_is_host(dev)) {
+        char what[96];
+        snprintf(what, sizeof(what), "the model's weights (%zu parameters)", m->n_params);
+        L3D_CHECK_GOTO(ctx, l3d_mem_check(ctx, (uint64_t)m->n_params * sizeof(float), what), st,
+                       err_free);
     }
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, m->n_params * sizeof(float), "params", (void **)&m->params),
                    st, err_free);

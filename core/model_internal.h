@@ -25,6 +25,13 @@ typedef struct l3d_param {
     int pp_copy;  // pipeline: the last stage's copy of a tied embedding (not in the norm twice)
 } l3d_param_t;
 
+// Refuses (L3D_ERR_CONFIG, saying how much `what` needs and how much is available) an
+// allocation of `need` bytes that the machine and the process's cgroup cannot give.
+// l3d_mem_check_with takes the available amount (tests); l3d_mem_check asks the OS.
+l3d_status l3d_mem_check(l3d_ctx_t *ctx, uint64_t need, const char *what);
+l3d_status l3d_mem_check_with(l3d_ctx_t *ctx, uint64_t need, uint64_t avail, const char *src,
+                              const char *what);
+
 // Tensor parallelism of one model (Megatron 1D; core/model_tp.c). size 1: not split.
 typedef struct l3d_tp {
     int size, rank;

@@ -822,3 +822,52 @@ Test(config, lr_warmup_cosine) {
     check_lr(&c, 99, 3e-4 * 0.01);
     check_lr(&c, 1000, 3e-4 * 0.01);                // stays at the floor
 }
+
+// Model dimensions are bounded when the file is read: a huge value (1e9 layers, a vocabulary
+// of two billion) must be refused naming its key, before any size is formed from it (9 x
+// 1e9 tensors overflowed an int in l3d_model_create).
+Test(config, hf_dimension_bounds) {
+    l3d_model_config_t m;
+    struct {
+        const char *json;
+        const char *needle;
+    } bad[] = {
+        {"{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1e9,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 64}",
+         "num_hidden_layers: 1000000000 is more than"},
+        {"{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 2147483647,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 64}",
+         "num_hidden_layers"},
+        {"{\"hidden_size\": 2147483600, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 64}",
+         "hidden_size"},
+        {"{\"hidden_size\": 64, \"intermediate_size\": 2000000000, \"num_hidden_layers\": 1,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 64}",
+         "intermediate_size"},
+        {"{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 2000000000}",
+         "vocab_size"},
+        {"{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+         " \"num_attention_heads\": 4, \"head_dim\": 100000, \"vocab_size\": 64}",
+         "head_dim"},
+        {"{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+         " \"num_attention_heads\": 8192, \"head_dim\": 8192, \"vocab_size\": 64}",
+         "head_dim"},
+        {"{\"hidden_size\": 64, \"intermediate_size\": 96, \"num_hidden_layers\": 1,"
+         " \"num_attention_heads\": 4, \"vocab_size\": 64,"
+         " \"max_position_embeddings\": 2000000000}",
+         "max_position_embeddings"},
+        // each dimension within its bound, the product too large to address
+        {"{\"hidden_size\": 1048576, \"intermediate_size\": 4194304, \"num_hidden_layers\": "
+         "65536, \"num_attention_heads\": 1024, \"vocab_size\": 64}",
+         "num_hidden_layers"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        ASSERT_ERR_HAS(hf(bad[i].json, &m), L3D_ERR_CONFIG, bad[i].needle);
+    // the same bounds hold for a config built in code
+    cr_assert_eq(l3d_model_config_preset(ctx, "llama3-tiny", &m), L3D_OK);
+    m.num_hidden_layers = 1000000000;
+    ASSERT_ERR_HAS(l3d_model_config_validate(ctx, &m), L3D_ERR_CONFIG, "num_hidden_layers");
+    cr_assert_eq(l3d_model_config_preset(ctx, "llama3-405b", &m), L3D_OK);
+    cr_assert_eq(l3d_model_config_validate(ctx, &m), L3D_OK, "%s", err());
+}

@@ -72,7 +72,8 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 // exp(x) for float, written so loops calling it vectorise (no calls, no branches):
 // x = n ln2 + r with |r| <= ln2/2 (two-part ln2), exp(r) by Cephes' degree-6 polynomial
 // (relative error about 2e-7), times 2^n built in the exponent bits. Below -87.3 it returns
-// 0 (masked scores are -inf); above 88 it saturates at exp(88) (1.65e38) instead of inf.
+// 0 (masked scores are -inf); above 88 it saturates at exp(88) (1.65e38) instead of inf;
+// NaN gives NaN.
 // The same function serves forward and backward, so they agree exactly.
 L3D_CPU_INLINE float l3d_cpu_expf(float x) {
     const float hi = 88.0f, lo = -87.3f;  // keeps 2^n a normal float
@@ -89,9 +90,11 @@ L3D_CPU_INLINE float l3d_cpu_expf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t ti;
+    // Unsigned: a NaN x leaves NaN bits in t, and the signed shift of those overflowed
+    // (undefined behaviour). The bits are garbage then, but p is NaN, so NaN comes out.
+    uint32_t ti;
     memcpy(&ti, &t, sizeof(ti));
-    int32_t bits = (ti - 0x4B400000 + 127) << 23;  // the low bits of t hold n
+    uint32_t bits = (ti - 0x4B400000u + 127u) << 23;  // the low bits of t hold n
     float scale;
     memcpy(&scale, &bits, sizeof(scale));
     return x < lo ? 0.0f : p * scale;
