@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Nothing lost, nothing silent: --save replaces only a directory llama3d wrote (refuses a file
+# or a folder with other files, exit 2, deleting nothing), follows symlinks, cleans up the
+# temporaries of killed saves whose owner is provably dead; --out writes through symlinks,
+# devices and FIFOs and fails on a full device; --config/--data refuse a FIFO (without
+# hanging), a directory, a device, an unreadable or oversized file with exit 2 and the reason.
+# Usage: cli_save.sh /path/to/l3d
+set -u
+L3D=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # the cases run inside $tmp
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+check() {  # check NAME STATUS [FILE...]: STATUS 0 passes; otherwise FILEs are shown
+  local name=$1 rc=$2; shift 2
+  if [ "$rc" -eq 0 ]; then echo "ok   $name"; passes=$((passes + 1)); return; fi
+  echo "FAIL $name"; for f in "$@"; do sed 's/^/    /' "$f" | head -8; done
+  fails=$((fails + 1))
+}
+# A hang is a failure too: `timeout` only bounds a case that would otherwise never return.
+run() { timeout 120 "$@" >"$tmp/out" 2>"$tmp/err"; echo $? >"$tmp/rc"; }
+rc() { cat "$tmp/rc"; }
+save() { run "$L3D" train --steps 0 --seq-len 32 --threads 1 --save "$@"; }
+train_save() { run "$L3D" train --steps 2 --seq-len 32 --threads 1 --save "$@"; }
+cd "$tmp" || exit 1
+
+# ---- --save: a regular file, a folder with other files, an empty name --------------------
+echo "my notes" >notes.txt
+train_save notes.txt
+[ "$(rc)" -eq 2 ] && grep -q "notes.txt" err && [ "$(cat notes.txt)" = "my notes" ] \
+  && ! grep -q "^step" out
+check "--save onto a regular file: exit 2 naming it, before training, file kept" $? err
+
+mkdir project && echo "keep me" >project/plan.txt && touch project/config.json
+save project/
+[ "$(rc)" -eq 2 ] && grep -q "plan.txt" err && grep -q "project" err \
+  && [ "$(cat project/plan.txt)" = "keep me" ] && [ -e project/config.json ] \
+  && [ -z "$(ls -d project.* 2>/dev/null)" ]
+check "--save onto a folder with a foreign file: exit 2 naming it, nothing deleted" $? err
+
+mkdir withdir && mkdir withdir/sub
+save withdir
+[ "$(rc)" -eq 2 ] && grep -q "'sub'" err && [ -d withdir/sub ]
+check "--save onto a folder with a sub-directory: refused" $? err
+
+save ''
+[ "$(rc)" -eq 2 ] && grep -q -- "--save" err
+check "--save '': exit 2" $? err
+
+# ---- --save: what it may replace ---------------------------------------------------------
+save ck
+[ "$(rc)" -eq 0 ] && [ -f ck/model.safetensors ] && [ -f ck/trainer_state.json ] \
+  && [ ! -e ck/.llama3d-save ]
+check "--save to a new directory" $? err
+save ck
+[ "$(rc)" -eq 0 ] && [ -f ck/model.safetensors ]
+check "--save replaces its own checkpoint" $? err
+mkdir empty
+save empty
+[ "$(rc)" -eq 0 ] && [ -f empty/config.json ]
+check "--save into an empty directory" $? err
+
+mkdir real && ln -s real link
+save link
+[ "$(rc)" -eq 0 ] && [ -L link ] && [ -f real/model.safetensors ]
+check "--save to a symlink saves into its target, the link stays" $? err
+save link/
+[ "$(rc)" -eq 0 ] && [ -L link ] && [ -f real/model.safetensors ]
+check "--save to a symlink again (trailing slash)" $? err
+ln -s notes.txt filelink
+save filelink
+[ "$(rc)" -eq 2 ] && [ -L filelink ] && [ "$(cat notes.txt)" = "my notes" ]
+check "--save to a symlink to a file: refused, both kept" $? err
+
+# ---- temporaries of killed saves ---------------------------------------------------------
+# A marker as llama3d writes it: the owner's pid on this boot and in this pid namespace.
+host="$(cat /proc/sys/kernel/random/boot_id) $(readlink /proc/self/ns/pid)"
+fake_tmp() {  # fake_tmp DIR PID HOST
+  mkdir -p "$1" && touch "$1/model.safetensors"
+  printf 'llama3d checkpoint save in progress\npid %s\nhost %s\nhostname x\n' "$2" "$3" >"$1/.llama3d-save"
+}
+sh -c 'exit 0' & dead=$!; wait $dead
+fake_tmp "ck.tmp.$dead" "$dead" "$host"
+fake_tmp "ck.tmp.$$" "$$" "$host"                    # this shell: alive
+fake_tmp "ck.tmp.$((dead + 1000000))" "$((dead + 1000000))" "another-boot pid:[1]"
+mkdir "ck.tmp.$((dead + 2000000))" && touch "ck.tmp.$((dead + 2000000))/model.safetensors"  # no marker
+fake_tmp "other.tmp.$dead" "$dead" "$host"           # another target's
+save ck
+[ "$(rc)" -eq 0 ] && [ ! -e "ck.tmp.$dead" ] && [ -d "ck.tmp.$$" ] \
+  && [ -d "ck.tmp.$((dead + 1000000))" ] && [ -d "ck.tmp.$((dead + 2000000))" ] \
+  && [ -d "other.tmp.$dead" ]
+check "a save removes its target's temporaries whose owner is dead, and only those" $? err
+rm -rf ck.tmp.* other.tmp.*
+
+# Real kills: saving every step, killed at several points; the next save leaves none behind.
+left=0
+for delay in 0.2 0.4 0.6 0.8 1.0; do
+  "$L3D" train --seq-len 32 --threads 1 --steps 100000 --save-interval 1 --save kill >/dev/null 2>&1 &
+  pid=$!
+  sleep $delay; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
+  left=$((left + $(ls -d kill.tmp.* 2>/dev/null | wc -l)))
+done
+save kill
+[ "$(rc)" -eq 0 ] && [ -z "$(ls -d kill.tmp.* 2>/dev/null)" ]
+check "the next save removes what $left killed saves left behind" $? err
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
