@@ -103,5 +103,34 @@ save kill
 [ "$(rc)" -eq 0 ] && [ -z "$(ls -d kill.tmp.* 2>/dev/null)" ]
 check "the next save removes what $left killed saves left behind" $? err
 
+# ---- --out -------------------------------------------------------------------------------
+want=$((3 * 264 * 4))  # 3 tokens x llama3-tiny's vocabulary, float32
+fwd() { run "$L3D" forward --checkpoint ck --tokens 1,2,3 --out "$@"; }
+fwd plain.bin
+[ "$(rc)" -eq 0 ] && [ "$(stat -c %s plain.bin)" -eq $want ]
+check "--out a regular file" $? err
+ln -s /dev/stdout so
+n=$("$L3D" forward --checkpoint ck --tokens 1,2,3 --out so 2>err | wc -c)
+[ "$n" -eq $want ] && [ -L so ]
+check "--out through a symlink to /dev/stdout: $n bytes reach the pipe" $? err
+ln -s /dev/full full
+fwd full
+[ "$(rc)" -eq 1 ] && grep -q "full" err && grep -qi "no space" err && [ -L full ]
+check "--out to /dev/full: exit 1 naming the path and ENOSPC" $? err
+mkfifo fifo
+cat fifo >fifo.got & reader=$!
+fwd fifo
+# Opening read-write never blocks: should l3d not have written, the reader still sees EOF.
+if [ -p fifo ]; then exec 3<>fifo; exec 3>&-; wait $reader; else kill $reader 2>/dev/null; fi
+[ "$(rc)" -eq 0 ] && [ -p fifo ] && [ "$(stat -c %s fifo.got)" -eq $want ]
+check "--out into a FIFO: the reader gets every byte, the FIFO stays" $? err
+echo old >target.bin && ln -s target.bin tlink
+fwd tlink
+[ "$(rc)" -eq 0 ] && [ -L tlink ] && [ "$(stat -c %s target.bin)" -eq $want ]
+check "--out through a symlink to a file: the target is written, the link stays" $? err
+fwd project
+[ "$(rc)" -eq 2 ] && grep -q "project" err && [ -f project/plan.txt ]
+check "--out a directory: exit 2" $? err
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
