@@ -132,5 +132,48 @@ fwd project
 [ "$(rc)" -eq 2 ] && grep -q "project" err && [ -f project/plan.txt ]
 check "--out a directory: exit 2" $? err
 
+# ---- --config and --data that are not regular files ---------------------------------------
+mkfifo cfg.fifo data.fifo
+run "$L3D" train --config cfg.fifo --dry-run
+[ "$(rc)" -eq 2 ] && grep -q "cfg.fifo" err && grep -qi "fifo" err
+check "--config a FIFO without a writer: exit 2 at once" $? err
+run "$L3D" train --data data.fifo --steps 1
+[ "$(rc)" -eq 2 ] && grep -q "data.fifo" err && grep -qi "fifo" err
+check "--data a FIFO without a writer: exit 2 at once" $? err
+run "$L3D" train --config project --dry-run
+[ "$(rc)" -eq 2 ] && grep -q "directory" err
+check "--config a directory: exit 2" $? err
+run "$L3D" train --data project --steps 1
+[ "$(rc)" -eq 2 ] && grep -q "directory" err
+check "--data a directory: exit 2" $? err
+run "$L3D" train --data /dev/null --steps 1
+[ "$(rc)" -eq 2 ] && grep -q "character device" err
+check "--data a device: exit 2" $? err
+head -c $((17 << 20)) /dev/zero | tr '\0' ' ' >big.json
+run "$L3D" train --config big.json --dry-run
+[ "$(rc)" -eq 2 ] && grep -q "17.0 MiB" err && grep -q "16 MiB" err
+check "--config over 16 MiB: exit 2 naming the size and the limit" $? err
+# Unreadable: as root permissions do not apply, so read as nobody where setpriv can.
+echo '{}' >locked.json && chmod 000 locked.json
+as=()
+if [ "$(id -u)" -eq 0 ]; then
+  chmod 755 "$tmp"
+  if command -v setpriv >/dev/null && setpriv --reuid=65534 --regid=65534 --clear-groups "$L3D" --version >/dev/null 2>&1; then
+    as=(setpriv --reuid=65534 --regid=65534 --clear-groups)
+  else
+    as=(skip)
+  fi
+fi
+if [ "${as[0]:-}" = skip ]; then
+  echo "skip --config unreadable (root without setpriv)"
+else
+  run "${as[@]}" "$L3D" train --config locked.json --dry-run
+  [ "$(rc)" -eq 2 ] && grep -q "locked.json" err && grep -q "Permission denied" err
+  check "--config unreadable: exit 2 with the reason" $? err
+  run "${as[@]}" "$L3D" train --data locked.json --steps 1
+  [ "$(rc)" -eq 2 ] && grep -q "locked.json" err && grep -q "Permission denied" err
+  check "--data unreadable: exit 2 with the reason" $? err
+fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
