@@ -1,5 +1,4 @@
 // l3d: train and serve Llama 3 models. Dispatches to the commands in cli/*.c.
-#include <errno.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -28,20 +27,6 @@ static void help_env(void) {
                rows[i].help);
 }
 
-// Every command's stdout (progress lines, tables) reaches its destination or the run fails:
-// `l3d ... > /dev/full` must not exit 0. Flushing and closing here catches what buffered
-// printf calls could not report.
-static int finish_stdout(int rc) {
-    int failed_before = ferror(stdout), e = 0;
-    if (fflush(stdout) != 0) e = errno;
-    // A closed stdout (`l3d ... >&-`) that nothing was written to is fine.
-    if (fclose(stdout) != 0 && !e && errno != EBADF) e = errno;
-    if (!e && !failed_before) return rc;
-    if (e) fprintf(stderr, "l3d: writing standard output: %s\n", strerror(e));
-    else fprintf(stderr, "l3d: writing standard output failed\n");
-    return rc == L3D_EXIT_OK ? L3D_EXIT_FAIL : rc;
-}
-
 static int dispatch(int argc, char **argv) {
     if (argc < 2) return l3d_cmd_train(argc, argv);
     const char *cmd = argv[1];
@@ -68,4 +53,4 @@ static int dispatch(int argc, char **argv) {
     return L3D_EXIT_USAGE;
 }
 
-int main(int argc, char **argv) { return finish_stdout(dispatch(argc, argv)); }
+int main(int argc, char **argv) { return l3d_cli_finish_stdout(dispatch(argc, argv)); }

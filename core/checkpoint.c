@@ -139,7 +139,7 @@ static l3d_status publish_dir(l3d_ctx_t *ctx, const char *dir, fill_fn fill, voi
     L3D_CHECK(ctx, l3d_ckpt_tmp_create(ctx, target, (int64_t)getpid(), tmp, sizeof(tmp)));
     l3d_status st = fill(arg, tmp);
     if (st >= 0) st = l3d_ckpt_tmp_publish(ctx, tmp, target);
-    if (st < 0) l3d_dir_remove_tree(tmp);
+    if (st < 0) l3d_ckpt_tmp_remove(tmp);
     return st;
 }
 

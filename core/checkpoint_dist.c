@@ -215,7 +215,7 @@ l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
     L3D_CHECK(t->ctx, agree(t, st, "creating the temporary directory", dir));
     st = l3d_comm_broadcast(world, tmp, tmp, sizeof(tmp), L3D_UINT8, 0);
     if (st < 0) {
-        if (R == 0) l3d_dir_remove_tree(tmp);
+        if (R == 0) l3d_ckpt_tmp_remove(tmp);
         return l3d_error(t->ctx, st, "save %s: %s", dir, l3d_ctx_last_error(l3d_comm_ctx(world)));
     }
     tmp[sizeof(tmp) - 1] = '\0';
@@ -226,7 +226,7 @@ l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
     st = agree(t, st, "writing the shards", dir);
     if (R == 0) {
         if (st >= 0) st = l3d_ckpt_tmp_publish(t->ctx, tmp, target);
-        if (st < 0) l3d_dir_remove_tree(tmp);
+        if (st < 0) l3d_ckpt_tmp_remove(tmp);
     }
     return agree(t, st, "publishing", dir);
 }

@@ -123,6 +123,14 @@ static void read_marker(const char *dir, int64_t *pid, char *host, size_t hcap) 
     free(buf);
 }
 
+static int remove_marked(const char *dir);
+
+static int count_entry(void *arg, const char *name, int is_file) {
+    (void)name, (void)is_file;
+    ++*(int *)arg;
+    return 0;
+}
+
 static int sweep_entry(void *arg, const char *name, int is_file) {
     sweep_t *s = arg;
     size_t bl = strlen(s->base);
@@ -147,10 +155,23 @@ static int sweep_entry(void *arg, const char *name, int is_file) {
                               "a temporary llama3d left on this machine (move it away)", path);
             return 1;
         }
+    } else if (mpid < 0 && l3d_proc_is_dead(P)) {
+        // Killed between mkdir and its marker, or after removing its marker: an empty
+        // directory (or one with an empty marker). rmdir cannot delete a file, and fails if
+        // anything was written meanwhile.
+        char m[1500];
+        snprintf(m, sizeof(m), "%s/" MARKER_NAME, path);
+        uint64_t size = 1;
+        int entries = 0;
+        if (l3d_dir_each(path, count_entry, &entries) == 0 && entries == 1 &&
+            l3d_path_size(m, &size) == 0 && size == 0)
+            remove(m);
+        remove(path);
+        return 0;
     } else if (!here || !l3d_proc_is_dead(P)) {
         return 0;  // a live owner's, another machine's, or not provably llama3d's
     }
-    int rc = l3d_dir_remove_tree(path);
+    int rc = remove_marked(path);
     if (rc && P == s->pid) {
         s->st = io_error(s->ctx, rc, "removing", path);
         return 1;
@@ -162,6 +183,17 @@ static int sweep_entry(void *arg, const char *name, int is_file) {
         l3d_log(s->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "removed %s, left by a save whose "
                 "process (pid %lld) has exited", path, (long long)P);
     return 0;
+}
+
+// Writes the owner marker `text` as dir/MARKER_NAME (replacing one that is there).
+static int put_marker(const char *dir, const char *text) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/" MARKER_NAME, dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return -errno;
+    int ok = fputs(text, f) >= 0;
+    ok = (fclose(f) == 0) && ok;
+    return ok ? 0 : -(errno ? errno : EIO);
 }
 
 l3d_status l3d_ckpt_tmp_create(l3d_ctx_t *ctx, const char *target, int64_t pid, char *tmp,
@@ -185,9 +217,10 @@ l3d_status l3d_ckpt_tmp_create(l3d_ctx_t *ctx, const char *target, int64_t pid, 
     if (gethostname(hostname, sizeof(hostname) - 1) != 0) hostname[0] = '\0';
     snprintf(text, sizeof(text), MARKER_HEAD "\npid %lld\nhost %s\nhostname %s\n",
              (long long)pid, have_host ? host : "unknown", hostname);
+    // Written in place right after mkdir (no temp file, no fsync): the window in which a
+    // kill leaves a temporary without its marker stays microseconds long.
     snprintf(path, sizeof(path), "%s/" MARKER_NAME, tmp);
-    l3d_iovec_t io = {text, strlen(text)};
-    rc = l3d_file_write_atomic(path, &io, 1);
+    rc = put_marker(tmp, text);
     if (rc) {
         l3d_dir_remove_tree(tmp);
         return io_error(ctx, rc, "writing", path);
@@ -195,17 +228,54 @@ l3d_status l3d_ckpt_tmp_create(l3d_ctx_t *ctx, const char *target, int64_t pid, 
     return L3D_OK;
 }
 
+static int remove_unless_marker(void *arg, const char *name, int is_file) {
+    (void)is_file;
+    char path[1400];
+    snprintf(path, sizeof(path), "%s/%s", (const char *)arg, name);
+    if (strcmp(name, MARKER_NAME) && remove(path) != 0 && errno != ENOENT) return -errno;
+    return 0;
+}
+
+// Removes a temporary (or a replaced version) with its marker last, so a kill at any point
+// leaves either nothing or something the next save recognises as a dead owner's.
+static int remove_marked(const char *dir) {
+    char path[1200];
+    int rc = l3d_dir_each(dir, remove_unless_marker, (void *)dir);
+    if (rc == -ENOENT) return 0;
+    if (rc) return l3d_dir_remove_tree(dir);  // a sub-directory: not ours to order
+    snprintf(path, sizeof(path), "%s/" MARKER_NAME, dir);
+    if (remove(path) != 0 && errno != ENOENT) return -errno;
+    return remove(dir) == 0 || errno == ENOENT ? 0 : -errno;
+}
+
+void l3d_ckpt_tmp_remove(const char *tmp) { remove_marked(tmp); }
+
 l3d_status l3d_ckpt_tmp_publish(l3d_ctx_t *ctx, const char *tmp, const char *target) {
-    char again[1100];
+    char again[1100], marker[1200], *text = NULL;
     L3D_CHECK(ctx, l3d_ckpt_target_resolve(ctx, target, again, sizeof(again)));
     if (strcmp(again, target))
         return l3d_error(ctx, L3D_ERR_CONFIG, "save target %s became a symlink (to %s) while "
                          "saving; nothing was replaced", target, again);
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/" MARKER_NAME, tmp);
-    if (remove(path) != 0 && errno != ENOENT) return io_error(ctx, -errno, "removing", path);
-    int rc = l3d_dir_replace(tmp, target);
-    return rc ? io_error(ctx, rc, "publishing checkpoint", target) : L3D_OK;
+    // The version being replaced gets this save's marker first: after the swap it sits at
+    // the temporary's name, and a kill while it is removed leaves it marked as ours.
+    snprintf(marker, sizeof(marker), "%s/" MARKER_NAME, tmp);
+    int rc = l3d_file_read_all(marker, 4096, &text, NULL);
+    if (rc) return io_error(ctx, rc, "reading", marker);
+    if (l3d_path_is_dir(target)) rc = put_marker(target, text);
+    free(text);
+    if (rc) return io_error(ctx, rc, "marking the previous version in", target);
+    rc = l3d_dir_swap(tmp, target);
+    if (rc) return io_error(ctx, rc, "publishing checkpoint", target);
+    snprintf(marker, sizeof(marker), "%s/" MARKER_NAME, target);
+    if (remove(marker) != 0 && errno != ENOENT)
+        l3d_log(ctx, L3D_LOG_WARN, L3D_SUBSYS_CKPT, "removing %s: %s (harmless: the next save "
+                "replaces it)", marker, strerror(errno));
+    rc = remove_marked(tmp);
+    if (rc)
+        l3d_log(ctx, L3D_LOG_WARN, L3D_SUBSYS_CKPT, "saved %s, but removing the previous "
+                "version at %s failed: %s (the next save removes it)", target, tmp,
+                strerror(-rc));
+    return L3D_OK;
 }
 
 l3d_status l3d_checkpoint_check_target(l3d_ctx_t *ctx, const char *dir) {

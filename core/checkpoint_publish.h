@@ -29,8 +29,11 @@ l3d_status l3d_ckpt_target_resolve(l3d_ctx_t *ctx, const char *dir, char *out, s
 // with the owner marker; its path goes to tmp[cap].
 l3d_status l3d_ckpt_tmp_create(l3d_ctx_t *ctx, const char *target, int64_t pid, char *tmp,
                                size_t cap);
-// Vets `target` again (it may have changed while the files were written), drops the marker
-// and swaps tmp in for target. On failure the caller removes tmp.
+// Vets `target` again (it may have changed while the files were written), swaps tmp in for
+// target and removes the previous version (marked as this save's, its marker last). On
+// failure the caller removes tmp with l3d_ckpt_tmp_remove.
 l3d_status l3d_ckpt_tmp_publish(l3d_ctx_t *ctx, const char *tmp, const char *target);
+// Removes a temporary, its marker last (a kill midway leaves it recognisably ours).
+void l3d_ckpt_tmp_remove(const char *tmp);
 
 #endif

@@ -306,10 +306,10 @@ int l3d_dir_remove_tree(const char *path) {
 
 // Publishing a directory. On Linux renameat2(RENAME_EXCHANGE) swaps src and dst in one
 // atomic step, so `dst` always names a whole version. Where the file system cannot exchange,
-// dst is renamed to "<dst>.old.<pid>" and src to dst: between those two renames `dst` does
-// not exist. A crash in that window leaves the previous version at "<dst>.old.<pid>" and the
-// new one at `src`; a reader that finds no `dst` should look for those.
-int l3d_dir_replace(const char *src_in, const char *dst_in) {
+// dst is renamed to "<dst>.old.<pid>", src to dst, and that to src: between the first two
+// renames `dst` does not exist. A crash in that window leaves the previous version at
+// "<dst>.old.<pid>" and the new one at `src`; a reader that finds no `dst` should look there.
+int l3d_dir_swap(const char *src_in, const char *dst_in) {
     char *src = strip_slashes(src_in), *dst = strip_slashes(dst_in);
     char *old = NULL, *dst_parent = NULL, *src_parent = NULL;
     int rc = 0;
@@ -342,8 +342,6 @@ int l3d_dir_replace(const char *src_in, const char *dst_in) {
         if (renameat2(AT_FDCWD, src, AT_FDCWD, dst, RENAME_EXCHANGE) == 0) {
             rc = fsync_dir(dst_parent);
             if (rc == 0 && strcmp(src_parent, dst_parent) != 0) rc = fsync_dir(src_parent);
-            int r2 = l3d_dir_remove_tree(src);  // src now names the previous version
-            if (rc == 0) rc = r2;
             goto out;
         }
         if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
@@ -374,7 +372,9 @@ int l3d_dir_replace(const char *src_in, const char *dst_in) {
     }
     rc = fsync_dir(dst_parent);
     if (rc == 0 && strcmp(src_parent, dst_parent) != 0) rc = fsync_dir(src_parent);
-    if (old) {
+    // The previous version goes where src was, as with an exchange; failing that it is
+    // removed, so nothing is left under a name the caller does not know.
+    if (old && rename(old, src) != 0) {
         int r2 = l3d_dir_remove_tree(old);
         if (rc == 0) rc = r2;
     }
@@ -385,6 +385,12 @@ out:
     free(dst_parent);
     free(src_parent);
     return rc;
+}
+
+int l3d_dir_replace(const char *src, const char *dst) {
+    int rc = l3d_dir_swap(src, dst);
+    if (rc) return rc;
+    return l3d_dir_remove_tree(src);  // src now names the previous version (or nothing)
 }
 
 int l3d_path_exists(const char *path) {

@@ -61,6 +61,9 @@ int l3d_dir_create(const char *path);
 // Atomically replaces directory `dst` by `src` (both on one file system): dst is renamed
 // aside, src renamed to dst, then the old one removed. Used to publish a whole checkpoint.
 int l3d_dir_replace(const char *src, const char *dst);
+// l3d_dir_replace without the removal: afterwards dst names src's tree and src the previous
+// dst (nothing when there was none), for callers that remove it in their own order.
+int l3d_dir_swap(const char *src, const char *dst);
 // Removes a directory tree (files and sub-directories). Missing is fine.
 int l3d_dir_remove_tree(const char *path);
 int l3d_path_exists(const char *path);

@@ -84,8 +84,10 @@ fake_tmp "ck.tmp.$$" "$$" "$host"                    # this shell: alive
 fake_tmp "ck.tmp.$((dead + 1000000))" "$((dead + 1000000))" "another-boot pid:[1]"
 mkdir "ck.tmp.$((dead + 2000000))" && touch "ck.tmp.$((dead + 2000000))/model.safetensors"  # no marker
 fake_tmp "other.tmp.$dead" "$dead" "$host"           # another target's
+sh -c 'exit 0' & dead2=$!; wait $dead2
+mkdir "ck.tmp.$dead2"                                # killed between mkdir and its marker
 save ck
-[ "$(rc)" -eq 0 ] && [ ! -e "ck.tmp.$dead" ] && [ -d "ck.tmp.$$" ] \
+[ "$(rc)" -eq 0 ] && [ ! -e "ck.tmp.$dead" ] && [ ! -e "ck.tmp.$dead2" ] && [ -d "ck.tmp.$$" ] \
   && [ -d "ck.tmp.$((dead + 1000000))" ] && [ -d "ck.tmp.$((dead + 2000000))" ] \
   && [ -d "other.tmp.$dead" ]
 check "a save removes its target's temporaries whose owner is dead, and only those" $? err
@@ -93,7 +95,7 @@ rm -rf ck.tmp.* other.tmp.*
 
 # Real kills: saving every step, killed at several points; the next save leaves none behind.
 left=0
-for delay in 0.2 0.4 0.6 0.8 1.0; do
+for delay in 0.2 0.3 0.4 0.5 0.6 0.7 0.8 0.9 1.0 1.1; do
   "$L3D" train --seq-len 32 --threads 1 --steps 100000 --save-interval 1 --save kill >/dev/null 2>&1 &
   pid=$!
   sleep $delay; kill -9 $pid 2>/dev/null; wait $pid 2>/dev/null
@@ -131,6 +133,18 @@ check "--out through a symlink to a file: the target is written, the link stays"
 fwd project
 [ "$(rc)" -eq 2 ] && grep -q "project" err && [ -f project/plan.txt ]
 check "--out a directory: exit 2" $? err
+
+# Standard output and the log file are checked too.
+run "$L3D" train --steps 0 --dry-run
+[ "$(rc)" -eq 0 ] && "$L3D" train --steps 0 --dry-run >/dev/full 2>err; r=$?
+[ $r -eq 1 ] && grep -q "standard output" err
+check "l3d train > /dev/full: exit 1" $? err
+"$L3D" generate --checkpoint ck --prompt hi --max-tokens 4 >/dev/full 2>err; r=$?
+[ $r -eq 1 ] && grep -q "standard output" err && grep -qi "no space" err
+check "l3d generate > /dev/full: exit 1 naming ENOSPC" $? err
+L3D_LOG=info L3D_LOG_FILE=/dev/full "$L3D" train --steps 0 --seq-len 32 --threads 1 --save ck >out 2>err; r=$?
+[ $r -eq 0 ] && grep -q "log file" err && grep -q "saved checkpoint" err
+check "a log file that cannot be written: said once on stderr, logs go on there" $? err
 
 # ---- --config and --data that are not regular files ---------------------------------------
 mkfifo cfg.fifo data.fifo
