@@ -140,3 +140,17 @@ int l3d_cli_launched(void) {
         if (getenv(vars[i])) return 1;
     return 0;
 }
+
+// Every command's stdout (progress lines, tables) reaches its destination or the run fails:
+// `l3d ... > /dev/full` must not exit 0. Flushing and closing here catches what buffered
+// printf calls could not report.
+int l3d_cli_finish_stdout(int rc) {
+    int failed_before = ferror(stdout), e = 0;
+    if (fflush(stdout) != 0) e = errno;
+    // A closed stdout (`l3d ... >&-`) that nothing was written to is fine.
+    if (fclose(stdout) != 0 && !e && errno != EBADF) e = errno;
+    if (!e && !failed_before) return rc;
+    if (e) fprintf(stderr, "l3d: writing standard output: %s\n", strerror(e));
+    else fprintf(stderr, "l3d: writing standard output failed\n");
+    return rc == L3D_EXIT_OK ? L3D_EXIT_FAIL : rc;
+}

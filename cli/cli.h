@@ -33,6 +33,9 @@ int l3d_cli_int(const char *cmd, const char *flag, const char *v, long long lo, 
                 long long *out);
 int l3d_cli_float(const char *cmd, const char *flag, const char *v, double lo, double hi,
                   double *out);
+// Flushes and closes stdout at exit: a failed write turns exit code rc 0 into 1 (with the
+// reason on stderr), so `l3d ... > /dev/full` never exits 0. Returns the exit code.
+int l3d_cli_finish_stdout(int rc);
 // Prints "l3d CMD: <detail or strerror>" and returns the exit code for `st`.
 int l3d_cli_fail(const char *cmd, l3d_ctx_t *ctx, l3d_status st);
 // The exit code for `st`: 2 for bad input (config, format, not found, invalid, unsupported),

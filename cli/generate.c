@@ -1,4 +1,5 @@
 // l3d generate (KV-cached sampling, streamed) and l3d forward (logits for cross-checks).
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,6 +19,15 @@ static l3d_status open_model(l3d_ctx_t *ctx, const char *dir, l3d_device_t **dev
         *dev_p = NULL;
     }
     return st;
+}
+
+// Streams generated text: each piece is flushed at once, and a failed write (a full disk,
+// a closed pipe with SIGPIPE ignored) stops the run instead of losing text silently.
+static l3d_status put_text(l3d_ctx_t *ctx, const char *p, size_t n) {
+    if ((n && fwrite(p, 1, n, stdout) != n) || fflush(stdout) != 0)
+        return l3d_error(ctx, L3D_ERR_IO, "writing the text to standard output: %s",
+                         strerror(errno));
+    return L3D_OK;
 }
 
 int l3d_cmd_generate(int argc, char **argv) {
@@ -79,8 +89,7 @@ int l3d_cmd_generate(int argc, char **argv) {
         st = L3D_ERR_NOMEM;
         goto fail;
     }
-    fwrite(prompt, 1, strlen(prompt), stdout);
-    fflush(stdout);
+    L3D_CHECK_GOTO(ctx, put_text(ctx, prompt, strlen(prompt)), st, fail);
     double t0 = l3d_time_now();
     L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, ids, (int)n_ids, logits), st, fail);
     double t_prefill = l3d_time_now() - t0;
@@ -94,8 +103,7 @@ int l3d_cmd_generate(int argc, char **argv) {
         size_t len = 0;
         if (next < tok->vocab_size) {
             L3D_CHECK_GOTO(ctx, l3d_tokenizer_decode(tok, next, buf, sizeof(buf), &len), st, fail);
-            fwrite(buf, 1, len, stdout);
-            fflush(stdout);
+            L3D_CHECK_GOTO(ctx, put_text(ctx, buf, len), st, fail);
         }
         if (l3d_kv_cache_len(cache) >= cap) break;
         L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, &next, 1, logits), st, fail);
@@ -200,9 +208,13 @@ int l3d_cmd_forward(int argc, char **argv) {
     }
     L3D_CHECK_GOTO(ctx, l3d_model_logits(m, ids, n, logits), st, fail);
     l3d_iovec_t io = {logits, bytes};
-    int e = l3d_file_write_atomic(outp, &io, 1);
+    int e = l3d_file_write(outp, &io, 1);
     if (e) {
-        st = l3d_error(ctx, L3D_ERR_IO, "writing %s: %s", outp, strerror(-e));
+        // A path that cannot name an output file is bad input; a full or failing disk is not.
+        int bad_path = e == -ENOENT || e == -ENOTDIR || e == -EISDIR || e == -EACCES ||
+                       e == -EPERM || e == -ELOOP || e == -ENAMETOOLONG;
+        st = l3d_error(ctx, bad_path ? L3D_ERR_CONFIG : L3D_ERR_IO, "--out %s: %s", outp,
+                       strerror(-e));
         goto fail;
     }
     goto out;

@@ -27,7 +27,7 @@ static void help_env(void) {
                rows[i].help);
 }
 
-int main(int argc, char **argv) {
+static int dispatch(int argc, char **argv) {
     if (argc < 2) return l3d_cmd_train(argc, argv);
     const char *cmd = argv[1];
     if (!strcmp(cmd, "train")) return l3d_cmd_train(argc, argv);
@@ -52,3 +52,5 @@ int main(int argc, char **argv) {
     usage(stderr);
     return L3D_EXIT_USAGE;
 }
+
+int main(int argc, char **argv) { return l3d_cli_finish_stdout(dispatch(argc, argv)); }

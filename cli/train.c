@@ -196,6 +196,10 @@ int l3d_cmd_train(int argc, char **argv) {
     INT_FLAG(tp, "--tp", 1, 1 << 20, tp);
     INT_FLAG(pp, "--pp", 1, 1 << 20, pp);
 #undef INT_FLAG
+    if (save && !save[0]) {  // "--save ''" would otherwise save nothing, silently
+        fprintf(stderr, "l3d train: --save needs a directory name (got an empty one)\n");
+        goto out;
+    }
     if (save) snprintf(cfg->save_dir, sizeof(cfg->save_dir), "%s", save);
     if (consolidated) cfg->save_consolidated = 1;
     if (metrics) snprintf(cfg->metrics_path, sizeof(cfg->metrics_path), "%s", metrics);
@@ -229,6 +233,8 @@ int l3d_cmd_train(int argc, char **argv) {
         }
         nworld = (int)n;
     }
+    // A save target that would be refused is refused now, not after the training.
+    if (cfg->save_dir[0] && (st = l3d_checkpoint_check_target(ctx, cfg->save_dir)) < 0) goto fail;
 
     int nthreads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     if (!nthreads) {

@@ -11,6 +11,7 @@
 
 #include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
+#include "core/checkpoint_publish.h"
 #include "core/model_internal.h"
 #include "core/safetensors.h"
 #include "core/trainer_internal.h"
@@ -126,20 +127,16 @@ static l3d_status write_model_files(l3d_model_t *m, const char *dir) {
     return write_arena(m, m->params, path, "");
 }
 
-// Creates "<dir>.tmp.<pid>" fresh, lets `fill` write into it, then swaps it in for `dir`.
+// Builds the directory in "<target>.tmp.<pid>" (`fill` writes into it) and swaps it in for
+// the target: a directory llama3d wrote, or none (core/checkpoint_publish.h says which).
 typedef l3d_status (*fill_fn)(void *arg, const char *tmpdir);
 static l3d_status publish_dir(l3d_ctx_t *ctx, const char *dir, fill_fn fill, void *arg) {
-    char tmp[1024];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dir, (long)getpid());
-    l3d_dir_remove_tree(tmp);
-    int rc = l3d_dir_create(tmp);
-    if (rc) return sys_error(ctx, rc, "creating", tmp);
+    char target[1024], tmp[1100];
+    L3D_CHECK(ctx, l3d_ckpt_target_resolve(ctx, dir, target, sizeof(target)));
+    L3D_CHECK(ctx, l3d_ckpt_tmp_create(ctx, target, (int64_t)getpid(), tmp, sizeof(tmp)));
     l3d_status st = fill(arg, tmp);
-    if (st >= 0) {
-        rc = l3d_dir_replace(tmp, dir);
-        if (rc) st = sys_error(ctx, rc, "publishing checkpoint", dir);
-    }
-    if (st < 0) l3d_dir_remove_tree(tmp);
+    if (st >= 0) st = l3d_ckpt_tmp_publish(ctx, tmp, target);
+    if (st < 0) l3d_ckpt_tmp_remove(tmp);
     return st;
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
+#include "core/checkpoint_publish.h"
 #include "core/safetensors.h"
 #include "platform/platform.h"
 
@@ -175,11 +176,16 @@ static l3d_status write_manifest(l3d_trainer_t *t, const char *tmp, int world) {
     root = files ? json_pack("{s:s, s:i, s:o}", "format", L3D_CKPT_DIST_FORMAT, "world", world,
                              "files", files)
                  : NULL;
-    if (!root) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building shards.json");
-    snprintf(path, sizeof(path), "%s/shards.json", tmp);
-    int rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
-    return rc ? l3d_error(t->ctx, L3D_ERR_IO, "writing %s", path) : L3D_OK;
+    if (!text) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building shards.json");
+    snprintf(path, sizeof(path), "%s/shards.json", tmp);
+    // Synced like every other file of the checkpoint (json_dump_file neither syncs nor says
+    // why it failed).
+    l3d_iovec_t io = {text, strlen(text)};
+    int rc = l3d_file_write_atomic(path, &io, 1);
+    free(text);
+    return rc ? l3d_error(t->ctx, L3D_ERR_IO, "writing %s: %s", path, strerror(-rc)) : L3D_OK;
 }
 
 // Every rank's outcome: L3D_OK only when all succeeded. A rank that failed keeps its detail.
@@ -199,31 +205,29 @@ static l3d_status agree(l3d_trainer_t *t, l3d_status st, const char *what, const
 l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
     l3d_comm_t *world = t->mesh->world;
     int W = l3d_comm_size(world), R = l3d_comm_rank(world);
-    // One temporary directory for all ranks, named after world rank 0's process.
-    int64_t pid = (int64_t)getpid();
-    l3d_status st = l3d_comm_broadcast(world, &pid, &pid, 1, L3D_INT64, 0);
-    if (st < 0)
-        return l3d_error(t->ctx, st, "save %s: %s", dir, l3d_ctx_last_error(l3d_comm_ctx(world)));
-    char tmp[1100];
-    snprintf(tmp, sizeof(tmp), "%s.tmp.%lld", dir, (long long)pid);
+    // One temporary directory for all ranks: world rank 0 vets the target, creates
+    // "<target>.tmp.<its pid>" and broadcasts the name (core/checkpoint_publish.h).
+    char target[1024] = "", tmp[1100] = "";
+    l3d_status st = L3D_OK;
     if (R == 0) {
-        l3d_dir_remove_tree(tmp);
-        int rc = l3d_dir_create(tmp);
-        if (rc) st = l3d_error(t->ctx, L3D_ERR_IO, "creating %s: %s", tmp, strerror(-rc));
+        st = l3d_ckpt_target_resolve(t->ctx, dir, target, sizeof(target));
+        if (st >= 0) st = l3d_ckpt_tmp_create(t->ctx, target, (int64_t)getpid(), tmp, sizeof(tmp));
     }
     L3D_CHECK(t->ctx, agree(t, st, "creating the temporary directory", dir));
+    st = l3d_comm_broadcast(world, tmp, tmp, sizeof(tmp), L3D_UINT8, 0);
+    if (st < 0) {
+        if (R == 0) l3d_ckpt_tmp_remove(tmp);
+        return l3d_error(t->ctx, st, "save %s: %s", dir, l3d_ctx_last_error(l3d_comm_ctx(world)));
+    }
+    tmp[sizeof(tmp) - 1] = '\0';
     st = write_shard(t, tmp, R, W);
     if (st >= 0 && R == 0) st = l3d_ckpt_write_config(t->model, tmp);
     if (st >= 0 && R == 0) st = l3d_ckpt_write_state(t, tmp);
     if (st >= 0 && R == 0) st = write_manifest(t, tmp, W);
     st = agree(t, st, "writing the shards", dir);
     if (R == 0) {
-        if (st >= 0) {
-            int rc = l3d_dir_replace(tmp, dir);
-            if (rc) st = l3d_error(t->ctx, L3D_ERR_IO, "publishing checkpoint %s: %s", dir,
-                                   strerror(-rc));
-        }
-        if (st < 0) l3d_dir_remove_tree(tmp);
+        if (st >= 0) st = l3d_ckpt_tmp_publish(t->ctx, tmp, target);
+        if (st < 0) l3d_ckpt_tmp_remove(tmp);
     }
     return agree(t, st, "publishing", dir);
 }

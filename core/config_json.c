@@ -21,11 +21,27 @@
 // ---- files and documents -----------------------------------------------------------------
 l3d_status l3d_cfgjson_read_file(l3d_ctx_t *ctx, const char *path, const char *what,
                                  char **buf_p, size_t *len_p) {
-    int rc = l3d_file_read_all(path, (size_t)16 << 20, buf_p, len_p);
-    if (rc < 0)
-        return l3d_error(ctx, rc == -ENOENT ? L3D_ERR_NOT_FOUND : L3D_ERR_IO,
-                         "cannot read %s %s: %s", what, path, strerror(-rc));
-    return L3D_OK;
+    const size_t limit = (size_t)16 << 20;
+    int rc = l3d_file_read_all(path, limit, buf_p, len_p);
+    if (rc == 0) return L3D_OK;
+    // The user named this file: what is wrong with it is bad input (exit 2), said plainly.
+    if (rc == -ENOENT)
+        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "cannot read %s %s: %s", what, path,
+                         strerror(-rc));
+    if (rc == -EISDIR || rc == -EINVAL)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s %s: it is %s, not a regular file",
+                         what, path, l3d_path_kind(path));
+    if (rc == -EFBIG) {
+        uint64_t size = 0;
+        l3d_path_size(path, &size);
+        return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s %s: it is %.1f MiB; %s files are "
+                         "limited to %zu MiB", what, path, (double)size / (1 << 20), what,
+                         limit >> 20);
+    }
+    if (rc == -ENOMEM) return l3d_error(ctx, L3D_ERR_NOMEM, "reading %s %s", what, path);
+    if (rc == -EIO)
+        return l3d_error(ctx, L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(-rc));
+    return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s %s: %s", what, path, strerror(-rc));
 }
 
 l3d_status l3d_cfgjson_load(l3d_ctx_t *ctx, const char *text, size_t len, const char *origin,

@@ -1,4 +1,5 @@
 // The context: allocator with per-tag accounting, logging, settings and the last error.
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +15,7 @@ struct l3d_ctx {
     l3d_log_fn log_fn;
     void *log_user;
     FILE *log_file;
+    int log_file_failed;  // L3D_LOG_FILE could not be opened or written: stderr from then on
     int rank;
     l3d_settings_t settings;
     pthread_mutex_t mu;  // guards accounting, last_error and log output
@@ -90,6 +92,7 @@ void l3d_ctx_set_rank(l3d_ctx_t *ctx, int rank) {
         fclose(ctx->log_file);
         ctx->log_file = NULL;
     }
+    ctx->log_file_failed = 0;  // the rank's own file is tried afresh
     pthread_mutex_unlock(&ctx->mu);
 }
 
@@ -161,7 +164,7 @@ int l3d_log_enabled(const l3d_ctx_t *ctx, l3d_log_level lvl, uint32_t subsys) {
 }
 
 static FILE *log_stream(l3d_ctx_t *ctx) {
-    if (!ctx->settings.log_file[0]) return stderr;
+    if (!ctx->settings.log_file[0] || ctx->log_file_failed) return stderr;
     if (!ctx->log_file) {
         char path[300];
         const char *f = ctx->settings.log_file;
@@ -176,7 +179,13 @@ static FILE *log_stream(l3d_ctx_t *ctx) {
         }
         path[o] = 0;
         ctx->log_file = fopen(path, "a");
-        if (!ctx->log_file) return stderr;
+        if (!ctx->log_file) {
+            // Said once, where it can be seen: logs silently lost are no logs.
+            fprintf(stderr, "llama3d: cannot open the log file %s (L3D_LOG_FILE): %s; logging "
+                    "to stderr\n", path, strerror(errno));
+            ctx->log_file_failed = 1;
+            return stderr;
+        }
     }
     return ctx->log_file;
 }
@@ -188,9 +197,21 @@ static void log_emit(l3d_ctx_t *ctx, l3d_log_level lvl, uint32_t subsys, const c
     }
     pthread_mutex_lock(&ctx->mu);
     FILE *f = log_stream(ctx);
-    if (ctx->rank >= 0) fprintf(f, "l3d[%d] %s: %s\n", ctx->rank, level_names[lvl], msg);
-    else fprintf(f, "l3d %s: %s\n", level_names[lvl], msg);
-    fflush(f);
+    for (;;) {
+        if (ctx->rank >= 0) fprintf(f, "l3d[%d] %s: %s\n", ctx->rank, level_names[lvl], msg);
+        else fprintf(f, "l3d %s: %s\n", level_names[lvl], msg);
+        if (fflush(f) == 0 && !ferror(f)) break;
+        if (f == stderr) break;  // nowhere left to say it
+        // The log file failed (a full disk): say so once, and log to stderr from now on,
+        // starting with this message.
+        int e = errno;
+        fprintf(stderr, "llama3d: writing the log file (L3D_LOG_FILE): %s; logging to stderr "
+                "from now on\n", strerror(e));
+        fclose(f);
+        ctx->log_file = NULL;
+        ctx->log_file_failed = 1;
+        f = stderr;
+    }
     pthread_mutex_unlock(&ctx->mu);
 }
 

@@ -93,7 +93,12 @@ static l3d_status file_error(l3d_ctx_t *ctx, const char *path, int rc, int is_te
                          "pre-tokenize it into a .bin file",
                          path, DATA_TEXT_MAX);
     if (rc == -ENOMEM) return l3d_error(ctx, L3D_ERR_NOMEM, "%s: out of memory reading it", path);
-    return l3d_error(ctx, L3D_ERR_IO, "%s: %s", path, strerror(-rc));
+    // The user named this file: a FIFO, directory or device is bad input, not an I/O failure.
+    if (rc == -EISDIR || rc == -EINVAL)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: it is %s, not a regular file", path,
+                         l3d_path_kind(path));
+    if (rc == -EIO) return l3d_error(ctx, L3D_ERR_IO, "%s: %s", path, strerror(-rc));
+    return l3d_error(ctx, L3D_ERR_CONFIG, "%s: %s", path, strerror(-rc));
 }
 
 static l3d_status dataset_alloc(l3d_ctx_t *ctx, const char *path, size_t cap,

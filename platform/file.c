@@ -1,6 +1,8 @@
-// Files: whole reads, read-only maps, crash-safe replacement of files and directories.
+// Files: whole reads, read-only maps, crash-safe replacement of files and directories,
+// writes through to what a user named, directory listings, symlink resolution.
 // Every function returns 0 or a negative errno value; callers add the words.
 #define _GNU_SOURCE  // renameat2 + RENAME_EXCHANGE, nftw
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -77,36 +79,44 @@ static int write_full(int fd, const void *data, size_t len) {
 
 // ---- reading -----------------------------------------------------------------------------
 
+// Opens a file the user named for reading. O_NONBLOCK: opening a FIFO without a writer (or
+// some devices) would otherwise block forever, before fstat could tell what it is. Only
+// regular files are accepted: a directory is -EISDIR, anything else -EINVAL
+// (l3d_path_kind says what it is).
+static int open_regular(const char *path, struct stat *st) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) return -errno;
+    int rc = 0;
+    if (fstat(fd, st) != 0) rc = -errno;
+    else if (S_ISDIR(st->st_mode)) rc = -EISDIR;
+    else if (!S_ISREG(st->st_mode)) rc = -EINVAL;
+    if (rc) {
+        close(fd);
+        return rc;
+    }
+    return fd;
+}
+
 int l3d_file_read_all(const char *path, size_t max_len, char **buf_p, size_t *len_p) {
     *buf_p = NULL;
     if (len_p) *len_p = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -errno;
+    struct stat st;
+    int fd = open_regular(path, &st);
+    if (fd < 0) return fd;
     int rc = 0;
     char *buf = NULL;
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        rc = -errno;
-        goto fail;
-    }
-    if (S_ISDIR(st.st_mode)) {
-        rc = -EISDIR;
-        goto fail;
-    }
-    // Regular files: size the buffer once, +1 for the NUL and +1 so that the read that sees
-    // EOF has room and no regrowth happens. Pipes and the like grow as they go.
+    // Size the buffer once, +1 for the NUL and +1 so that the read that sees EOF has room
+    // and no regrowth happens. Files that report size 0 (/proc) grow as they go.
     size_t cap = 4096;
-    if (S_ISREG(st.st_mode)) {
-        if (max_len && (uint64_t)st.st_size > max_len) {
-            rc = -EFBIG;
-            goto fail;
-        }
-        if ((uint64_t)st.st_size > SIZE_MAX - 2) {
-            rc = -EFBIG;
-            goto fail;
-        }
-        cap = (size_t)st.st_size + 2;
+    if (max_len && (uint64_t)st.st_size > max_len) {
+        rc = -EFBIG;
+        goto fail;
     }
+    if ((uint64_t)st.st_size > SIZE_MAX - 2) {
+        rc = -EFBIG;
+        goto fail;
+    }
+    if (st.st_size > 0) cap = (size_t)st.st_size + 2;
     buf = malloc(cap);
     if (!buf) {
         rc = -ENOMEM;
@@ -158,18 +168,9 @@ fail:
 int l3d_file_map(const char *path, const void **data_p, size_t *len_p) {
     *data_p = NULL;
     *len_p = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -errno;
     struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int rc = -errno;
-        close(fd);
-        return rc;
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL;
-    }
+    int fd = open_regular(path, &st);
+    if (fd < 0) return fd;
     if (st.st_size == 0) {
         close(fd);
         return 0;
@@ -231,6 +232,32 @@ int l3d_file_write_atomic(const char *path, const l3d_iovec_t *pieces, size_t n)
     return rc;
 }
 
+// A path the user named (--out): a regular file, or nothing yet, is replaced atomically;
+// anything else is written through, never replaced: a device (/dev/stdout, /dev/full), a
+// FIFO, or a symlink (its target is written, the link stays).
+int l3d_file_write(const char *path, const l3d_iovec_t *pieces, size_t n) {
+    if (!path[0]) return -ENOENT;
+    struct stat st;
+    if (lstat(path, &st) != 0) {
+        if (errno != ENOENT) return -errno;
+        return l3d_file_write_atomic(path, pieces, n);
+    }
+    if (S_ISREG(st.st_mode)) return l3d_file_write_atomic(path, pieces, n);
+    if (S_ISDIR(st.st_mode)) return -EISDIR;
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return -errno;
+    int rc = fstat(fd, &st) != 0 ? -errno : 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (pieces[i].len) rc = write_full(fd, pieces[i].data, pieces[i].len);
+    // A regular file behind a symlink is made durable like any other; devices and pipes
+    // have nothing to sync (and some say EINVAL).
+    while (rc == 0 && S_ISREG(st.st_mode) && fsync(fd) != 0) {
+        if (errno != EINTR) rc = -errno;
+    }
+    if (close(fd) != 0 && rc == 0 && errno != EINTR) rc = -errno;
+    return rc;
+}
+
 // ---- directories -------------------------------------------------------------------------
 
 int l3d_dir_create(const char *path) {
@@ -279,10 +306,10 @@ int l3d_dir_remove_tree(const char *path) {
 
 // Publishing a directory. On Linux renameat2(RENAME_EXCHANGE) swaps src and dst in one
 // atomic step, so `dst` always names a whole version. Where the file system cannot exchange,
-// dst is renamed to "<dst>.old.<pid>" and src to dst: between those two renames `dst` does
-// not exist. A crash in that window leaves the previous version at "<dst>.old.<pid>" and the
-// new one at `src`; a reader that finds no `dst` should look for those.
-int l3d_dir_replace(const char *src_in, const char *dst_in) {
+// dst is renamed to "<dst>.old.<pid>", src to dst, and that to src: between the first two
+// renames `dst` does not exist. A crash in that window leaves the previous version at
+// "<dst>.old.<pid>" and the new one at `src`; a reader that finds no `dst` should look there.
+int l3d_dir_swap(const char *src_in, const char *dst_in) {
     char *src = strip_slashes(src_in), *dst = strip_slashes(dst_in);
     char *old = NULL, *dst_parent = NULL, *src_parent = NULL;
     int rc = 0;
@@ -315,8 +342,6 @@ int l3d_dir_replace(const char *src_in, const char *dst_in) {
         if (renameat2(AT_FDCWD, src, AT_FDCWD, dst, RENAME_EXCHANGE) == 0) {
             rc = fsync_dir(dst_parent);
             if (rc == 0 && strcmp(src_parent, dst_parent) != 0) rc = fsync_dir(src_parent);
-            int r2 = l3d_dir_remove_tree(src);  // src now names the previous version
-            if (rc == 0) rc = r2;
             goto out;
         }
         if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
@@ -347,7 +372,9 @@ int l3d_dir_replace(const char *src_in, const char *dst_in) {
     }
     rc = fsync_dir(dst_parent);
     if (rc == 0 && strcmp(src_parent, dst_parent) != 0) rc = fsync_dir(src_parent);
-    if (old) {
+    // The previous version goes where src was, as with an exchange; failing that it is
+    // removed, so nothing is left under a name the caller does not know.
+    if (old && rename(old, src) != 0) {
         int r2 = l3d_dir_remove_tree(old);
         if (rc == 0) rc = r2;
     }
@@ -360,6 +387,12 @@ out:
     return rc;
 }
 
+int l3d_dir_replace(const char *src, const char *dst) {
+    int rc = l3d_dir_swap(src, dst);
+    if (rc) return rc;
+    return l3d_dir_remove_tree(src);  // src now names the previous version (or nothing)
+}
+
 int l3d_path_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
@@ -368,4 +401,91 @@ int l3d_path_exists(const char *path) {
 int l3d_path_is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+const char *l3d_path_kind(const char *path) {
+    struct stat st;
+    if (stat(path, &st) != 0) return errno == ENOENT ? "missing" : "unreadable";
+    if (S_ISREG(st.st_mode)) return "a regular file";
+    if (S_ISDIR(st.st_mode)) return "a directory";
+    if (S_ISFIFO(st.st_mode)) return "a FIFO (named pipe)";
+    if (S_ISCHR(st.st_mode)) return "a character device";
+    if (S_ISBLK(st.st_mode)) return "a block device";
+    if (S_ISSOCK(st.st_mode)) return "a socket";
+    return "not a regular file";
+}
+
+int l3d_path_size(const char *path, uint64_t *size) {
+    struct stat st;
+    if (stat(path, &st) != 0) return -errno;
+    *size = (uint64_t)st.st_size;
+    return 0;
+}
+
+int l3d_path_follow(const char *path, char *out, size_t cap) {
+    char *p = strip_slashes(path);
+    if (!p) return -ENOMEM;
+    int rc = -ELOOP;
+    for (int hop = 0; hop < 40; hop++) {
+        struct stat st;
+        int missing = 0;
+        if (lstat(p, &st) != 0) {
+            if (errno != ENOENT) {
+                rc = -errno;
+                break;
+            }
+            missing = 1;
+        }
+        if (missing || !S_ISLNK(st.st_mode)) {
+            rc = strlen(p) < cap ? 0 : -ENAMETOOLONG;
+            if (rc == 0) memcpy(out, p, strlen(p) + 1);
+            break;
+        }
+        char target[4096];
+        ssize_t k = readlink(p, target, sizeof(target) - 1);
+        if (k < 0) {
+            rc = -errno;
+            break;
+        }
+        target[k] = '\0';
+        char *next;
+        if (target[0] == '/' || !strchr(p, '/')) {
+            next = strip_slashes(target);  // absolute, or relative to "." where p is
+        } else {
+            char *d = dir_of(p);
+            size_t len = d ? strlen(d) + strlen(target) + 2 : 0;
+            next = d ? malloc(len) : NULL;
+            if (next) snprintf(next, len, "%s/%s", d, target);
+            free(d);
+            if (next) {
+                char *t = strip_slashes(next);
+                free(next);
+                next = t;
+            }
+        }
+        free(p);
+        p = next;
+        if (!p) return -ENOMEM;
+    }
+    free(p);
+    return rc;
+}
+
+int l3d_dir_each(const char *path, int (*fn)(void *arg, const char *name, int is_file),
+                 void *arg) {
+    DIR *d = opendir(path);
+    if (!d) return -errno;
+    int rc = 0, dfd = dirfd(d);
+    struct dirent *de;
+    errno = 0;
+    while (rc == 0 && (de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        struct stat st;
+        int is_file = fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(st.st_mode);
+        rc = fn(arg, de->d_name, is_file);
+        errno = 0;
+    }
+    if (rc == 0 && errno != 0) rc = -errno;
+    closedir(d);
+    return rc;
 }

@@ -32,11 +32,14 @@ void l3d_pool_run(l3d_pool_t *pool, l3d_pool_fn fn, void *arg, int ntasks);
 double l3d_time_now(void);  // monotonic seconds
 
 // ---- files -------------------------------------------------------------------------------
-// Reads a whole file into a malloc'd NUL-terminated buffer (*len_p excludes the NUL).
+// Reads a whole regular file into a malloc'd NUL-terminated buffer (*len_p excludes the NUL).
 // Caller frees with free(). max_len caps the size (0 = no cap; over the cap is -EFBIG).
+// Never blocks on a FIFO: a directory is -EISDIR, any other non-regular file (FIFO, device,
+// socket) -EINVAL; l3d_path_kind names it for the message.
 int l3d_file_read_all(const char *path, size_t max_len, char **buf_p, size_t *len_p);
 
-// Maps a file read-only. l3d_file_unmap releases it. A zero-length file maps to NULL, 0.
+// Maps a regular file read-only (errors as l3d_file_read_all). l3d_file_unmap releases it.
+// A zero-length file maps to NULL, 0.
 int l3d_file_map(const char *path, const void **data_p, size_t *len_p);
 void l3d_file_unmap(const void *data, size_t len);
 
@@ -48,15 +51,42 @@ typedef struct l3d_iovec {
     size_t len;
 } l3d_iovec_t;
 int l3d_file_write_atomic(const char *path, const l3d_iovec_t *pieces, size_t n);
+// Writes to a path a user named: a regular file or a missing path as l3d_file_write_atomic;
+// a device, FIFO or symlink is opened and written through (never replaced); a directory is
+// -EISDIR. Every write, sync and close is checked (/dev/full is -ENOSPC).
+int l3d_file_write(const char *path, const l3d_iovec_t *pieces, size_t n);
 
 // mkdir -p. Existing directories are fine.
 int l3d_dir_create(const char *path);
 // Atomically replaces directory `dst` by `src` (both on one file system): dst is renamed
 // aside, src renamed to dst, then the old one removed. Used to publish a whole checkpoint.
 int l3d_dir_replace(const char *src, const char *dst);
+// l3d_dir_replace without the removal: afterwards dst names src's tree and src the previous
+// dst (nothing when there was none), for callers that remove it in their own order.
+int l3d_dir_swap(const char *src, const char *dst);
 // Removes a directory tree (files and sub-directories). Missing is fine.
 int l3d_dir_remove_tree(const char *path);
 int l3d_path_exists(const char *path);
 int l3d_path_is_dir(const char *path);
+// What `path` is, for messages: "a regular file", "a directory", "a FIFO (named pipe)",
+// "a character device", ..., "missing". Follows symlinks.
+const char *l3d_path_kind(const char *path);
+// The size of what `path` names (following symlinks): 0 or -errno.
+int l3d_path_size(const char *path, uint64_t *size);
+// `path` with symlinks in its last component followed (relative targets joined to the
+// link's directory) and trailing slashes dropped, into out[cap]. A missing path (or a
+// dangling link's target) is returned as is: the caller may create it. Too many links: -ELOOP.
+int l3d_path_follow(const char *path, char *out, size_t cap);
+// Calls fn for every entry of directory `path` but "." and ".."; is_file: a regular file
+// (symlinks are not). Stops at fn's first non-zero return and returns it; else 0 or -errno.
+int l3d_dir_each(const char *path, int (*fn)(void *arg, const char *name, int is_file),
+                 void *arg);
+
+// ---- processes ---------------------------------------------------------------------------
+// 1 when no process `pid` exists here (kill(pid, 0) says ESRCH); 0 when it may be alive.
+int l3d_proc_is_dead(int64_t pid);
+// This boot of this machine and this pid namespace, as one string ("<boot id> pid:[<ino>]"):
+// a pid means something only where this matches. -ENOENT where it cannot be known.
+int l3d_host_id(char *buf, size_t cap);
 
 #endif

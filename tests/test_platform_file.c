@@ -1,14 +1,17 @@
-// platform/file.c: atomic replacement (also when the write fails halfway), capped reads,
-// maps, mkdir -p, directory publishing and tree removal.
+// platform/file.c and proc.c: atomic replacement (also when the write fails halfway),
+// write-through to what a user named, capped reads of regular files only, maps, mkdir -p,
+// directory publishing and tree removal, symlink following, dead pids.
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "platform/platform.h"
@@ -287,6 +290,122 @@ Test(file, remove_tree) {
     cr_assert_eq(l3d_dir_remove_tree(outside), 0);  // a plain file is removed too
     cr_assert(!l3d_path_exists(outside));
     cr_assert_eq(l3d_dir_remove_tree(dir), 0);
+}
+
+// What a user names is read only when it is a regular file, and never blocks: a FIFO
+// without a writer, a directory and a device are refused at once.
+Test(file, read_refuses_non_regular, .timeout = 30) {
+    char dir[64], fifo[128];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(fifo, sizeof(fifo), "%s/fifo", dir);
+    cr_assert_eq(mkfifo(fifo, 0600), 0);
+    char *buf = NULL;
+    size_t len;
+    cr_assert_eq(l3d_file_read_all(fifo, 0, &buf, &len), -EINVAL);
+    cr_assert_null(buf);
+    const void *data;
+    cr_assert_eq(l3d_file_map(fifo, &data, &len), -EINVAL);
+    cr_assert_str_eq(l3d_path_kind(fifo), "a FIFO (named pipe)");
+    cr_assert_eq(l3d_file_read_all("/dev/null", 0, &buf, &len), -EINVAL);
+    cr_assert_str_eq(l3d_path_kind("/dev/null"), "a character device");
+    cr_assert_str_eq(l3d_path_kind(dir), "a directory");
+    uint64_t size = 0;
+    snprintf(fifo, sizeof(fifo), "%s/f", dir);
+    put(fifo, "12345");
+    cr_assert_eq(l3d_path_size(fifo, &size), 0);
+    cr_assert_eq(size, 5);
+    cr_assert_eq(l3d_dir_remove_tree(dir), 0);
+}
+
+static void *drain(void *arg) {  // reads a FIFO to EOF, returns the byte count
+    FILE *f = fopen(arg, "rb");
+    size_t n = 0;
+    char b[256];
+    for (size_t k; f && (k = fread(b, 1, sizeof(b), f)) > 0;) n += k;
+    if (f) fclose(f);
+    return (void *)n;
+}
+
+// --out: regular files atomically; symlinks, devices and FIFOs written through, never
+// replaced; a full device is -ENOSPC.
+Test(file, write_through, .timeout = 30) {
+    char dir[64], p[128], link[128];
+    make_tmpdir(dir, sizeof(dir));
+    l3d_iovec_t io = {"payload", 7};
+    snprintf(p, sizeof(p), "%s/target", dir);
+    put(p, "old, longer content");
+    snprintf(link, sizeof(link), "%s/link", dir);
+    cr_assert_eq(symlink("target", link), 0);
+    cr_assert_eq(l3d_file_write(link, &io, 1), 0);
+    struct stat st;
+    cr_assert(lstat(link, &st) == 0 && S_ISLNK(st.st_mode), "the symlink was replaced");
+    expect_content(p, "payload");
+    cr_assert_eq(unlink(link), 0);
+    cr_assert_eq(symlink("/dev/full", link), 0);
+    cr_assert_eq(l3d_file_write(link, &io, 1), -ENOSPC);
+    cr_assert_eq(l3d_file_write("/dev/null", &io, 1), 0);
+    cr_assert(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    snprintf(p, sizeof(p), "%s/fifo", dir);
+    cr_assert_eq(mkfifo(p, 0600), 0);
+    pthread_t th;
+    cr_assert_eq(pthread_create(&th, NULL, drain, p), 0);
+    cr_assert_eq(l3d_file_write(p, &io, 1), 0);
+    void *got;
+    pthread_join(th, &got);
+    cr_assert_eq((size_t)got, 7);
+    cr_assert(lstat(p, &st) == 0 && S_ISFIFO(st.st_mode), "the FIFO was replaced");
+    cr_assert_eq(l3d_file_write(dir, &io, 1), -EISDIR);
+    cr_assert_eq(l3d_file_write("", &io, 1), -ENOENT);
+    snprintf(p, sizeof(p), "%s/new", dir);
+    cr_assert_eq(l3d_file_write(p, &io, 1), 0);
+    expect_content(p, "payload");
+    cr_assert_eq(l3d_dir_remove_tree(dir), 0);
+}
+
+// Symlinks in the last component are followed, relative to the link's directory; a missing
+// path (or a dangling link's target) comes back for the caller to create.
+Test(file, path_follow) {
+    char dir[64], p[128], out[256], want[256];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(p, sizeof(p), "%s/real", dir);
+    cr_assert_eq(l3d_dir_create(p), 0);
+    snprintf(p, sizeof(p), "%s/a", dir);
+    cr_assert_eq(symlink("real", p), 0);
+    snprintf(p, sizeof(p), "%s/b", dir);
+    cr_assert_eq(symlink("a", p), 0);  // a chain
+    snprintf(p, sizeof(p), "%s/b//", dir);
+    cr_assert_eq(l3d_path_follow(p, out, sizeof(out)), 0);
+    snprintf(want, sizeof(want), "%s/real", dir);
+    cr_assert_str_eq(out, want);
+    snprintf(p, sizeof(p), "%s/dangling", dir);
+    cr_assert_eq(symlink("/nonexistent/x", p), 0);
+    cr_assert_eq(l3d_path_follow(p, out, sizeof(out)), 0);
+    cr_assert_str_eq(out, "/nonexistent/x");
+    snprintf(p, sizeof(p), "%s/missing/", dir);
+    cr_assert_eq(l3d_path_follow(p, out, sizeof(out)), 0);
+    snprintf(want, sizeof(want), "%s/missing", dir);
+    cr_assert_str_eq(out, want);
+    snprintf(p, sizeof(p), "%s/loop", dir);
+    cr_assert_eq(symlink("loop", p), 0);
+    cr_assert_eq(l3d_path_follow(p, out, sizeof(out)), -ELOOP);
+    cr_assert_eq(l3d_dir_remove_tree(dir), 0);
+}
+
+Test(proc, dead_and_host) {
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    cr_assert(child > 0);
+    cr_assert_eq(waitpid(child, NULL, 0), child);
+    cr_assert(l3d_proc_is_dead(child));
+    cr_assert(!l3d_proc_is_dead(getpid()));
+    cr_assert(!l3d_proc_is_dead(1));   // init: alive (or not ours to signal)
+    cr_assert(!l3d_proc_is_dead(-5));  // nonsense is never "dead"
+    char a[200], b[200];
+    if (l3d_host_id(a, sizeof(a)) == 0) {
+        cr_assert_eq(l3d_host_id(b, sizeof(b)), 0);
+        cr_assert_str_eq(a, b);
+        cr_assert(strstr(a, "pid:["), "%s", a);
+    }
 }
 
 Test(time, monotonic) {

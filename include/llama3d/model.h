@@ -34,6 +34,13 @@ l3d_status l3d_model_init_weights(l3d_model_t *model, uint64_t seed);
 // atomically (a crash leaves the previous directory whole).
 l3d_status l3d_model_load(l3d_model_t *model, const char *dir);
 l3d_status l3d_model_save(l3d_model_t *model, const char *dir);
+// Whether a save to `dir` would be refused, checked without writing anything (call it before
+// hours of training). Every save (l3d_model_save, l3d_trainer_save) replaces only a missing
+// or empty directory or one llama3d wrote (every entry a checkpoint file: config.json,
+// *.safetensors of a checkpoint, trainer_state.json, shards.json), follows a symlink to its
+// target, and refuses anything else with L3D_ERR_CONFIG naming the path and the foreign
+// entry (docs/checkpoints.md).
+l3d_status l3d_checkpoint_check_target(l3d_ctx_t *ctx, const char *dir);
 // Creates a model from a checkpoint directory's config.json and loads its weights.
 l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
                           l3d_model_t **model_p);

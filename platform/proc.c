@@ -1,0 +1,33 @@
+// Processes: is a pid provably dead, and which machine (and pid namespace) are we on.
+// Used to clean up what a killed process left behind without ever touching a live one's.
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "platform/platform.h"
+
+int l3d_proc_is_dead(int64_t pid) {
+    if (pid <= 0 || (int64_t)(pid_t)pid != pid) return 0;
+    // EPERM means a process exists that we may not signal: alive.
+    return kill((pid_t)pid, 0) != 0 && errno == ESRCH;
+}
+
+// A pid is only meaningful on one boot of one machine and inside one pid namespace
+// (containers on one host share the boot id but not their pids), so the id joins both.
+int l3d_host_id(char *buf, size_t cap) {
+    char boot[64] = "", ns[64] = "";
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (!f) return -ENOENT;
+    int ok = fgets(boot, sizeof(boot), f) != NULL;
+    fclose(f);
+    boot[strcspn(boot, "\n")] = '\0';
+    ssize_t k = readlink("/proc/self/ns/pid", ns, sizeof(ns) - 1);
+    if (!ok || !boot[0] || k <= 0) return -ENOENT;
+    ns[k] = '\0';
+    int n = snprintf(buf, cap, "%s %s", boot, ns);
+    return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
+}
