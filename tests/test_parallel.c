@@ -98,7 +98,7 @@ typedef struct result {
     // single-rank references only (reference_run): the float64 trajectory's final weights in
     // params[0]'s layout, losses and gradient norms, and the spread of float32 runs around it
     double *w64, loss64[STEPS], gnorm64[STEPS];
-    double sigma[4];  // root-mean-square over the float32 runs of: rms, max, loss, gnorm error
+    double sigma[4];  // root-mean-square of the float32 runs' rms, max, loss and gnorm errors
     char err[256];
 } result_t;
 
@@ -277,10 +277,10 @@ static double *read_trajectory(const result_t *ref, const char *dir) {
 
 // A single-rank reference run, then the same run (same initial weights, data and
 // hyper-parameters, mirrored from config()) by tests/reference/f64_train.py: its float64
-// trajectory, and 7 float32 runs that accumulate micro-batches in other orders. This run and
-// those 7 are n = 8 float32 realizations of the float64 trajectory; sigma[] is the
-// root-mean-square of their errors (see check_run).
-enum { REALIZATIONS = 8, T_BOUND = 10 };  // T_BOUND: see check_run
+// trajectory, and torch's float32 run of it. This run and torch's are two float32
+// realizations of the float64 trajectory by different code (GEMM kernels, attention,
+// reductions); sigma[] is the root-mean-square of their errors (see check_run).
+enum { T_BOUND = 10 };  // see check_run
 
 static void reference_run(const layout_t *one, result_t *ref) {
     char dir[] = "/tmp/l3d_test_parallel_f64_XXXXXX", init[64], ds[64], sub[64], cmd[1024];
@@ -300,8 +300,8 @@ static void reference_run(const layout_t *one, result_t *ref) {
             " \"data\": {\"path\": \"%s\", \"seq_len\": 32}}\n",
             2 * one->accum_total, one->accum_total, (double)one->clip, g_data);
     cr_assert_eq(fclose(f), 0);
-    snprintf(cmd, sizeof(cmd), "%s %s/reference/f64_train.py %s %s %d %s", L3D_TORCH_PYTHON,
-             L3D_TEST_SRC, init, ds, STEPS, dir);
+    snprintf(cmd, sizeof(cmd), "%s %s/reference/f64_train.py %s %s %d %s %s/tests/f64-cache",
+             L3D_TORCH_PYTHON, L3D_TEST_SRC, init, ds, STEPS, dir, L3D_BIN_DIR);
     cr_assert_eq(system(cmd), 0, "%s failed", cmd);
     snprintf(sub, sizeof(sub), "%s/f64", dir);
     ref->w64 = read_trajectory(ref, sub);
@@ -311,50 +311,44 @@ static void reference_run(const layout_t *one, result_t *ref) {
     cr_assert(f && fread(steps, sizeof(double), 2 * STEPS, f) == 2 * STEPS, "%s", sub);
     fclose(f);
     for (int s = 0; s < STEPS; s++) ref->loss64[s] = steps[2 * s], ref->gnorm64[s] = steps[2 * s + 1];
-    // this run's own errors, then the float32 runs'
+    // this run's own errors, then torch's
     wdist_t e = weights_dist(ref, ref, ref->w64);
     double e1[4] = {e.rms, e.max, steps_dist(ref->loss, ref->loss64, 0),
                     steps_dist(ref->gnorm, ref->gnorm64, 0)};
     snprintf(sub, sizeof(sub), "%s/f32.txt", dir);
     f = fopen(sub, "r");
-    cr_assert_not_null(f, "%s", sub);
-    int runs = 0;
-    double x[4], ss[4] = {0};
-    while (fscanf(f, "%lf %lf %lf %lf", &x[0], &x[1], &x[2], &x[3]) == 4) {
-        for (int k = 0; k < 4; k++) ss[k] += x[k] * x[k];
-        runs++;
-    }
+    double et[4];
+    cr_assert(f && fscanf(f, "%lf %lf %lf %lf", &et[0], &et[1], &et[2], &et[3]) == 4, "%s", sub);
     fclose(f);
-    cr_assert_eq(runs + 1, REALIZATIONS, "%s: %d float32 runs", sub, runs);
-    // This run must itself be one of the realizations, by the test check_run applies to the
-    // layouts (against the torch runs alone: t with 7 degrees of freedom, P(|t_7| > 10) =
-    // 2e-5): a config() that the mirror above no longer matches fails here instead of
-    // widening the tolerance.
+    // This run must itself pass check_run's test against torch's: a config() that the mirror
+    // above no longer matches fails here instead of widening the tolerance.
     for (int k = 0; k < 4; k++) {
-        double st = sqrt(ss[k] / runs);
-        cr_assert(e1[k] <= T_BOUND * st, "single-rank run: error %.3g is %.1f sigma of the torch "
-                  "float32 runs (%s: does config() match reference_run's JSON?)", e1[k],
-                  e1[k] / st, k < 2 ? "weights" : k == 2 ? "loss" : "grad norm");
-        ref->sigma[k] = sqrt((ss[k] + e1[k] * e1[k]) / REALIZATIONS);
+        cr_assert(e1[k] <= T_BOUND * et[k], "single-rank run: error %.3g is %.1f times torch "
+                  "float32's (%s: does config() match reference_run's JSON?)", e1[k],
+                  e1[k] / et[k], k < 2 ? "weights" : k == 2 ? "loss" : "grad norm");
+        ref->sigma[k] = sqrt((e1[k] * e1[k] + et[k] * et[k]) / 2);
     }
+    if (getenv("L3D_TEST_SIGMA"))
+        fprintf(stderr, "REF %d layers: l3d/torch errors %.2f %.2f %.2f %.2f\n", ref->nt[0],
+                e1[0] / et[0], e1[1] / et[1], e1[2] / et[2], e1[3] / et[3]);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
 }
 
 // The tolerance. A float32 run of any layout is the float64 trajectory plus rounding errors
-// amplified by the training dynamics; on this chaotic trajectory (AdamW divides by sqrt(v),
-// large where gradients are near zero) the amplified error is dominated by one unstable
-// direction, so its size e = sigma |Z| with Z ~ N(0,1) and sigma a property of the trajectory,
-// the precision and the kernels, not of the summation order: a layout only reorders float32
-// sums (a K-sum split over tp, micro-batches over dp: no larger error bound than the serial
-// sum). sigma is estimated from the n = 8 realizations of reference_run (sigma-hat, the root
-// mean square of their errors), so e_layout / sigma-hat follows Student's t with n degrees of
-// freedom: P(|t_8| > 10) = 8.5e-6, under 1e-3 for the ~100 comparisons of a full run. A real
-// error moves weights by lr = 1e-3 per step (or, for an error that only scales a gradient,
-// changes the gradient norm by that scale): thousands of sigma (sigma is 2e-8..1e-7 rms,
-// 3e-6..1.3e-5 max here). Measured on AMD Zen with Haswell and Sandybridge kernels: the
-// largest e_layout / sigma-hat was 3.9 (tp 2 over 8 layers).
-
+// amplified by the training dynamics (AdamW divides by sqrt(v), so elements with gradients
+// near zero turn small gradient errors into large update errors). The size of that error is a
+// property of the trajectory, the precision and the machine's kernels, not of one
+// implementation: l3d's single-rank run and torch's float32 run, which share no kernel, land
+// at 0.4-2.5 times each other's distance from the float64 run across this test's references
+// on Haswell and Sandybridge kernels. A layout only reorders l3d's float32 sums (a K-sum split
+// over tp, micro-batches over dp), which has the same error bound as the serial sum, so its
+// distance from the float64 run is an error of the same size: each of the four measures
+// (weights rms and max, loss and gradient norm over the steps) must stay within T_BOUND sigma.
+// Measured: at most 3.9 sigma (tp 2 over 8 layers, Haswell kernels; 2.8 with Sandybridge),
+// every other layout under 2.5. A fault is far outside: a 1e-4 relative lr error on dp 2
+// ranks scores 31 sigma on the weights and 218 on the loss, and a fault that only scales a
+// gradient (invisible to AdamW's weights) moves the gradient norm by that scale.
 // Steps from s0 on (a resumed run) and the final weights of `got` against the float64
 // trajectory of `ref`.
 static void check_run(const char *name, const result_t *got, const result_t *ref, int s0) {

@@ -490,13 +490,11 @@ def make_optimizer(params, ds, foreach=None):
         eps=float(op.get("eps", 1e-8)), foreach=foreach)
 
 
-def train(params, cfg, ds, tokens, steps, lr_override=None, decay_norms=False, no_clip=False,
-          micro_order=None):
+def train(params, cfg, ds, tokens, steps, lr_override=None, decay_norms=False, no_clip=False):
     """Trains `params` (dict of leaf tensors with requires_grad) in place for `steps` optimizer
     steps under the ds_config dict `ds`. Returns per-step records {step, loss, lr, grad_norm}.
     lr_override(step) replaces the schedule; decay_norms / no_clip are deliberate mistakes
-    (diagnosis only). micro_order: the order in which a step's micro-batches are accumulated
-    (a permutation of range(accum); the same math, other float roundings)."""
+    (diagnosis only)."""
     B = int(ds["train_batch_size"])
     micro = int(ds.get("train_micro_batch_size_per_gpu", B))
     accum = int(ds.get("gradient_accumulation_steps", B // micro))
@@ -512,7 +510,7 @@ def train(params, cfg, ds, tokens, steps, lr_override=None, decay_norms=False, n
         for t in plist:
             t.grad = None
         total = 0.0
-        for j in (micro_order or range(accum)):
+        for j in range(accum):
             x, y = batch(tokens, s, B, T, first=j * micro, count=micro)
             logits = forward(params, cfg, torch.from_numpy(x))
             ce = F.cross_entropy(logits.reshape(-1, cfg.V), torch.from_numpy(y).reshape(-1),
