@@ -156,5 +156,59 @@ else
   fail "an output_path that is a file (rc $rc)" "$tmp/x.out"
 fi
 
+# ---- metrics are a side channel: full files warn once each, training and --save go on -------
+# warned_once OUT FILE: exactly one warning line naming FILE
+warned_once() { [ "$(grep -i "warn" "$1" | grep -cF "$2")" -eq 1 ]; }
+mkdir -p "$tmp/f/csv/job"
+ln -s /dev/full "$tmp/f/m.jsonl"; ln -s /dev/full "$tmp/f/m.svg"
+ln -s /dev/full "$tmp/f/csv/job/Train_Samples_lr.csv"
+(cd "$tmp/f" && "$L3D" train --config ../c.json --steps 3 --metrics m.jsonl --save ck) >"$tmp/f.out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && warned_once "$tmp/f.out" m.jsonl && warned_once "$tmp/f.out" m.svg &&
+   warned_once "$tmp/f.out" csv/job/Train_Samples_lr.csv && grep -q "^saved ck (step 3)" "$tmp/f.out" &&
+   "$L3D" forward --checkpoint "$tmp/f/ck" --tokens 1,2,3 --out "$tmp/f/l.bin" >/dev/null 2>&1; then
+  ok "metrics, svg and a csv file on /dev/full: one warning each naming it, exit 0, --save written"
+else
+  fail "metrics on /dev/full (rc $rc)" "$tmp/f.out"
+fi
+
+# The same on a file system that fills mid-run (a 64 KiB tmpfs with one page left; needs
+# root): the files end in whole lines and records, the checkpoint elsewhere is whole.
+mnt="$tmp/g/full"
+mkdir -p "$mnt"
+if mount -t tmpfs -o size=64k l3d-test "$mnt" 2>/dev/null; then
+  trap 'umount "$mnt" 2>/dev/null; rm -rf "$tmp"' EXIT
+  dd if=/dev/zero of="$mnt/page" bs=4096 count=1 2>/dev/null
+  dd if=/dev/zero of="$mnt/filler" bs=4096 2>/dev/null
+  rm -f "$mnt/page"
+  sed 's|"output_path": "tb"|"output_path": "full/tb"|; s|"output_path": "csv/"|"output_path": "full/csv"|' \
+    "$tmp/c.json" >"$tmp/g.json"
+  (cd "$tmp/g" && "$L3D" train --config ../g.json --steps 40 --metrics full/m.jsonl --save ck) >"$tmp/g.out" 2>&1
+  rc=$?
+  ev=$(cd "$tmp/g" && ls full/tb/job/events.out.tfevents.* 2>/dev/null)
+  whole=$(cd "$tmp/g" && $PY - full/m.jsonl "$ev" <<'EOF'
+import json, struct, sys
+text = open(sys.argv[1]).read()
+for l in text.splitlines(): json.loads(l)
+assert text.endswith('\n') or not text, 'torn line'
+d, i = open(sys.argv[2], 'rb').read(), 0
+while i < len(d):
+    n, = struct.unpack('<Q', d[i:i + 8]); i += 16 + n
+assert i == len(d), 'torn record'
+print('whole')
+EOF
+)
+  if [ $rc -eq 0 ] && [ "$whole" = whole ] && warned_once "$tmp/g.out" full/m.jsonl &&
+     warned_once "$tmp/g.out" "$ev" && grep -q "^saved ck (step 40)" "$tmp/g.out" &&
+     "$L3D" forward --checkpoint "$tmp/g/ck" --tokens 1,2,3 --out "$tmp/g/l.bin" >/dev/null 2>&1; then
+    ok "a file system filling mid-run: one warning per file, whole lines and records, exit 0, --save written"
+  else
+    fail "a file system filling mid-run (rc $rc, files: $whole)" "$tmp/g.out"
+  fi
+  umount "$mnt"
+else
+  echo "skip the filling file system: cannot mount a tmpfs here (not root)"
+fi
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
