@@ -93,16 +93,18 @@ static l3d_status open_csv(l3d_monitor_t *m, const char *dir) {
 
 l3d_status l3d_monitor_create(l3d_trainer_t *t, int append, l3d_monitor_t **monitor_p) {
     l3d_ctx_t *ctx = t->ctx;
+    int rank0 = !t->mesh || t->mesh->rank == 0;  // only rank 0 writes, as in DeepSpeed
+    *monitor_p = NULL;                           // nothing to write: every call takes NULL
+    if (!rank0 || (!t->cfg.tensorboard && !t->cfg.csv_monitor)) return L3D_OK;
     l3d_monitor_t *m = l3d_calloc(ctx, 1, sizeof(*m), "other");
     if (!m) return L3D_ERR_NOMEM;
     m->ctx = ctx;
     m->samples_per_step = t->cfg.train_batch_size;
     m->append = append;
     m->tb_fd = -1;
-    int rank0 = !t->mesh || t->mesh->rank == 0;  // only rank 0 writes, as in DeepSpeed
     l3d_status st = L3D_OK;
-    if (rank0 && t->cfg.tensorboard) st = open_tb(m, t->cfg.tensorboard_dir);
-    if (st == L3D_OK && rank0 && t->cfg.csv_monitor) st = open_csv(m, t->cfg.csv_monitor_dir);
+    if (t->cfg.tensorboard) st = open_tb(m, t->cfg.tensorboard_dir);
+    if (st == L3D_OK && t->cfg.csv_monitor) st = open_csv(m, t->cfg.csv_monitor_dir);
     if (st < 0) {
         l3d_monitor_destroy(m);
         return st;

@@ -30,8 +30,8 @@ typedef struct l3d_monitor_event {
 } l3d_monitor_event_t;
 
 // Opens the monitors the trainer's config enables (cfg->tensorboard, cfg->csv_monitor) on
-// world rank 0, creating their directories; on every other rank, or with none enabled, a
-// monitor that writes nothing. `append` (a resumed run): the CSV files are continued, and
+// world rank 0, creating their directories; on every other rank, or with none enabled,
+// *monitor_p is NULL, which every call below takes (it writes nothing). `append` (a resumed run): the CSV files are continued, and
 // TensorBoard gets a new event file beside the earlier ones (it reads them all). A directory
 // or file that cannot be created is L3D_ERR_IO naming it.
 l3d_status l3d_monitor_create(l3d_trainer_t *t, int append, l3d_monitor_t **monitor_p);
