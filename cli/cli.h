@@ -56,10 +56,12 @@ int l3d_bench_comm_main(int argc, char **argv, int first);
 int l3d_cli_launched(void);
 
 // Metrics: one JSON object per step, and an SVG loss curve written beside the JSONL file.
+// A side channel: after open, a failed write of either file is one warning on stderr naming
+// the file; the JSONL then ends in a whole line and the run goes on.
 typedef struct l3d_metrics l3d_metrics_t;
-int l3d_metrics_open(const char *path, int append, l3d_metrics_t **m_p);
+int l3d_metrics_open(const char *path, int append, l3d_metrics_t **m_p);  // 0 or -errno
 void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s);
-// Writes <path without .jsonl>.svg from every step recorded so far; returns 0 or -errno.
-int l3d_metrics_close(l3d_metrics_t *m);
+// Writes <path without .jsonl>.svg from every step recorded so far; NULL is fine.
+void l3d_metrics_close(l3d_metrics_t *m);
 
 #endif

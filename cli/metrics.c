@@ -1,28 +1,39 @@
 // Per-step metrics: JSON lines, and an SVG loss curve beside them at the end of the run.
+// Metrics are a side channel: a write that fails (a full disk) is one warning naming the file,
+// the file is left ending in a whole line, and training and checkpoints go on.
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "platform/platform.h"
 
 struct l3d_metrics {
-    FILE *f;
+    int fd;  // the JSONL; -1 once a write failed
+    char path[1100];
     char svg_path[1100];
     int n, cap;
     int *step;
     double *loss;
 };
 
+// The one warning a failed metrics file gets.
+static void warn_failed(const char *path, int err) {
+    fprintf(stderr, "l3d train: warning: cannot write %s: %s; metrics stop there, training "
+                    "goes on\n", path, strerror(-err));
+}
+
 int l3d_metrics_open(const char *path, int append, l3d_metrics_t **m_p) {
     l3d_metrics_t *m = calloc(1, sizeof(*m));
     if (!m) return -ENOMEM;
-    m->f = fopen(path, append ? "a" : "w");
-    if (!m->f) {
-        int e = errno;
+    m->fd = l3d_outfile_open(path, append);
+    if (m->fd < 0) {
+        int e = m->fd;
         free(m);
-        return -e;
+        return e;
     }
+    snprintf(m->path, sizeof(m->path), "%s", path);
     size_t len = strlen(path);
     if (len > 6 && !strcmp(path + len - 6, ".jsonl"))
         snprintf(m->svg_path, sizeof(m->svg_path), "%.*s.svg", (int)(len - 6), path);
@@ -33,7 +44,10 @@ int l3d_metrics_open(const char *path, int append, l3d_metrics_t **m_p) {
 }
 
 void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s) {
-    fprintf(m->f,
+    if (m->fd >= 0) {
+        char line[1024];
+        int n = snprintf(
+            line, sizeof(line),
             "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.17g, "
             "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"step_time_s\": %.6g, "
             "\"mem_peak_bytes\": %zu, \"comm_calls\": {\"tp\": %llu, \"dp\": %llu, \"pp\": %llu}, "
@@ -43,7 +57,15 @@ void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s) {
             (unsigned long long)s->comm_calls[1], (unsigned long long)s->comm_calls[2],
             (unsigned long long)s->comm_bytes[0], (unsigned long long)s->comm_bytes[1],
             (unsigned long long)s->comm_bytes[2]);
-    fflush(m->f);
+        // One write per line: a failed one is cut off again, so the file ends in a whole line.
+        int e = n > 0 && (size_t)n < sizeof(line) ? l3d_outfile_append(m->fd, line, (size_t)n)
+                                                   : -EOVERFLOW;
+        if (e < 0) {
+            warn_failed(m->path, e);
+            l3d_outfile_close(m->fd);
+            m->fd = -1;
+        }
+    }
     if (m->n == m->cap) {
         int cap = m->cap ? 2 * m->cap : 256;
         int *st = realloc(m->step, (size_t)cap * sizeof(int));
@@ -58,8 +80,11 @@ void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s) {
     m->n++;
 }
 
+// Draws the curve into memory, then writes it in one piece where svg_path points.
 static int write_svg(const l3d_metrics_t *m) {
-    FILE *f = fopen(m->svg_path, "w");
+    char *buf = NULL;
+    size_t buf_len = 0;
+    FILE *f = open_memstream(&buf, &buf_len);
     if (!f) return -errno;
     const double W = 640, H = 360, L = 60, R = 20, T = 20, B = 40;
     double lo = INFINITY, hi = -INFINITY;
@@ -93,15 +118,23 @@ static int write_svg(const l3d_metrics_t *m) {
         fprintf(f, "%.1f,%.1f ", x, y);
     }
     fprintf(f, "\"/>\n</svg>\n");
-    return fclose(f) ? -errno : 0;
+    if (fclose(f)) {
+        free(buf);
+        return -ENOMEM;
+    }
+    int fd = l3d_outfile_open(m->svg_path, 0);
+    int e = fd < 0 ? fd : l3d_outfile_append(fd, buf, buf_len);
+    int c = l3d_outfile_close(fd);
+    free(buf);
+    return e < 0 ? e : c;
 }
 
-int l3d_metrics_close(l3d_metrics_t *m) {
-    if (!m) return 0;
-    int rc = write_svg(m);
-    if (fclose(m->f) && !rc) rc = -errno;
+void l3d_metrics_close(l3d_metrics_t *m) {
+    if (!m) return;
+    int e = write_svg(m);
+    if (e < 0) warn_failed(m->svg_path, e);
+    if (m->fd >= 0 && (e = l3d_outfile_close(m->fd)) < 0) warn_failed(m->path, e);
     free(m->step);
     free(m->loss);
     free(m);
-    return rc;
 }

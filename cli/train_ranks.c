@@ -68,6 +68,7 @@ static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
     int rank = r->rank;
     l3d_trainer_t *t = NULL;
     l3d_metrics_t *mx = NULL;
+    l3d_monitor_t *mon = NULL;
     l3d_status st;
     r->rc = L3D_EXIT_OK;
     if ((st = l3d_trainer_create_parallel(ctx, cfg, r->comm, &t)) < 0) goto fail;
@@ -97,11 +98,14 @@ static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
             goto out;
         }
     }
+    // DeepSpeed's tensorboard and csv_monitor (rank 0 writes; the others get a no-op).
+    if ((st = l3d_monitor_create(t, job->resume != NULL, &mon)) < 0) goto fail;
     int print_every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10;
     while (l3d_trainer_steps_done(t) < cfg->steps) {
         l3d_step_stats_t s;
         if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
         if (mx) l3d_metrics_write(mx, &s);
+        l3d_monitor_write_step(mon, &s);
         if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps))
             print_step(&s, cfg->steps, job->world);
         if (cfg->save_dir[0] && cfg->save_interval > 0 && s.step % cfg->save_interval == 0 &&
@@ -116,13 +120,8 @@ static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
 fail:
     failed(r, ctx, st);
 out:
-    if (mx) {
-        int e = l3d_metrics_close(mx);
-        if (e && r->rc == L3D_EXIT_OK) {
-            snprintf(r->err, sizeof(r->err), "writing the loss curve: %s", strerror(-e));
-            r->rc = L3D_EXIT_FAIL;
-        }
-    }
+    l3d_metrics_close(mx);  // a side channel: a failed write was a warning, not the exit code
+    l3d_monitor_destroy(mon);
     l3d_trainer_destroy(t);
     if (r->comm && r->rc != L3D_EXIT_OK) l3d_comm_abort(r->comm);  // the peers fail fast, naming us
 }

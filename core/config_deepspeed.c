@@ -377,20 +377,65 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     return L3D_OK;
 }
 
+// ---- monitors ----------------------------------------------------------------------------
+// tensorboard / csv_monitor {enabled, output_path, job_name}: the directory is DeepSpeed's
+// os.path.join(output_path, job_name), with its defaults "" and "DeepSpeedJobName", taken
+// from the working directory as DeepSpeed does (not from the config file's directory).
+static l3d_status parse_monitor(const l3d_dsparser_t *p, json_t *root, const char *name,
+                                int *enabled, char *dir, size_t cap) {
+    const l3d_cfgjson_t *j = &p->j;
+    json_t *sec = json_object_get(root, name);
+    if (!json_is_object(sec)) return L3D_OK;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, name, "enabled", enabled, NULL));
+    const char *out = json_string_value(json_object_get(sec, "output_path"));
+    const char *job = json_string_value(json_object_get(sec, "job_name"));
+    if (!out) out = "";
+    if (!job) job = "DeepSpeedJobName";
+    size_t n = strlen(out);
+    int w;
+    if (!n || job[0] == '/') w = snprintf(dir, cap, "%s", job);
+    else if (!job[0]) w = snprintf(dir, cap, "%s", out);
+    else w = snprintf(dir, cap, "%s%s%s", out, out[n - 1] == '/' ? "" : "/", job);
+    if (w < 0 || (size_t)w >= cap)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: %s.output_path/job_name: the directory is longer than %zu bytes",
+                         j->origin, name, cap - 1);
+    return L3D_OK;
+}
+
+static l3d_status parse_monitors(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    l3d_train_config_t *cfg = p->cfg;
+    L3D_CHECK(j->ctx, parse_monitor(p, root, "tensorboard", &cfg->tensorboard,
+                                    cfg->tensorboard_dir, sizeof(cfg->tensorboard_dir)));
+    L3D_CHECK(j->ctx, parse_monitor(p, root, "csv_monitor", &cfg->csv_monitor,
+                                    cfg->csv_monitor_dir, sizeof(cfg->csv_monitor_dir)));
+    json_t *wandb = json_object_get(root, "wandb");
+    int on = 0;
+    if (json_is_object(wandb))
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, wandb, "wandb", "enabled", &on, NULL));
+    if (on)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: wandb.enabled: llama3d sends nothing over the network; use "
+                         "tensorboard or csv_monitor (files on this machine) instead",
+                         j->origin);
+    return L3D_OK;
+}
+
 // ---- activation checkpointing and monitors -----------------------------------------------
 static l3d_status parse_misc_sections(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
     static const char *const recompute = " (activations are recomputed per layer on the rank)";
-    static const char *const jsonl = " (llama3d writes JSONL metrics: set train.metrics)";
     static const l3d_dskey_t k_ac[] = {
         {"partition_activations", 'b', recompute},
         {"contiguous_memory_optimization", 'b', recompute},
         {"cpu_checkpointing", 'b', recompute},
         {"synchronize_checkpoint_boundary", 'b', recompute},
         {"profile", 'b', recompute}, {"number_checkpoints", '*', NULL}};
+    // The monitors are honoured (parse_monitors), wandb.enabled refused.
     static const l3d_dskey_t k_tb[] = {
-        {"enabled", 'b', jsonl}, {"output_path", 's', NULL}, {"job_name", 's', NULL}};
-    static const l3d_dskey_t k_wandb[] = {{"enabled", 'b', jsonl}, {"group", 's', NULL},
+        {"enabled", 'b', NULL}, {"output_path", 's', NULL}, {"job_name", 's', NULL}};
+    static const l3d_dskey_t k_wandb[] = {{"enabled", 'b', NULL}, {"group", 's', NULL},
                                          {"team", 's', NULL}, {"project", 's', NULL}};
     static const l3d_dskey_t k_flops[] = {
         {"enabled", 'b', ""}, {"recompute_fwd_factor", 'n', NULL}, {"profile_step", 'i', NULL},
@@ -414,6 +459,7 @@ static l3d_status parse_misc_sections(const l3d_dsparser_t *p, json_t *root) {
             L3D_CHECK(j->ctx,
                       l3d_dsconfig_check_section(p, o, secs[i].name, secs[i].specs, secs[i].n));
     }
+    L3D_CHECK(j->ctx, parse_monitors(p, root));
     json_t *ac = json_object_get(root, "activation_checkpointing");
     if (!ac) return L3D_OK;
     // DeepSpeed's section configures the checkpointing that model code asks for; llama3d

@@ -89,4 +89,19 @@ int l3d_proc_is_dead(int64_t pid);
 // a pid means something only where this matches. -ENOENT where it cannot be known.
 int l3d_host_id(char *buf, size_t cap);
 
+// ---- output files (platform/outfile.c) ---------------------------------------------------
+// Side-channel files (metrics, monitors): opened where the path points (symlinks and devices
+// followed, not replaced), written a whole piece at a time.
+// Creates or truncates `path` (append: continues it); returns a descriptor or -errno.
+int l3d_outfile_open(const char *path, int append);
+// Writes all of data[0..len) at the end, or returns -errno having cut a partial piece off a
+// regular file again, so the file ends with a whole record or line.
+int l3d_outfile_append(int fd, const void *data, size_t len);
+int l3d_outfile_close(int fd);  // fd < 0 is fine; 0 or -errno
+// Bytes in the file (0 for a device or a pipe), or -errno.
+int64_t l3d_outfile_size(int fd);
+int l3d_process_id(void);
+double l3d_time_wall(void);     // seconds since the Unix epoch (for time stamps, not intervals)
+void l3d_host_name(char *buf, size_t cap);  // gethostname, or "localhost"
+
 #endif

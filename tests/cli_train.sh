@@ -16,8 +16,11 @@ losses() { /usr/bin/python3 -c 'import json,sys; [print(repr(json.loads(l)["loss
            || sed -E 's/.*"loss": ([^,]*),.*/\1/' "$1"; }
 
 # The seed user's DeepSpeed file must start a run (2 steps; micro 4 x accumulation 8).
-"$L3D" train --config "$here/data/ds_config_seed.json" --steps 2 --seq-len 32 >"$tmp/seed.out" 2>&1
+# Run in $tmp: its tensorboard section writes ./tensorboard/llama3_3d_tp (tests/cli_monitor.sh
+# reads such files back).
+(cd "$tmp" && "$L3D" train --config "$here/data/ds_config_seed.json" --steps 2 --seq-len 32) >"$tmp/seed.out" 2>&1
 rc=$?; check "seed ds_config starts a run" $rc
+ls "$tmp"/tensorboard/llama3_3d_tp/events.out.tfevents.* >/dev/null 2>&1; check "seed run writes its tensorboard events" $?
 grep -q "note: .*fp16" "$tmp/seed.out"; check "seed run reports fp16 as not yet effective" $?
 grep -q "batch 32 = micro 4 x accumulation 8" "$tmp/seed.out"; check "seed run batch identity" $?
 [ $rc -ne 0 ] && sed 's/^/    /' "$tmp/seed.out" | tail -5

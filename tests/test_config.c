@@ -360,7 +360,11 @@ Test(config, seed_file) {
     cr_assert(has_note(&c, "stage 3"));
     cr_assert(has_note(&c, "offload_optimizer"));
     cr_assert(has_note(&c, "offload_param"));
-    cr_assert(has_note(&c, "tensorboard"));
+    // The monitors are honoured: no note, DeepSpeed's output_path/job_name directory.
+    cr_assert(!has_note(&c, "tensorboard"));
+    cr_assert_eq(c.tensorboard, 1);
+    cr_assert_str_eq(c.tensorboard_dir, "./tensorboard/llama3_3d_tp");
+    cr_assert_eq(c.csv_monitor, 0);
     cr_assert(has_note(&c, "partition_activations"));
     cr_assert(!has_note(&c, "contiguous_memory_optimization"));  // false: nothing asked for
     cr_assert(!has_note(&c, "wall_clock_breakdown"));
@@ -660,9 +664,38 @@ Test(config, wrong_types_and_values) {
         {"{\"train\": {\"device\": 3}}", "train.device: expected a string"},
         {"{\"data\": {\"seq_len\": -5}}", "data.seq_len"},
         {"{\"tensorboard\": {\"enabled\": true, \"output_path\": 5}}", "tensorboard.output_path"},
+        {"{\"csv_monitor\": {\"enabled\": 1}}", "csv_monitor.enabled"},
+        // No network here: wandb is refused, pointing at the file monitors.
+        {"{\"wandb\": {\"enabled\": true, \"project\": \"p\"}}",
+         "wandb.enabled: llama3d sends nothing over the network; use tensorboard or csv_monitor"},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         ASSERT_ERR_HAS(ds_fresh(bad[i].json, &c), L3D_ERR_CONFIG, bad[i].needle);
+}
+
+// tensorboard/csv_monitor directories are DeepSpeed's os.path.join(output_path, job_name)
+// with its defaults ("" and "DeepSpeedJobName").
+Test(config, monitor_dirs) {
+    l3d_train_config_t c;
+    static const struct {
+        const char *json, *tb, *csv;
+    } cases[] = {
+        {"{\"tensorboard\": {\"enabled\": true}}", "DeepSpeedJobName", ""},
+        {"{\"tensorboard\": {\"enabled\": true, \"output_path\": \"out/ds_logs/\","
+         " \"job_name\": \"bert\"}, \"csv_monitor\": {\"enabled\": true, \"output_path\":"
+         " \"/tmp/c\", \"job_name\": \"j\"}}",
+         "out/ds_logs/bert", "/tmp/c/j"},
+        {"{\"csv_monitor\": {\"enabled\": true, \"output_path\": \"o\", \"job_name\": \"/abs\"}}",
+         "", "/abs"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        cr_assert_eq(ds_fresh(cases[i].json, &c), L3D_OK, "%s", err());
+        cr_assert_eq(c.tensorboard, cases[i].tb[0] != 0);
+        cr_assert_eq(c.csv_monitor, cases[i].csv[0] != 0);
+        if (c.tensorboard) cr_assert_str_eq(c.tensorboard_dir, cases[i].tb);
+        if (c.csv_monitor) cr_assert_str_eq(c.csv_monitor_dir, cases[i].csv);
+        cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
+    }
 }
 
 Test(config, optimizer_modes) {
@@ -706,7 +739,7 @@ Test(config, notes) {
     cr_assert_eq(c.n_notes, 1);
     cr_assert(strstr(c.notes[0], "stage 3: accepted, not yet effective"), "%s", c.notes[0]);
     cr_assert_eq(ds_fresh("{\"bf16\": {\"enabled\": true}, \"wall_clock_breakdown\": true,"
-                          " \"activation_checkpointing\": {}, \"wandb\": {\"enabled\": true},"
+                          " \"activation_checkpointing\": {}, \"wandb\": {\"enabled\": false},"
                           " \"communication_data_type\": \"bf16\", \"prescale_gradients\": true}",
                           &c),
                  L3D_OK, "%s", err());
@@ -715,10 +748,9 @@ Test(config, notes) {
     cr_assert_eq(c.activation_checkpointing, 1);
     cr_assert(has_note(&c, "bf16.enabled: accepted, not yet effective on the cpu device"));
     cr_assert(has_note(&c, "wall_clock_breakdown"));
-    cr_assert(has_note(&c, "wandb"));
     cr_assert(has_note(&c, "communication_data_type"));
     cr_assert(has_note(&c, "prescale_gradients"));
-    cr_assert_eq(c.n_notes, 5);
+    cr_assert_eq(c.n_notes, 4);
 }
 
 // ---- learning-rate schedules -------------------------------------------------------------

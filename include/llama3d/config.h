@@ -118,6 +118,12 @@ typedef struct l3d_train_config {
     int save_consolidated;       // train.save_consolidated: a parallel run writes one HF
                                  // directory (else each rank writes its shard in parallel)
     char metrics_path[512];      // train.metrics ("" = none)
+    // DeepSpeed's monitors (tensorboard, csv_monitor): each enabled one writes under its
+    // output_path/job_name on world rank 0 (llama3d/monitor.h). wandb is refused: no network.
+    int tensorboard;             // tensorboard.enabled
+    char tensorboard_dir[640];   // tensorboard.output_path joined with job_name
+    int csv_monitor;             // csv_monitor.enabled
+    char csv_monitor_dir[640];   // csv_monitor.output_path joined with job_name
     int dp, tp, pp;              // parallel section
     int dp_auto;                 // dp not given: a launcher's world size decides (world/(tp*pp))
     char parallel_order[16];     // parallel.order, fastest first ("" = "tp-dp-pp")

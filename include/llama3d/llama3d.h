@@ -8,6 +8,7 @@
 #include "llama3d/config.h"
 #include "llama3d/model.h"
 #include "llama3d/train.h"
+#include "llama3d/monitor.h"
 
 #define LLAMA3D_VERSION_MAJOR 0
 #define LLAMA3D_VERSION_MINOR 1
