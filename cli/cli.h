@@ -55,6 +55,13 @@ int l3d_bench_comm_main(int argc, char **argv, int first);
 // allocation shell that sets only sizes (SLURM_NTASKS) is a single run.
 int l3d_cli_launched(void);
 
+// A context for a command (l3d_ctx_create's defaults); `progress` nonzero and stderr a
+// terminal: with the progress renderer of cli/progress.c, which draws an operation's line
+// only once it has taken a second.
+l3d_status l3d_cli_ctx_create(int progress, l3d_ctx_t **ctx_p);
+void l3d_cli_progress_render(const char *what, uint64_t done, uint64_t total, int last,
+                             void *user);
+
 // Metrics: one JSON object per step, and an SVG loss curve written beside the JSONL file.
 // A side channel: after open, a failed write of either file is one warning on stderr naming
 // the file; the JSONL then ends in a whole line and the run goes on.

@@ -60,7 +60,7 @@ int l3d_cmd_generate(int argc, char **argv) {
     if (seed && l3d_cli_int("generate", "--seed", seed, 0, INT64_MAX, &s)) return 2;
 
     l3d_ctx_t *ctx = NULL;
-    l3d_status st = l3d_ctx_create(NULL, &ctx);
+    l3d_status st = l3d_cli_ctx_create(1, &ctx);
     if (st < 0) return l3d_cli_fail("generate", NULL, st);
     l3d_device_t *dev = NULL;
     l3d_model_t *m = NULL;
@@ -184,7 +184,7 @@ int l3d_cmd_forward(int argc, char **argv) {
     int n = 0;
     if (parse_tokens(tokens, &ids, &n)) return L3D_EXIT_USAGE;
     l3d_ctx_t *ctx = NULL;
-    l3d_status st = l3d_ctx_create(NULL, &ctx);
+    l3d_status st = l3d_cli_ctx_create(1, &ctx);
     if (st < 0) {
         free(ids);
         return l3d_cli_fail("forward", NULL, st);

@@ -129,7 +129,8 @@ out:
 // ---- this process: a single rank, or one rank of a launched job ---------------------------
 int l3d_train_run_process(const l3d_train_job_t *job) {
     l3d_ctx_t *ctx = NULL;
-    l3d_status st = l3d_ctx_create(NULL, &ctx);
+    // Progress on rank 0 only: the other ranks of a job share its terminal.
+    l3d_status st = l3d_cli_ctx_create(job->rank == 0, &ctx);
     if (st < 0) return l3d_cli_fail("train", NULL, st);
     rank_run_t r = {.job = job, .rank = job->rank};
     if (job->world > 1 && (st = l3d_comm_create_env(ctx, NULL, &r.comm)) < 0) {
@@ -147,7 +148,8 @@ int l3d_train_run_process(const l3d_train_job_t *job) {
 static void *rank_thread(void *p) {
     rank_run_t *r = p;
     l3d_ctx_t *ctx = NULL;
-    l3d_status st = l3d_ctx_create(NULL, &ctx);  // the environment was checked already
+    // the environment was checked already; progress from rank 0 only
+    l3d_status st = l3d_cli_ctx_create(r->rank == 0, &ctx);
     if (st < 0) {
         r->st = st;
         r->rc = l3d_cli_exit_code(st);

@@ -86,10 +86,13 @@ static l3d_status read_arena(l3d_model_t *m, float *a, const char *path, const c
     size_t bytes = m->n_params * sizeof(float);
     float *h = host ? a : l3d_malloc(ctx, bytes, "staging");
     l3d_status st = h ? L3D_OK : L3D_ERR_NOMEM;
+    l3d_progress_t pr;
+    l3d_progress_begin(ctx, &pr, bytes, "loading %s", path);
     // The file's index was checked against the config (l3d_ckpt_check) before the model was
     // allocated; what is left to check is the values.
     for (int j = 0; st >= 0 && j < m->n_tensors; j++) {
         const l3d_param_t *p = &m->tensors[j];
+        l3d_progress_update(&pr, p->offset * sizeof(float));
         char name[80];
         snprintf(name, sizeof(name), "%s%s", p->name, suffix);
         st = l3d_st_read_f32(ctx, f, name, p->shape, p->ndim, h + p->offset);
@@ -109,6 +112,8 @@ static l3d_status read_arena(l3d_model_t *m, float *a, const char *path, const c
         st = l3d_dev_copy(m->dev, a, h, bytes, L3D_COPY_H2D);
         if (st >= 0) st = l3d_dev_sync(m->dev);
     }
+    if (st >= 0) pr.done = bytes;
+    l3d_progress_end(&pr);
     if (!host) l3d_free(ctx, h, bytes, "staging");
     l3d_st_close(f);
     return st;

@@ -14,6 +14,8 @@ struct l3d_ctx {
     int have_alloc;
     l3d_log_fn log_fn;
     void *log_user;
+    l3d_progress_fn progress_fn;
+    void *progress_user;
     FILE *log_file;
     int log_file_failed;  // L3D_LOG_FILE could not be opened or written: stderr from then on
     int rank;
@@ -56,6 +58,8 @@ l3d_status l3d_ctx_create(const l3d_ctx_params_t *params, l3d_ctx_t **ctx_p) {
     ctx->alloc = a;
     ctx->log_fn = params->log_fn;
     ctx->log_user = params->log_user;
+    ctx->progress_fn = params->progress_fn;
+    ctx->progress_user = params->progress_user;
     ctx->rank = -1;
     pthread_mutex_init(&ctx->mu, NULL);
     l3d_settings_default(&ctx->settings);
@@ -84,6 +88,11 @@ void l3d_ctx_destroy(l3d_ctx_t *ctx) {
 
 const char *l3d_ctx_last_error(const l3d_ctx_t *ctx) { return ctx ? ctx->last_error : ""; }
 const l3d_settings_t *l3d_ctx_settings(const l3d_ctx_t *ctx) { return &ctx->settings; }
+
+void l3d_ctx_progress_fn(const l3d_ctx_t *ctx, l3d_progress_fn *fn_p, void **user_p) {
+    *fn_p = ctx ? ctx->progress_fn : NULL;
+    *user_p = ctx ? ctx->progress_user : NULL;
+}
 
 void l3d_ctx_set_rank(l3d_ctx_t *ctx, int rank) {
     pthread_mutex_lock(&ctx->mu);

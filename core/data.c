@@ -1,97 +1,34 @@
-// The training data stream: loading a token file or a UTF-8 text into memory, and the exact
-// batching rule every layout relies on.
+// The training data stream: mapping a token file, loading a UTF-8 text (core/data_text.c),
+// and the exact batching rule every layout relies on.
 //
-// The l3d_dataset_t handed out is the first member of a private struct that also records the
-// capacity of the token buffer, so a tokenizer that over-allocates needs no shrinking copy.
+// Token stores are never read into memory whole: a .bin is mapped read-only and its ids are
+// used in place (little-endian uint32 is the host's int32 for ids below 2^31), a large text is
+// tokenized into a .bin cache that is mapped the same way.
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/data.h"
+#include "core/data_internal.h"
 #include "core/l3d_core.h"
+#include "platform/file_stream.h"
 #include "platform/platform.h"
-
-// A text file is read whole; past this size, pre-tokenize it into a .bin.
-#define DATA_TEXT_MAX ((size_t)1 << 31)
-
-typedef struct dataset_impl {
-    l3d_dataset_t pub;  // first: l3d_dataset_t * and dataset_impl * convert
-    size_t cap;         // ids allocated for pub.tokens
-} dataset_impl;
-
-// ---- UTF-8 validation (RFC 3629: no overlongs, no surrogates, nothing past U+10FFFF) -------
-// Returns 1 if buf is valid; otherwise 0 with *bad_p = offset of the first byte of the first
-// invalid sequence and *why_p a short reason.
-static int utf8_validate(const unsigned char *buf, size_t len, size_t *bad_p, const char **why_p) {
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = buf[i];
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t need;
-        unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-        if (c >= 0xC2 && c <= 0xDF) {
-            need = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            need = 2;
-            if (c == 0xE0) lo = 0xA0;  // below: overlong
-            if (c == 0xED) hi = 0x9F;  // above: UTF-16 surrogates D800..DFFF
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            need = 3;
-            if (c == 0xF0) lo = 0x90;  // below: overlong
-            if (c == 0xF4) hi = 0x8F;  // above: past U+10FFFF
-        } else {
-            *bad_p = i;
-            *why_p = (c >= 0x80 && c <= 0xBF) ? "unexpected continuation byte"
-                     : (c == 0xC0 || c == 0xC1) ? "overlong encoding"
-                                                : "byte never valid in UTF-8";
-            return 0;
-        }
-        // The bytes present must fit before a short tail is called truncated.
-        size_t avail = len - i - 1 < need ? len - i - 1 : need;
-        for (size_t k = 1; k <= avail; k++) {
-            unsigned b = buf[i + k];
-            if (k == 1 && (b < lo || b > hi)) {
-                *bad_p = i;
-                if (b < 0x80 || b > 0xBF) *why_p = "invalid continuation byte";
-                else if (c == 0xED) *why_p = "utf-16 surrogate";
-                else if (c == 0xF4) *why_p = "code point above U+10FFFF";
-                else *why_p = "overlong encoding";  // E0 or F0 with a too-small second byte
-                return 0;
-            }
-            if (k > 1 && (b < 0x80 || b > 0xBF)) {
-                *bad_p = i;
-                *why_p = "invalid continuation byte";
-                return 0;
-            }
-        }
-        if (avail < need) {
-            *bad_p = i;
-            *why_p = "sequence truncated at end of file";
-            return 0;
-        }
-        i += need + 1;
-    }
-    return 1;
-}
 
 static int has_suffix(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
-// Turns a negative errno from platform/ into a status with the path in the detail.
-static l3d_status file_error(l3d_ctx_t *ctx, const char *path, int rc, int is_text) {
+l3d_status l3d_dataset_file_error(l3d_ctx_t *ctx, const char *path, int rc) {
     if (rc == -ENOENT) return l3d_error(ctx, L3D_ERR_NOT_FOUND, "%s: no such file", path);
-    if (rc == -EFBIG && is_text)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED,
-                         "%s: text data sets are read whole and capped at %zu bytes; "
-                         "pre-tokenize it into a .bin file",
-                         path, DATA_TEXT_MAX);
+    if (rc == -EISDIR)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: is a directory; give a text or .bin file",
+                         path);
+    if (rc == -ENODEV)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: not a regular file (a FIFO, socket or "
+                         "device); data is read more than once, give a file", path);
+    if (rc == -EACCES) return l3d_error(ctx, L3D_ERR_CONFIG, "%s: permission denied", path);
     if (rc == -ENOMEM) return l3d_error(ctx, L3D_ERR_NOMEM, "%s: out of memory reading it", path);
     // The user named this file: a FIFO, directory or device is bad input, not an I/O failure.
     if (rc == -EISDIR || rc == -EINVAL)
@@ -101,127 +38,73 @@ static l3d_status file_error(l3d_ctx_t *ctx, const char *path, int rc, int is_te
     return l3d_error(ctx, L3D_ERR_CONFIG, "%s: %s", path, strerror(-rc));
 }
 
-static l3d_status dataset_alloc(l3d_ctx_t *ctx, const char *path, size_t cap,
-                                dataset_impl **ds_p) {
-    if (cap > SIZE_MAX / sizeof(int32_t))
-        return l3d_error(ctx, L3D_ERR_NOMEM, "%s: %zu tokens do not fit in memory", path, cap);
-    dataset_impl *ds = l3d_malloc(ctx, sizeof(*ds), "data");
-    if (!ds) return L3D_ERR_NOMEM;
-    memset(ds, 0, sizeof(*ds));
-    ds->pub.ctx = ctx;
-    snprintf(ds->pub.path, sizeof(ds->pub.path), "%s", path);
-    if (cap) {
-        ds->pub.tokens = l3d_malloc(ctx, cap * sizeof(int32_t), "data");
-        if (!ds->pub.tokens) {
-            l3d_free(ctx, ds, sizeof(*ds), "data");
-            return L3D_ERR_NOMEM;
-        }
-    }
-    ds->cap = cap;
-    *ds_p = ds;
-    return L3D_OK;
-}
+// Ids are checked in windows of this many bytes, each released once checked, so checking a
+// token file of any size keeps no more than one window resident.
+#define BIN_CHECK_WINDOW ((size_t)16 << 20)
 
 // .bin: little-endian uint32 ids, each checked against the model's vocabulary.
-static l3d_status load_bin(l3d_ctx_t *ctx, const char *path, int vocab_size,
-                           dataset_impl **ds_p) {
+l3d_status l3d_dataset_load_bin(l3d_ctx_t *ctx, const char *path, int vocab_size,
+                                l3d_dataset_impl_t **ds_p) {
+    *ds_p = NULL;
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "%s: token files are used in place, which needs "
+                     "a little-endian host", path);
+#endif
     const void *map = NULL;
     size_t len = 0;
     int rc = l3d_file_map(path, &map, &len);
-    if (rc < 0) return file_error(ctx, path, rc, 0);
+    if (rc < 0) return l3d_dataset_file_error(ctx, path, rc);
     l3d_status st = L3D_OK;
-    dataset_impl *ds = NULL;
+    l3d_dataset_impl_t *ds = NULL;
     if (len == 0) {
         st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: empty token file", path);
-        goto done;
+        goto fail;
     }
     if (len % 4 != 0) {
         st = l3d_error(ctx, L3D_ERR_FORMAT,
                        "%s: size %zu bytes is not a multiple of 4 (a .bin holds little-endian "
                        "uint32 token ids)",
                        path, len);
-        goto done;
+        goto fail;
     }
     size_t n = len / 4;
-    L3D_CHECK_GOTO(ctx, dataset_alloc(ctx, path, n, &ds), st, done);
-    const unsigned char *p = map;
-    for (size_t i = 0; i < n; i++, p += 4) {
-        uint32_t id = (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 |
-                      (uint32_t)p[3] << 24;
-        if (id >= (uint32_t)vocab_size) {
+    const uint32_t *ids = map;
+    l3d_progress_t pr;
+    l3d_progress_begin(ctx, &pr, len, "checking %s", path);
+    for (size_t w = 0; w < n; w += BIN_CHECK_WINDOW / 4) {
+        size_t end = n - w < BIN_CHECK_WINDOW / 4 ? n : w + BIN_CHECK_WINDOW / 4;
+        uint32_t any = 0;
+        for (size_t i = w; i < end; i++) any |= ids[i] >= (uint32_t)vocab_size;
+        if (any) {
+            size_t i = w;
+            while (ids[i] < (uint32_t)vocab_size) i++;
+            l3d_progress_end(&pr);
             st = l3d_error(ctx, L3D_ERR_FORMAT,
                            "%s: token %zu (byte offset %zu) is id %u, not below the vocab size "
                            "%d",
-                           path, i, i * 4, (unsigned)id, vocab_size);
-            goto done;
+                           path, i, i * 4, (unsigned)ids[i], vocab_size);
+            goto fail;
         }
-        ds->pub.tokens[i] = (int32_t)id;
+        l3d_file_map_release(map, w * 4, (end - w) * 4);
+        l3d_progress_update(&pr, (uint64_t)end * 4);
     }
+    l3d_progress_end(&pr);
+    ds = l3d_malloc(ctx, sizeof(*ds), "data");
+    if (!ds) {
+        st = L3D_ERR_NOMEM;
+        goto fail;
+    }
+    memset(ds, 0, sizeof(*ds));
+    ds->pub.ctx = ctx;
+    snprintf(ds->pub.path, sizeof(ds->pub.path), "%s", path);
+    ds->pub.tokens = (const int32_t *)map;
     ds->pub.n_tokens = n;
-done:
+    ds->map = map;
+    ds->map_len = len;
+    *ds_p = ds;
+    return L3D_OK;
+fail:
     l3d_file_unmap(map, len);
-    if (st < 0 && ds) {
-        l3d_dataset_free(&ds->pub);
-        ds = NULL;
-    }
-    *ds_p = ds;
-    return st;
-}
-
-// Text: BOS + tokens of the whole file + EOS.
-static l3d_status load_text(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *tok,
-                            int vocab_size, dataset_impl **ds_p) {
-    if (!tok)
-        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: a text data set needs a tokenizer",
-                         path);
-    if (tok->vocab_size > vocab_size)
-        return l3d_error(ctx, L3D_ERR_CONFIG,
-                         "%s: tokenizer %s has %d ids but the model vocab size is %d", path,
-                         tok->ops->name, tok->vocab_size, vocab_size);
-    char *buf = NULL;
-    size_t len = 0;
-    int rc = l3d_file_read_all(path, DATA_TEXT_MAX, &buf, &len);
-    if (rc < 0) return file_error(ctx, path, rc, 1);
-    l3d_status st = L3D_OK;
-    dataset_impl *ds = NULL;
-    size_t bad = 0;
-    const char *why = "";
-    if (len == 0) {
-        st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: empty text file", path);
-        goto done;
-    }
-    if (!utf8_validate((const unsigned char *)buf, len, &bad, &why)) {
-        st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: invalid UTF-8 at byte offset %zu (%s)", path,
-                       bad, why);
-        goto done;
-    }
-    // One id per byte plus BOS and EOS is exact for the byte tokenizer.
-    L3D_CHECK_GOTO(ctx, dataset_alloc(ctx, path, len + 2, &ds), st, done);
-    size_t n = 0;
-    ds->pub.tokens[n++] = tok->bos_id;
-    L3D_CHECK_GOTO(ctx, tok->ops->encode(tok, buf, len, &ds->pub.tokens, &n, &ds->cap), st,
-                   done);
-    if (n == ds->cap) {
-        // A tokenizer producing more ids than bytes: grow by one for EOS.
-        int32_t *t = l3d_malloc(ctx, (n + 1) * sizeof(int32_t), "data");
-        if (!t) {
-            st = L3D_ERR_NOMEM;
-            goto done;
-        }
-        memcpy(t, ds->pub.tokens, n * sizeof(int32_t));
-        l3d_free(ctx, ds->pub.tokens, ds->cap * sizeof(int32_t), "data");
-        ds->pub.tokens = t;
-        ds->cap = n + 1;
-    }
-    ds->pub.tokens[n++] = tok->eos_id;
-    ds->pub.n_tokens = n;
-done:
-    free(buf);  // platform's read_all buffer is plain malloc
-    if (st < 0 && ds) {
-        l3d_dataset_free(&ds->pub);
-        ds = NULL;
-    }
-    *ds_p = ds;
     return st;
 }
 
@@ -233,9 +116,11 @@ l3d_status l3d_dataset_load(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
     if (vocab_size <= 0)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: vocab size %d must be positive", path,
                          vocab_size);
-    dataset_impl *ds = NULL;
-    if (has_suffix(path, ".bin")) L3D_CHECK(ctx, load_bin(ctx, path, vocab_size, &ds));
-    else L3D_CHECK(ctx, load_text(ctx, path, tok, vocab_size, &ds));
+    l3d_dataset_impl_t *ds = NULL;
+    if (has_suffix(path, ".bin")) L3D_CHECK(ctx, l3d_dataset_load_bin(ctx, path, vocab_size, &ds));
+    else
+        L3D_CHECK(ctx, l3d_dataset_load_text(ctx, path, tok, vocab_size, L3D_DATA_TEXT_INMEM_MAX,
+                                             l3d_ctx_settings(ctx)->cache_dir, &ds));
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DATA, "data set %s: %zu tokens", ds->pub.path,
             ds->pub.n_tokens);
     *ds_p = &ds->pub;
@@ -256,9 +141,10 @@ l3d_status l3d_dataset_check(l3d_ctx_t *ctx, const l3d_dataset_t *ds, int T) {
 
 void l3d_dataset_free(l3d_dataset_t *pub) {
     if (!pub) return;
-    dataset_impl *ds = (dataset_impl *)pub;
+    l3d_dataset_impl_t *ds = (l3d_dataset_impl_t *)pub;
     l3d_ctx_t *ctx = pub->ctx;
-    l3d_free(ctx, pub->tokens, ds->cap * sizeof(int32_t), "data");
+    l3d_file_unmap(ds->map, ds->map_len);
+    l3d_free(ctx, ds->owned, ds->cap * sizeof(int32_t), "data");
     l3d_free(ctx, ds, sizeof(*ds), "data");
 }
 

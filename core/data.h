@@ -45,14 +45,19 @@ l3d_status l3d_tokenizer_decode(l3d_tokenizer_t *tok, int32_t id, char *buf, siz
                                 size_t *len_p);
 
 // ---- data set ----------------------------------------------------------------------------
-// A token stream in memory. Loaded from:
+// A token stream, read-only. Loaded from:
 //  - a file ending in ".bin": little-endian uint32 token ids (length a multiple of 4, every id
-//    < vocab_size: otherwise L3D_ERR_FORMAT naming the file, the offset and the id);
+//    < vocab_size: otherwise L3D_ERR_FORMAT naming the file, the offset and the id), mapped
+//    in place, never read into memory whole;
 //  - anything else: UTF-8 text, tokenized with `tok` as BOS + text + EOS (invalid UTF-8 is an
-//    error naming the byte offset).
+//    error naming the byte offset), read in chunks. A text over 4 MiB is tokenized once into
+//    a token cache "<text>.l3d-<tokenizer>-<FNV-1a 64 of its bytes, hex>.bin" beside it (or,
+//    when its directory is not writable, in L3D_CACHE_DIR / ~/.cache/llama3d), written
+//    atomically and then mapped; a later load whose text has the same bytes maps the cache.
+//    Memory stays bounded whatever the size of the corpus.
 typedef struct l3d_dataset {
     l3d_ctx_t *ctx;
-    int32_t *tokens;
+    const int32_t *tokens;
     size_t n_tokens;
     char path[512];
 } l3d_dataset_t;

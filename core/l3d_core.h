@@ -31,6 +31,8 @@ typedef struct l3d_settings {
     double comm_max_msg;     // L3D_COMM_MAX_MSG (bytes; 0 = the transport's limit)
     int comm_max_inflight;   // L3D_COMM_MAX_INFLIGHT (0 = the transport's limit)
     char device[32];         // L3D_DEVICE
+    char cache_dir[512];     // L3D_CACHE_DIR, else $XDG_CACHE_HOME/llama3d, ~/.cache/llama3d
+    uint64_t mem_limit;      // L3D_MEM_LIMIT (bytes; 0 = none)
 } l3d_settings_t;
 
 // The rows of the settings table, for `l3d --help-env`.
@@ -85,6 +87,27 @@ void *l3d_calloc(l3d_ctx_t *ctx, size_t n, size_t size, const char *tag);
 void l3d_free(l3d_ctx_t *ctx, void *ptr, size_t size, const char *tag);
 char *l3d_strdup(l3d_ctx_t *ctx, const char *s);  // tag "other"; free with l3d_strfree
 void l3d_strfree(l3d_ctx_t *ctx, char *s);
+
+// Progress of one long operation, reported through the ctx's progress callback (ctx.h) at
+// most every L3D_PROGRESS_INTERVAL_S: begin, any number of updates, then end exactly once.
+// Without a callback every call is a few instructions. The struct lives on the caller's stack.
+typedef struct l3d_progress {
+    l3d_progress_fn fn;
+    void *user;
+    char what[256];
+    uint64_t done, total;
+    double last_t;  // when the callback was last called
+} l3d_progress_t;
+void l3d_ctx_progress_fn(const l3d_ctx_t *ctx, l3d_progress_fn *fn_p, void **user_p);
+// `what` is printf-formatted ("loading %s").
+void l3d_progress_begin(l3d_ctx_t *ctx, l3d_progress_t *p, uint64_t total, const char *fmt, ...)
+    L3D_PRINTF(4, 5);
+void l3d_progress_update(l3d_progress_t *p, uint64_t done);
+// The same with the clock given (tests; `now` in seconds, non-decreasing).
+void l3d_progress_update_at(l3d_progress_t *p, uint64_t done, double now);
+// Ends the operation: one last call with the done count so far (set it to total first when
+// the operation completed).
+void l3d_progress_end(l3d_progress_t *p);
 
 #define L3D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define L3D_MIN(a, b) ((a) < (b) ? (a) : (b))

@@ -3,6 +3,7 @@
 // checkpoint whose config.json claimed 10,000 layers was killed inside a 3 GiB cgroup).
 #include <stdio.h>
 
+#include "core/l3d_core.h"
 #include "core/model_internal.h"
 #include "platform/mem.h"
 
@@ -24,6 +25,14 @@ l3d_status l3d_mem_check_with(l3d_ctx_t *ctx, uint64_t need, uint64_t avail, con
 l3d_status l3d_mem_check(l3d_ctx_t *ctx, uint64_t need, const char *what) {
     uint64_t avail;
     const char *src = NULL;
-    if (l3d_mem_available(&avail, &src)) return L3D_OK;  // not Linux: nothing to compare with
+    uint64_t limit = l3d_ctx_settings(ctx)->mem_limit;
+    if (l3d_mem_available(&avail, &src)) {
+        if (!limit) return L3D_OK;  // not Linux and no L3D_MEM_LIMIT: nothing to compare with
+        avail = UINT64_MAX;
+    }
+    if (limit && limit < avail) {
+        avail = limit;
+        src = "L3D_MEM_LIMIT";
+    }
     return l3d_mem_check_with(ctx, need, avail, src, what);
 }

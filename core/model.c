@@ -363,9 +363,12 @@ l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
     float *h = host ? m->params : l3d_malloc(m->ctx, bytes, "staging");
     if (!h) return L3D_ERR_NOMEM;
     float std = m->cfg.initializer_range;
+    l3d_progress_t pr;
+    l3d_progress_begin(m->ctx, &pr, bytes, "initialising %s", m->cfg.name);
     for (int t = 0; t < m->n_tensors; t++) {
         const l3d_param_t *p = &m->tensors[t];
         float *w = h + p->offset;
+        l3d_progress_update(&pr, p->offset * sizeof(float));
         if (p->ndim == 1) {
             for (size_t i = 0; i < p->numel; i++) w[i] = 1.0f;
             continue;
@@ -376,8 +379,12 @@ l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
         for (size_t r = 0; r < rows; r++) {
             uint64_t g = ((uint64_t)p->r0 + r) * (uint64_t)p->full[1] + (uint64_t)p->c0;
             for (size_t c = 0; c < cols; c++) w[r * cols + c] = std * normal_at(key, g + c);
+            // A 4 GB embedding takes long: report within the tensor too (rate-limited).
+            if ((r & 255) == 255) l3d_progress_update(&pr, (p->offset + r * cols) * sizeof(float));
         }
     }
+    pr.done = bytes;
+    l3d_progress_end(&pr);
     l3d_status st = L3D_OK;
     if (!host) {
         st = l3d_dev_copy(dev, m->params, h, bytes, L3D_COPY_H2D);

@@ -9,6 +9,7 @@
 
 #include "core/l3d_core.h"
 #include "core/safetensors.h"
+#include "platform/file_stream.h"
 #include "platform/platform.h"
 
 // Tensor bytes are copied to and from host floats as they are: safetensors is little-endian.
@@ -581,6 +582,8 @@ out:
     return st;
 }
 
+#define ST_WRITE_SLICE ((size_t)64 << 20)
+
 l3d_status l3d_st_write(l3d_ctx_t *ctx, const char *path, const l3d_st_entry_t *entries, size_t n,
                         const char *const *meta_keys, const char *const *meta_vals,
                         size_t n_meta) {
@@ -618,7 +621,26 @@ l3d_status l3d_st_write(l3d_ctx_t *ctx, const char *path, const l3d_st_entry_t *
     iov[0] = (l3d_iovec_t){lenbuf, 8};
     iov[1] = (l3d_iovec_t){hdr, hlen};
     for (size_t i = 0; i < n; i++) iov[2 + i] = (l3d_iovec_t){entries[i].data, bytes[i]};
-    int rc = l3d_file_write_atomic(path, iov, n + 2);
+    // Written piece by piece (in slices, so one 4 GB embedding still moves the progress line)
+    // to a temporary renamed into place once whole.
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; i < n + 2; i++) total += iov[i].len;
+    l3d_file_out_t *out = NULL;
+    int rc = l3d_file_out_open(path, &out);
+    l3d_progress_t pr;
+    l3d_progress_begin(ctx, &pr, total, "saving %s", path);
+    for (size_t i = 0; rc == 0 && i < n + 2; i++)
+        for (size_t o = 0; rc == 0 && o < iov[i].len; o += ST_WRITE_SLICE) {
+            size_t len = iov[i].len - o < ST_WRITE_SLICE ? iov[i].len - o : ST_WRITE_SLICE;
+            rc = l3d_file_out_write(out, (const char *)iov[i].data + o, len);
+            done += len;
+            l3d_progress_update(&pr, done);
+        }
+    if (out) {
+        if (rc == 0) rc = l3d_file_out_commit(out);
+        else l3d_file_out_abort(out);
+    }
+    l3d_progress_end(&pr);
     if (rc != 0)
         st = l3d_error(ctx, L3D_ERR_IO, "%s: cannot write: %s", path, strerror(-rc));
 out:

@@ -26,6 +26,12 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_COMM_MAX_INFLIGHT", "0",
      "messages in flight per peer and direction (0 = the transport's limit; for debugging)"},
     {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
+    {"L3D_CACHE_DIR", "$XDG_CACHE_HOME/llama3d",
+     "where token caches of text data sets go when the text's own directory is not writable "
+     "(default ~/.cache/llama3d)"},
+    {"L3D_MEM_LIMIT", "",
+     "bytes (suffix K, M, G, T: binary) to treat as the most memory available, when it is less "
+     "than the kernel and the cgroup report; runs that would need more are refused up front"},
     // Read by the bootstrap at l3d_comm_create_env (core/bootstrap.c), per process:
     {"L3D_JOB_TOKEN", "", "job token every rank must present to the rendezvous store"},
     {"L3D_MASTER_ADDR", "", "rendezvous store address (overrides MASTER_ADDR)"},
@@ -164,6 +170,33 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
         if (!built_name(v, "L3D_DEVICE", "device", device_name, err, errlen))
             return L3D_ERR_CONFIG;
         snprintf(s->device, sizeof(s->device), "%s", v);
+    }
+    if ((v = getenv("L3D_CACHE_DIR")) && *v) {
+        snprintf(s->cache_dir, sizeof(s->cache_dir), "%s", v);
+    } else if ((v = getenv("XDG_CACHE_HOME")) && v[0] == '/') {
+        snprintf(s->cache_dir, sizeof(s->cache_dir), "%s/llama3d", v);
+    } else if ((v = getenv("HOME")) && v[0] == '/') {
+        snprintf(s->cache_dir, sizeof(s->cache_dir), "%s/.cache/llama3d", v);
+    }
+    if ((v = getenv("L3D_MEM_LIMIT")) && *v) {
+        char *end = NULL;
+        errno = 0;
+        double b = strtod(v, &end);
+        double mul = 1;
+        if (end && *end && !end[1]) {
+            const char *u = strchr("KMGT", *end == 'k' ? 'K' : *end);
+            if (u && *u) {
+                for (const char *q = "KMGT"; q <= u; q++) mul *= 1024;
+                end++;
+            }
+        }
+        b *= mul;
+        if (errno || end == v || *end || !(b >= 1 && b < 1.8e19)) {
+            snprintf(err, errlen, "L3D_MEM_LIMIT: '%s' is not a byte count (a number, optionally "
+                     "followed by K, M, G or T)", v);
+            return L3D_ERR_CONFIG;
+        }
+        s->mem_limit = (uint64_t)b;
     }
     return L3D_OK;
 }

@@ -50,6 +50,39 @@ static double flops_per_token(const l3d_model_config_t *c, int T) {
     return 6.0 * mat + 12.0 * c->num_hidden_layers * HD * (double)T;
 }
 
+static void mib_or_gib(char *out, size_t cap, uint64_t b) {
+    if (b >= ((uint64_t)1 << 30)) snprintf(out, cap, "%.1f GiB", (double)b / (1 << 30));
+    else snprintf(out, cap, "%.1f MiB", (double)b / (1 << 20));
+}
+
+// The whole training footprint against the memory the machine and its cgroup can give, before
+// anything is allocated: with overcommit a run that cannot fit is otherwise OOM-killed part
+// way through filling its weights or optimizer state. Ranks that are threads of this process
+// (the in-process transport) share its memory, so they count together; every rank checks
+// before the mesh is built, which no rank passes until all have checked, so no rank has
+// allocated when another one compares.
+static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                                     l3d_comm_t *world) {
+    l3d_mem_breakdown_t m;
+    l3d_train_config_memory(cfg, &m);
+    uint64_t one = (uint64_t)m.params + m.grads + m.optim + m.acts;
+    int threads = world && !strcmp(l3d_comm_transport_name(world), "local") ? l3d_comm_size(world)
+                                                                            : 1;
+    char p[32], g[32], o[32], a[32], what[320];
+    mib_or_gib(p, sizeof(p), m.params);
+    mib_or_gib(g, sizeof(g), m.grads);
+    mib_or_gib(o, sizeof(o), m.optim);
+    mib_or_gib(a, sizeof(a), m.acts);
+    int n = snprintf(what, sizeof(what), "training %s", cfg->model_source[0] ? cfg->model_source
+                                                                              : cfg->model.name);
+    if (threads > 1)
+        n += snprintf(what + n, sizeof(what) - (size_t)n, " as %d ranks in this process, each",
+                      threads);
+    snprintf(what + n, sizeof(what) - (size_t)n, " (parameters %s, gradients %s, optimizer %s, "
+             "activations %s)", p, g, o, a);
+    return l3d_mem_check(ctx, one * (uint64_t)threads, what);
+}
+
 l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                               l3d_trainer_t **trainer_p) {
     return l3d_trainer_create_parallel(ctx, cfg, NULL, trainer_p);
@@ -68,6 +101,9 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
                                                       t->cfg.origin : "train config"), st, err);
     cfg = &t->cfg;
     int v = l3d_train_config_v(cfg);
+    // Host memory only: a device's memory is the device's to refuse.
+    if (!strcmp(cfg->device, "cpu"))
+        L3D_CHECK_GOTO(ctx, check_train_memory(ctx, cfg, world), st, err);
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
                                         cfg->parallel_order, &t->mesh), st, err);
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;

@@ -8,7 +8,8 @@ pkgs=(build-essential cmake pkg-config git
       libcriterion-dev python3-torch python3-numpy
       libucx-dev ucx-utils libfabric-dev libfabric-bin libopenmpi-dev openmpi-bin
       clang libclang-rt-14-dev
-      protobuf-compiler python3-crcmod)  # tests/cli_monitor.sh reads the monitors' files
+      protobuf-compiler python3-crcmod  # tests/cli_monitor.sh reads the monitors' files
+      time bsdutils util-linux)  # /usr/bin/time, script and setpriv for tests/cli_data_mem.sh
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,5 +1,5 @@
 // The llama3d context: the one object every other object hangs off.
-// defines: l3d_ctx_t, l3d_allocator_t, l3d_log_fn, l3d_log_level
+// defines: l3d_ctx_t, l3d_allocator_t, l3d_log_fn, l3d_log_level, l3d_progress_fn
 //
 // llama3d keeps no global mutable state: allocation, logging, settings and the last error
 // all live here. An embedding application can supply its own allocator and log callback.
@@ -41,6 +41,18 @@ enum {
 // Called from any thread that logs; the callee serialises if it needs to.
 typedef void (*l3d_log_fn)(l3d_log_level level, uint32_t subsys, const char *msg, void *user);
 
+// Progress callback, for work that can take long: initialising a model's weights, loading and
+// saving a checkpoint, reading and tokenizing a corpus. `what` names the operation and its
+// object ("tokenizing data/big.txt"); done and total count bytes (total 0: not known).
+// Each operation makes a first call with done 0, then at most one call every
+// L3D_PROGRESS_INTERVAL_S seconds, then exactly one call with `last` nonzero (done == total
+// when it completed, less when it failed part way). The library draws nothing itself: the
+// callee decides what to show (l3d's renderer draws on a terminal only, after 1 s).
+// Called from the thread doing the work; strings are valid only during the call.
+#define L3D_PROGRESS_INTERVAL_S 0.1
+typedef void (*l3d_progress_fn)(const char *what, uint64_t done, uint64_t total, int last,
+                                void *user);
+
 // Allocator. `alloc` returns memory aligned to `align` (a power of two, >= sizeof(void*)) or
 // NULL; `tag` names the category ("params", "grads", "optim", "acts", ...) for accounting and
 // is a static string. `free` gets the pointer and the size that was asked for. NULL `free`
@@ -56,6 +68,8 @@ typedef struct l3d_ctx_params {
     l3d_log_fn log_fn;                 // NULL: write to stderr (or L3D_LOG_FILE)
     void *log_user;
     int read_env;                      // nonzero: read L3D_* environment settings once
+    l3d_progress_fn progress_fn;       // NULL: no progress reports
+    void *progress_user;
 } l3d_ctx_params_t;
 
 typedef struct l3d_ctx l3d_ctx_t;

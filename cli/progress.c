@@ -1,0 +1,66 @@
+// l3d's progress renderer: a line on stderr, redrawn in place with \r, for any operation the
+// library reports (ctx.h: l3d_progress_fn) once it has run for a second, and only when stderr
+// is a terminal: logs and pipes get the step lines and nothing else.
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "platform/platform.h"
+
+#define SHOW_AFTER_S 1.0
+
+// One renderer per process (threaded ranks install it on rank 0's ctx only).
+static struct {
+    pthread_mutex_t mu;
+    char what[256];
+    double t0;
+    int drawn;  // a line of this operation is on the screen, without its newline yet
+} g_bar = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static void human(char *out, size_t cap, double b) {
+    if (b >= 1024.0 * 1024 * 1024) snprintf(out, cap, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+    else snprintf(out, cap, "%.1f MiB", b / (1024.0 * 1024));
+}
+
+void l3d_cli_progress_render(const char *what, uint64_t done, uint64_t total, int last,
+                             void *user) {
+    (void)user;
+    double now = l3d_time_now();
+    pthread_mutex_lock(&g_bar.mu);
+    if ((done == 0 && !last) || strcmp(what, g_bar.what)) {  // a new operation
+        if (g_bar.drawn) fputc('\n', stderr);
+        snprintf(g_bar.what, sizeof(g_bar.what), "%s", what);
+        g_bar.t0 = now;
+        g_bar.drawn = 0;
+    }
+    double dt = now - g_bar.t0;
+    if (dt >= SHOW_AFTER_S) {
+        char d[32], t[32], r[32];
+        human(d, sizeof(d), (double)done);
+        human(r, sizeof(r), (double)done / dt);
+        if (total) {
+            human(t, sizeof(t), (double)total);
+            fprintf(stderr, "\r\033[K%s: %s / %s (%.0f%%), %s/s", what, d, t,
+                    100.0 * (double)done / (double)total, r);
+        } else {
+            fprintf(stderr, "\r\033[K%s: %s, %s/s", what, d, r);
+        }
+        g_bar.drawn = 1;
+    }
+    if (last) {
+        if (g_bar.drawn) fprintf(stderr, "%s\n", done < total ? " (stopped)" : "");
+        g_bar.drawn = 0;
+        g_bar.what[0] = 0;
+    }
+    fflush(stderr);
+    pthread_mutex_unlock(&g_bar.mu);
+}
+
+l3d_status l3d_cli_ctx_create(int progress, l3d_ctx_t **ctx_p) {
+    l3d_ctx_params_t p;
+    l3d_ctx_params_default(&p);
+    if (progress && isatty(STDERR_FILENO)) p.progress_fn = l3d_cli_progress_render;
+    return l3d_ctx_create(&p, ctx_p);
+}

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Large inputs stay bounded and announced: a run that cannot fit is refused before anything
+# is allocated (exit 2 naming the sizes); a 200 MB text trains in bounded memory through a
+# token cache that the next run reuses unchanged; progress lines appear on a terminal only.
+# Usage: cli_data_mem.sh /path/to/l3d
+set -u
+L3D=$1
+tmp=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT; [ -n "${KEEP:-}" ] && echo "tmp $tmp"
+fails=0; passes=0
+check() {  # check NAME CONDITION-EXIT-STATUS
+  if [ "$2" -eq 0 ]; then echo "ok   $1"; passes=$((passes + 1)); else echo "FAIL $1"; fails=$((fails + 1)); fi
+}
+show() { sed 's/^/    /' "$1" | tail -5; }
+
+# ---- memory: refused up front, exit 2, the sizes named --------------------------------------
+timeout 60 "$L3D" train --model llama3-70b --steps 1 >"$tmp/70b.out" 2>"$tmp/70b.err"
+rc=$?; [ $rc -eq 2 ]; check "llama3-70b --steps 1 refused with exit 2 (got $rc)" $?
+grep -q "training llama3-70b (parameters .* GiB, gradients .* GiB, optimizer .* GiB, activations .*) needs .* GiB but only .* is available" "$tmp/70b.err"
+check "the refusal names what is needed and what is available" $?
+[ $rc -ne 2 ] && show "$tmp/70b.err"
+! grep -q "^step" "$tmp/70b.out"; check "nothing trained" $?
+
+# llama3-tiny needs 30.4 MiB (params, grads, AdamW, activations); its weights alone fit.
+L3D_MEM_LIMIT=20M "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 >/dev/null 2>"$tmp/lim.err"
+rc=$?; [ $rc -eq 2 ]; check "L3D_MEM_LIMIT=20M: tiny training refused with exit 2 (got $rc)" $?
+grep -q "needs 30.4 MiB but only 20.0 MiB is available (L3D_MEM_LIMIT); nothing was allocated" "$tmp/lim.err"
+check "the refusal names 30.4 MiB and the limit" $?
+L3D_MEM_LIMIT=40M "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 >/dev/null 2>&1
+check "L3D_MEM_LIMIT=40M: tiny training runs" $?
+# Two ranks as threads of one process share its memory.
+L3D_MEM_LIMIT=40M "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --dp 2 >/dev/null 2>"$tmp/dp2.err"
+rc=$?; [ $rc -eq 2 ] && grep -q "as 2 ranks in this process" "$tmp/dp2.err"
+check "dp 2 as threads counts both ranks (exit $rc)" $?
+L3D_MEM_LIMIT=lots "$L3D" train --steps 1 >/dev/null 2>"$tmp/bad.err"
+rc=$?; [ $rc -eq 2 ] && grep -q "L3D_MEM_LIMIT: 'lots'" "$tmp/bad.err"
+check "a bad L3D_MEM_LIMIT is exit 2 naming it (exit $rc)" $?
+
+# ---- a 200 MB text: bounded memory, a token cache reused --------------------------------
+/usr/bin/python3 - "$tmp/big/big.txt" <<'PY'
+import os, sys
+os.makedirs(os.path.dirname(sys.argv[1]), exist_ok=True)
+line = "The quick brown fox \u00e9\u20ac\U0001F600 jumps over the lazy dog. 0123456789\n".encode()
+block = line * (1 << 16)
+with open(sys.argv[1], "wb") as f:
+    for _ in range(200 * 1000 * 1000 // len(block)): f.write(block)
+PY
+have_time=0; [ -x /usr/bin/time ] && have_time=1
+have_script=0; command -v script >/dev/null && have_script=1
+run_big() {  # run_big TAG: l3d train on big.txt, max RSS into $tmp/TAG.rss
+  if [ $have_time -eq 1 ]; then
+    /usr/bin/time -f %M -o "$tmp/$1.rss" "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/big/big.txt"
+  else
+    "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/big/big.txt"
+  fi
+}
+# The first run on a terminal (script gives it a pty): tokenizing 200 MB takes seconds, so its
+# progress line is drawn.
+if [ $have_script -eq 1 ]; then
+  export -f run_big; export L3D tmp have_time
+  script -q -e -c "bash -c 'run_big first'" /dev/null >"$tmp/first.out" 2>&1
+else
+  run_big first >"$tmp/first.out" 2>&1
+fi
+check "train on a 200 MB text" $?
+grep -q "^step      1/1" "$tmp/first.out" || show "$tmp/first.out"
+cache=$(ls "$tmp"/big/big.txt.l3d-bytes-*.bin 2>/dev/null)
+[ -n "$cache" ] && [ "$(stat -c %s "$cache")" -eq $(( ($(stat -c %s "$tmp/big/big.txt") + 2) * 4 )) ]
+check "token cache beside the text: BOS + one id per byte + EOS, 4 bytes each" $?
+if [ $have_script -eq 1 ]; then
+  grep -aqE "tokenizing $tmp/big/big.txt: [0-9.]+ MiB / 189.[78] MiB \([0-9]+%\), [0-9.]+ MiB/s" "$tmp/first.out"
+  check "on a terminal: a tokenizing progress line with bytes and rate" $?
+fi
+before=$(stat -c '%i %Y %s' "$cache")
+run_big second >"$tmp/second.out" 2>"$tmp/second.err"
+check "second run" $?
+[ "$(stat -c '%i %Y %s' "$cache")" = "$before" ] && [ "$(ls "$tmp"/big | wc -l)" -eq 2 ]
+check "second run maps the same cache (inode and mtime unchanged, no other file)" $?
+[ ! -s "$tmp/second.err" ]; check "not a terminal: no progress lines, nothing on stderr" $?
+[ -s "$tmp/second.err" ] && show "$tmp/second.err"
+total=$(sed -nE 's/^memory: .*total ([0-9.]+) MiB/\1/p' "$tmp/second.out")
+if [ $have_time -eq 1 ] && [ -n "$total" ]; then
+  for tag in first second; do
+    rss=$(tail -1 "$tmp/$tag.rss")
+    # A baseline run of this model on a small text needs about 40 MiB: the model plus the
+    # process. The text (200 MB) and its ids (800 MB) must not add to it.
+    /usr/bin/python3 -c 'import sys; sys.exit(0 if int(sys.argv[1]) / 1024 < float(sys.argv[2]) + 64 else 1)' "$rss" "$total"
+    check "$tag run: max RSS $((rss / 1024)) MiB < model $total MiB + 64 MiB" $?
+  done
+fi
+
+# ---- a text in a directory the user cannot write: the cache goes to L3D_CACHE_DIR ------
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+  mkdir -p "$tmp/ro" "$tmp/cache" && chmod 755 "$tmp" "$tmp/ro"
+  head -c 5000000 "$tmp/big/big.txt" > "$tmp/ro/t.txt"; printf '\n' >> "$tmp/ro/t.txt"
+  chown nobody "$tmp/cache"
+  as_nobody() { setpriv --reuid=nobody --regid=nogroup --clear-groups env HOME=/nonexistent L3D_CACHE_DIR="$tmp/cache" "$@"; }
+  if as_nobody test -x "$L3D"; then
+    as_nobody "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/ro/t.txt" >"$tmp/ro.out" 2>&1
+    check "unwritable text directory: the run still works" $?
+    [ "$(ls "$tmp/ro" | wc -l)" -eq 1 ] && ls "$tmp"/cache/t.txt.l3d-bytes-*.bin >/dev/null 2>&1
+    check "the cache went to L3D_CACHE_DIR, nothing beside the text" $?
+  else
+    echo "skip unwritable-directory case: $L3D is not executable by nobody"
+  fi
+fi
+
+echo "$passes passed, $fails failed"
+[ $fails -eq 0 ]
