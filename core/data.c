@@ -22,19 +22,13 @@ static int has_suffix(const char *s, const char *suffix) {
 
 l3d_status l3d_dataset_file_error(l3d_ctx_t *ctx, const char *path, int rc) {
     if (rc == -ENOENT) return l3d_error(ctx, L3D_ERR_NOT_FOUND, "%s: no such file", path);
-    if (rc == -EISDIR)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: is a directory; give a text or .bin file",
-                         path);
-    if (rc == -ENODEV)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: not a regular file (a FIFO, socket or "
-                         "device); data is read more than once, give a file", path);
-    if (rc == -EACCES) return l3d_error(ctx, L3D_ERR_CONFIG, "%s: permission denied", path);
     if (rc == -ENOMEM) return l3d_error(ctx, L3D_ERR_NOMEM, "%s: out of memory reading it", path);
-    // The user named this file: a FIFO, directory or device is bad input, not an I/O failure.
-    if (rc == -EISDIR || rc == -EINVAL)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: it is %s, not a regular file", path,
-                         l3d_path_kind(path));
     if (rc == -EIO) return l3d_error(ctx, L3D_ERR_IO, "%s: %s", path, strerror(-rc));
+    // The user named this file: a FIFO, directory or device (data is read more than once) and
+    // an unreadable file are bad input, not I/O failures.
+    if (rc == -EISDIR || rc == -EINVAL || rc == -ENODEV)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: it is %s, not a regular file; give a text "
+                         "or .bin file", path, l3d_path_kind(path));
     return l3d_error(ctx, L3D_ERR_CONFIG, "%s: %s", path, strerror(-rc));
 }
 
