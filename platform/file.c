@@ -60,7 +60,7 @@ static int fsync_dir(const char *dir) {
     return rc;
 }
 
-static int write_full(int fd, const void *data, size_t len) {
+int l3d_fd_write_all(int fd, const void *data, size_t len) {
     const char *p = data;
     while (len > 0) {
         // Linux writes at most ~2 GiB per call; ask for 1 GiB pieces.
@@ -210,7 +210,7 @@ int l3d_file_write_atomic(const char *path, const l3d_iovec_t *pieces, size_t n)
     }
     int rc = 0;
     for (size_t i = 0; i < n && rc == 0; i++)
-        if (pieces[i].len) rc = write_full(fd, pieces[i].data, pieces[i].len);
+        if (pieces[i].len) rc = l3d_fd_write_all(fd, pieces[i].data, pieces[i].len);
     while (rc == 0 && fsync(fd) != 0) {
         if (errno != EINTR) rc = -errno;
     }
@@ -248,7 +248,7 @@ int l3d_file_write(const char *path, const l3d_iovec_t *pieces, size_t n) {
     if (fd < 0) return -errno;
     int rc = fstat(fd, &st) != 0 ? -errno : 0;
     for (size_t i = 0; i < n && rc == 0; i++)
-        if (pieces[i].len) rc = write_full(fd, pieces[i].data, pieces[i].len);
+        if (pieces[i].len) rc = l3d_fd_write_all(fd, pieces[i].data, pieces[i].len);
     // A regular file behind a symlink is made durable like any other; devices and pipes
     // have nothing to sync (and some say EINVAL).
     while (rc == 0 && S_ISREG(st.st_mode) && fsync(fd) != 0) {

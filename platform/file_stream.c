@@ -11,6 +11,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "platform/platform.h"
+
 // ---- reading -----------------------------------------------------------------------------
 
 int l3d_file_in_open(const char *path, int *fd_p, uint64_t *size_p) {
@@ -88,19 +90,7 @@ int l3d_file_out_open(const char *path, l3d_file_out_t **out_p) {
 }
 
 int l3d_file_out_write(l3d_file_out_t *o, const void *data, size_t len) {
-    const char *p = data;
-    while (len > 0) {
-        size_t chunk = len > ((size_t)1 << 30) ? ((size_t)1 << 30) : len;
-        ssize_t w = write(o->fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -errno;
-        }
-        if (w == 0) return -EIO;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
+    return l3d_fd_write_all(o->fd, data, len);
 }
 
 void l3d_file_out_abort(l3d_file_out_t *o) {

@@ -21,24 +21,13 @@ int l3d_outfile_append(int fd, const void *data, size_t len) {
     // or a pipe has no length to restore).
     struct stat st;
     off_t start = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? lseek(fd, 0, SEEK_END) : -1;
-    const char *p = data;
-    size_t left = len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            int e = w < 0 ? errno : EIO;
-            // A torn record would end the reader's view of the file (TensorBoard stops at a
-            // bad CRC, a CSV or JSONL reader at a broken line): leave only whole pieces.
-            if (start >= 0 && ftruncate(fd, start) != 0) {
-                // Nothing more to do: the caller reports `e` and stops writing this file.
-            }
-            return -e;
-        }
-        p += w;
-        left -= (size_t)w;
+    int rc = l3d_fd_write_all(fd, data, len);
+    // A torn record would end the reader's view of the file (TensorBoard stops at a bad CRC, a
+    // CSV or JSONL reader at a broken line): leave only whole pieces.
+    if (rc < 0 && start >= 0 && ftruncate(fd, start) != 0) {
+        // Nothing more to do: the caller reports rc and stops writing this file.
     }
-    return 0;
+    return rc;
 }
 
 int64_t l3d_outfile_size(int fd) {

@@ -38,6 +38,10 @@ double l3d_time_now(void);  // monotonic seconds
 // socket) -EINVAL; l3d_path_kind names it for the message.
 int l3d_file_read_all(const char *path, size_t max_len, char **buf_p, size_t *len_p);
 
+// Writes all `len` bytes to `fd`, retrying short writes and EINTR. 0, or -errno (-EIO when
+// the file takes nothing).
+int l3d_fd_write_all(int fd, const void *data, size_t len);
+
 // Maps a regular file read-only (errors as l3d_file_read_all). l3d_file_unmap releases it.
 // A zero-length file maps to NULL, 0.
 int l3d_file_map(const char *path, const void **data_p, size_t *len_p);

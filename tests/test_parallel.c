@@ -329,7 +329,7 @@ static void reference_run(const layout_t *one, result_t *ref) {
         ref->sigma[k] = sqrt((e1[k] * e1[k] + et[k] * et[k]) / 2);
     }
     if (getenv("L3D_TEST_SIGMA"))
-        fprintf(stderr, "REF %d layers: l3d/torch errors %.2f %.2f %.2f %.2f\n", ref->nt[0],
+        fprintf(stderr, "REF %d tensors: l3d/torch errors %.2f %.2f %.2f %.2f\n", ref->nt[0],
                 e1[0] / et[0], e1[1] / et[1], e1[2] / et[2], e1[3] / et[3]);
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
