@@ -154,6 +154,8 @@ void l3d_ucx_hdr_fill(l3d_ucx_addr_hdr_t *h);
 int l3d_ucx_hdr_same_host(const l3d_ucx_addr_hdr_t *mine, const l3d_ucx_addr_hdr_t *h);
 // Whether UCX_TLS lets UCX pick a shared-memory transport.
 int l3d_ucx_tls_may_use_shm(const char *tls);
+// Whether UCX_TLS (NULL: unset) lets UCX use the transport `name` (e.g. "cma").
+int l3d_ucx_tls_allows(const char *tls, const char *name);
 // Checks watched peers (at most every 0.5 s) and fails those whose process is gone.
 void l3d_ucx_watch(l3d_ucx_t *u);
 
