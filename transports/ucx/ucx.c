@@ -476,6 +476,9 @@ static void ucx_fini(l3d_transport_t *tp) {
     double deadline = l3d_ucx_now() + 1.0;
     while ((u->nclosing || l3d_ucx_reqs_busy(u)) && l3d_ucx_now() < deadline)
         l3d_ucx_progress_all(u);
+    // Only now: a peer's BYE that arrived while we flushed and closed was consumed above
+    // instead of lingering as an unmatched message that UCX warns about at worker destroy.
+    l3d_ucx_ctrl_cancel(u);
     for (int i = 0; i < u->nranks; i++)
         if (u->peers[i].close_req) ucp_request_free(u->peers[i].close_req);
     ucp_worker_release_address(u->worker, u->addr);
