@@ -63,7 +63,7 @@ by_hand() {
   fi
   local t0; t0=$(now)
   kill -"$sig" "$(cat "$d/pid$victim")"
-  local bound; bound=$(echo "$tmo + 4" | bc)  # the timeout, then teardown (store, transport)
+  local bound; bound=$(echo "$tmo + 2.5" | bc)  # the timeout, then teardown (store, transport)
   for _ in $(seq 600); do  # hang guard only: 60 s
     local left=0
     for r in 0 1 2 3; do [ "$r" = "$victim" ] || [ -s "$d/t$r" ] || left=1; done
@@ -133,7 +133,7 @@ for tp in $built; do
   [ "$tp" = local ] && continue
   for i in $(seq "$iters"); do
     by_hand "$tp" KILL $((i % 4)) 20
-    by_hand "$tp" STOP $(((i + 1) % 4)) 2
+    by_hand "$tp" STOP $(((i + 1) % 4)) 3
     launched "$tp" KILL $(((i + 2) % 4)) 20
     launched "$tp" STOP $(((i + 3) % 4)) 2
   done
