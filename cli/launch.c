@@ -194,7 +194,12 @@ static void exec_rank(int rank, int n, int port, const char *token, const char *
 
 static void signal_all(child_t *ch, int n, int sig) {
     for (int k = 0; k < n; k++)
-        if (ch[k].running) kill(-ch[k].pid, sig);  // the group: the rank's own children too
+        if (ch[k].running) {
+            kill(-ch[k].pid, sig);  // the group: the rank's own children too
+            // A stopped rank (SIGSTOP, a debugger) would hold SIGTERM until the SIGKILL 5 s
+            // later: let it run so that it terminates now.
+            if (sig == SIGTERM) kill(-ch[k].pid, SIGCONT);
+        }
 }
 
 static int run(int n, int port, const char *token, const char *transport, char **prog) {

@@ -23,6 +23,7 @@ struct l3d_bootstrap {
     double timeout_s;
     int fd;
     int failed;  // a request failed: only destroy is allowed now
+    double drain_s;  // how long rank 0's destroy serves ranks that have not said goodbye
     char where[300];  // the store, "addr:port"
     l3d_bootstrap_store_t *srv;
 };
@@ -184,7 +185,7 @@ fail:
 
 void l3d_bootstrap_destroy(l3d_bootstrap_t *bs) {
     if (!bs) return;
-    double deadline = l3d_time_now() + bs->timeout_s;
+    double deadline = l3d_time_now() + (bs->drain_s > 0 ? bs->drain_s : bs->timeout_s);
     if (bs->fd >= 0) {
         uint8_t h[BS_HDR];
         bs_put_hdr(h, BS_T_BYE, 0);
@@ -193,6 +194,10 @@ void l3d_bootstrap_destroy(l3d_bootstrap_t *bs) {
     }
     if (bs->srv) l3d_bootstrap_store_stop(bs->srv, deadline);
     l3d_free(bs->ctx, bs, sizeof(*bs), BS_TAG);
+}
+
+void l3d_bootstrap_set_drain(l3d_bootstrap_t *bs, double seconds) {
+    if (bs && seconds > 0 && seconds < bs->timeout_s) bs->drain_s = seconds;
 }
 
 int l3d_bootstrap_rank(const l3d_bootstrap_t *bs) { return bs->rank; }

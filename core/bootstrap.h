@@ -44,6 +44,10 @@ typedef struct l3d_bootstrap l3d_bootstrap_t;
 l3d_status l3d_bootstrap_create(l3d_ctx_t *ctx, const l3d_launch_env_t *env, double timeout_s,
                                 l3d_bootstrap_t **bs_p);
 void l3d_bootstrap_destroy(l3d_bootstrap_t *bs);
+// Caps how long rank 0's destroy keeps serving ranks that have not said goodbye (default: the
+// timeout). After a rank failure nobody needs the store any more, and a stopped rank would
+// otherwise hold rank 0 for a whole second timeout.
+void l3d_bootstrap_set_drain(l3d_bootstrap_t *bs, double seconds);
 int l3d_bootstrap_rank(const l3d_bootstrap_t *bs);
 int l3d_bootstrap_size(const l3d_bootstrap_t *bs);
 

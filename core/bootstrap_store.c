@@ -5,6 +5,13 @@
 // serving until every rank has said BYE (or left), bounded by the timeout. Each connection
 // runs a header/payload state machine; every length is checked against its type's cap
 // before anything is allocated, and a violation drops that connection only.
+//
+// The port needs no token to connect, so connections that have not said a valid HELLO are
+// kept on a short leash: they must send one within BS_HELLO_S, at most BS_UNAUTH_MAX of them
+// are kept (a new one evicts the oldest, so a real rank always gets in), and the warnings about
+// them are rate-limited (the first BS_WARN_FIRST one by one, then one summary line per
+// BS_WARN_EVERY_S). Before, 72 idle connections filled every slot and the ranks could not
+// join, and 200 flooders logged 25,000 lines.
 #include <errno.h>
 #include <poll.h>
 #include <pthread.h>
@@ -22,6 +29,10 @@
 #include "platform/platform.h"
 
 #define BS_OUTQ_MAX ((size_t)64 << 20)  // replies a peer may leave unread before it is dropped
+#define BS_HELLO_S 2.0        // a new connection's time to send HELLO (a rank sends it at once)
+#define BS_UNAUTH_MAX 64      // connections kept that have not sent a valid HELLO yet
+#define BS_WARN_FIRST 8       // warnings about such connections logged one by one
+#define BS_WARN_EVERY_S 10.0  // then one summary line per this interval
 
 typedef struct bs_conn {
     int fd;  // -1 once closed
@@ -57,6 +68,10 @@ struct l3d_bootstrap_store {
     int started;
     bs_conn_t **conns;
     size_t nconns, capconns, maxconns;
+    int warn_left;        // individual warnings left about connections without a valid HELLO
+    unsigned long nquiet; // ... closed without a warning since the last summary line
+    char quiet_last[64];  // the last of those
+    double next_summary;
     bs_entry_t *tab;  // open addressing, capacity a power of two, at most half full
     size_t ntab, captab;
     uint8_t *joined;  // per rank: 0 not yet, 1 connected, 2 gone (BYE or disconnected)
@@ -102,6 +117,30 @@ static void conn_close(bs_server_t *s, bs_conn_t *c) {
         l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
                 "bootstrap: rank %d (%s) disconnected without saying goodbye", c->rank, c->peer);
     }
+}
+
+// Whether to log a warning about connection c: always for a rank, the first BS_WARN_FIRST
+// times for connections that never sent a valid HELLO; the rest are counted for the summary.
+static int conn_warn_ok(bs_server_t *s, bs_conn_t *c) {
+    if (c->rank >= 0) return 1;
+    if (s->warn_left > 0) {
+        if (--s->warn_left == 0)
+            l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: further connections "
+                    "without a valid hello are summarised every %g s", BS_WARN_EVERY_S);
+        return 1;
+    }
+    if (!s->nquiet) s->next_summary = L3D_MAX(s->next_summary, l3d_time_now());
+    s->nquiet++;
+    snprintf(s->quiet_last, sizeof(s->quiet_last), "%s", c->peer);
+    return 0;
+}
+
+static void quiet_summary(bs_server_t *s, double now, int final) {
+    if (!s->nquiet || (!final && now < s->next_summary)) return;
+    l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: closed %lu connections that sent "
+            "no valid hello (the last from %s)", s->nquiet, s->quiet_last);
+    s->nquiet = 0;
+    s->next_summary = now + BS_WARN_EVERY_S;
 }
 
 static void conn_free(bs_server_t *s, bs_conn_t *c) {
@@ -159,8 +198,9 @@ static void conn_drop(bs_server_t *s, bs_conn_t *c, const char *fmt, ...) {
     if (c->fd < 0) return;
     char who[32] = "";
     if (c->rank >= 0) snprintf(who, sizeof(who), " (rank %d)", c->rank);
-    l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: dropping the connection from "
-            "%s%s: %s", c->peer, who, why);
+    if (conn_warn_ok(s, c))
+        l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: dropping the connection from "
+                "%s%s: %s", c->peer, who, why);
     uint8_t msg[BS_HDR + 2 + sizeof(why)];
     size_t n = strlen(why);
     bs_put_hdr(msg, BS_T_ERROR, 2 + n);
@@ -224,9 +264,10 @@ static void on_hello(bs_server_t *s, bs_conn_t *c, const uint8_t *p, size_t len)
                  rank);
     }
     if (code) {
-        l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: refused %s (claims rank %u of "
-                "%u): %s%s", c->peer, rank, size, why, code == BS_E_TOKEN ? "; it belongs to "
-                "another job or its L3D_JOB_TOKEN differs" : "");
+        if (conn_warn_ok(s, c))
+            l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: refused %s (claims rank "
+                    "%u of %u): %s%s", c->peer, rank, size, why, code == BS_E_TOKEN ? "; it "
+                    "belongs to another job or its L3D_JOB_TOKEN differs" : "");
         send_error(s, c, code, why);
         return;
     }
@@ -368,8 +409,9 @@ static void conn_read(bs_server_t *s, bs_conn_t *c) {
     int rc = l3d_net_recv_some(c->fd, buf, sizeof(buf), &n);
     if (rc == -EAGAIN) return;
     if (rc) {
-        l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: lost %s: %s", c->peer,
-                strerror(-rc));
+        if (conn_warn_ok(s, c))
+            l3d_log(s->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "bootstrap: lost %s: %s", c->peer,
+                    strerror(-rc));
         conn_close(s, c);
     } else if (n == 0) {
         if (c->hdr_got)
@@ -388,6 +430,21 @@ static void server_accept(bs_server_t *s) {
         int fd;
         char peer[64];
         if (l3d_net_accept(s->lfd, &fd, peer, sizeof(peer))) return;
+        // At the cap of connections without a valid HELLO, the oldest one makes room: a
+        // flood of idle connections then cannot keep a real rank out.
+        size_t unauth = 0;
+        bs_conn_t *oldest = NULL;
+        for (size_t i = 0; i < s->nconns; i++) {
+            bs_conn_t *o = s->conns[i];
+            if (o->fd < 0 || o->rank >= 0) continue;
+            unauth++;
+            if (!oldest || o->hello_deadline < oldest->hello_deadline) oldest = o;
+        }
+        if (unauth >= BS_UNAUTH_MAX && oldest) {
+            if (oldest->closing) conn_close(s, oldest);
+            else conn_drop(s, oldest, "%d connections without a hello are open; the oldest "
+                           "makes room", BS_UNAUTH_MAX);
+        }
         bs_conn_t *c = NULL;
         if (s->nconns == s->capconns) {
             size_t ncap = s->capconns ? 2 * s->capconns : 16;
@@ -409,7 +466,7 @@ static void server_accept(bs_server_t *s) {
         }
         c->fd = fd;
         c->rank = -1;
-        c->hello_deadline = l3d_time_now() + s->timeout_s;
+        c->hello_deadline = l3d_time_now() + L3D_MIN(s->timeout_s, BS_HELLO_S);
         snprintf(c->peer, sizeof(c->peer), "%s", peer);
         s->conns[s->nconns++] = c;
     }
@@ -427,7 +484,7 @@ static void *server_main(void *arg) {
             bs_conn_t *c = s->conns[i];
             if (c->fd >= 0 && c->rank < 0 && now >= c->hello_deadline) {
                 if (c->closing) conn_close(s, c);  // refused, and it does not read the reason
-                else conn_drop(s, c, "no hello within %g s", s->timeout_s);
+                else conn_drop(s, c, "no hello within %g s", L3D_MIN(s->timeout_s, BS_HELLO_S));
             }
             if (c->fd < 0) {
                 conn_free(s, c);
@@ -438,6 +495,8 @@ static void *server_main(void *arg) {
             s->conns[keep++] = c;
         }
         s->nconns = keep;
+        quiet_summary(s, now, 0);
+        if (s->nquiet && (!wake_at || s->next_summary < wake_at)) wake_at = s->next_summary;
         if (pcap < s->nconns + 2) {
             l3d_free(s->ctx, pf, pcap * sizeof(*pf), BS_TAG);
             pcap = 2 * (s->nconns + 2);
@@ -483,6 +542,7 @@ static void *server_main(void *arg) {
         }
         if (pf[1].revents & POLLIN) server_accept(s);
     }
+    quiet_summary(s, l3d_time_now(), 1);
     if (s->ngone < s->size && s->drain_deadline > 0) {
         char missing[256] = "";
         size_t o = 0;
@@ -528,7 +588,8 @@ l3d_status l3d_bootstrap_store_start(l3d_ctx_t *ctx, const l3d_launch_env_t *env
     s->ctx = ctx;
     s->size = env->size;
     s->timeout_s = timeout_s;
-    s->maxconns = 2 * (size_t)env->size + 64;
+    s->maxconns = (size_t)env->size + BS_UNAUTH_MAX + 16;  // + closing ones awaiting cleanup
+    s->warn_left = BS_WARN_FIRST;
     s->lfd = s->wake[0] = s->wake[1] = -1;
     snprintf(s->token, sizeof(s->token), "%s", env->job_token);
     char where[300];

@@ -20,7 +20,9 @@
 // of an existing key replaces it. Any malformed message (bad magic, version or type, a length
 // over its limit, an inconsistent payload, EOF inside a message, a message before HELLO) makes
 // the store log a warning naming the peer, send ERROR code 4 if it can, and drop that
-// connection only. Connections that never complete HELLO are dropped after the timeout.
+// connection only. A connection must complete HELLO within 2 s (or the timeout, if shorter);
+// at most 64 connections without a valid HELLO are kept (a new one evicts the oldest), and
+// warnings about them are rate-limited (bootstrap_store.c).
 #ifndef L3D_BOOTSTRAP_WIRE_H
 #define L3D_BOOTSTRAP_WIRE_H
 

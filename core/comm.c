@@ -51,6 +51,7 @@ static void world_free(l3d_world_t *w, int inited) {
     l3d_world_scratch_release(w);
     l3d_world_mr_release(w);
     if (inited) w->tp.ops->fini(&w->tp);
+    if (w->bootstrap && w->dead_epoch) l3d_bootstrap_set_drain(w->bootstrap, 0.25);
     if (w->bootstrap) l3d_bootstrap_destroy(w->bootstrap);
     l3d_free(w->ctx, w, sizeof(*w), "comm");
 }
@@ -310,6 +311,13 @@ void l3d_comm_abort(l3d_comm_t *c) {
     l3d_world_t *w = c->world;
     char why[64];
     snprintf(why, sizeof(why), "rank %d aborted", w->rank);
+    // If this rank is aborting because another one failed, say so first (notices to a peer
+    // arrive in order): the peers must name the rank that failed, not the one that gave up.
+    if (w->dead_epoch && w->first_dead >= 0 && w->first_dead != w->rank) {
+        l3d_world_declare_dead(w, w->first_dead, w->dead_reason);
+        snprintf(why, sizeof(why), "rank %d aborted after rank %d failed", w->rank,
+                 w->first_dead);
+    }
     l3d_world_notify(w, L3D_NOTICE_DEAD, w->rank, why);
     // Give the notices a moment to leave (bounded, ~20 ms): the transport abort may drop them.
     l3d_world_flush_notices(w, 0.02);

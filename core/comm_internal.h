@@ -74,12 +74,18 @@ typedef struct l3d_mr_entry {
 // Failure notices: small control messages a rank broadcasts when it sees a peer fail or times
 // out (docs/comm.md "failure model"), so ranks that never talk to the dead rank directly can
 // still name it.
-enum { L3D_NOTICE_DEAD = 1, L3D_NOTICE_BLAME = 2 };
+// ALIVE answers a BLAME about the sender: a rank that is itself waiting (on the rank that
+// really stopped) must not be mistaken for the unresponsive one by ranks whose timeout came
+// first.
+enum { L3D_NOTICE_DEAD = 1, L3D_NOTICE_BLAME = 2, L3D_NOTICE_ALIVE = 3 };
 typedef struct l3d_notice {
     uint32_t magic;
     int32_t kind;      // L3D_NOTICE_*
     int32_t reporter;  // world rank that sent it
     int32_t rank;      // world rank it is about
+    int32_t cause;     // DEAD about the reporter itself: the rank whose failure made it abort
+                       // (-1: none known), so receivers name that one even if the separate
+                       // notice about it is late or was dropped
     char reason[112];
 } l3d_notice_t;
 
@@ -118,6 +124,8 @@ typedef struct l3d_world {
     uint8_t *blamed;          // [size] named in a blame notice (ours or a peer's)
     int dead_epoch;           // bumps whenever dead[] grows
     int blame_seen;           // blame notices received so far
+    int alive_due;            // a peer blamed this rank: answer with an ALIVE notice
+    int alive_sent;           // ... which is sent once (the peers' alive flags are sticky)
     int first_dead;           // world rank of the first known failure (-1: none)
     char dead_reason[192];    // detail for the first dead rank
     l3d_notice_t *notice_in;  // [size] receive buffers
@@ -255,6 +263,8 @@ void l3d_world_poll_notices(l3d_world_t *w);
 // Gives pending notice sends up to `seconds` to leave (progressing the transport).
 void l3d_world_flush_notices(l3d_world_t *w, double seconds);
 void l3d_world_mark_dead(l3d_world_t *w, int rank, const char *reason);
+// Marks `rank` failed and tells every peer once (also relaying what a notice told us).
+void l3d_world_declare_dead(l3d_world_t *w, int rank, const char *reason);
 // Memory registration cache (core/comm_sched.c).
 l3d_status l3d_world_mr(l3d_world_t *w, void *buf, size_t len, void **mr_p);
 void l3d_world_mr_purge(l3d_world_t *w, void *buf, size_t len);

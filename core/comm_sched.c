@@ -357,20 +357,30 @@ void l3d_world_notify(l3d_world_t *w, int kind, int rank, const char *reason) {
     l3d_tp_request_t **sreq = &w->notice_sreq[(size_t)slot * (size_t)w->size];
     l3d_notice_t *m = &w->notice_out[slot];
     memset(m, 0, sizeof(*m));
-    *m = (l3d_notice_t){NOTICE_MAGIC, kind, w->rank, rank, ""};
+    *m = (l3d_notice_t){NOTICE_MAGIC, kind, w->rank, rank, -1, ""};
+    if (kind == L3D_NOTICE_DEAD && rank == w->rank && w->dead_epoch && w->first_dead != w->rank)
+        m->cause = w->first_dead;
     snprintf(m->reason, sizeof(m->reason), "%s", reason);
     void *mr = NULL;
     if (w->caps.needs_mr && l3d_world_mr(w, m, sizeof(*m), &mr) < 0) return;
     for (int p = 0; p < w->size; p++) {
         if (p == w->rank || w->dead[p]) continue;
         l3d_tp_request_t *tr = NULL;
-        if (l3d_tp_isend(&w->tp, p, notice_tag(w), m, sizeof(*m), mr, &tr) == L3D_OK) sreq[p] = tr;
+        // Out of send resources (a loaded tcp;ofi_rxm says EAGAIN): progress and retry for a
+        // moment rather than drop the notice, which left a peer naming the wrong rank.
+        double until = l3d_time_now() + 0.05;
+        l3d_status st;
+        while ((st = l3d_tp_isend(&w->tp, p, notice_tag(w), m, sizeof(*m), mr, &tr)) ==
+                   L3D_INPROGRESS &&
+               l3d_time_now() < until)
+            (void)l3d_tp_progress(&w->tp);
+        if (st == L3D_OK) sreq[p] = tr;
     }
 }
 
 // Marks `rank` failed and tells every peer once (relaying what a notice told us too: the
 // rank that failed may never have been connected to some of them).
-static void declare_dead(l3d_world_t *w, int rank, const char *reason) {
+void l3d_world_declare_dead(l3d_world_t *w, int rank, const char *reason) {
     l3d_world_mark_dead(w, rank, reason);
     if (rank == w->rank || (w->dead[rank] & 2)) return;
     w->dead[rank] |= 2;
@@ -380,15 +390,24 @@ static void declare_dead(l3d_world_t *w, int rank, const char *reason) {
 static void notice_handle(l3d_world_t *w, const l3d_notice_t *m, int from) {
     if (m->magic != NOTICE_MAGIC || m->rank < 0 || m->rank >= w->size) return;
     w->alive[from] = 1;
+    if (m->kind == L3D_NOTICE_DEAD && m->rank == from && m->cause >= 0 &&
+        m->cause < w->size && m->cause != w->rank && !w->dead[m->cause]) {
+        // It aborted because of an earlier failure: that one is the failure to name.
+        char why[64];
+        snprintf(why, sizeof(why), "reported by rank %d", from);
+        l3d_world_mark_dead(w, m->cause, why);
+    }
     if (m->kind == L3D_NOTICE_DEAD && m->rank != w->rank) {
         char why[192];
         if (from == m->rank) snprintf(why, sizeof(why), "%.112s", m->reason);
         else snprintf(why, sizeof(why), "%.112s (reported by rank %d)", m->reason, from);
         l3d_world_mark_dead(w, m->rank, why);
+        if (m->rank == from) w->dead[from] |= 4;
         l3d_log(w->ctx, L3D_LOG_INFO, L3D_SUBSYS_COMM, "rank %d reports rank %d failed: %s", from,
                 m->rank, m->reason);
     } else if (m->kind == L3D_NOTICE_BLAME) {
         if (m->rank != w->rank) w->blamed[m->rank] |= 1;
+        else w->alive_due = !w->alive_sent;  // answered after the poll loop (no re-entry)
         w->blame_seen++;
     }
 }
@@ -411,6 +430,11 @@ void l3d_world_poll_notices(l3d_world_t *w) {
         int done = 0;
         l3d_status st = l3d_tp_test(&w->tp, w->notice_sreq[i], &done, NULL);
         if (st < 0 || done) w->notice_sreq[i] = NULL;
+    }
+    if (w->alive_due) {
+        w->alive_due = 0;
+        w->alive_sent = 1;
+        l3d_world_notify(w, L3D_NOTICE_ALIVE, w->rank, "alive");
     }
 }
 
@@ -464,7 +488,7 @@ l3d_status l3d_comm_check(l3d_comm_t *c, const char *what) {
             char pn[64];
             if (wr == w->rank)
                 return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: this rank aborted", what);
-            declare_dead(w, wr, "reported by a peer");
+            l3d_world_declare_dead(w, wr, "reported by a peer");
             return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: %s failed: %s", what,
                                  peer_name(c, pick, pn, sizeof(pn)),
                                  wr == w->first_dead ? w->dead_reason : "reported by a peer");
@@ -552,7 +576,7 @@ static l3d_status req_timeout(l3d_request_t *r, double now) {
     for (int p = 0; p < w->size && o < sizeof(dead) - 24; p++)
         if (p != w->rank && w->blamed[p] && !w->alive[p]) {
             o += (size_t)snprintf(dead + o, sizeof(dead) - o, "%srank %d", o ? ", " : "", p);
-            declare_dead(w, p, "unresponsive");
+            l3d_world_declare_dead(w, p, "unresponsive");
         }
     return l3d_comm_fail(c, L3D_ERR_TIMEOUT, "%s: timed out after %.1f s waiting for %s%s%s",
                          r->what, now - r->t_start, pend, o ? "; unresponsive: " : "", dead);
@@ -595,18 +619,27 @@ static l3d_status op_failed(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_stat
     l3d_world_t *w = c->world;
     l3d_world_poll_notices(w);
     int wp = c->ranks[p->peer];
+    // A peer that aborted sends its notices (naming the failure that made it give up) before
+    // its transport says goodbye, but they may arrive a little after: wait briefly for them
+    // (bit 4: it told us itself), so that a survivor is not blamed for a dead rank.
+    double until = l3d_time_now() + 0.1;
+    while (st == L3D_ERR_PEER_FAILED && (!w->dead_epoch || w->first_dead == wp) &&
+           !(w->dead[wp] & 4) && l3d_time_now() < until) {
+        (void)l3d_tp_progress(&w->tp);
+        l3d_world_poll_notices(w);
+    }
     if (st == L3D_ERR_PEER_FAILED && w->dead_epoch && w->first_dead != wp &&
         w->first_dead != w->rank) {
         char why[192];
         snprintf(why, sizeof(why), "%s", w->dead_reason);
-        declare_dead(w, w->first_dead, w->dead_reason);
+        l3d_world_declare_dead(w, w->first_dead, w->dead_reason);
         l3d_world_mark_dead(w, wp, detail);
         return req_finish(r, l3d_comm_fail(c, st, "%s: rank %d failed: %s (then %s of %zu bytes "
                                                   "with %s failed: %s)",
                                            r->what, w->first_dead, why,
                                            p->send ? "send" : "recv", p->len, pn, detail));
     }
-    if (st == L3D_ERR_PEER_FAILED) declare_dead(w, wp, detail);
+    if (st == L3D_ERR_PEER_FAILED) l3d_world_declare_dead(w, wp, detail);
     return req_finish(r, l3d_comm_fail(c, st, "%s: %s (%s of %zu bytes with %s)", r->what, detail,
                                        p->send ? "send" : "recv", p->len, pn));
 }
@@ -704,7 +737,9 @@ static l3d_request_t *req_new(l3d_comm_t *c, const char *what) {
     r->comm = c;
     r->what = what;
     r->t_start = l3d_time_now();
-    r->deadline = r->t_start + l3d_ctx_settings(c->ctx)->comm_timeout_s;
+    // The blame round's grace comes out of the timeout, so no wait exceeds L3D_COMM_TIMEOUT.
+    double to = l3d_ctx_settings(c->ctx)->comm_timeout_s;
+    r->deadline = r->t_start + to - L3D_MIN(0.25 * to, 1.0);
     l3d_world_t *w = c->world;
     r->next = w->active;
     if (w->active) w->active->prev = r;

@@ -62,6 +62,7 @@ struct l3d_tp_request {
     size_t olen;         // truncation: bytes that did not fit
     int fi_err;          // the completion's libfabric error (positive), 0 if none
     int detached;        // failed for a dead peer while the provider still holds the context
+    int cancelled;       // we called fi_cancel on it (any other FI_ECANCELED is the provider's)
     uint64_t tag;        // the wire tag
 };
 

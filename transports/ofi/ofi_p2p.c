@@ -161,7 +161,14 @@ static void ofi_complete_err(l3d_ofi_t *o) {
     if (ofi_release_detached(o, r)) return;
     r->fi_err = e.err;
     int peer = r->peer;
-    if (e.err == FI_ECANCELED) {
+    // A cancel we did not ask for: tcp;ofi_rxm cancels the receives posted for a peer whose
+    // connection it tore down, i.e. the peer is gone (reported as the peer's failure; before,
+    // "Operation canceled" made this rank abort and the others blame it instead of the peer).
+    int lost = e.err == FI_ECANCELED && !r->cancelled;
+    if (lost) {
+        r->st = L3D_ERR_PEER_FAILED;
+        snprintf(o->errtext, sizeof(o->errtext), "the provider cancelled it (connection lost)");
+    } else if (e.err == FI_ECANCELED) {
         r->st = L3D_ERR_INTERNAL;  // only cancel() and fini cancel; they never report it
     } else if (e.err == FI_ETRUNC) {
         r->st = L3D_ERR_INTERNAL;
@@ -173,7 +180,7 @@ static void ofi_complete_err(l3d_ofi_t *o) {
     }
     l3d_ofi_req_kind kind = r->kind;
     ofi_finish(o, r);  // before failing the peer, which must not detach this one
-    if (l3d_ofi_status(e.err) == L3D_ERR_PEER_FAILED) {
+    if (lost || l3d_ofi_status(e.err) == L3D_ERR_PEER_FAILED) {
         char why[L3D_OFI_WHY_LEN];
         snprintf(why, sizeof(why), "%s rank %d failed: %.150s", ofi_kind_name(kind), peer,
                  o->errtext);
@@ -320,6 +327,7 @@ void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
     if (!req->done && !o->ep_closed) {
         // Receives cancel at once; sends usually cannot be cancelled but may be about to
         // finish, so drive the CQ a little before giving the request up.
+        req->cancelled = 1;
         (void)fi_cancel(&o->ep->fid, &req->fictx);
         double t0 = l3d_time_now();
         while (!req->done && l3d_time_now() - t0 < OFI_CANCEL_BUDGET_S)
@@ -341,6 +349,7 @@ void l3d_ofi_cancel_all(l3d_ofi_t *o, double budget_s) {
     for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next) {
         if (r->done) continue;
         r->orphan = 1;
+        r->cancelled = 1;
         (void)fi_cancel(&o->ep->fid, &r->fictx);
         pending++;
     }

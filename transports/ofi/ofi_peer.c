@@ -110,6 +110,7 @@ void l3d_ofi_fail_peer(l3d_ofi_t *o, int peer, const char *why) {
         r->done = 1;
         r->detached = 1;
         r->st = L3D_ERR_PEER_FAILED;
+        r->cancelled = 1;
         if (!o->ep_closed) (void)fi_cancel(&o->ep->fid, &r->fictx);
     }
 }

@@ -19,6 +19,14 @@
 //   UCX_KEEPALIVE_INTERVAL=2s   so a tcp peer whose host hangs is noticed in seconds rather than
 //                               UCX's default 20 s (a killed process closes its sockets and is
 //                               noticed at once anyway).
+//   UCX_TLS=^cma                when UCX_TLS is unset. Same-host endpoints are in mode NONE (see
+//                               below), and in that mode UCX 1.13's cma transport treats a failed
+//                               process_vm_readv as fatal: a rank whose rendezvous peer was
+//                               killed mid-transfer aborted with "process_vm_readv ... No such
+//                               process" and a backtrace, and the others then blamed that live
+//                               rank. Without cma, large same-host messages go over posix/sysv
+//                               (or tcp's zero-copy rendezvous), which see a dead peer only as
+//                               silence, and the pid watch (ucx_addr.c) reports it.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,6 +136,13 @@ static l3d_status config_tune(l3d_ucx_t *u, ucp_config_t *cfg) {
                       "setting NET_DEVICES to lo");
         l3d_log(u->ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM,
                 "ucx: single-host job, tcp pinned to the loopback interface");
+    }
+    if (!tls) {
+        L3D_UCS_CHECK(u, ucp_config_modify(cfg, "TLS", "^cma"), "setting TLS to ^cma");
+    } else if (l3d_ucx_tls_allows(tls, "cma")) {
+        l3d_log(u->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "ucx: UCX_TLS=%s allows cma, which "
+                "aborts this process if a same-host peer dies during a transfer (UCX 1.13); "
+                "leave UCX_TLS unset or exclude cma", tls);
     }
     if (!getenv("UCX_KEEPALIVE_INTERVAL"))
         L3D_UCS_CHECK(u, ucp_config_modify(cfg, "KEEPALIVE_INTERVAL", "2s"),
@@ -461,6 +476,9 @@ static void ucx_fini(l3d_transport_t *tp) {
     double deadline = l3d_ucx_now() + 1.0;
     while ((u->nclosing || l3d_ucx_reqs_busy(u)) && l3d_ucx_now() < deadline)
         l3d_ucx_progress_all(u);
+    // Only now: a peer's BYE that arrived while we flushed and closed was consumed above
+    // instead of lingering as an unmatched message that UCX warns about at worker destroy.
+    l3d_ucx_ctrl_cancel(u);
     for (int i = 0; i < u->nranks; i++)
         if (u->peers[i].close_req) ucp_request_free(u->peers[i].close_req);
     ucp_worker_release_address(u->worker, u->addr);

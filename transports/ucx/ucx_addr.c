@@ -71,6 +71,21 @@ int l3d_ucx_tls_may_use_shm(const char *tls) {
     return 0;
 }
 
+// Whether the comma-separated UCX_TLS list `tls` lets UCX use transport `name`: "all", a list
+// naming it (or the "sm"/"shm" aliases, which include every shared-memory transport), or an
+// exclusion list ("^a,b") that does not name it.
+int l3d_ucx_tls_allows(const char *tls, const char *name) {
+    if (!tls || !*tls) return 1;
+    int exclude = tls[0] == '^', named = 0;
+    char buf[256];
+    snprintf(buf, sizeof(buf), "%s", tls + exclude);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "all") && !exclude) return 1;
+        named |= !strcmp(t, name) || (!exclude && (!strcmp(t, "sm") || !strcmp(t, "shm")));
+    }
+    return exclude ? !named : named;
+}
+
 void l3d_ucx_watch(l3d_ucx_t *u) {
     double t = l3d_ucx_now();
     if (t < u->next_watch) return;

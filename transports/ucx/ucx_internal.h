@@ -97,7 +97,10 @@ struct l3d_ucx {
     int aborted;
     int need_sweep;             // a peer failed since the last sweep
     int nclosing;               // peers with an unfinished close_req
-    int ctrl_off;               // fini started: the control receive is not posted again
+    int ctrl_off;               // fini started (peers leaving is normal: logged at debug)
+    int ctrl_stop;              // the control receive is not posted again (just before the
+                                // worker goes: until then a peer's BYE must find it, or UCX
+                                // warns "unexpected tag-receive descriptor ... not matched")
     int nwatch;                 // peers whose liveness is checked by pid
     double next_watch;          // when to check them next
     l3d_ucx_addr_hdr_t hdr;     // ours
@@ -134,8 +137,10 @@ void l3d_ucx_ctrl_post(l3d_ucx_t *u);
 void l3d_ucx_reqs_free_all(l3d_ucx_t *u);
 // Whether any live request is still owned by UCX.
 int l3d_ucx_reqs_busy(const l3d_ucx_t *u);
-// Cancels every receive UCX still owns (fini and abort).
+// Cancels every user receive UCX still owns (fini and abort); not the control receive.
 void l3d_ucx_reqs_cancel_recvs(l3d_ucx_t *u);
+// Cancels the control receive for good (fini, right before the worker is destroyed).
+void l3d_ucx_ctrl_cancel(l3d_ucx_t *u);
 
 l3d_status l3d_ucx_isend(l3d_transport_t *tp, int peer, uint64_t tag, const void *buf,
                          size_t len, void *mr, l3d_tp_request_t **req_p);
@@ -154,6 +159,8 @@ void l3d_ucx_hdr_fill(l3d_ucx_addr_hdr_t *h);
 int l3d_ucx_hdr_same_host(const l3d_ucx_addr_hdr_t *mine, const l3d_ucx_addr_hdr_t *h);
 // Whether UCX_TLS lets UCX pick a shared-memory transport.
 int l3d_ucx_tls_may_use_shm(const char *tls);
+// Whether UCX_TLS (NULL: unset) lets UCX use the transport `name` (e.g. "cma").
+int l3d_ucx_tls_allows(const char *tls, const char *name);
 // Checks watched peers (at most every 0.5 s) and fails those whose process is gone.
 void l3d_ucx_watch(l3d_ucx_t *u);
 

@@ -74,7 +74,7 @@ static void recv_cb(void *request, ucs_status_t s, const ucp_tag_recv_info_t *in
 int l3d_ucx_reqs_busy(const l3d_ucx_t *u) {
     for (const l3d_tp_request_t *r = u->pending.next; r != &u->pending; r = r->next)
         if (r->ucx && !r->abandoned) return 1;
-    return u->ctrl_req != NULL;
+    return 0;  // the control receive stays posted until fini's very end
 }
 
 void l3d_ucx_reqs_cancel_recvs(l3d_ucx_t *u) {
@@ -85,7 +85,13 @@ void l3d_ucx_reqs_cancel_recvs(l3d_ucx_t *u) {
             ucp_request_cancel(u->worker, r->ucx);
         }
     }
+}
+
+void l3d_ucx_ctrl_cancel(l3d_ucx_t *u) {
+    u->ctrl_stop = 1;
     if (u->ctrl_req) ucp_request_cancel(u->worker, u->ctrl_req);
+    double deadline = l3d_ucx_now() + 0.1;
+    while (u->ctrl_req && l3d_ucx_now() < deadline) l3d_ucx_progress_all(u);
 }
 
 void l3d_ucx_reqs_free_all(l3d_ucx_t *u) {
@@ -121,7 +127,7 @@ static void ctrl_handle(l3d_ucx_t *u) {
 }
 
 void l3d_ucx_ctrl_post(l3d_ucx_t *u) {
-    while (!u->ctrl_req && !u->ctrl_off) {
+    while (!u->ctrl_req && !u->ctrl_stop) {
         // NO_IMM_CMPL: the sender's tag arrives only through the callback (see irecv).
         ucp_request_param_t prm = {
             .op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
