@@ -46,7 +46,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=$(command -v python3) || { echo "cli_docs: needs python3"; exit 1; }
 exec "$PY" - "$L3D" "$(dirname "$here")" <<'EOF'
-import glob, os, re, shlex, shutil, subprocess, sys, tempfile, time
+import glob, os, re, shlex, shutil, signal, subprocess, sys, tempfile, time
 
 L3D = os.path.abspath(sys.argv[1])
 SRC = os.path.abspath(sys.argv[2])
@@ -167,13 +167,30 @@ env = {k: v for k, v in os.environ.items()
 env["PATH"] = os.path.join(scratch, ".path") + ":" + env.get("PATH", "")
 
 def sh(cmd, timeout=300):
+    """Run cmd with bash in the scratch directory; a command that does not end in time is
+    killed with its whole process group (l3d launch's ranks included)."""
     t0 = time.time()
+    p = subprocess.Popen(["bash", "-c", cmd], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        p = subprocess.run(["bash", "-c", cmd], cwd=scratch, env=env, stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        return p.returncode, p.stdout.decode(errors="replace"), time.time() - t0
-    except subprocess.TimeoutExpired as e:
-        return 124, (e.stdout or b"").decode(errors="replace") + "\n(no end after %d s)" % timeout, timeout
+        out, _ = p.communicate(timeout=timeout)
+        return p.returncode, out.decode(errors="replace"), time.time() - t0
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return 124, out.decode(errors="replace") + "\n(no end after %d s)" % timeout, timeout
+
+def built_transports():
+    _, out, _ = sh("l3d launch -n 1 --transport nosuch -- true")
+    m = re.search(r"\(built: ([^)]*)\)", out)
+    return set(re.split(r"[,\s]+", m.group(1)) if m else []) | {"local"}  # launch refuses local
+
+def cache(name):
+    try:
+        m = re.search(r"^%s:\w+=(.*)$" % name, open(os.path.join(BUILD, "CMakeCache.txt")).read(), re.M)
+        return m.group(1) if m else None
+    except OSError:
+        return None
 
 # ---- check-only rules: (regex, why not run, check) ----
 def check_ci(seg):
@@ -219,12 +236,12 @@ CHECK_ONLY = [
 # ---- the commands ----
 seen = {}
 def run_command(where, cmd, comment, lines, after):
-    key = re.sub(r"(?<![\w/.])(\./)?build/l3d\b", "l3d", cmd)
+    m = re.match(r"exits? (\d+)\s*(?::\s*(.+))?$", comment)
+    want, text = (int(m.group(1)), m.group(2)) if m else (0, None)
+    key = (re.sub(r"(?<![\w/.])(\./)?build/l3d\b", "l3d", cmd), want, text)
     if key in seen:
         (ok if seen[key][0] else fail)("%s: %s (same as %s)" % (where, cmd, seen[key][1]))
         return
-    m = re.match(r"exits? (\d+)\s*(?::\s*(.+))?$", comment)
-    want, text = (int(m.group(1)), m.group(2)) if m else (0, None)
     rc, out, dt = sh(cmd)
     good = rc == want and (text is None or text in out)
     msg = "%s: %s (exit %d, %.0f s)" % (where, cmd, rc, dt)
@@ -240,7 +257,9 @@ def run_command(where, cmd, comment, lines, after):
             msg += ", the doc's table has its header and rows"
     seen[key] = (good, where)
     if good: ok(msg)
-    else: fail(msg + ("" if rc == want else " (the doc expects exit %d)" % want), out)
+    elif rc != want: fail(msg + " (the doc expects exit %d)" % want, out)
+    elif text is not None and text not in out: fail(msg + ": its output lacks '%s'" % text, out)
+    else: fail(msg, out)
 
 def check_command(where, cmd, comment, lines, after):
     for pat, why in CLUSTER:
@@ -255,7 +274,15 @@ def check_command(where, cmd, comment, lines, after):
             return
     for seg in split_and(cmd):
         if re.match(r"(\./)?(build/l3d|l3d|build/bench/)\b", seg):
-            run_command(where, seg, comment, lines, after)
+            # What a build may leave out (cmake options, transports not found) is skipped,
+            # saying so; everything else runs.
+            t = re.search(r"--transport[ =](\w+)", seg)
+            if re.match(r"(\./)?build/bench/", seg) and cache("L3D_BUILD_BENCH") == "OFF":
+                ok("%s: skipped, this build has no benchmarks (L3D_BUILD_BENCH=OFF): %s" % (where, seg))
+            elif t and t.group(1) not in TRANSPORTS:
+                ok("%s: skipped, this build lacks the %s transport: %s" % (where, t.group(1), seg))
+            else:
+                run_command(where, seg, comment, lines, after)
             continue
         for pat, why, check in CHECK_ONLY:
             if re.match(pat, seg):
@@ -298,26 +325,30 @@ def check_usage_block(body, where):
             else: fail("%s: l3d %s %s: %s" % (where, cmd, f,
                        "rejected by its parser" if rejected else "not in its --help"), out)
 
-for f in doc_files():
-    lines = open(os.path.join(SRC, f)).read().splitlines()
-    section = ""
-    heads = {}
-    for n, l in enumerate(lines):
-        if l.startswith("#"): section = l.lstrip("#").strip()
-        heads[n + 1] = section
-    for first, lang, body, after in blocks(lines):
-        if f == "README.md" and heads[first] == "The CLI" and lang == "":
-            check_usage_block(body, "%s:%d" % (f, first))
-            continue
-        if lang not in ("sh", "bash", "shell", "console"): continue
-        whole = "\n".join(body).strip()
-        if whole and whole in CI:
-            ok("%s:%d: run by CI verbatim (.ci/run): %s" % (f, first, whole))
-            continue
-        for line, cmd, comment, _ in commands(lang, body, first):
-            check_command("%s:%d" % (f, line), cmd, comment, lines, after)
+def main():
+    for f in doc_files():
+        lines = open(os.path.join(SRC, f)).read().splitlines()
+        section, heads = "", {}
+        for n, l in enumerate(lines):
+            if l.startswith("#"): section = l.lstrip("#").strip()
+            heads[n + 1] = section
+        for first, lang, body, after in blocks(lines):
+            if f == "README.md" and heads[first] == "The CLI" and lang == "":
+                check_usage_block(body, "%s:%d" % (f, first))
+                continue
+            if lang not in ("sh", "bash", "shell", "console"): continue
+            whole = "\n".join(body).strip()
+            if whole and whole in CI:
+                ok("%s:%d: run by CI verbatim (.ci/run): %s" % (f, first, whole))
+                continue
+            for line, cmd, comment, _ in commands(lang, body, first):
+                check_command("%s:%d" % (f, line), cmd, comment, lines, after)
 
-shutil.rmtree(scratch, ignore_errors=True)
+try:
+    TRANSPORTS = built_transports()
+    main()
+finally:
+    shutil.rmtree(scratch, ignore_errors=True)
 print("%d passed, %d failed" % (passes, fails))
 sys.exit(1 if fails else 0)
 EOF
