@@ -26,6 +26,8 @@
 # unless allowed; UCX and libfabric tcp are pinned to loopback; torch is only in /usr/bin/python3.
 set -u -o pipefail
 
+# --help prints the comment above (what is measured, usage, environment) and runs nothing.
+case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 BUILD=${1:-./build}
 L3D=$BUILD/l3d
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -2,6 +2,8 @@
 // single-threaded inside each tile) next to cblas_sgemm with OpenBLAS's own N threads.
 // Best of 5 runs per cell; "ratio" is l3d Nt / OpenBLAS Nt.
 // Usage: bench_gemm [threads] (default: all cores).
+// Prints a markdown table, so bench/README.md shows exactly what this prints (tests/cli_docs.sh
+// compares the README's header and rows with a run of this program).
 #include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,14 +50,14 @@ int main(int argc, char **argv) {
     const shape_t shapes[] = {
         {"square 512", 512, 512, 512, 0, 0},
         {"square 1024", 1024, 1024, 1024, 0, 0},
-        {"square 2048", 2048, 2048, 2048, 0, 0},
         {"linear 4096x384x128 (x W^T)", 4096, 384, 128, 0, 1},
         {"linear 4096x1536x384", 4096, 1536, 384, 0, 1},
         {"dW 384x1536x4096 (dy^T x)", 384, 1536, 4096, 1, 0},
         {"decode 4x4096x1024", 4, 4096, 1024, 0, 1},
     };
-    printf("%-34s %8s %8s %8s %8s %6s  (GFLOP/s, best of %d, N = %d)\n", "shape M x N x K",
-           "l3d 1t", "blas 1t", "l3d Nt", "blas Nt", "ratio", REPS, nt);
+    printf("GFLOP/s, best of %d; Nt = %d threads\n\n", REPS, nt);
+    printf("| shape M x N x K | l3d 1t | blas 1t | l3d Nt | blas Nt | ratio (Nt) |\n");
+    printf("|---|---|---|---|---|---|\n");
     double peak = 0.0;
     for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++) {
         const shape_t *sh = &shapes[s];
@@ -74,12 +76,12 @@ int main(int argc, char **argv) {
         openblas_set_num_threads(nt);
         double gb = flop / best_of(NULL, &g, 1) * 1e-9;
         openblas_set_num_threads(1);  // back to what the device expects
-        printf("%-34s %8.1f %8.1f %8.1f %8.1f %6.2f\n", sh->name, g1, gb1, gn, gb, gn / gb);
+        printf("| %s | %.1f | %.1f | %.1f | %.1f | %.2f |\n", sh->name, g1, gb1, gn, gb, gn / gb);
         if (gn > peak) peak = gn;
         if (g1 > peak) peak = g1;
         free(A), free(B), free(C);
     }
-    printf("gemm peak: %.1f GFLOP/s\n", peak);
+    printf("\ngemm peak: %.1f GFLOP/s (the best cell)\n", peak);
     l3d_device_destroy(dn);
     l3d_device_destroy(d1);
     l3d_ctx_destroy(ctx);

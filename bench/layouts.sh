@@ -21,6 +21,8 @@
 # sets posix,self (shared memory, as the ucx tests do). `l3d launch` itself sets no UCX_TLS, so
 # without it UCX picks its own transports (llama3d pins tcp to lo on one host).
 set -u
+# --help prints the comment above (what is measured, usage, environment) and runs nothing.
+case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 BUILD=${1:-./build}
 L3D=$BUILD/l3d
 REPS=${L3D_BENCH_REPS:-2}
