@@ -91,12 +91,34 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
     printf("; steps %d; seed %llu; activation checkpointing %s\n", c->steps,
            (unsigned long long)c->seed, c->activation_checkpointing ? "on" : "off");
     const char *data = c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)";
-    if (t)
-        printf("  data %s (%lld tokens); device %s, %d threads; gemm peak %.1f GFLOP/s\n", data,
-               (long long)l3d_trainer_data_tokens(t), c->device, threads,
-               l3d_trainer_gemm_peak(t));
+    char order[64] = "in order";
+    if (c->shuffle)
+        snprintf(order, sizeof(order), "shuffled, seed %llu",
+                 (unsigned long long)(c->data_seed_set ? c->data_seed : c->seed));
+    if (t && c->eval_fraction > 0.0)
+        printf("  data %s (%lld tokens, training on the first %lld, %s); device %s, %d threads\n",
+               data, (long long)l3d_trainer_data_tokens(t), (long long)l3d_trainer_train_tokens(t),
+               order, c->device, threads);
+    else if (t)
+        printf("  data %s (%lld tokens, %s); device %s, %d threads\n", data,
+               (long long)l3d_trainer_data_tokens(t), order, c->device, threads);
     else
-        printf("  data %s; device %s, %d threads\n", data, c->device, threads);
+        printf("  data %s (%s); device %s, %d threads\n", data, order, c->device, threads);
+    if (c->eval_path[0] || c->eval_fraction > 0.0) {
+        char stream[600];
+        if (c->eval_path[0]) snprintf(stream, sizeof(stream), "%s", c->eval_path);
+        else snprintf(stream, sizeof(stream), "the last %g of the data", c->eval_fraction);
+        if (t) {
+            size_t len = strlen(stream);
+            snprintf(stream + len, sizeof(stream) - len, " (%lld tokens)",
+                     (long long)l3d_trainer_eval_tokens(t));
+        }
+        if (c->eval_interval > 0)
+            printf("  eval every %d steps and at the end: %d batches of %s\n", c->eval_interval,
+                   c->eval_iters, stream);
+        else
+            printf("  eval stream %s unused: train.eval_interval is 0\n", stream);
+    }
     for (int i = 0; i < c->n_notes; i++) printf("  note: %s\n", c->notes[i]);
     if (c->dp * c->tp * c->pp > 1) {
         l3d_comm_stats_t plan[3];
@@ -252,6 +274,13 @@ int l3d_cmd_train(int argc, char **argv) {
         rc = L3D_EXIT_OK;
         goto out;
     }
+    // The MFU roof, before any rank starts: measured (on a cache miss) while nothing else of
+    // this job runs, with the threads one rank has.
+    char peak_source[1200];
+    if ((st = l3d_train_resolve_peak(ctx, cfg, nthreads, peak_source, sizeof(peak_source))) < 0)
+        goto fail;
+    if (rank == 0)
+        printf("MFU roof %.1f GFLOP/s per rank (%s)\n", cfg->peak_flops / 1e9, peak_source);
     l3d_train_job_t job = {.cfg = cfg, .resume = resume, .nthreads = nthreads, .rank = rank,
                            .world = nworld, .threaded = !launched && nworld > 1};
     // The ranks make their own contexts: this one's part (reading the configuration) is done.

@@ -25,6 +25,11 @@ int l3d_train_run_process(const l3d_train_job_t *job);
 // first (a rank's own, not a peer's report of it), or 0.
 int l3d_train_run_threads(const l3d_train_job_t *job);
 
+// The MFU roof (cli/peak.c): train.peak_flops, else this machine's cached sgemm peak for
+// `threads` threads, else measured now and cached. Sets cfg->peak_flops; `source` says which.
+l3d_status l3d_train_resolve_peak(l3d_ctx_t *ctx, l3d_train_config_t *cfg, int threads,
+                                  char *source, size_t cap);
+
 void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads);
 // One rank's memory line; `world` > 1 names the rank.
 void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown_t *mem,

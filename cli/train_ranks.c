@@ -2,6 +2,7 @@
 // process or as threads of it. A layout without a launcher runs its ranks as threads over the
 // in-process transport, each with its own context and trainer, as tests/test_parallel.c and an
 // embedding program do; rank 0 prints what a launched rank 0 prints.
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,14 +45,15 @@ static void print_resumed(const char *dir, l3d_trainer_t *t, const l3d_train_con
 }
 
 static void print_step(const l3d_step_stats_t *s, int steps, int world) {
-    char comm[96] = "";
+    char comm[96] = "", eval[48] = "";
+    if (!isnan(s->eval_loss)) snprintf(eval, sizeof(eval), " | eval %.4f", s->eval_loss);
     if (world > 1)
         snprintf(comm, sizeof(comm), " | comm MiB tp %.2f dp %.2f pp %.2f",
                  s->comm_bytes[0] / 1048576.0, s->comm_bytes[1] / 1048576.0,
                  s->comm_bytes[2] / 1048576.0);
-    printf("step %6d/%d | loss %.4f | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%%s\n",
-           s->step, steps, s->loss, (double)s->lr, s->grad_norm, s->tokens_per_s, 100.0 * s->mfu,
-           comm);
+    printf("step %6d/%d | loss %.4f%s | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%%s\n",
+           s->step, steps, s->loss, eval, (double)s->lr, s->grad_norm, s->tokens_per_s,
+           100.0 * s->mfu, comm);
     fflush(stdout);
 }
 
@@ -100,13 +102,20 @@ static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
     }
     // DeepSpeed's tensorboard and csv_monitor (rank 0 writes; the others get a no-op).
     if ((st = l3d_monitor_create(t, job->resume != NULL, &mon)) < 0) goto fail;
-    int print_every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10;
+    int print_every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10, said_roof = 0;
     while (l3d_trainer_steps_done(t) < cfg->steps) {
         l3d_step_stats_t s;
         if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
         if (mx) l3d_metrics_write(mx, &s);
         l3d_monitor_write_step(mon, &s);
-        if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps))
+        if (rank == 0 && s.peak_raised && !said_roof) {
+            // Once: later raises only move the roof up to the run's new best.
+            printf("note: step %d ran at %.1f GFLOP/s per rank, above the MFU roof; the roof is "
+                   "now that (set train.peak_flops to choose it)\n", s.step, s.peak_flops / 1e9);
+            said_roof = 1;
+        }
+        if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps ||
+                          !isnan(s.eval_loss)))
             print_step(&s, cfg->steps, job->world);
         if (cfg->save_dir[0] && cfg->save_interval > 0 && s.step % cfg->save_interval == 0 &&
             s.step < cfg->steps && (st = l3d_trainer_save(t, cfg->save_dir)) < 0)

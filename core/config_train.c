@@ -54,6 +54,7 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->steps = 200;
     cfg->seed = 1;
     cfg->dp = cfg->tp = cfg->pp = 1;
+    cfg->eval_iters = 10;
     // L3D_DEVICE: the device when the config does not say (checked when the context read it).
     snprintf(cfg->device, sizeof(cfg->device), "%s", ctx ? l3d_ctx_settings(ctx)->device : "cpu");
 }
@@ -164,6 +165,19 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
     return L3D_OK;
 }
 
+// Like "model", a relative data path is relative to the config file's directory.
+static l3d_status relative_to_config(const l3d_cfgjson_t *j, const char *key, char path[512]) {
+    const char *slash = strrchr(j->origin, '/');
+    if (!path[0] || path[0] == '/' || !slash) return L3D_OK;
+    char joined[512] = {0};
+    int n = snprintf(joined, sizeof(joined), "%.*s/%s", (int)(slash - j->origin), j->origin, path);
+    if (n < 0 || (size_t)n >= sizeof(joined))
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s: resolved path is longer than %zu bytes",
+                         j->origin, key, sizeof(joined) - 1);
+    memcpy(path, joined, sizeof(joined));
+    return L3D_OK;
+}
+
 static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
     l3d_train_config_t *cfg = p->cfg;
@@ -212,8 +226,10 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     }
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "train", &sec));
     if (sec) {
-        static const char *const keys[] = {"steps",   "seed",   "save_dir", "save_interval",
-                                           "metrics", "device", "threads", "save_consolidated"};
+        static const char *const keys[] = {"steps",   "seed",    "save_dir",
+                                           "save_interval", "metrics", "device",
+                                           "threads", "save_consolidated", "eval_interval",
+                                           "eval_iters", "peak_flops"};
         const char *tp = "train";
         L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, tp, keys, L3D_ARRAY_LEN(keys), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "steps", 0, 1 << 30, &cfg->steps, NULL));
@@ -234,23 +250,35 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
                                               sizeof(cfg->device), NULL));
         L3D_CHECK(j->ctx,
                   l3d_cfgjson_get_int(j, sec, tp, "threads", 0, 4096, &cfg->num_threads, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "eval_interval", 0, 1 << 30,
+                                              &cfg->eval_interval, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "eval_iters", 1, 1 << 30,
+                                              &cfg->eval_iters, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, sec, tp, "peak_flops", L3D_NUM_GE0,
+                                              &cfg->peak_flops, NULL));
     }
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "data", &sec));
     if (sec) {
-        static const char *const keys[] = {"path", "seq_len"};
-        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "data", keys, 2, NULL));
+        static const char *const keys[] = {"path",          "seq_len", "eval_path",
+                                           "eval_fraction", "shuffle", "seed"};
+        L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "data", keys, L3D_ARRAY_LEN(keys), NULL));
+        int have = 0;
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "data", "path", cfg->data_path,
-                                              sizeof(cfg->data_path), NULL));
-        // Like "model", a relative data path is relative to the config file's directory.
-        const char *slash = strrchr(j->origin, '/');
-        if (cfg->data_path[0] && cfg->data_path[0] != '/' && slash) {
-            char joined[sizeof(cfg->data_path)] = {0};
-            int n = snprintf(joined, sizeof(joined), "%.*s/%s", (int)(slash - j->origin),
-                             j->origin, cfg->data_path);
-            if (n < 0 || (size_t)n >= sizeof(joined))
-                return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: data.path: resolved path is longer "
-                                 "than %zu bytes", j->origin, sizeof(joined) - 1);
-            memcpy(cfg->data_path, joined, sizeof(joined));
+                                              sizeof(cfg->data_path), &have));
+        if (have) L3D_CHECK(j->ctx, relative_to_config(j, "data.path", cfg->data_path));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "data", "eval_path", cfg->eval_path,
+                                              sizeof(cfg->eval_path), &have));
+        if (have) L3D_CHECK(j->ctx, relative_to_config(j, "data.eval_path", cfg->eval_path));
+        // [0, 1): a fraction of 1 would leave nothing to train on.
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, sec, "data", "eval_fraction", L3D_NUM_BETA,
+                                              &cfg->eval_fraction, NULL));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, "data", "shuffle", &cfg->shuffle, NULL));
+        long long dseed;
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_ll(j, sec, "data", "seed", 0, 9007199254740992LL,
+                                             &dseed, &have));
+        if (have) {
+            cfg->data_seed = (uint64_t)dseed;
+            cfg->data_seed_set = 1;
         }
         L3D_CHECK(j->ctx,
                   l3d_cfgjson_get_int(j, sec, "data", "seq_len", 1, 1 << 24, &cfg->seq_len, NULL));
@@ -259,6 +287,28 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
 }
 
 // ---- finalize ----------------------------------------------------------------------------
+// Evaluation: one eval stream, an interval that has one, a batch count >= 1, and a roof that
+// is a number. Both a file and overrides (a library caller's struct) pass through here.
+static l3d_status check_eval(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin) {
+    int have_eval = cfg->eval_path[0] || cfg->eval_fraction > 0.0;
+    if (cfg->eval_path[0] && cfg->eval_fraction > 0.0)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: data.eval_path and data.eval_fraction %g both "
+                         "name an eval stream; give one", origin, cfg->eval_fraction);
+    if (!(cfg->eval_fraction >= 0.0 && cfg->eval_fraction < 1.0))
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: data.eval_fraction: %g must be in [0, 1)",
+                         origin, cfg->eval_fraction);
+    if (cfg->eval_interval < 0 || cfg->eval_iters < 1)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: train: eval_interval %d must be >= 0 and "
+                         "eval_iters %d >= 1", origin, cfg->eval_interval, cfg->eval_iters);
+    if (cfg->eval_interval > 0 && !have_eval)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: train.eval_interval %d: no eval stream; set "
+                         "data.eval_path or data.eval_fraction", origin, cfg->eval_interval);
+    if (!(cfg->peak_flops >= 0.0) || !isfinite(cfg->peak_flops))
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: train.peak_flops: %g must be a finite number "
+                         ">= 0 (FLOP/s of one rank's device)", origin, cfg->peak_flops);
+    return L3D_OK;
+}
+
 // What the file alone decides; the batch identity and the layout wait for
 // l3d_train_config_finalize (core/config_layout.c).
 static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *origin) {
@@ -306,7 +356,7 @@ static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *
     }
     if (cfg->device[0] == 0)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: train.device: empty", origin);
-    return L3D_OK;
+    return check_eval(ctx, cfg, origin);
 }
 
 l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {

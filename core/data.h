@@ -80,4 +80,28 @@ void l3d_dataset_free(l3d_dataset_t *ds);
 void l3d_dataset_batch(const l3d_dataset_t *ds, int64_t step, int global_batch, int T, int first,
                        int count, int32_t *inputs, int32_t *targets);
 
+// The shuffled rule (data.shuffle, core/data_order.c; exact, and as layout-independent as the
+// in-order one): the stream holds N = floor((n_tokens - 1) / T) whole sequences, the p-th
+// starting at p * T (inputs tokens p*T .. p*T+T-1, targets one further; none wraps, the last
+// (n_tokens - 1) mod T tokens are never read). Sequence i of step s's global batch is global
+// sequence k = s * global_batch + i (step >= 0, k < 2^64), of epoch e = k / N at position
+// p = k mod N, and starts at token
+//   o = perm_e(p) * T,   perm_e = l3d_data_permute(., N, l3d_data_epoch_key(seed, e))
+// so every epoch reads each sequence exactly once, in an order that depends only on the seed
+// and the epoch. A global batch that crosses an epoch boundary takes the end of one
+// permutation and the start of the next. Requires n_tokens >= T + 1 (l3d_dataset_check).
+void l3d_dataset_batch_shuffled(const l3d_dataset_t *ds, uint64_t seed, int64_t step,
+                                int global_batch, int T, int first, int count, int32_t *inputs,
+                                int32_t *targets);
+// The start offset o of sequence i of step `step` under the shuffled rule.
+uint64_t l3d_dataset_shuffled_offset(const l3d_dataset_t *ds, uint64_t seed, int64_t step,
+                                     int global_batch, int T, int i);
+// perm(i) for a pseudo-random permutation of [0, n) named by key: a 4-round Feistel network
+// over the smallest power of 4 >= n whose round function is SplitMix64 of (key, round, half),
+// cycle-walked onto [0, n). Stateless: any index in O(1) expected time. n <= 1 gives 0.
+uint64_t l3d_data_permute(uint64_t i, uint64_t n, uint64_t key);
+// The key of epoch e's permutation: SplitMix64(SplitMix64(seed) ^ SplitMix64(e ^ 0x5DEECE66D)).
+uint64_t l3d_data_epoch_key(uint64_t seed, uint64_t epoch);
+uint64_t l3d_splitmix64(uint64_t x);
+
 #endif

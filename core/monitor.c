@@ -6,6 +6,7 @@
 // program that passes the config, and a program embedding llama3d expects the same.
 // defines: l3d_monitor_create, l3d_monitor_write_step, l3d_monitor_write_events,
 //          l3d_monitor_destroy
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -189,6 +190,11 @@ void l3d_monitor_write_step(l3d_monitor_t *m, const l3d_step_stats_t *s) {
         {"Train/Samples/mem_peak_bytes", (double)s->mem_peak, x},
     };
     l3d_monitor_write_events(m, ev, L3D_ARRAY_LEN(ev));
+    // Steps that evaluated (train.eval_interval) carry the eval loss too.
+    if (!isnan(s->eval_loss)) {
+        const l3d_monitor_event_t e = {"Train/Samples/eval_loss", s->eval_loss, x};
+        l3d_monitor_write_events(m, &e, 1);
+    }
 }
 
 void l3d_monitor_destroy(l3d_monitor_t *m) {

@@ -10,35 +10,6 @@
 #include "core/trainer_internal.h"
 #include "platform/platform.h"
 
-// Best-of-3 sgemm on a square problem: the roof for the MFU figure on the progress line.
-static l3d_status measure_gemm_peak(l3d_trainer_t *t) {
-    const int n = 512;
-    size_t bytes = (size_t)n * n * sizeof(float);
-    float *a = NULL, *b = NULL, *c = NULL;
-    l3d_status st;
-    L3D_CHECK_GOTO(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&a), st, out);
-    L3D_CHECK_GOTO(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&b), st, out);
-    L3D_CHECK_GOTO(t->ctx, l3d_dev_alloc(t->dev, bytes, "staging", (void **)&c), st, out);
-    L3D_CHECK_GOTO(t->ctx, l3d_dev_memset(t->dev, a, 0, bytes), st, out);
-    L3D_CHECK_GOTO(t->ctx, l3d_dev_memset(t->dev, b, 0, bytes), st, out);
-    l3d_gemm_t g = {.M = n, .N = n, .K = n, .alpha = 1, .beta = 0, .A = a, .lda = n, .B = b,
-                    .ldb = n, .C = c, .ldc = n};
-    double best = 1e30;
-    for (int i = 0; i < 4; i++) {
-        double t0 = l3d_time_now();
-        L3D_CHECK_GOTO(t->ctx, l3d_dev_gemm(t->dev, &g), st, out);
-        L3D_CHECK_GOTO(t->ctx, l3d_dev_sync(t->dev), st, out);
-        double dt = l3d_time_now() - t0;
-        if (i > 0 && dt < best) best = dt;  // the first run warms up
-    }
-    t->gemm_peak = 2.0 * n * n * (double)n / best / 1e9;
-out:
-    l3d_dev_free(t->dev, c, bytes, "staging");
-    l3d_dev_free(t->dev, b, bytes, "staging");
-    l3d_dev_free(t->dev, a, bytes, "staging");
-    return st;
-}
-
 // Model FLOPs per trained token of the whole model (PaLM's convention, as llm.c): 6 per
 // matrix parameter for forward + backward, plus 12 * L * H * D * T for attention scores and
 // values. The embedding is a lookup, not a matmul; the head is counted once.
@@ -120,6 +91,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     const char *data = cfg->data_path[0] ? cfg->data_path : L3D_DEFAULT_DATA;
     L3D_CHECK_GOTO(ctx, l3d_dataset_load(ctx, data, t->tok, cfg->model.vocab_size, &t->data), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dataset_check(ctx, t->data, cfg->seq_len), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_eval_init(t), st, err);
 
     L3D_CHECK_GOTO(ctx, l3d_dp_init(t, t->mesh->group[L3D_MESH_DP]), st, err);
     // ZeRO-2 holds gradient shards and windows (l3d_zero2_init), no full arena.
@@ -139,7 +111,9 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
         st = L3D_ERR_NOMEM;
         goto err;
     }
-    L3D_CHECK_GOTO(ctx, measure_gemm_peak(t), st, err);
+    // The roof is given, not measured here: measuring well takes half a second, which every
+    // trainer (and every rank thread, contending for the same cores) would pay.
+    t->peak_flops = cfg->peak_flops;
     t->flops_per_token = flops_per_token(&cfg->model, cfg->seq_len);
     *trainer_p = t;
     return L3D_OK;
@@ -164,6 +138,7 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
         l3d_dev_free(t->dev, t->grads, gbytes, "grads");
     }
     l3d_mesh_destroy(t->mesh);
+    l3d_eval_fini(t);
     l3d_dataset_free(t->data);
     l3d_tokenizer_destroy(t->tok);
     l3d_model_destroy(t->model);
@@ -217,6 +192,15 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     L3D_CHECK(ctx, l3d_dev_sync(dev));
     t->step++;
     double dt = l3d_time_now() - t0;
+    // Evaluation after the update, outside the step's time (Megatron: every eval_interval
+    // iterations, and once more after the last).
+    double eval_loss = NAN, eval_dt = 0.0;
+    if (cfg->eval_interval > 0 && t->have_eval &&
+        (t->step % cfg->eval_interval == 0 || t->step == cfg->steps)) {
+        double e0 = l3d_time_now();
+        L3D_CHECK(ctx, l3d_trainer_eval(t, &eval_loss));
+        eval_dt = l3d_time_now() - e0;
+    }
     if (stats) {
         stats->step = t->step;
         stats->loss = loss;
@@ -224,11 +208,13 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         stats->grad_norm = norm;
         stats->step_time_s = dt;
         stats->tokens_per_s = (double)Bg * T / dt;
-        // Every rank measured its own peak: the job's roof is that times the ranks.
+        // The roof is one rank's: the job's is that times the ranks.
         double ranks = (double)cfg->dp * cfg->tp * cfg->pp;
-        stats->mfu = t->gemm_peak > 0 ? stats->tokens_per_s * t->flops_per_token /
-                                            (t->gemm_peak * 1e9 * ranks)
-                                      : 0.0;
+        stats->mfu = l3d_mfu_update(stats->tokens_per_s * t->flops_per_token / ranks,
+                                    &t->peak_flops, &stats->peak_raised);
+        stats->peak_flops = t->peak_flops;
+        stats->eval_loss = eval_loss;
+        stats->eval_time_s = eval_dt;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
         for (int g = 0; g < 5; g++) {
             l3d_comm_stats_t cs;
@@ -245,9 +231,13 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
 
 int l3d_trainer_steps_done(const l3d_trainer_t *t) { return t->step; }
 l3d_model_t *l3d_trainer_model(l3d_trainer_t *t) { return t->model; }
-double l3d_trainer_gemm_peak(const l3d_trainer_t *t) { return t->gemm_peak; }
+double l3d_trainer_gemm_peak(const l3d_trainer_t *t) { return t->peak_flops / 1e9; }
 double l3d_trainer_flops_per_token(const l3d_trainer_t *t) { return t->flops_per_token; }
 int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t) { return (int64_t)t->data->n_tokens; }
+int64_t l3d_trainer_train_tokens(const l3d_trainer_t *t) { return (int64_t)t->train_view.n_tokens; }
+int64_t l3d_trainer_eval_tokens(const l3d_trainer_t *t) {
+    return t->have_eval ? (int64_t)t->eval_view.n_tokens : 0;
+}
 
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);

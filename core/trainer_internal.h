@@ -66,7 +66,12 @@ struct l3d_trainer {
     l3d_device_t *dev;
     l3d_model_t *model;
     l3d_tokenizer_t *tok;
-    l3d_dataset_t *data;
+    l3d_dataset_t *data;             // the training file as loaded (checkpoints name it)
+    // What the steps and the evaluations read (core/trainer_eval.c): views of `data` (its
+    // head when data.eval_fraction holds out its tail) and of eval_data (data.eval_path).
+    l3d_dataset_t train_view, eval_view;
+    l3d_dataset_t *eval_data;
+    int have_eval;
     l3d_mesh_t *mesh;
     l3d_dp_t dp;
     float *grads;                    // Ppad floats, the parameters' layout
@@ -75,7 +80,7 @@ struct l3d_trainer {
     l3d_pp_t pp;
     int32_t *h_tokens, *h_targets;  // (micro, T) host staging
     int step;                       // optimizer steps done
-    double gemm_peak;               // GFLOP/s
+    double peak_flops;              // the MFU roof of one rank, FLOP/s (0: none)
     double flops_per_token;
 };
 
@@ -137,6 +142,13 @@ void l3d_zero2_arm(l3d_trainer_t *t, l3d_acts_t *a);
 l3d_status l3d_zero2_finish(l3d_trainer_t *t);
 // After AdamW updated this rank's pieces: all-gathers every bucket into the parameters.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
+
+// core/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
+// off data.eval_fraction's tail; load_batch fills this rank's micro-batch j of step `step` from
+// the training stream (in order or shuffled, core/data.h).
+l3d_status l3d_eval_init(l3d_trainer_t *t);
+void l3d_eval_fini(l3d_trainer_t *t);
+void l3d_train_load_batch(l3d_trainer_t *t, int64_t step, int j);
 
 // core/trainer_pp.c: pipeline parallelism. init creates the slots (all layouts) and, when
 // pp > 1, the schedule and the tied-embedding group (collective over the world).

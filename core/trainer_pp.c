@@ -91,9 +91,7 @@ static l3d_status load_micro(l3d_trainer_t *t, l3d_acts_t *a, int j) {
     const l3d_train_config_t *cfg = &t->cfg;
     int mb = cfg->micro_batch_size, T = cfg->seq_len;
     size_t n = (size_t)mb * T;
-    int first = (t->dp.rank * cfg->grad_accum_steps + j) * mb;
-    l3d_dataset_batch(t->data, t->step, cfg->train_batch_size, T, first, mb, t->h_tokens,
-                      t->h_targets);
+    l3d_train_load_batch(t, t->step, j);
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens, n * sizeof(int32_t),
                                    L3D_COPY_H2D));
     return l3d_dev_copy(t->dev, a->targets, t->h_targets, n * sizeof(int32_t), L3D_COPY_H2D);

@@ -136,6 +136,17 @@ typedef struct l3d_train_config {
     char device[32];             // train.device ("cpu")
     int num_threads;             // train.threads (0 = L3D_NUM_THREADS or cores)
 
+    // evaluation, shuffling and the MFU roof (docs/config.md)
+    char eval_path[512];         // data.eval_path: a separate eval stream ("" = none)
+    double eval_fraction;        // data.eval_fraction: the stream's held-out tail (0 = none)
+    int eval_interval;           // train.eval_interval: evaluate every N steps (0 = never)
+    int eval_iters;              // train.eval_iters: global batches per evaluation
+    int shuffle;                 // data.shuffle: the shuffled batching rule (core/data.h)
+    int data_seed_set;           // data.seed given; otherwise the shuffle uses train.seed
+    uint64_t data_seed;          // data.seed
+    double peak_flops;           // train.peak_flops: FLOP/s of one rank's device, the MFU
+                                 // roof (0 = none given: no MFU unless measured)
+
     // keys accepted but not yet effective here, one line each, printed at start-up
     int n_notes;
     char notes[L3D_MAX_NOTES][160];

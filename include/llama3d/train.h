@@ -25,7 +25,13 @@ typedef struct l3d_step_stats {
     double grad_norm;     // global L2 norm of the gradients before clipping
     double step_time_s;
     double tokens_per_s;
-    double mfu;           // model FLOP/s over the measured GEMM peak of this device
+    double mfu;           // model FLOP/s per rank over peak_flops (0: no roof known)
+    double peak_flops;    // the roof of one rank, FLOP/s: train.peak_flops, raised to what
+                          // the run achieved whenever it beat it (never an MFU above 1)
+    int peak_raised;      // this step beat the roof and raised it
+    double eval_loss;     // mean cross-entropy over the eval batches after this step's update
+                          // (l3d_trainer_eval), on the steps that evaluate; NaN on the others
+    double eval_time_s;   // the evaluation's time (not part of step_time_s); 0 when none
     size_t mem_peak;      // peak bytes allocated through the context so far
     // communication of this rank during the step, per group [0] tp, [1] dp, [2] pp: calls and
     // bytes as l3d_comm_get_stats counts them (docs/parallel.md has the formulas)
@@ -55,6 +61,13 @@ void l3d_trainer_destroy(l3d_trainer_t *t);
 // One optimizer step: gradient_accumulation_steps micro-batches, clipping, AdamW.
 l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats);
 int l3d_trainer_steps_done(const l3d_trainer_t *t);
+// Evaluation: the mean cross-entropy over train.eval_iters global batches of the eval stream
+// (data.eval_path, or the tail data.eval_fraction holds out), forward only: no gradient, the
+// model and optimizer untouched. Collective; the same on every rank (core/trainer_eval.c has
+// the batches). l3d_trainer_step calls it after the update on every train.eval_interval-th
+// step and on the last (train.steps) when eval_interval > 0. No eval stream: L3D_ERR_INVALID_ARG.
+l3d_status l3d_trainer_eval(l3d_trainer_t *t, double *loss);
+int l3d_trainer_has_eval(const l3d_trainer_t *t);
 
 // Saves model (Hugging Face layout), optimizer state and trainer state into `dir`,
 // atomically replacing it. Resume loads all three and continues bit-identically.
@@ -69,10 +82,25 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem);
 // The communication one step of `cfg` costs world rank 0, per group ([0] tp, [1] dp, [2] pp),
 // from the analytic formulas of docs/parallel.md: equal to what l3d_trainer_step counts.
 void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[3]);
-// The sgemm peak measured at creation, GFLOP/s, and the model FLOPs per trained token.
+// The MFU roof of one rank now, GFLOP/s (cfg->peak_flops, raised to what the run achieved if
+// it beat it; 0: none given), and the model FLOPs per trained token.
 double l3d_trainer_gemm_peak(const l3d_trainer_t *t);
 double l3d_trainer_flops_per_token(const l3d_trainer_t *t);
 int64_t l3d_trainer_data_tokens(const l3d_trainer_t *t);
+// Tokens of the stream training reads (data.eval_fraction holds the rest out), and of the eval
+// stream (0: none).
+int64_t l3d_trainer_train_tokens(const l3d_trainer_t *t);
+int64_t l3d_trainer_eval_tokens(const l3d_trainer_t *t);
+
+// The sgemm peak of `device` with `threads` threads (0: all cores), FLOP/s: square products
+// grown until one takes 50 ms (at most 4096), the first run of that size a warm-up, then the
+// best of 5. Takes about half a second: callers cache it (l3d train does, per machine).
+l3d_status l3d_gemm_peak_measure(l3d_ctx_t *ctx, const char *device, int threads,
+                                 double *flops_p);
+// MFU of a rank that achieved `achieved_flops` FLOP/s against the roof *peak_flops. A run
+// that beat its roof proves the roof wrong: *peak_flops is raised to achieved_flops, *raised
+// set (may be NULL) and 1 returned. No roof (<= 0) or no work: 0.
+double l3d_mfu_update(double achieved_flops, double *peak_flops, int *raised);
 
 #ifdef __cplusplus
 }
