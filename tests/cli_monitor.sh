@@ -32,9 +32,15 @@ f32 = lambda x: struct.unpack('<f', struct.pack('<f', x))[0]
 tags = ['train_loss', 'lr', 'loss_scale', 'grad_norm', 'tokens_per_s', 'mfu', 'mem_peak_bytes']
 rows = [json.loads(l) for l in open(jsonl)]
 want_steps = [r['step'] * batch for r in rows]
+# the steps that evaluated (train.eval_interval) carry eval_loss, and only they
+eval_rows = [r for r in rows if 'eval_loss' in r]
+if eval_rows:
+    tags.append('eval_loss')
+steps_of = lambda t: [r['step'] * batch for r in eval_rows] if t == 'eval_loss' else want_steps
 bad = []
 
-files = sorted(glob.glob(os.path.join(run, 'tb', 'job', '*')))
+# in the order they were written: names sort by pid within a second, not by run
+files = sorted(glob.glob(os.path.join(run, 'tb', 'job', '*')), key=lambda p: (os.path.getmtime(p), p))
 if len(files) != n_tb:
     sys.exit('%d event files, expected %d: %s' % (len(files), n_tb, files))
 host = socket.gethostname()
@@ -73,11 +79,14 @@ if sorted(events) != sorted('Train/Samples/' + t for t in tags):
     bad.append('tags %s' % sorted(events))
 for t in tags:
     got = events.get('Train/Samples/' + t, [])
-    if [s for s, _ in got] != want_steps:
-        bad.append('%s steps %s, expected %s' % (t, [s for s, _ in got], want_steps))
+    if [s for s, _ in got] != steps_of(t):
+        bad.append('%s steps %s, expected %s' % (t, [s for s, _ in got], steps_of(t)))
 loss = [v for _, v in events.get('Train/Samples/train_loss', [])]
 if loss != [f32(r['loss']) for r in rows]:
     bad.append('tensorboard losses %s != the JSONL %s' % (loss, [r['loss'] for r in rows]))
+ev = [v for _, v in events.get('Train/Samples/eval_loss', [])]
+if ev != [f32(r['eval_loss']) for r in eval_rows]:
+    bad.append('tensorboard eval losses %s != the JSONL %s' % (ev, [r['eval_loss'] for r in eval_rows]))
 lr = [v for _, v in events.get('Train/Samples/lr', [])]
 if lr != [f32(r['lr']) for r in rows]:
     bad.append('tensorboard lr %s != the JSONL %s' % (lr, [r['lr'] for r in rows]))
@@ -88,11 +97,11 @@ for t in tags:
     if lines[0] != 'step,' + t or lines[-1] != '':
         bad.append('%s: header %r, last %r' % (path, lines[0], lines[-1]))
     body = [l.split(',') for l in lines[1:-1]]
-    if [int(s) for s, _ in body] != want_steps:
+    if [int(s) for s, _ in body] != steps_of(t):
         bad.append('%s: steps %s' % (path, [s for s, _ in body]))
     key = {'train_loss': 'loss'}.get(t, t)
-    if t in ('train_loss', 'grad_norm', 'mem_peak_bytes'):
-        if [float(v) for _, v in body] != [float(r[key]) for r in rows]:
+    if t in ('train_loss', 'grad_norm', 'mem_peak_bytes', 'eval_loss'):
+        if [float(v) for _, v in body] != [float(r[key]) for r in (eval_rows if t == 'eval_loss' else rows)]:
             bad.append('%s: values %s != the JSONL %s' % (path, [v for _, v in body],
                                                           [r[key] for r in rows]))
 print('\n'.join(bad) if bad else 'ok')
@@ -101,7 +110,7 @@ EOF
 
 cat >"$tmp/c.json" <<'EOF'
 {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1,
- "train": {"threads": 1}, "data": {"seq_len": 32},
+ "data": {"seq_len": 32}, "train": {"threads": 1},
  "tensorboard": {"enabled": true, "output_path": "tb", "job_name": "job"},
  "csv_monitor": {"enabled": true, "output_path": "csv/", "job_name": "job"}}
 EOF
@@ -116,6 +125,17 @@ else
   fail "event and CSV files read back" "$tmp/a.chk"
 fi
 grep -q "tensorboard" "$tmp/a.out" && fail "no note or warning about tensorboard" "$tmp/a.out" || ok "no note or warning about tensorboard"
+
+# ---- with evaluation: eval_loss on the evaluated steps only -------------------------------
+mkdir "$tmp/e"
+sed 's/"data": {"seq_len": 32}, "train": {"threads": 1}/"data": {"seq_len": 32, "eval_fraction": 0.1}, "train": {"threads": 1, "eval_interval": 2, "eval_iters": 1}/' "$tmp/c.json" >"$tmp/e.json"
+(cd "$tmp/e" && "$L3D" train --config ../e.json --steps 4 --metrics m.jsonl) >"$tmp/e.out" 2>&1
+if [ $? -eq 0 ] && grep -q eval_loss "$tmp/e/m.jsonl" &&
+   $PY "$tmp/check.py" "$tmp/e" "$tmp/e/m.jsonl" 8 1 >"$tmp/e.chk" 2>&1; then
+  ok "with evaluation: Train/Samples/eval_loss in the events and the CSV on the evaluated steps"
+else
+  fail "with evaluation: eval_loss in the monitor files" "$tmp/e.out" "$tmp/e.chk" "$tmp/e.json"
+fi
 
 # ---- resumed: the CSV files continue (one header), a second event file ---------------------
 mkdir "$tmp/r"
