@@ -347,8 +347,9 @@ static void reference_run(const layout_t *one, result_t *ref) {
 // (weights rms and max, loss and gradient norm over the steps) must stay within T_BOUND sigma.
 // Measured on AMD Zen with Haswell and Sandybridge kernels: at most 2.9 sigma (tp 2 over 8
 // layers), every other layout under 1.4. A fault is far outside: a 1e-4 relative lr error on dp 2
-// ranks scores 31 sigma on the weights and 218 on the loss, and a fault that only scales a
-// gradient (invisible to AdamW's weights) moves the gradient norm by that scale.
+// ranks scores 36 sigma on the weights and 318 on the loss, and a fault that only scales a
+// gradient before its norm is taken (a missing 1/dp, a replica counted twice: nearly invisible
+// in AdamW's weights) moves the gradient norm by that scale.
 // Steps from s0 on (a resumed run) and the final weights of `got` against the float64
 // trajectory of `ref`.
 static void check_run(const char *name, const result_t *got, const result_t *ref, int s0) {
