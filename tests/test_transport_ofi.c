@@ -6,11 +6,15 @@
 // before touching libfabric and kills it mid-transfer.
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -574,6 +578,146 @@ static void body_peer_killed(const char *prov) {
     world_close(&(world_t){.ctx = w.ctx, .n = 0});
     free(big);
 }
+
+// ---- shm regions left in /dev/shm by dead processes (shm only) -------------------------------
+
+// Start time (field 22) of /proc/<pid>/stat ("self" for pid 0).
+static uint64_t proc_start(pid_t pid) {
+    char path[64], buf[1024];
+    if (pid) snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    else snprintf(path, sizeof(path), "/proc/self/stat");
+    FILE *f = fopen(path, "r");
+    cr_assert(f, "%s", path);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    cr_assert(p);
+    p += 2;  // field 3
+    for (int field = 3; field < 22; field++) p = strchr(p, ' ') + 1;
+    return strtoull(p, NULL, 10);
+}
+
+// The name ofi_shm.c gives an endpoint's region (documented there).
+static void l3d_region(char *out, size_t cap, unsigned uid, uint64_t pidns, pid_t pid,
+                       uint64_t start, const char *suffix) {
+    snprintf(out, cap, "/dev/shm/l3d-%010u-%020" PRIu64 "-%010u-%020" PRIu64 "-%016x%s", uid,
+             pidns, (unsigned)pid, start, 0x1234u, suffix);
+}
+
+// A zero-filled 4 KiB file, as a killed process's region reads to libfabric (bad version).
+static void make_region(const char *path) {
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL, 0600);
+    cr_assert_geq(fd, 0, "creating %s", path);
+    cr_assert_eq(ftruncate(fd, 4096), 0);
+    close(fd);
+}
+
+static int count_prefix(const char *prefix) {
+    DIR *d = opendir("/dev/shm");
+    cr_assert(d);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, prefix, strlen(prefix))) n++;
+    closedir(d);
+    return n;
+}
+
+// A pid reused after a SIGKILL met the dead process's region: libfabric's own name
+// "<pid>:<uid>:0" made fi_enable fail with EBUSY. Now the transport names its regions itself and
+// removes our regions whose process provably exited, and leaves everything else alone.
+static void body_stale_regions(const char *prov) {
+    use_provider(prov);
+    unsigned uid = (unsigned)getuid();
+    struct stat sb;
+    cr_assert_eq(stat("/proc/self/ns/pid", &sb), 0);
+    uint64_t ns = (uint64_t)sb.st_ino, start = proc_start(0);
+    pid_t me = getpid();
+    int hold[2];
+    cr_assert_eq(pipe(hold), 0);
+    fflush(NULL);
+    pid_t live = fork();  // alive until we close `hold` or exit: its region must survive
+    cr_assert_geq(live, 0);
+    if (live == 0) {
+        close(hold[1]);
+        char c;
+        while (read(hold[0], &c, 1) < 0) {
+        }
+        _exit(0);
+    }
+    close(hold[0]);
+    pid_t dead = fork();
+    cr_assert_geq(dead, 0);
+    if (dead == 0) _exit(0);
+    int wst;
+    cr_assert_eq(waitpid(dead, &wst, 0), dead);
+    uint64_t live_start = proc_start(live);
+    enum { LEGACY, REUSED, DEAD, DEAD_MSG, LIVE, OTHER_NS, NPATHS };
+    char paths[NPATHS][256];
+    snprintf(paths[LEGACY], sizeof(paths[LEGACY]), "/dev/shm/%d:%u:0", (int)me, uid);
+    l3d_region(paths[REUSED], 256, uid, ns, me, start - 1, "");  // our pid, earlier process
+    l3d_region(paths[DEAD], 256, uid, ns, dead, 42, "");
+    l3d_region(paths[DEAD_MSG], 256, uid, ns, dead, 42, "_7");  // a per-message mmap file
+    l3d_region(paths[LIVE], 256, uid, ns, live, live_start, "");
+    l3d_region(paths[OTHER_NS], 256, uid, ns + 1, dead, 42, "");  // cannot be checked: kept
+    for (int i = 0; i < NPATHS; i++) {
+        (void)unlink(paths[i]);
+        make_region(paths[i]);
+    }
+    // Init is where regions are cleaned and created; nothing below may leak the files.
+    world_t w = {.n = 2};
+    cr_assert_eq(l3d_ctx_create(NULL, &w.ctx), L3D_OK);
+    l3d_status st[2];
+    for (int r = 0; r < 2; r++) {
+        memset(&w.tp[r], 0, sizeof(w.tp[r]));
+        w.tp[r].ops = &l3d_ofi_transport_ops;
+        w.tp[r].ctx = w.ctx;
+        l3d_transport_params_t p = {.rank = r, .nranks = 2, .timeout_s = 10.0};
+        st[r] = w.tp[r].ops->init(&w.tp[r], &p);
+    }
+    char err[256];
+    snprintf(err, sizeof(err), "%s", l3d_ctx_last_error(w.ctx));
+    int expect_kept[NPATHS] = {[LEGACY] = 1, [LIVE] = 1, [OTHER_NS] = 1};
+    int kept[NPATHS];
+    for (int i = 0; i < NPATHS; i++) kept[i] = access(paths[i], F_OK) == 0;
+    for (int i = 0; i < NPATHS; i++) (void)unlink(paths[i]);
+    close(hold[1]);
+    cr_assert_eq(waitpid(live, &wst, 0), live);
+    if (st[0] != L3D_OK || st[1] != L3D_OK) {
+        for (int r = 0; r < 2; r++)
+            if (st[r] == L3D_OK) w.tp[r].ops->fini(&w.tp[r]);
+        // Before the fix: "fi_enable failed: Device or resource busy" (libfabric's own name).
+        cr_assert_fail("init: %s", err);
+    }
+    for (int i = 0; i < NPATHS; i++)
+        cr_assert_eq(kept[i], expect_kept[i], "%s: %s", paths[i],
+                     expect_kept[i] ? "removed though not provably dead" : "left behind");
+    char own[96];
+    snprintf(own, sizeof(own), "l3d-%010u-%020" PRIu64 "-%010u-%020" PRIu64 "-", uid, ns,
+             (unsigned)me, start);
+    cr_assert_eq(count_prefix(own), 2, "two endpoints, two regions named %s*", own);
+    // The two endpoints talk over the regions they named.
+    unsigned char blobs[2][512];
+    const void *addrs[2] = {blobs[0], blobs[1]};
+    size_t lens[2];
+    for (int r = 0; r < 2; r++) {
+        lens[r] = sizeof(blobs[r]);
+        cr_assert_eq(l3d_tp_addr_get(&w.tp[r], blobs[r], &lens[r]), L3D_OK);
+    }
+    for (int r = 0; r < 2; r++) cr_assert_eq(l3d_tp_connect(&w.tp[r], addrs, lens), L3D_OK);
+    unsigned char out[32] = "stale regions", in[32] = {0};
+    l3d_tp_request_t *rq[2];
+    post(&w, 1, 0, 0, 3, in, sizeof(in), NULL, &rq[0]);
+    post(&w, 0, 1, 1, 3, out, sizeof(out), NULL, &rq[1]);
+    cr_assert_eq(wait_req(&w, 0, rq[1], NULL), L3D_OK);
+    cr_assert_eq(wait_req(&w, 1, rq[0], NULL), L3D_OK);
+    cr_assert_str_eq((char *)in, "stale regions");
+    world_close(&w);
+    cr_assert_eq(count_prefix(own), 0, "fini removes its regions");
+}
+
+Test(ofi_shm, stale_regions, .timeout = 60) { body_stale_regions(PROV_shm); }
 
 // ---- one Criterion test per (provider, body) --------------------------------------------------
 

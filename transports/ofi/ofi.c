@@ -7,8 +7,10 @@
 // tagged match (here "tcp;ofi_rxm" on the first interface); FI_PROVIDER=shm for one node,
 // FI_PROVIDER="tcp;ofi_rxm" across nodes. node is NULL: the tcp provider binds the first
 // interface it lists unless FI_TCP_IFACE names one (FI_TCP_IFACE=lo keeps a one-node job on
-// loopback), and shm then names each endpoint "<pid>:<uid>:<index>", which stays unique when
-// one process opens several (a caller-given node name would collide: EBUSY).
+// loopback). shm would name each endpoint's /dev/shm region "<pid>:<uid>:<index>", which a
+// dead process's leftover blocks once its pid is reused (EBUSY): ofi_shm.c sets a name no
+// other process can hold with fi_setname before fi_enable, and removes our dead processes'
+// regions (a shared node name in fi_getinfo would collide: EBUSY).
 //
 // connect only inserts addresses (RDM needs no handshake, and a blocking one would deadlock a
 // single thread driving several endpoints). Dead peers: see ofi_peer.c and ofi_p2p.c.
@@ -185,6 +187,8 @@ static l3d_status ofi_open(l3d_ofi_t *o) {
     L3D_FI_CHECK(o, fi_endpoint(o->domain, info, &o->ep, NULL), "fi_endpoint");
     L3D_FI_CHECK(o, fi_ep_bind(o->ep, &o->av->fid, 0), "fi_ep_bind(av)");
     L3D_FI_CHECK(o, fi_ep_bind(o->ep, &o->cq->fid, FI_TRANSMIT | FI_RECV), "fi_ep_bind(cq)");
+    // shm creates its /dev/shm region at fi_enable, under the name set here (ofi_shm.c).
+    if (!strcmp(o->prov, "shm")) L3D_CHECK(o->ctx, l3d_ofi_shm_prepare(o));
     L3D_FI_CHECK(o, fi_enable(o->ep), "fi_enable");
     o->namelen = sizeof(o->name);
     L3D_FI_CHECK(o, fi_getname(&o->ep->fid, o->name, &o->namelen), "fi_getname");

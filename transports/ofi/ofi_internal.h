@@ -166,6 +166,11 @@ void l3d_ofi_fail_peer(l3d_ofi_t *o, int peer, const char *why);
 // At most every 0.5 s: checks the local peers that have pending work for having exited.
 void l3d_ofi_check_peers(l3d_ofi_t *o);
 
+// ---- ofi_shm.c ------------------------------------------------------------------------------
+// Before fi_enable on the shm provider: removes /dev/shm regions that exited processes of ours
+// left, and gives o->ep a name no other process can hold (fi_setname).
+l3d_status l3d_ofi_shm_prepare(l3d_ofi_t *o);
+
 // ---- ofi_p2p.c ------------------------------------------------------------------------------
 l3d_tp_request_t *l3d_ofi_req_alloc(l3d_ofi_t *o, l3d_ofi_req_kind kind, int peer);
 void l3d_ofi_req_free(l3d_ofi_t *o, l3d_tp_request_t *r);
