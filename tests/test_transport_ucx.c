@@ -182,9 +182,9 @@ static void pingpong_body(void) {
     cr_assert_gt(c.max_inflight, 0);
     // The cost hints follow the wire UCX chose for the endpoints.
     const char *tls = getenv("UCX_TLS");
-    // Unset: every transport but cma (ucx.c excludes it: it aborts on a dead peer), and UCX
-    // 1.13 then gives the rendezvous lane to tcp, so the hints are tcp's.
-    int tcp = !tls || strcmp(tls, "tcp") == 0;
+    // Unset, on one host: shared memory only (ucx.c: cma aborts on a dead peer, and without
+    // it UCX 1.13 would give the rendezvous lane to tcp), so the hints are shared memory's.
+    int tcp = tls && strcmp(tls, "tcp") == 0;
     cr_assert_float_eq(c.latency_us, tcp ? 15.0 : 0.5, 1e-9, "latency hint %g", c.latency_us);
     cr_assert_float_eq(c.bandwidth_gbs, tcp ? 3.0 : 5.0, 1e-9, "bandwidth hint %g",
                        c.bandwidth_gbs);
@@ -841,7 +841,7 @@ BOTH(peer_fini, .timeout = 60)
 BOTH(addr_small, .timeout = 60)
 BOTH(bw_fork, .timeout = 90)
 
-// UCX's defaults (every transport; tcp pinned to lo by the transport): shared memory is
+// The defaults (UCX_TLS unset: on one host, shared memory and self; see ucx.c): shared memory is
 // picked between ranks of one host, in error mode NONE with pid watching.
 Test(ucx_default, pingpong_and_peer_death, .timeout = 60) {
     unsetenv("UCX_TLS");

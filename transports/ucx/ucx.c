@@ -19,14 +19,18 @@
 //   UCX_KEEPALIVE_INTERVAL=2s   so a tcp peer whose host hangs is noticed in seconds rather than
 //                               UCX's default 20 s (a killed process closes its sockets and is
 //                               noticed at once anyway).
-//   UCX_TLS=^cma                when UCX_TLS is unset. Same-host endpoints are in mode NONE (see
+//   UCX_TLS                     when unset: posix,sysv,self for a single-host job (as above),
+//                               ^cma otherwise. Same-host endpoints are in mode NONE (see
 //                               below), and in that mode UCX 1.13's cma transport treats a failed
 //                               process_vm_readv as fatal: a rank whose rendezvous peer was
 //                               killed mid-transfer aborted with "process_vm_readv ... No such
 //                               process" and a backtrace, and the others then blamed that live
-//                               rank. Without cma, large same-host messages go over posix/sysv
-//                               (or tcp's zero-copy rendezvous), which see a dead peer only as
-//                               silence, and the pid watch (ucx_addr.c) reports it.
+//                               rank. Without cma, shared memory and tcp see a dead peer only as
+//                               silence, and the pid watch (ucx_addr.c) reports it. Without cma
+//                               UCX 1.13 gives a same-host rendezvous to tcp when tcp is allowed:
+//                               2-3x slower than posix/sysv at 1-64 MiB here, and its flush at
+//                               close fails with "Endpoint timeout" when the peer's worker is
+//                               already gone, so a single-host job leaves tcp out.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,18 +131,29 @@ static int is_loopback_host(const char *h) {
     return !h || !*h || !strncmp(h, "127.", 4) || !strcmp(h, "localhost") || !strcmp(h, "::1");
 }
 
-static l3d_status config_tune(l3d_ucx_t *u, ucp_config_t *cfg) {
-    const char *tls = getenv("UCX_TLS");
+// Whether every rank is on this host: the rendezvous address is a loopback one (or unset).
+static int single_host_job(void) {
     const char *master = getenv("L3D_MASTER_ADDR");
     if (!master || !*master) master = getenv("MASTER_ADDR");
-    if (!getenv("UCX_NET_DEVICES") && tls_may_use_tcp(tls) && is_loopback_host(master)) {
+    return is_loopback_host(master);
+}
+
+// UCX_TLS as the user set it, else the default config_tune gives it.
+static const char *effective_tls(void) {
+    const char *tls = getenv("UCX_TLS");
+    return tls ? tls : single_host_job() ? "posix,sysv,self" : "^cma";
+}
+
+static l3d_status config_tune(l3d_ucx_t *u, ucp_config_t *cfg) {
+    const char *tls = getenv("UCX_TLS");
+    if (!getenv("UCX_NET_DEVICES") && tls_may_use_tcp(effective_tls()) && single_host_job()) {
         L3D_UCS_CHECK(u, ucp_config_modify(cfg, "NET_DEVICES", "lo"),
                       "setting NET_DEVICES to lo");
         l3d_log(u->ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM,
                 "ucx: single-host job, tcp pinned to the loopback interface");
     }
     if (!tls) {
-        L3D_UCS_CHECK(u, ucp_config_modify(cfg, "TLS", "^cma"), "setting TLS to ^cma");
+        L3D_UCS_CHECK(u, ucp_config_modify(cfg, "TLS", effective_tls()), "setting TLS");
     } else if (l3d_ucx_tls_allows(tls, "cma")) {
         l3d_log(u->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM, "ucx: UCX_TLS=%s allows cma, which "
                 "aborts this process if a same-host peer dies during a transfer (UCX 1.13); "
@@ -157,10 +172,7 @@ static void hints_set(l3d_ucx_t *u, int tcp) {
 }
 
 // Before connect: guess from UCX_TLS (tcp unless only shared-memory transports are allowed).
-static void hints_from_env(l3d_ucx_t *u) {
-    const char *tls = getenv("UCX_TLS");
-    hints_set(u, tls_may_use_tcp(tls));
-}
+static void hints_from_env(l3d_ucx_t *u) { hints_set(u, tls_may_use_tcp(effective_tls())); }
 
 // After connect: the lanes UCX chose for an endpoint to another rank tell which wire it uses.
 static void hints_from_ep(l3d_ucx_t *u) {
