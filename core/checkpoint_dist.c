@@ -323,13 +323,25 @@ l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, fl
     for (int s = 0; s < 3 && st >= 0; s++)
         if (dev[s] && !(host[s] = is_host ? dev[s] : l3d_malloc(ctx, bytes, "staging")))
             st = L3D_ERR_NOMEM;
-    for (size_t i = 0; st >= 0 && i < json_array_size(files); i++) {
-        char path[1100];
+    // Progress (on a terminal, after a second) in bytes of the shard files read so far.
+    char path[1100];
+    uint64_t total = 0, done = 0;
+    for (size_t i = 0; i < json_array_size(files); i++) {
+        uint64_t size = 0;
         snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_array_get(files, i)));
+        if (l3d_path_size(path, &size) == 0) total += size;
+    }
+    l3d_progress_t pr;
+    l3d_progress_begin(ctx, &pr, total, "loading %s", dir);
+    for (size_t i = 0; st >= 0 && i < json_array_size(files); i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_array_get(files, i)));
+        uint64_t size = 0;
+        (void)l3d_path_size(path, &size);
         l3d_st_file_t *f = NULL;
         st = l3d_st_open(ctx, path, &f);
         for (size_t j = 0; st >= 0 && j < l3d_st_count(f); j++) {
             const l3d_st_tensor_t *e = l3d_st_at(f, j);
+            l3d_progress_update(&pr, done + (uint64_t)e->end);
             int ti, si;
             long long R, C;
             st = parse_entry(ctx, path, m, e->name, &ti, &si, &R, &C);
@@ -339,7 +351,10 @@ l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, fl
             cov[(size_t)si * nt + (size_t)ti] += n;
         }
         l3d_st_close(f);
+        done += size;
     }
+    if (st >= 0) pr.done = total;
+    l3d_progress_end(&pr);
     // Rectangles never overlap, so the counts say whether every element was found.
     for (int s = 0; s < 3 && st >= 0; s++)
         for (size_t i = 0; host[s] && i < nt && st >= 0; i++)

@@ -232,3 +232,51 @@ Test(save, model_save_refuses_a_file, .init = setup, .fini = teardown) {
     l3d_device_destroy(dev);
     l3d_ctx_destroy(ctx);
 }
+
+// Loading a sharded checkpoint reports progress as a single-rank one does: through the ctx's
+// progress callback, named after the directory, ending with every byte of the shard files.
+typedef struct seen {
+    char what[256];
+    uint64_t done, total;
+    int calls, last;
+} seen_t;
+
+static void on_progress(const char *what, uint64_t done, uint64_t total, int last, void *user) {
+    seen_t *s = user;
+    snprintf(s->what, sizeof(s->what), "%s", what);
+    s->done = done;
+    s->total = total;
+    s->last = last;
+    s->calls++;
+}
+
+Test(load, sharded_reports_progress, .init = setup, .fini = teardown) {
+    char p[128];
+    path(p, sizeof(p), "ck");
+    rank_t r[2];
+    cr_assert_eq(save_ranks(2, p, r), L3D_OK, "%s", r[0].err);
+    cr_assert(is_file(p, "shards.json"));
+    seen_t seen = {0};
+    l3d_ctx_params_t prm = {.progress_fn = on_progress, .progress_user = &seen};
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(&prm, &ctx), L3D_OK);
+    l3d_device_t *dev;
+    l3d_model_t *m;
+    cr_assert_eq(l3d_device_create(ctx, "cpu", NULL, &dev), L3D_OK);
+    cr_assert_eq(l3d_model_open(ctx, dev, p, &m), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    uint64_t shards = 0, size;
+    for (int i = 0; i < 2; i++) {
+        char f[256];
+        snprintf(f, sizeof(f), "%s/shard-%05d-of-00002.safetensors", p, i);
+        cr_assert_eq(l3d_path_size(f, &size), 0, "%s", f);
+        shards += size;
+    }
+    cr_assert(seen.calls > 0 && seen.last, "no final progress report");
+    cr_assert(strstr(seen.what, "loading") && strstr(seen.what, p), "%s", seen.what);
+    cr_assert_eq(seen.total, shards, "total %llu, shard files %llu",
+                 (unsigned long long)seen.total, (unsigned long long)shards);
+    cr_assert_eq(seen.done, seen.total);
+    l3d_model_destroy(m);
+    l3d_device_destroy(dev);
+    l3d_ctx_destroy(ctx);
+}
