@@ -126,7 +126,7 @@ static l3d_status write_text(l3d_ctx_t *ctx, const char *path, const char *text)
 }
 
 static l3d_status write_model_files(l3d_model_t *m, const char *dir) {
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     L3D_CHECK(m->ctx, l3d_ckpt_write_config(m, dir));
     join(path, sizeof(path), dir, "model.safetensors");
     return write_arena(m, m->params, path, "");
@@ -177,14 +177,14 @@ static l3d_status check_same_arch(l3d_ctx_t *ctx, const char *origin, const l3d_
 
 // The weights of a checkpoint whose index l3d_ckpt_check has accepted for m's config.
 static l3d_status load_weights(l3d_model_t *m, const char *dir) {
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     if (l3d_ckpt_dist_is(dir)) return l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL);
     join(path, sizeof(path), dir, "model.safetensors");
     return read_arena(m, m->params, path, "");
 }
 
 l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     l3d_model_config_t cfg;
     join(path, sizeof(path), dir, "config.json");
     L3D_CHECK(m->ctx, l3d_model_config_from_file(m->ctx, path, &cfg));
@@ -195,7 +195,7 @@ l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
 
 l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
                           l3d_model_t **model_p) {
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     l3d_model_config_t cfg;
     if (!l3d_path_is_dir(dir))
         return l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", dir);
@@ -229,7 +229,7 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
     ckpt_state_t *cs = arg;
     l3d_trainer_t *t = cs->t;
     l3d_model_t *m = cs->full ? cs->full : t->model;
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     L3D_CHECK(t->ctx, write_model_files(m, tmp));
     join(path, sizeof(path), tmp, "optimizer.safetensors");
     L3D_CHECK(t->ctx, write_arena(m, cs->full ? cs->fm : cs->m, path, ".exp_avg"));
@@ -240,7 +240,7 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
 }
 
 l3d_status l3d_ckpt_write_config(l3d_model_t *m, const char *dir) {
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     char *json = NULL;
     L3D_CHECK(m->ctx, l3d_model_config_to_json(m->ctx, &m->cfg, &json));
     join(path, sizeof(path), dir, "config.json");
@@ -250,7 +250,7 @@ l3d_status l3d_ckpt_write_config(l3d_model_t *m, const char *dir) {
 }
 
 l3d_status l3d_ckpt_write_state(l3d_trainer_t *t, const char *tmp) {
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     const l3d_train_config_t *c = &t->cfg;
     json_t *s = json_pack("{s:s, s:i, s:I, s:i, s:i, s:i, s:i, s:s, s:I, s:{s:i, s:i, s:i, s:i}}",
                           "format",
@@ -452,7 +452,7 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
 
 static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     l3d_ctx_t *ctx = t->ctx;
-    char path[1024];
+    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     if (!l3d_path_is_dir(dir))
         return l3d_error(ctx, L3D_ERR_NOT_FOUND, "resume: %s: no such directory", dir);
     join(path, sizeof(path), dir, "trainer_state.json");
