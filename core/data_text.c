@@ -142,7 +142,7 @@ static l3d_status sink_put(sink_t *s, const int32_t *ids, size_t n) {
         ds->owned = t;
         ds->cap = cap;
     }
-    memcpy(ds->owned + s->n, ids, n * sizeof(int32_t));
+    if (n) memcpy(ds->owned + s->n, ids, n * sizeof(int32_t));  // ids may be NULL when n is 0
     s->n += n;
     return L3D_OK;
 }
