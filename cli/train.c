@@ -7,6 +7,8 @@
 
 #include "cli/train.h"
 #include "core/bootstrap.h"
+#include "core/checkpoint_dist.h"
+#include "core/checkpoint_hf.h"
 #include "core/l3d_core.h"
 #include "core/mesh.h"
 #include "platform/platform.h"
@@ -15,16 +17,21 @@
 // limit on processes).
 #define L3D_TRAIN_MAX_THREADED_RANKS 4096
 
-static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *out, char *src,
-                         size_t srclen) {
+// --model: a preset, a config.json, or a directory (a checkpoint with weights: training starts
+// from them).
+static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_train_config_t *cfg) {
     l3d_status st;
-    snprintf(src, srclen, "%s", v);
+    l3d_model_config_t *out = &cfg->model;
+    snprintf(cfg->model_source, sizeof(cfg->model_source), "%s", v);
+    cfg->weights_dir[0] = 0;
     for (const char *const *p = l3d_model_config_preset_names(); *p; p++)
         if (!strcmp(*p, v)) return l3d_model_config_preset(ctx, v, out);
     if (l3d_path_is_dir(v)) {
         char path[1024];
         snprintf(path, sizeof(path), "%s/config.json", v);
         st = l3d_model_config_from_file(ctx, path, out);
+        if (st >= 0 && (l3d_hf_is_weights_dir(v) || l3d_ckpt_dist_is(v)))
+            snprintf(cfg->weights_dir, sizeof(cfg->weights_dir), "%s", v);
     } else if (l3d_path_exists(v)) {
         st = l3d_model_config_from_file(ctx, v, out);
     } else {
@@ -56,6 +63,13 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
            m->intermediate_size, m->num_hidden_layers, m->num_attention_heads,
            m->num_key_value_heads, m->head_dim, m->vocab_size,
            m->tie_word_embeddings ? ", tied embeddings" : "");
+    // Where the weights came from (a resumed run says so on its own line).
+    char wdesc[64];
+    if (t) l3d_model_weights_desc(l3d_trainer_model(t), wdesc, sizeof(wdesc));
+    if (t && c->weights_dir[0])
+        printf("  weights: %s (%s)\n", c->weights_dir, wdesc);
+    else if (t && !strcmp(wdesc, "new"))
+        printf("  weights: new, initialised from seed %llu\n", (unsigned long long)c->seed);
     printf("  parallel dp %d x tp %d x pp %d (order %s, zero stage %d", c->dp, c->tp, c->pp,
            c->parallel_order[0] ? c->parallel_order : "tp-dp-pp", c->zero_stage);
     if (c->pp > 1) {
@@ -200,9 +214,9 @@ int l3d_cmd_train(int argc, char **argv) {
         }
         model = resume;
     }
-    if (model && (st = resolve_model(ctx, model, &cfg->model, cfg->model_source,
-                                     sizeof(cfg->model_source))) < 0)
-        goto fail;
+    if (model && (st = resolve_model(ctx, model, cfg)) < 0) goto fail;
+    // Resuming restores the checkpoint's own weights (and optimizer state).
+    if (resume) cfg->weights_dir[0] = 0;
     if (data) snprintf(cfg->data_path, sizeof(cfg->data_path), "%s", data);
 #define INT_FLAG(str, flag, lo, hi, field)                                   \
     if (str) {                                                               \

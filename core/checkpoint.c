@@ -11,6 +11,7 @@
 
 #include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
+#include "core/checkpoint_hf.h"
 #include "core/checkpoint_publish.h"
 #include "core/model_internal.h"
 #include "core/safetensors.h"
@@ -77,45 +78,31 @@ static l3d_status write_arena(l3d_model_t *m, const float *a, const char *path, 
     return st;
 }
 
-// Reads every tensor (names + suffix) of `path` into device arena `a`.
-static l3d_status read_arena(l3d_model_t *m, float *a, const char *path, const char *suffix) {
+// Reads a file set's tensors (m's names + suffix; this rank's shards only) into device arena
+// `a`, through a host staging copy on devices without host memory.
+static l3d_status read_set(l3d_model_t *m, const l3d_hf_set_t *set, float *a, const char *suffix) {
     l3d_ctx_t *ctx = m->ctx;
-    l3d_st_file_t *f = NULL;
-    L3D_CHECK(ctx, l3d_st_open(ctx, path, &f));
     int host = l3d_dev_is_host(m->dev);
     size_t bytes = m->n_params * sizeof(float);
     float *h = host ? a : l3d_malloc(ctx, bytes, "staging");
     l3d_status st = h ? L3D_OK : L3D_ERR_NOMEM;
-    l3d_progress_t pr;
-    l3d_progress_begin(ctx, &pr, bytes, "loading %s", path);
-    // The file's index was checked against the config (l3d_ckpt_check) before the model was
+    // The set's index was checked against the config (l3d_ckpt_check) before the model was
     // allocated; what is left to check is the values.
-    for (int j = 0; st >= 0 && j < m->n_tensors; j++) {
-        const l3d_param_t *p = &m->tensors[j];
-        l3d_progress_update(&pr, p->offset * sizeof(float));
-        char name[80];
-        snprintf(name, sizeof(name), "%s%s", p->name, suffix);
-        st = l3d_st_read_f32(ctx, f, name, p->shape, p->ndim, h + p->offset);
-        if (st == L3D_ERR_NOT_FOUND)
-            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is missing", path, name);
-        size_t bad = st >= 0 ? l3d_ckpt_nonfinite(h + p->offset, p->numel) : p->numel;
-        if (bad < p->numel) {
-            size_t cols = p->ndim == 2 ? (size_t)p->shape[1] : p->numel;
-            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' holds %s at element %zu (row "
-                           "%zu, column %zu): the checkpoint is damaged or training diverged "
-                           "before it was saved", path, name,
-                           l3d_ckpt_nonfinite_name(h[p->offset + bad]), bad, bad / cols,
-                           bad % cols);
-        }
-    }
+    if (st >= 0) st = l3d_hf_set_read(m, set, suffix, h);
     if (st >= 0 && !host) {
         st = l3d_dev_copy(m->dev, a, h, bytes, L3D_COPY_H2D);
         if (st >= 0) st = l3d_dev_sync(m->dev);
     }
-    if (st >= 0) pr.done = bytes;
-    l3d_progress_end(&pr);
     if (!host) l3d_free(ctx, h, bytes, "staging");
-    l3d_st_close(f);
+    return st;
+}
+
+// One safetensors file (an optimizer moment) into arena `a`.
+static l3d_status read_file(l3d_model_t *m, float *a, const char *path, const char *suffix) {
+    l3d_hf_set_t set;
+    L3D_CHECK(m->ctx, l3d_hf_set_open_file(m->ctx, path, &set));
+    l3d_status st = read_set(m, &set, a, suffix);
+    l3d_hf_set_close(&set);
     return st;
 }
 
@@ -125,11 +112,17 @@ static l3d_status write_text(l3d_ctx_t *ctx, const char *path, const char *text)
     return rc ? sys_error(ctx, rc, "writing", path) : L3D_OK;
 }
 
+// config.json and the weights as m->save says (core/checkpoint_hf.h), plus the tokenizer
+// and generation files of the directory the weights came from.
 static l3d_status write_model_files(l3d_model_t *m, const char *dir) {
-    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     L3D_CHECK(m->ctx, l3d_ckpt_write_config(m, dir));
-    join(path, sizeof(path), dir, "model.safetensors");
-    return write_arena(m, m->params, path, "");
+    float *h = NULL;
+    L3D_CHECK(m->ctx, host_view(m, m->params, &h));
+    l3d_status st = l3d_hf_save_weights(m, h, dir, (l3d_st_dtype)m->save.dtype,
+                                        m->save.max_shard_bytes);
+    host_view_release(m, m->params, h);
+    if (st >= 0 && m->save.carry_from[0]) st = l3d_ckpt_carry_files(m->ctx, m->save.carry_from, dir);
+    return st;
 }
 
 // Builds the directory in "<target>.tmp.<pid>" (`fill` writes into it) and swaps it in for
@@ -176,11 +169,41 @@ static l3d_status check_same_arch(l3d_ctx_t *ctx, const char *origin, const l3d_
 }
 
 // The weights of a checkpoint whose index l3d_ckpt_check has accepted for m's config.
+// Saves default to the dtype loaded and carry the source's tokenizer files.
 static l3d_status load_weights(l3d_model_t *m, const char *dir) {
-    char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
-    if (l3d_ckpt_dist_is(dir)) return l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL);
-    join(path, sizeof(path), dir, "model.safetensors");
-    return read_arena(m, m->params, path, "");
+    if (l3d_ckpt_dist_is(dir)) {
+        L3D_CHECK(m->ctx, l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL));
+        m->loaded.dtype = -1;  // float32, llama3d's own layout (l3d_model_weights_desc)
+        m->loaded.files = 0;
+    } else {
+        l3d_hf_set_t set;
+        L3D_CHECK(m->ctx, l3d_hf_set_open(m->ctx, dir, &set));
+        l3d_status st = read_set(m, &set, m->params, "");
+        m->loaded.dtype = set.mixed ? L3D_ST_F32 : set.dtype;
+        m->loaded.mixed = set.mixed;
+        m->loaded.files = set.n;
+        l3d_hf_set_close(&set);
+        L3D_CHECK(m->ctx, st);
+    }
+    // Saved as loaded; F64, mixed and llama3d's own float32 layout as float32.
+    int dt = m->loaded.dtype;
+    m->save.dtype = dt == L3D_ST_BF16 || dt == L3D_ST_F16 ? dt : L3D_ST_F32;
+    snprintf(m->save.carry_from, sizeof(m->save.carry_from), "%s", dir);
+    return L3D_OK;
+}
+
+const char *l3d_model_weights_desc(const l3d_model_t *m, char *buf, size_t cap) {
+    if (!buf || !cap) return buf;
+    if (!m || !m->loaded.files) {
+        snprintf(buf, cap, "%s", m && m->loaded.dtype < 0 ? "f32, llama3d sharded checkpoint"
+                                                            : "new");
+        return buf;
+    }
+    const char *dt = m->loaded.mixed ? "mixed dtypes" : m->loaded.dtype == L3D_ST_BF16 ? "bf16"
+                     : m->loaded.dtype == L3D_ST_F16 ? "f16" : "f32";
+    if (m->loaded.files == 1) snprintf(buf, cap, "%s, 1 file", dt);
+    else snprintf(buf, cap, "%s, %d shards", dt, m->loaded.files);
+    return buf;
 }
 
 l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
@@ -229,6 +252,11 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
     ckpt_state_t *cs = arg;
     l3d_trainer_t *t = cs->t;
     l3d_model_t *m = cs->full ? cs->full : t->model;
+    // train.save_dtype and save_max_shard_size; by default the dtype the weights came in.
+    m->save = t->model->save;
+    if (t->cfg.save_dtype == L3D_SAVE_DTYPE_F32) m->save.dtype = L3D_ST_F32;
+    if (t->cfg.save_dtype == L3D_SAVE_DTYPE_BF16) m->save.dtype = L3D_ST_BF16;
+    if (t->cfg.save_max_shard_size) m->save.max_shard_bytes = t->cfg.save_max_shard_size;
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     L3D_CHECK(t->ctx, write_model_files(m, tmp));
     join(path, sizeof(path), tmp, "optimizer.safetensors");
@@ -488,6 +516,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     L3D_CHECK(ctx, full_optim(t, &cs));
     if (l3d_ckpt_dist_is(dir)) {  // sharded: every rank picks its own parts
         st = l3d_ckpt_dist_read(m, dir, m->params, cs.m, cs.v);
+        snprintf(m->save.carry_from, sizeof(m->save.carry_from), "%s", dir);
         if (st >= 0) st = l3d_dp_optim_scatter(t, cs.m, t->adam_m);
         if (st >= 0) st = l3d_dp_optim_scatter(t, cs.v, t->adam_v);
         full_optim_release(t, &cs);
@@ -497,19 +526,12 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
                 nstep);
         return L3D_OK;
     }
-    // Any layout reads the single-rank layout; a tensor-parallel rank takes its shards.
-    if (m->tp.size > 1 || m->pp_size > 1) st = full_model(t, &cs);
-    l3d_model_t *rm = cs.full ? cs.full : m;
-    if (st >= 0) st = load_weights(rm, dir);
+    // Any layout reads the single-rank layout: each rank converts only its own shards.
+    st = load_weights(m, dir);
     join(path, sizeof(path), dir, "optimizer.safetensors");
-    if (st >= 0) st = read_arena(rm, cs.full ? cs.fm : cs.m, path, ".exp_avg");
+    if (st >= 0) st = read_file(m, cs.m, path, ".exp_avg");
     join(path, sizeof(path), dir, "optimizer_sq.safetensors");
-    if (st >= 0) st = read_arena(rm, cs.full ? cs.fv : cs.v, path, ".exp_avg_sq");
-    if (st >= 0 && cs.full) {
-        l3d_model_tp_slice(m, cs.full, cs.full->params, m->params);
-        l3d_model_tp_slice(m, cs.full, cs.fm, cs.m);
-        l3d_model_tp_slice(m, cs.full, cs.fv, cs.v);
-    }
+    if (st >= 0) st = read_file(m, cs.v, path, ".exp_avg_sq");
     if (st >= 0) st = l3d_dp_optim_scatter(t, cs.m, t->adam_m);
     if (st >= 0) st = l3d_dp_optim_scatter(t, cs.v, t->adam_v);
     full_optim_release(t, &cs);

@@ -2,6 +2,7 @@
 // of sharded checkpoints, the manifest and the layout. Reading headers only (the data is
 // memory-mapped and untouched), so a lying checkpoint costs nothing to refuse.
 #include "core/checkpoint_check.h"
+#include "core/checkpoint_hf.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,10 +99,22 @@ static int is_float(l3d_st_dtype d) {
 }
 
 // ---- Hugging Face layout -----------------------------------------------------------------
-l3d_status l3d_ckpt_check_file(l3d_ctx_t *ctx, const l3d_model_config_t *cfg,
-                               const char *cfg_origin, const l3d_st_file_t *f, const char *path,
-                               const char *suffix) {
-    size_t sl = strlen(suffix), matched = 0, required = n_ids(cfg) - !id_required(cfg, id_head(cfg));
+int l3d_ckpt_tensor_name(const l3d_model_config_t *cfg, size_t id, char *out, size_t cap) {
+    if (id >= n_ids(cfg)) return -1;
+    id_name(cfg, id, out, cap);
+    return 0;
+}
+int l3d_ckpt_tensor_required(const l3d_model_config_t *cfg, size_t id) {
+    return id < n_ids(cfg) && id_required(cfg, id);
+}
+size_t l3d_ckpt_tensor_count(const l3d_model_config_t *cfg) {
+    return n_ids(cfg) - !id_required(cfg, id_head(cfg));
+}
+
+l3d_status l3d_ckpt_check_file_tensors(l3d_ctx_t *ctx, const l3d_model_config_t *cfg,
+                                       const char *cfg_origin, const l3d_st_file_t *f,
+                                       const char *path, const char *suffix) {
+    size_t sl = strlen(suffix);
     for (size_t i = 0; i < l3d_st_count(f); i++) {
         const l3d_st_tensor_t *e = l3d_st_at(f, i);
         size_t nl = strlen(e->name);
@@ -128,19 +141,6 @@ l3d_status l3d_ckpt_check_file(l3d_ctx_t *ctx, const l3d_model_config_t *cfg,
         if (!is_float(e->dtype))
             return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is not floating point "
                              "(llama3d reads F32, F16, BF16 and F64)", path, e->name);
-        matched += id_required(cfg, (size_t)id);
-    }
-    // Names are unique (the parser refuses duplicates) and each matched one is required, so
-    // fewer matches than required tensors means some are missing: name the first.
-    for (size_t id = 0; matched < required && id < n_ids(cfg); id++) {
-        char name[128], full[160];
-        if (!id_required(cfg, id)) continue;
-        id_name(cfg, id, name, sizeof(name));
-        snprintf(full, sizeof(full), "%s%s", name, suffix);
-        if (!l3d_st_find(f, full))
-            return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is missing (%s implies %zu "
-                             "tensors, the file has %zu)", path, full, cfg_origin, required,
-                             l3d_st_count(f));
     }
     return L3D_OK;
 }
@@ -384,14 +384,18 @@ l3d_status l3d_ckpt_check(l3d_ctx_t *ctx, const char *dir, const l3d_model_confi
     char cfg_path[1100], path[1100];
     snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", dir);
     if (l3d_ckpt_dist_is(dir)) return l3d_ckpt_dist_check(ctx, cfg, cfg_path, dir, optim);
-    static const char *const files[3] = {"model.safetensors", "optimizer.safetensors",
-                                         "optimizer_sq.safetensors"};
+    // The weights: one file or index + shards; the moments: one file each.
+    l3d_hf_set_t set;
+    static const char *const files[3] = {NULL, "optimizer.safetensors", "optimizer_sq.safetensors"};
     for (int s = 0; s < (optim ? 3 : 1); s++) {
-        snprintf(path, sizeof(path), "%s/%s", dir, files[s]);
-        l3d_st_file_t *f = NULL;
-        L3D_CHECK(ctx, l3d_st_open(ctx, path, &f));
-        l3d_status st = l3d_ckpt_check_file(ctx, cfg, cfg_path, f, path, l3d_ckpt_suffix[s]);
-        l3d_st_close(f);
+        if (s == 0) {
+            L3D_CHECK(ctx, l3d_hf_set_open(ctx, dir, &set));
+        } else {
+            snprintf(path, sizeof(path), "%s/%s", dir, files[s]);
+            L3D_CHECK(ctx, l3d_hf_set_open_file(ctx, path, &set));
+        }
+        l3d_status st = l3d_hf_set_check(ctx, cfg, cfg_path, &set, l3d_ckpt_suffix[s]);
+        l3d_hf_set_close(&set);
         L3D_CHECK(ctx, st);
     }
     return L3D_OK;

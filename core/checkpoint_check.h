@@ -1,8 +1,9 @@
 // Checking a checkpoint against its config.json BEFORE the model is allocated: a config that
 // lies (10,000 layers over a 9.6 MB file) must be refused, not allocated and filled until the
 // OOM killer ends the process. docs/checkpoints.md ("Validation") states the rules.
-// defines: l3d_ckpt_check, l3d_ckpt_check_file, l3d_ckpt_dist_check, l3d_ckpt_tensor_of,
-//          l3d_ckpt_rect_name_parse, l3d_ckpt_nonfinite, l3d_ckpt_check_layout
+// defines: l3d_ckpt_check, l3d_ckpt_check_file_tensors, l3d_ckpt_tensor_name/required/count,
+//          l3d_ckpt_dist_check, l3d_ckpt_tensor_of, l3d_ckpt_rect_name_parse,
+//          l3d_ckpt_nonfinite, l3d_ckpt_check_layout
 #ifndef L3D_CHECKPOINT_CHECK_H
 #define L3D_CHECKPOINT_CHECK_H
 
@@ -19,13 +20,19 @@
 int l3d_ckpt_tensor_of(const l3d_model_config_t *cfg, const char *name, int *ndim,
                        int64_t shape[2]);
 
-// A Hugging Face safetensors file holds exactly the tensors cfg implies, names + suffix, with
-// their shapes and a float dtype (a tied model may also carry lm_head.weight). `cfg_origin`
-// (the config.json) is named in the errors. L3D_ERR_FORMAT naming the file and the first
-// missing, mismatched or extra tensor.
-l3d_status l3d_ckpt_check_file(l3d_ctx_t *ctx, const l3d_model_config_t *cfg,
-                               const char *cfg_origin, const l3d_st_file_t *f, const char *path,
-                               const char *suffix);
+// The model's tensor ids 0 .. (3 + 9 L) in Hugging Face order: the name of `id` (-1: no such
+// id), whether a checkpoint must hold it (all but lm_head of a tied model), how many must be.
+int l3d_ckpt_tensor_name(const l3d_model_config_t *cfg, size_t id, char *out, size_t cap);
+int l3d_ckpt_tensor_required(const l3d_model_config_t *cfg, size_t id);
+size_t l3d_ckpt_tensor_count(const l3d_model_config_t *cfg);
+
+// Every tensor of one Hugging Face safetensors file is one cfg implies (name + suffix), with
+// its shape and a float dtype. `cfg_origin` (the config.json) is named in the errors:
+// L3D_ERR_FORMAT naming the file and the first foreign or mismatched tensor. Whether all the
+// model's tensors are present is l3d_hf_set_check's business (core/checkpoint_hf.h).
+l3d_status l3d_ckpt_check_file_tensors(l3d_ctx_t *ctx, const l3d_model_config_t *cfg,
+                                       const char *cfg_origin, const l3d_st_file_t *f,
+                                       const char *path, const char *suffix);
 
 // A sharded checkpoint's shards.json, trainer_state.json layout and shard indexes: every
 // entry names a tensor of the model, lies inside it, and the entries of each tensor cover it

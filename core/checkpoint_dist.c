@@ -8,6 +8,7 @@
 
 #include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
+#include "core/checkpoint_hf.h"
 #include "core/checkpoint_publish.h"
 #include "core/safetensors.h"
 #include "platform/platform.h"
@@ -224,6 +225,8 @@ l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
     if (st >= 0 && R == 0) st = l3d_ckpt_write_config(t->model, tmp);
     if (st >= 0 && R == 0) st = l3d_ckpt_write_state(t, tmp);
     if (st >= 0 && R == 0) st = write_manifest(t, tmp, W);
+    if (st >= 0 && R == 0 && t->model->save.carry_from[0])
+        st = l3d_ckpt_carry_files(t->ctx, t->model->save.carry_from, tmp);
     st = agree(t, st, "writing the shards", dir);
     if (R == 0) {
         if (st >= 0) st = l3d_ckpt_tmp_publish(t->ctx, tmp, target);
@@ -248,38 +251,6 @@ static l3d_status parse_entry(l3d_ctx_t *ctx, const char *path, const l3d_model_
     *ti = -1;
     for (int i = 0; i < m->n_tensors && *ti < 0; i++)
         if (!strcmp(m->tensors[i].name, base)) *ti = i;
-    return L3D_OK;
-}
-
-// Copies the overlap of one saved rectangle into tensor p's local shard in arena `dst`;
-// returns the elements copied in *n.
-static l3d_status place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t *e,
-                        const l3d_param_t *p, long long R, long long C, float *dst, size_t *n) {
-    int64_t rows, cols, row0, col0;
-    shard_dims(p, &rows, &cols, &row0, &col0);
-    int64_t h = e->ndim == 2 ? e->shape[0] : 1, w = e->ndim == 2 ? e->shape[1] : e->shape[0];
-    int64_t frows = p->ndim == 2 ? p->full[0] : 1, fcols = p->ndim == 2 ? p->full[1] : p->full[0];
-    // R and C are below 10^15 (the name parser's bound): R > frows - h cannot overflow.
-    if (e->dtype != L3D_ST_F32 || e->ndim != p->ndim || h < 1 || w < 1 || R > frows - h ||
-        C > fcols - w)
-        return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' (%lld x %lld at %lld,%lld) does "
-                         "not fit %s (%lld x %lld, float32)", path, e->name, (long long)h,
-                         (long long)w, R, C, p->name, (long long)frows, (long long)fcols);
-    int64_t y0 = R > row0 ? R : row0, y1 = R + h < row0 + rows ? R + h : row0 + rows;
-    int64_t x0 = C > col0 ? C : col0, x1 = C + w < col0 + cols ? C + w : col0 + cols;
-    *n = 0;
-    for (int64_t y = y0; y < y1 && x0 < x1; y++) {
-        const char *src = (const char *)e->data + ((size_t)(y - R) * (size_t)w + (size_t)(x0 - C)) * 4;
-        float *d = dst + p->offset + (size_t)(y - row0) * (size_t)cols + (size_t)(x0 - col0);
-        memcpy(d, src, (size_t)(x1 - x0) * sizeof(float));
-        size_t bad = l3d_ckpt_nonfinite(d, (size_t)(x1 - x0));
-        if (bad < (size_t)(x1 - x0))
-            return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' holds %s at row %lld, column "
-                             "%lld of %s: the checkpoint is damaged or training diverged before "
-                             "it was saved", path, e->name, l3d_ckpt_nonfinite_name(d[bad]),
-                             (long long)y, (long long)(x0 + (int64_t)bad), p->name);
-        *n += (size_t)(x1 - x0);
-    }
     return L3D_OK;
 }
 
@@ -347,7 +318,7 @@ l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, fl
             st = parse_entry(ctx, path, m, e->name, &ti, &si, &R, &C);
             if (st < 0 || ti < 0 || !host[si]) continue;  // another part's tensor, or not asked
             size_t n = 0;
-            st = place(ctx, path, e, &m->tensors[ti], R, C, host[si], &n);
+            st = l3d_ckpt_place(ctx, path, e, &m->tensors[ti], R, C, host[si], &n);
             cov[(size_t)si * nt + (size_t)ti] += n;
         }
         l3d_st_close(f);

@@ -20,10 +20,12 @@ static l3d_status io_error(l3d_ctx_t *ctx, int rc, const char *what, const char 
     return l3d_error(ctx, L3D_ERR_IO, "%s %s: %s", what, path, strerror(-rc));
 }
 
-// "shard-" 5+ digits "-of-" 5+ digits ".safetensors" (checkpoint_dist.c's names).
-static int is_shard_name(const char *s) {
-    if (strncmp(s, "shard-", 6)) return 0;
-    s += 6;
+// PREFIX 5+ digits "-of-" 5+ digits ".safetensors": checkpoint_dist.c's "shard-" and
+// transformers' "model-" shards.
+static int is_shard_name(const char *s, const char *prefix) {
+    size_t pl = strlen(prefix);
+    if (strncmp(s, prefix, pl)) return 0;
+    s += pl;
     for (int part = 0; part < 2; part++) {
         size_t d = 0;
         while (s[d] >= '0' && s[d] <= '9') d++;
@@ -36,14 +38,20 @@ static int is_shard_name(const char *s) {
     return *s == '\0';
 }
 
+const char *const l3d_ckpt_carried_files[] = {"tokenizer.json", "tokenizer.model",
+                                              "tokenizer_config.json", "special_tokens_map.json",
+                                              "generation_config.json", NULL};
+
 int l3d_ckpt_is_own_file(const char *name) {
     static const char *const own[] = {"config.json",          "model.safetensors",
                                       "optimizer.safetensors", "optimizer_sq.safetensors",
                                       "trainer_state.json",   "shards.json",
-                                      MARKER_NAME};
+                                      "model.safetensors.index.json", MARKER_NAME};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (!strcmp(name, own[i])) return 1;
-    return is_shard_name(name);
+    for (const char *const *c = l3d_ckpt_carried_files; *c; c++)
+        if (!strcmp(name, *c)) return 1;
+    return is_shard_name(name, "shard-") || is_shard_name(name, "model-");
 }
 
 // The first entry of a directory that is not one of llama3d's files (regular files only).

@@ -20,8 +20,13 @@
 #include "llama3d/ctx.h"
 #include "llama3d/status.h"
 
-// 1 when `name` is a file llama3d writes into a checkpoint directory.
+// 1 when `name` is a file llama3d writes into a checkpoint directory: its own files, Hugging
+// Face weight shards and index, and l3d_ckpt_carried_files.
 int l3d_ckpt_is_own_file(const char *name);
+// What a Hugging Face model directory carries beside its weights, which a save copies from the
+// directory the weights came from (NULL-terminated): tokenizer.json, tokenizer.model,
+// tokenizer_config.json, special_tokens_map.json, generation_config.json.
+extern const char *const l3d_ckpt_carried_files[];
 // Vets `dir` as a save target and writes into out[cap] the directory to build beside and
 // replace (dir with symlinks followed). Creates nothing.
 l3d_status l3d_ckpt_target_resolve(l3d_ctx_t *ctx, const char *dir, char *out, size_t cap);

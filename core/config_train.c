@@ -5,6 +5,7 @@
 // sections are in config_deepspeed.c, the batch identity and the layout in config_layout.c.
 // defines: l3d_train_config_default, l3d_train_config_from_json, l3d_train_config_from_file,
 //          l3d_train_config_finalize
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,8 @@
 
 #include <jansson.h>
 
+#include "core/checkpoint_dist.h"
+#include "core/checkpoint_hf.h"
 #include "core/config_json.h"
 #include "core/config_train_internal.h"
 #include "core/mesh.h"
@@ -33,6 +36,7 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->batch_inferred = L3D_BATCH_TRAIN;  // 8 = micro 8 x accum 1 x dp: follows dp
     cfg->dp = cfg->tp = cfg->pp = 1;
     cfg->dp_auto = 1;
+    cfg->save_max_shard_size = L3D_SAVE_MAX_SHARD_DEFAULT;
     cfg->gradient_clipping = 1.0f;
     cfg->steps_per_print = 10;
     cfg->lr = 1e-3f;
@@ -119,6 +123,7 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
         free(text);
         L3D_CHECK(j->ctx, st);
         snprintf(cfg->model_source, sizeof(cfg->model_source), "(inline)");
+        cfg->weights_dir[0] = 0;
         return L3D_OK;
     }
     if (!json_is_string(m))
@@ -136,6 +141,7 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
         if (strcmp(s, names[i]) == 0) {
             L3D_CHECK(j->ctx, l3d_model_config_preset(j->ctx, s, &cfg->model));
             snprintf(cfg->model_source, sizeof(cfg->model_source), "%s", s);
+            cfg->weights_dir[0] = 0;
             return L3D_OK;
         }
     }
@@ -147,7 +153,15 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
         snprintf(path, sizeof(path), "%.*s/%s", (int)(slash - j->origin), j->origin, s);
     else
         snprintf(path, sizeof(path), "%s", s);
+    cfg->weights_dir[0] = 0;
     if (l3d_path_is_dir(path) > 0) {
+        // A checkpoint directory with weights: training starts from them.
+        if (l3d_hf_is_weights_dir(path) || l3d_ckpt_dist_is(path)) {
+            if (strlen(path) >= sizeof(cfg->weights_dir))
+                return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: model: path longer than %zu "
+                                 "characters", j->origin, sizeof(cfg->weights_dir) - 1);
+            snprintf(cfg->weights_dir, sizeof(cfg->weights_dir), "%s", path);
+        }
         size_t len = strlen(path);
         snprintf(path + len, sizeof(path) - len, "/config.json");
     }
@@ -163,6 +177,48 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_model_config_from_file(j->ctx, path, &cfg->model));
     snprintf(cfg->model_source, sizeof(cfg->model_source), "%s", s);
     return L3D_OK;
+}
+
+// train.save_dtype: "float32" | "bfloat16" (torch's names; "fp32", "bf16" too).
+static l3d_status parse_save_dtype(const l3d_cfgjson_t *j, json_t *sec, int *out) {
+    char v[32] = "";
+    int have = 0;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "train", "save_dtype", v, sizeof(v), &have));
+    if (!have) return L3D_OK;
+    if (!strcmp(v, "float32") || !strcmp(v, "fp32")) *out = L3D_SAVE_DTYPE_F32;
+    else if (!strcmp(v, "bfloat16") || !strcmp(v, "bf16")) *out = L3D_SAVE_DTYPE_BF16;
+    else
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: train.save_dtype: '%s' is not a dtype "
+                         "llama3d saves; use \"float32\" or \"bfloat16\"", j->origin, v);
+    return L3D_OK;
+}
+
+// train.save_max_shard_size: bytes, as an integer or as transformers spells sizes ("5GB" =
+// 5 * 10^9, "5GiB" = 5 * 2^30; B, KB, MB, GB, TB and KiB .. TiB).
+static l3d_status parse_shard_size(const l3d_cfgjson_t *j, json_t *sec, uint64_t *out) {
+    json_t *v = json_object_get(sec, "save_max_shard_size");
+    if (!v) return L3D_OK;
+    if (json_is_integer(v) && json_integer_value(v) > 0) {
+        *out = (uint64_t)json_integer_value(v);
+        return L3D_OK;
+    }
+    if (json_is_string(v)) {
+        const char *s = json_string_value(v);
+        char *end = NULL;
+        errno = 0;
+        double x = strtod(s, &end);
+        static const struct { const char *u; double f; } units[] = {
+            {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+            {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0},
+            {"TiB", 1099511627776.0}};
+        for (size_t i = 0; end != s && errno == 0 && i < L3D_ARRAY_LEN(units); i++)
+            if (!strcmp(end, units[i].u) && x * units[i].f >= 1 && x * units[i].f < 1.8e19) {
+                *out = (uint64_t)(x * units[i].f);
+                return L3D_OK;
+            }
+    }
+    return l3d_cfgjson_type_error(j, "train", "save_max_shard_size", v,
+                                  "a positive number of bytes or a size such as \"5GB\"");
 }
 
 // Like "model", a relative data path is relative to the config file's directory.
@@ -229,7 +285,8 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
         static const char *const keys[] = {"steps",   "seed",    "save_dir",
                                            "save_interval", "metrics", "device",
                                            "threads", "save_consolidated", "eval_interval",
-                                           "eval_iters", "peak_flops"};
+                                           "eval_iters", "peak_flops", "save_dtype",
+                                           "save_max_shard_size"};
         const char *tp = "train";
         L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, tp, keys, L3D_ARRAY_LEN(keys), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "steps", 0, 1 << 30, &cfg->steps, NULL));
@@ -244,6 +301,8 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
                                               &cfg->save_interval, NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, tp, "save_consolidated",
                                                &cfg->save_consolidated, NULL));
+        L3D_CHECK(j->ctx, parse_save_dtype(j, sec, &cfg->save_dtype));
+        L3D_CHECK(j->ctx, parse_shard_size(j, sec, &cfg->save_max_shard_size));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, tp, "metrics", cfg->metrics_path,
                                               sizeof(cfg->metrics_path), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, tp, "device", cfg->device,

@@ -266,6 +266,7 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     if (!m) return L3D_ERR_NOMEM;
     m->ctx = ctx;
     m->dev = dev;
+    m->save.max_shard_bytes = L3D_SAVE_MAX_SHARD_DEFAULT;  // dtype 0: F32
     l3d_model_set_dims_tp(m, cfg, tp, rank);
     l3d_model_set_stage(m, pp, v, stage, lps);
     m->tp.comm = tp > 1 ? tp_comm : NULL;

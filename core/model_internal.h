@@ -124,6 +124,18 @@ struct l3d_model {
     l3d_layer_params_t *layer;     // L entries
     float *cos_tab, *sin_tab;      // (rope_len, D/2) on the device
     int rope_len;
+    // The weights read by l3d_model_load/open (l3d_st_dtype, whether the files' dtypes differ,
+    // how many files; dtype F32 and files 0 for fresh weights), and how saves write them:
+    // dtype (default: the dtype loaded), shard limit, the directory whose tokenizer and
+    // generation files are carried along ("" = none).
+    struct {
+        int dtype, mixed, files;
+    } loaded;
+    struct {
+        int dtype;
+        uint64_t max_shard_bytes;
+        char carry_from[1024];
+    } save;
 };
 
 // Floats in the parameter arena (and in each of the gradient and optimizer arenas) for cfg,

@@ -442,6 +442,84 @@ static float bf16_to_float(uint16_t h) {
     return out;
 }
 
+int l3d_st_dtype_is_float(l3d_st_dtype dt) {
+    return dt == L3D_ST_F32 || dt == L3D_ST_F16 || dt == L3D_ST_BF16 || dt == L3D_ST_F64;
+}
+
+size_t l3d_st_dtype_size(l3d_st_dtype dt) {
+    return (unsigned)dt < sizeof(st_dtypes) / sizeof(st_dtypes[0]) ? st_dtypes[dt].size : 0;
+}
+
+const char *l3d_st_dtype_name(l3d_st_dtype dt) {
+    return (unsigned)dt < sizeof(st_dtypes) / sizeof(st_dtypes[0]) ? st_dtypes[dt].name : "?";
+}
+
+void l3d_st_to_f32(l3d_st_dtype dt, const void *from, size_t count, float *dst) {
+    const uint8_t *src = from;
+    switch (dt) {
+    case L3D_ST_F32:
+        if (count) memcpy(dst, src, count * 4);  // the data need not be 4-aligned
+        break;
+    case L3D_ST_F16:
+        for (size_t i = 0; i < count; i++)
+            dst[i] = half_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+        break;
+    case L3D_ST_BF16:
+        for (size_t i = 0; i < count; i++)
+            dst[i] = bf16_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+        break;
+    case L3D_ST_F64:
+        for (size_t i = 0; i < count; i++) {
+            double d;
+            memcpy(&d, src + 8 * i, 8);  // the data section need not be 8-aligned
+            dst[i] = (float)d;
+        }
+        break;
+    default:
+        break;
+    }
+}
+
+// float32 -> bfloat16, round to nearest even (what torch's .to(torch.bfloat16) does); NaN
+// stays a quiet NaN of the same sign (rounding could carry its payload into infinity).
+static uint16_t float_to_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+// float32 -> IEEE binary16, round to nearest even, overflow to infinity, subnormals kept.
+static uint16_t float_to_half(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00;            // NaN
+    if (a >= 0x477ff000u) return sign | 0x7c00;           // rounds to >= 65520: infinity
+    if (a < 0x38800000u) {                                // below 2^-14: subnormal or zero
+        if (a < 0x33000000u) return sign;                 // below half the smallest subnormal
+        // value = mant * 2^(e - 150) with e = a >> 23; in units of 2^-24 (the smallest
+        // subnormal) that is mant >> (126 - e), rounded to nearest even.
+        uint32_t mant = (a & 0x7fffff) | 0x800000, shift = 126 - (a >> 23);
+        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
+        if (rem > halfway || (rem == halfway && (q & 1))) q++;
+        return sign | (uint16_t)q;
+    }
+    uint32_t r = a + 0xfffu + ((a >> 13) & 1);            // round the 13 dropped bits
+    return sign | (uint16_t)((r >> 13) - ((127 - 15) << 10));
+}
+
+void l3d_st_from_f32(l3d_st_dtype dt, const float *src, size_t count, void *to) {
+    uint8_t *dst = to;
+    for (size_t i = 0; i < count; i++) {
+        uint16_t h = dt == L3D_ST_BF16 ? float_to_bf16(src[i]) : float_to_half(src[i]);
+        dst[2 * i] = (uint8_t)h;
+        dst[2 * i + 1] = (uint8_t)(h >> 8);
+    }
+}
+
 l3d_status l3d_st_read_f32(l3d_ctx_t *ctx, const l3d_st_file_t *f, const char *name,
                            const int64_t *shape, int ndim, float *dst) {
     if (!f || !name || (ndim && !shape) || ndim < 0)
@@ -462,30 +540,10 @@ l3d_status l3d_st_read_f32(l3d_ctx_t *ctx, const l3d_st_file_t *f, const char *n
     size_t count = (t->end - t->begin) / st_dtypes[t->dtype].size;
     if (count && !dst)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_st_read_f32: NULL destination");
-    const uint8_t *src = t->data;
-    switch (t->dtype) {
-    case L3D_ST_F32:
-        if (count) memcpy(dst, src, count * 4);
-        break;
-    case L3D_ST_F16:
-        for (size_t i = 0; i < count; i++)
-            dst[i] = half_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
-        break;
-    case L3D_ST_BF16:
-        for (size_t i = 0; i < count; i++)
-            dst[i] = bf16_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
-        break;
-    case L3D_ST_F64:
-        for (size_t i = 0; i < count; i++) {
-            double d;
-            memcpy(&d, src + 8 * i, 8);  // the data section need not be 8-aligned
-            dst[i] = (float)d;
-        }
-        break;
-    default:
+    if (!l3d_st_dtype_is_float(t->dtype))
         return l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' has dtype %s, expected a float",
                          f->origin, clean(name, qn, sizeof(qn)), st_dtypes[t->dtype].name);
-    }
+    l3d_st_to_f32(t->dtype, t->data, count, dst);
     return L3D_OK;
 }
 
@@ -539,10 +597,15 @@ static l3d_status build_header(l3d_ctx_t *ctx, const char *path, const l3d_st_en
                            "twice", path, qn);
             goto out;
         }
-        uint64_t count = 1;
+        if (e->dtype != L3D_ST_F32 && e->dtype != L3D_ST_BF16 && e->dtype != L3D_ST_F16) {
+            st = l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: tensor '%s': llama3d writes F32, BF16 "
+                           "or F16", path, qn);
+            goto out;
+        }
+        uint64_t count = 1, esize = st_dtypes[e->dtype].size;
         json_t *shape = json_array();
         json_t *info = json_object();
-        json_object_set_new(info, "dtype", json_string("F32"));
+        json_object_set_new(info, "dtype", json_string(st_dtypes[e->dtype].name));
         json_object_set_new(info, "shape", shape);
         if (json_object_set_new(root, e->name, info)) {
             st = l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: tensor name '%s' is not valid UTF-8",
@@ -551,7 +614,7 @@ static l3d_status build_header(l3d_ctx_t *ctx, const char *path, const l3d_st_en
         }
         for (int d = 0; d < e->ndim; d++) {
             int64_t v = e->shape[d];
-            if (v < 0 || (v && count > (UINT64_MAX / 4) / (uint64_t)v)) {
+            if (v < 0 || (v && count > (UINT64_MAX / esize) / (uint64_t)v)) {
                 st = l3d_error(ctx, L3D_ERR_INVALID_ARG,
                                "%s: tensor '%s' dimension %d (%" PRId64 ") is negative or "
                                "overflows", path, qn, d, v);
@@ -560,7 +623,7 @@ static l3d_status build_header(l3d_ctx_t *ctx, const char *path, const l3d_st_en
             count *= (uint64_t)v;
             json_array_append_new(shape, json_integer(v));
         }
-        bytes[i] = (size_t)(count * 4);
+        bytes[i] = (size_t)(count * esize);
         if (bytes[i] && !e->data) {
             st = l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: tensor '%s' has no data", path, qn);
             goto out;
@@ -590,7 +653,7 @@ l3d_status l3d_st_write(l3d_ctx_t *ctx, const char *path, const l3d_st_entry_t *
     if (!ctx || !path || (n && !entries))
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_st_write: NULL argument");
     l3d_status st = L3D_OK;
-    char *text = NULL, *hdr = NULL;
+    char *text = NULL, *hdr = NULL, *conv = NULL;
     size_t hlen = 0;
     size_t *bytes = l3d_malloc(ctx, (n + 1) * sizeof(*bytes), "other");
     l3d_iovec_t *iov = l3d_malloc(ctx, (n + 2) * sizeof(*iov), "other");
@@ -622,9 +685,16 @@ l3d_status l3d_st_write(l3d_ctx_t *ctx, const char *path, const l3d_st_entry_t *
     iov[1] = (l3d_iovec_t){hdr, hlen};
     for (size_t i = 0; i < n; i++) iov[2 + i] = (l3d_iovec_t){entries[i].data, bytes[i]};
     // Written piece by piece (in slices, so one 4 GB embedding still moves the progress line)
-    // to a temporary renamed into place once whole.
+    // to a temporary renamed into place once whole. 16-bit tensors are converted a slice at a
+    // time into `conv`.
     uint64_t total = 0, done = 0;
     for (size_t i = 0; i < n + 2; i++) total += iov[i].len;
+    int narrow = 0;
+    for (size_t i = 0; i < n; i++) narrow |= entries[i].dtype != L3D_ST_F32;
+    if (narrow && !(conv = l3d_malloc(ctx, ST_WRITE_SLICE, "other"))) {
+        st = L3D_ERR_NOMEM;
+        goto out;
+    }
     l3d_file_out_t *out = NULL;
     int rc = l3d_file_out_open(path, &out);
     l3d_progress_t pr;
@@ -632,7 +702,12 @@ l3d_status l3d_st_write(l3d_ctx_t *ctx, const char *path, const l3d_st_entry_t *
     for (size_t i = 0; rc == 0 && i < n + 2; i++)
         for (size_t o = 0; rc == 0 && o < iov[i].len; o += ST_WRITE_SLICE) {
             size_t len = iov[i].len - o < ST_WRITE_SLICE ? iov[i].len - o : ST_WRITE_SLICE;
-            rc = l3d_file_out_write(out, (const char *)iov[i].data + o, len);
+            const char *from = (const char *)iov[i].data + o;
+            if (i >= 2 && entries[i - 2].dtype != L3D_ST_F32) {  // o, len: 2 bytes per value
+                l3d_st_from_f32(entries[i - 2].dtype, entries[i - 2].data + o / 2, len / 2, conv);
+                from = conv;
+            }
+            rc = l3d_file_out_write(out, from, len);
             done += len;
             l3d_progress_update(&pr, done);
         }
@@ -645,6 +720,7 @@ l3d_status l3d_st_write(l3d_ctx_t *ctx, const char *path, const l3d_st_entry_t *
         st = l3d_error(ctx, L3D_ERR_IO, "%s: cannot write: %s", path, strerror(-rc));
 out:
     free(text);  // json_dumps allocates with jansson's allocator: malloc by default
+    l3d_free(ctx, conv, ST_WRITE_SLICE, "other");
     l3d_free(ctx, hdr, hlen, "other");
     l3d_free(ctx, iov, (n + 2) * sizeof(*iov), "other");
     l3d_free(ctx, bytes, (n + 1) * sizeof(*bytes), "other");

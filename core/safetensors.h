@@ -59,18 +59,29 @@ const l3d_st_tensor_t *l3d_st_find(const l3d_st_file_t *f, const char *name);
 // A __metadata__ value, or NULL.
 const char *l3d_st_metadata(const l3d_st_file_t *f, const char *key);
 
+int l3d_st_dtype_is_float(l3d_st_dtype dt);  // F32, F16, BF16, F64
+size_t l3d_st_dtype_size(l3d_st_dtype dt);   // bytes per element (0: not a dtype)
+const char *l3d_st_dtype_name(l3d_st_dtype dt);  // "F32", "BF16", ...
+// count elements of float dtype `dt` at `src` (any alignment, little-endian) to float32.
+void l3d_st_to_f32(l3d_st_dtype dt, const void *src, size_t count, float *dst);
+// count float32 to BF16 or F16 (2 bytes each, little-endian) at `dst`, rounding to nearest
+// even as torch does.
+void l3d_st_from_f32(l3d_st_dtype dt, const float *src, size_t count, void *dst);
+
 // Copies tensor `name` into dst as float32 (converting F16/BF16/F64), after checking that it
 // exists (L3D_ERR_NOT_FOUND otherwise) and that its shape is exactly shape[0..ndim)
 // (L3D_ERR_FORMAT naming the tensor, the found and the expected shape otherwise).
 l3d_status l3d_st_read_f32(l3d_ctx_t *ctx, const l3d_st_file_t *f, const char *name,
                            const int64_t *shape, int ndim, float *dst);
 
-// One tensor to write: float32 only for now, row-major, data in host memory.
+// One tensor to write: float32 data in host memory, row-major, stored as `dtype` (F32 -- the
+// zero value --, BF16 or F16; converted while writing, rounding to nearest even).
 typedef struct l3d_st_entry {
     const char *name;
     int ndim;
     int64_t shape[L3D_ST_MAX_DIMS];
     const float *data;
+    l3d_st_dtype dtype;
 } l3d_st_entry_t;
 
 // Writes a safetensors file atomically (temp + fsync + rename). Tensors are laid out in the

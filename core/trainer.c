@@ -84,7 +84,11 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
                                               t->mesh->group[L3D_MESH_TP], cfg->pp, v,
                                               t->mesh->coord[L3D_MESH_PP], l3d_train_config_lps(cfg),
                                               &t->model), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
+    // A model directory with weights: start from them (each rank reads its own shards).
+    if (cfg->weights_dir[0])
+        L3D_CHECK_GOTO(ctx, l3d_model_load(t->model, cfg->weights_dir), st, err);
+    else
+        L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
     if (cfg->sequence_parallel && cfg->tp > 1) t->model->tp.sp = 1;
 
     L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);

@@ -83,10 +83,10 @@ Test(safetensors, write_read_round_trip) {
     emb[6] = -0.0f;
     for (int i = 0; i < 4; i++) norm[i] = 1.0f + (float)i / 3.0f;
     l3d_st_entry_t e[4] = {
-        {"tok_embeddings.weight", 2, {3, 4}, emb},
-        {"norm.weight", 1, {4}, norm},
-        {"scalar", 0, {0}, &scalar},
-        {"empty", 2, {0, 5}, NULL},
+        {"tok_embeddings.weight", 2, {3, 4}, emb, L3D_ST_F32},
+        {"norm.weight", 1, {4}, norm, L3D_ST_F32},
+        {"scalar", 0, {0}, &scalar, L3D_ST_F32},
+        {"empty", 2, {0, 5}, NULL, L3D_ST_F32},
     };
     const char *keys[] = {"format", "step", "odd \"key\""};
     const char *vals[] = {"pt", "12", "h\xc3\xa9llo\n\ttab \\ /"};
@@ -162,7 +162,7 @@ Test(safetensors, writer_matches_reference_bytes) {
         58, 91, 49, 44, 50, 44, 51, 93, 44, 34, 100, 97, 116, 97, 95, 111, 102, 102, 115,
         101, 116, 115, 34, 58, 91, 48, 44, 50, 52, 93, 125, 125, 0, 0, 0, 0, 0, 0, 128, 63,
         0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0, 160, 64};
-    l3d_st_entry_t e1 = {"attn.0", 3, {1, 2, 3}, v};
+    l3d_st_entry_t e1 = {"attn.0", 3, {1, 2, 3}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, path, &e1, 1, NULL, NULL, 0), L3D_OK);
     check_bytes(path, ser, sizeof(ser));
 
@@ -173,7 +173,7 @@ Test(safetensors, writer_matches_reference_bytes) {
         115, 101, 116, 115, 34, 58, 91, 48, 44, 50, 52, 93, 125, 125, 32, 32, 32, 32, 32,
         32, 32, 0, 0, 0, 0, 0, 0, 128, 63, 0, 0, 0, 64, 0, 0, 64, 64, 0, 0, 128, 64, 0, 0,
         160, 64};
-    l3d_st_entry_t e2 = {"attn0", 4, {1, 1, 2, 3}, v};
+    l3d_st_entry_t e2 = {"attn0", 4, {1, 1, 2, 3}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, path, &e2, 1, NULL, NULL, 0), L3D_OK);
     check_bytes(path, aligned, sizeof(aligned));
 
@@ -244,7 +244,7 @@ Test(safetensors, python_numpy_reads_our_file) {
     for (int i = 0; i < 30; i++) a[i] = sinf((float)i) * 1e3f;
     for (int i = 0; i < 7; i++) b[i] = 1.0f / (float)(i + 1);
     b[6] = 1e-40f;  // subnormal
-    l3d_st_entry_t e[2] = {{"layers.0.attn.wq", 3, {2, 3, 5}, a}, {"b", 1, {7}, b}};
+    l3d_st_entry_t e[2] = {{"layers.0.attn.wq", 3, {2, 3, 5}, a, L3D_ST_F32}, {"b", 1, {7}, b, L3D_ST_F32}};
     const char *k = "note", *v = "\xe2\x9c\x93 \"quoted\"";
     cr_assert_eq(l3d_st_write(ctx, path, e, 2, &k, &v, 1), L3D_OK);
 
@@ -551,24 +551,98 @@ Test(safetensors, writer_rejects_bad_entries) {
     make_tmpdir(dir, sizeof(dir));
     snprintf(path, sizeof(path), "%s/w.safetensors", dir);
     float v[4] = {1, 2, 3, 4};
-    l3d_st_entry_t dup[2] = {{"a", 1, {4}, v}, {"a", 1, {4}, v}};
+    l3d_st_entry_t dup[2] = {{"a", 1, {4}, v, L3D_ST_F32}, {"a", 1, {4}, v, L3D_ST_F32}};
     cr_assert_eq(l3d_st_write(ctx, path, dup, 2, NULL, NULL, 0), L3D_ERR_INVALID_ARG);
-    l3d_st_entry_t res = {"__metadata__", 1, {4}, v};
+    l3d_st_entry_t res = {"__metadata__", 1, {4}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, path, &res, 1, NULL, NULL, 0), L3D_ERR_INVALID_ARG);
-    l3d_st_entry_t neg = {"a", 2, {-1, 4}, v};
+    l3d_st_entry_t neg = {"a", 2, {-1, 4}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, path, &neg, 1, NULL, NULL, 0), L3D_ERR_INVALID_ARG);
-    l3d_st_entry_t big = {"a", 3, {1 << 30, 1 << 30, 1 << 30}, v};
+    l3d_st_entry_t big = {"a", 3, {1 << 30, 1 << 30, 1 << 30}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, path, &big, 1, NULL, NULL, 0), L3D_ERR_INVALID_ARG);
-    l3d_st_entry_t utf = {"\xff", 1, {4}, v};
+    l3d_st_entry_t utf = {"\xff", 1, {4}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, path, &utf, 1, NULL, NULL, 0), L3D_ERR_INVALID_ARG);
     const char *k[2] = {"x", "x"}, *val[2] = {"1", "2"};
     cr_assert_eq(l3d_st_write(ctx, path, NULL, 0, k, val, 2), L3D_ERR_INVALID_ARG);
     cr_assert(!l3d_path_exists(path), "a rejected write left a file");
     char nodir[160];
     snprintf(nodir, sizeof(nodir), "%s/missing/w.safetensors", dir);
-    l3d_st_entry_t ok = {"a", 1, {4}, v};
+    l3d_st_entry_t ok = {"a", 1, {4}, v, L3D_ST_F32};
     cr_assert_eq(l3d_st_write(ctx, nodir, &ok, 1, NULL, NULL, 0), L3D_ERR_IO);
     cr_assert(strstr(l3d_ctx_last_error(ctx), nodir));
+    cr_assert_eq(l3d_ctx_mem_in_use(ctx, NULL), 0);
+    cr_assert_eq(l3d_dir_remove_tree(dir), 0);
+    l3d_ctx_destroy(ctx);
+}
+
+// 16-bit conversions, exhaustively: every BF16 and F16 value converts to float32 and back to
+// the same bits (NaNs to a NaN), and float32 values between two neighbours round to nearest,
+// ties to the even one, as torch's .to(bfloat16) and IEEE binary16 conversion do.
+static uint16_t to16(l3d_st_dtype dt, float x) {
+    uint8_t b[2];
+    l3d_st_from_f32(dt, &x, 1, b);
+    return (uint16_t)(b[0] | b[1] << 8);
+}
+static float from16(l3d_st_dtype dt, uint16_t h) {
+    uint8_t b[2] = {(uint8_t)h, (uint8_t)(h >> 8)};
+    float x;
+    l3d_st_to_f32(dt, b, 1, &x);
+    return x;
+}
+
+Test(safetensors, bf16_and_f16_round_trip_and_round_to_nearest_even) {
+    const l3d_st_dtype dts[2] = {L3D_ST_BF16, L3D_ST_F16};
+    for (int d = 0; d < 2; d++) {
+        l3d_st_dtype dt = dts[d];
+        uint16_t exp_mask = dt == L3D_ST_BF16 ? 0x7f80 : 0x7c00;
+        uint16_t man_mask = dt == L3D_ST_BF16 ? 0x007f : 0x03ff;
+        for (uint32_t h = 0; h < 0x10000; h++) {
+            float x = from16(dt, (uint16_t)h);
+            int nan = (h & exp_mask) == exp_mask && (h & man_mask);
+            if (nan) {
+                cr_assert(isnan(x) && isnan(from16(dt, to16(dt, x))), "dtype %d: %04x", (int)dt, h);
+                continue;
+            }
+            cr_assert_eq(to16(dt, x), h, "dtype %d: %04x -> %a -> %04x", (int)dt, h, (double)x,
+                         to16(dt, x));
+            // Midpoint to the next value up (same sign, finite, not the largest): the tie goes
+            // to the even neighbour; a hair above it goes up, a hair below stays.
+            uint16_t up = (uint16_t)(h + 1);
+            if ((h & 0x7fff) == (uint32_t)(exp_mask - 1) || (h & 0x7fff) >= exp_mask) continue;
+            double mid = ((double)x + (double)from16(dt, up)) / 2;
+            float fm = (float)mid;
+            if ((double)fm != mid) continue;  // not representable in float32 (subnormal F16 ok)
+            cr_assert_eq(to16(dt, fm), (h & 1) ? up : h, "dtype %d tie at %a", (int)dt, mid);
+            cr_assert_eq(to16(dt, nextafterf(fm, (h & 0x8000) ? -INFINITY : INFINITY)), up);
+            cr_assert_eq(to16(dt, nextafterf(fm, 0.0f)), h);
+        }
+    }
+    // Overflow: above F16's largest finite (65504) by half an ulp or more is infinity.
+    cr_assert_eq(to16(L3D_ST_F16, 65519.0f), 0x7bff);
+    cr_assert_eq(to16(L3D_ST_F16, 65520.0f), 0x7c00);
+    cr_assert_eq(to16(L3D_ST_F16, -1e10f), 0xfc00);
+    cr_assert_eq(to16(L3D_ST_BF16, INFINITY), 0x7f80);
+}
+
+// A BF16 entry is written as BF16 and reads back as the rounded values.
+Test(safetensors, writes_bf16_and_f16) {
+    l3d_ctx_t *ctx = new_ctx();
+    char dir[64], path[128];
+    make_tmpdir(dir, sizeof(dir));
+    snprintf(path, sizeof(path), "%s/h.safetensors", dir);
+    float v[3] = {1.0f, 1.00390625f /* bf16 tie: to 1 */, 1.01171875f /* tie: up */};
+    l3d_st_entry_t e[2] = {{"b", 1, {3}, v, L3D_ST_BF16}, {"h", 1, {3}, v, L3D_ST_F16}};
+    cr_assert_eq(l3d_st_write(ctx, path, e, 2, NULL, NULL, 0), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    l3d_st_file_t *f = NULL;
+    cr_assert_eq(l3d_st_open(ctx, path, &f), L3D_OK);
+    cr_assert_eq(l3d_st_find(f, "b")->dtype, L3D_ST_BF16);
+    cr_assert_eq(l3d_st_find(f, "h")->dtype, L3D_ST_F16);
+    float got[3];
+    cr_assert_eq(l3d_st_read_f32(ctx, f, "b", (int64_t[]){3}, 1, got), L3D_OK);
+    cr_assert(got[0] == 1.0f && got[1] == 1.0f && got[2] == 1.015625f, "%a %a %a",
+              (double)got[0], (double)got[1], (double)got[2]);
+    cr_assert_eq(l3d_st_read_f32(ctx, f, "h", (int64_t[]){3}, 1, got), L3D_OK);
+    cr_assert(got[0] == v[0] && got[1] == v[1] && got[2] == v[2]);  // exact in F16
+    l3d_st_close(f);
     cr_assert_eq(l3d_ctx_mem_in_use(ctx, NULL), 0);
     cr_assert_eq(l3d_dir_remove_tree(dir), 0);
     l3d_ctx_destroy(ctx);

@@ -71,10 +71,15 @@ typedef enum l3d_sched_type {
 #define L3D_MAX_NOTES 32
 
 enum { L3D_BATCH_TRAIN = 1, L3D_BATCH_MICRO = 2, L3D_BATCH_ACCUM = 4 };
+enum { L3D_SAVE_DTYPE_AUTO = 0, L3D_SAVE_DTYPE_F32 = 1, L3D_SAVE_DTYPE_BF16 = 2 };
+#define L3D_SAVE_MAX_SHARD_DEFAULT 5000000000ull  // transformers' "5GB"
 
 typedef struct l3d_train_config {
     l3d_model_config_t model;
     char model_source[512];      // preset name or path, as given
+    char weights_dir[512];       // the model directory holds weights (model.safetensors or an
+                                 // index and shards): training starts from them ("" = fresh
+                                 // weights from train.seed)
     char origin[256];            // the ds_config.json read last ("" = none), for messages
 
     // batch identity (DeepSpeed): train_batch_size = micro * accum * dp
@@ -117,6 +122,10 @@ typedef struct l3d_train_config {
     int save_interval;           // train.save_interval (0 = only at the end)
     int save_consolidated;       // train.save_consolidated: a parallel run writes one HF
                                  // directory (else each rank writes its shard in parallel)
+    int save_dtype;              // train.save_dtype: L3D_SAVE_DTYPE_* ("float32" |
+                                 // "bfloat16"; default: what was loaded, float32 when fresh)
+    uint64_t save_max_shard_size;  // train.save_max_shard_size: bytes per safetensors shard
+                                   // (an integer or "5GB", "500MiB"; default 5 GB as HF)
     char metrics_path[512];      // train.metrics ("" = none)
     // DeepSpeed's monitors (tensorboard, csv_monitor): each enabled one writes under its
     // output_path/job_name on world rank 0 (llama3d/monitor.h). wandb is refused: no network.

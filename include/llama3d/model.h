@@ -41,6 +41,10 @@ l3d_status l3d_model_save(l3d_model_t *model, const char *dir);
 // target, and refuses anything else with L3D_ERR_CONFIG naming the path and the foreign
 // entry (docs/checkpoints.md).
 l3d_status l3d_checkpoint_check_target(l3d_ctx_t *ctx, const char *dir);
+// What the model's weights came from, for a start-up line: "bf16, 2 shards", "f32, 1 file",
+// "f32, llama3d sharded checkpoint", or "new" when they were initialised here. Writes at most
+// cap bytes (NUL included) and returns buf.
+const char *l3d_model_weights_desc(const l3d_model_t *model, char *buf, size_t cap);
 // Creates a model from a checkpoint directory's config.json and loads its weights.
 l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
                           l3d_model_t **model_p);

@@ -121,12 +121,34 @@ def is_decayed(name):
 # ---- safetensors ---------------------------------------------------------------------------
 
 _ST_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I32": "<i4", "I64": "<i8",
-              "U8": "u1", "I8": "i1", "U32": "<u4"}
+              "U8": "u1", "I8": "i1", "U32": "<u4", "BF16": "<u2"}
+
+
+def bf16_bits_to_f32(bits):
+    """bfloat16 bit patterns (uint16) -> float32 values (exact: bf16 is f32's top half)."""
+    return (np.asarray(bits, dtype=np.uint32) << 16).view(np.float32)
+
+
+def f32_to_bf16_bits(a):
+    """float32 -> bfloat16 bit patterns, rounded as torch rounds (.to(torch.bfloat16))."""
+    t = torch.from_numpy(np.array(a, dtype=np.float32))  # a writable copy
+    return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+
+
+def round_to(a, dtype):
+    """float32 values as `dtype` ("F32", "BF16", "F16") would store them, back in float32."""
+    a = np.asarray(a, dtype=np.float32)
+    if dtype == "BF16":
+        return bf16_bits_to_f32(f32_to_bf16_bits(a)).reshape(a.shape)
+    if dtype == "F16":
+        return a.astype(np.float16).astype(np.float32)
+    return a
 
 
 def read_safetensors(path):
     """Strict parser: 8-byte LE header length, JSON header, data_offsets relative to the data
-    start. Returns (dict name -> np.ndarray, metadata dict, header dict)."""
+    start. Returns (dict name -> np.ndarray, metadata dict, header dict); BF16 tensors come
+    back as float32 values."""
     with open(path, "rb") as f:
         buf = f.read()
     if len(buf) < 8:
@@ -151,7 +173,8 @@ def read_safetensors(path):
             raise ValueError("%s: tensor %s offsets [%d,%d) do not fit shape %s %s (data %d)"
                              % (path, name, b, e, shape, dt, len(data)))
         spans.append((b, e, name))
-        tensors[name] = np.frombuffer(data, dtype=npdt, count=count, offset=b).reshape(shape)
+        t = np.frombuffer(data, dtype=npdt, count=count, offset=b).reshape(shape)
+        tensors[name] = bf16_bits_to_f32(t).reshape(shape) if dt == "BF16" else t
     spans.sort()
     for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
         if b1 < e0:
@@ -159,20 +182,26 @@ def read_safetensors(path):
     return tensors, meta, header
 
 
-def write_safetensors(path, tensors, metadata=None):
-    """Writes float32 tensors (dict name -> array) in the safetensors format."""
+def write_safetensors(path, tensors, metadata=None, dtype="F32"):
+    """Writes tensors (dict name -> float array) in the safetensors format as `dtype` (F32,
+    BF16 rounded as torch rounds, F16 as numpy rounds: both to nearest even)."""
     header = {}
+    if metadata:  # first, as the safetensors library serialises its header
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     blobs = []
     off = 0
     for name, arr in tensors.items():
         a = np.ascontiguousarray(np.asarray(arr, dtype="<f4"))
-        raw = a.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(a.shape),
+        if dtype == "BF16":
+            raw = f32_to_bf16_bits(a).astype("<u2").tobytes()
+        elif dtype == "F16":
+            raw = a.astype("<f2").tobytes()
+        else:
+            raw = a.tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape),
                         "data_offsets": [off, off + len(raw)]}
         blobs.append(raw)
         off += len(raw)
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     hb = json.dumps(header, separators=(",", ":")).encode("utf-8")
     hb += b" " * ((8 - len(hb) % 8) % 8)
     with open(path, "wb") as f:
@@ -180,6 +209,77 @@ def write_safetensors(path, tensors, metadata=None):
         f.write(hb)
         for raw in blobs:
             f.write(raw)
+
+
+def hf_state_dict_order(cfg):
+    """Tensor names in LlamaForCausalLM.state_dict() order (module registration order:
+    LlamaDecoderLayer registers self_attn, mlp, input_layernorm, post_attention_layernorm)."""
+    out = ["model.embed_tokens.weight"]
+    for i in range(cfg.L):
+        p = "model.layers.%d." % i
+        out += [p + s for s in HF_MATRIX_SUFFIXES] + [p + s for s in HF_NORM_SUFFIXES]
+    out.append("model.norm.weight")
+    if not cfg.tie:
+        out.append("lm_head.weight")
+    return out
+
+
+def write_hf_sharded(ckdir, tensors, dtype, max_shard_size, cfg):
+    """A Hugging Face directory's weights as transformers' save_pretrained writes them:
+    huggingface_hub's split over the state_dict order (one tensor above the limit alone,
+    numbered before the shard being filled; one that would overflow closes the current
+    shard), files model-0000i-of-0000N.safetensors (tensors laid out by name, as the
+    safetensors library does) and model.safetensors.index.json (indent 2, sorted keys,
+    trailing newline). One shard: model.safetensors and no index."""
+    size = {"F32": 4, "BF16": 2, "F16": 2}[dtype]
+    shards, cur, cur_size, total = [], {}, 0, 0
+    for name in hf_state_dict_order(cfg):
+        arr = tensors[name]
+        b = int(np.prod(arr.shape)) * size
+        if b > max_shard_size:
+            total += b
+            shards.append({name: arr})
+            continue
+        if cur_size + b > max_shard_size:
+            shards.append(cur)
+            cur, cur_size = {}, 0
+        cur[name] = arr
+        cur_size += b
+        total += b
+    if cur:
+        shards.append(cur)
+    shards = [dict(sorted(sh.items())) for sh in shards]
+    if len(shards) == 1:
+        write_safetensors(os.path.join(ckdir, "model.safetensors"), shards[0], {"format": "pt"},
+                          dtype)
+        return ["model.safetensors"]
+    names, wmap = [], {}
+    for i, sh in enumerate(shards):
+        fname = "model-%05d-of-%05d.safetensors" % (i + 1, len(shards))
+        write_safetensors(os.path.join(ckdir, fname), sh, {"format": "pt"}, dtype)
+        names.append(fname)
+        for k in sh:
+            wmap[k] = fname
+    with open(os.path.join(ckdir, "model.safetensors.index.json"), "w") as f:
+        f.write(json.dumps({"metadata": {"total_size": total}, "weight_map": wmap}, indent=2,
+                           sort_keys=True) + "\n")
+    return names
+
+
+def read_hf_weights(ckdir):
+    """model.safetensors, or the index and its shards -> (tensors, {name: dtype})."""
+    single = os.path.join(ckdir, "model.safetensors")
+    files = [single]
+    if not os.path.exists(single):
+        with open(os.path.join(ckdir, "model.safetensors.index.json")) as f:
+            idx = json.load(f)
+        files = [os.path.join(ckdir, x) for x in sorted(set(idx["weight_map"].values()))]
+    tensors, dtypes = {}, {}
+    for path in files:
+        t, _, h = read_safetensors(path)
+        tensors.update(t)
+        dtypes.update({k: v["dtype"] for k, v in h.items()})
+    return tensors, dtypes
 
 
 def load_checkpoint(ckdir):
