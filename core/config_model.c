@@ -69,6 +69,8 @@ l3d_status l3d_model_config_preset(l3d_ctx_t *ctx, const char *name, l3d_model_c
         cfg->tie_word_embeddings = p->tied;
         cfg->bos_token_id = p->bos;
         cfg->eos_token_id = p->eos;
+        cfg->n_eos = 1;
+        cfg->eos_token_ids[0] = p->eos;
         cfg->initializer_range = 0.02f;
         return L3D_OK;
     }
@@ -96,26 +98,35 @@ static const char *const k_hf_keys[] = {
     "tokenizer_class", "id2label", "label2id", "auto_map", "_attn_implementation",
 };
 
-// A token id: an integer, null (no such token: -1), or for eos a list whose first entry is
-// the end-of-text id (Llama 3.1 Instruct lists 128001, 128008, 128009).
+// A token id: an integer, null (no such token: -1), or for eos a list of up to L3D_MAX_EOS ids
+// (Llama 3.1 Instruct lists 128001, 128008, 128009). ids[0..*n) get every id (n 0 for null).
 static l3d_status hf_token(const l3d_cfgjson_t *j, json_t *root, const char *key, int allow_list,
-                           int *out) {
+                           int *ids, int *n) {
     json_t *v = json_object_get(root, key);
     if (!v) return L3D_OK;
     if (json_is_null(v)) {
-        *out = -1;
+        ids[0] = -1;
+        *n = 0;
         return L3D_OK;
     }
+    size_t count = 1;
     if (allow_list && json_is_array(v)) {
-        if (json_array_size(v) == 0)
+        count = json_array_size(v);
+        if (count == 0)
             return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s: the list is empty", j->origin, key);
-        v = json_array_get(v, 0);
+        if (count > L3D_MAX_EOS)
+            return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s: %zu ids, llama3d keeps at most %d",
+                             j->origin, key, count, L3D_MAX_EOS);
     }
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 2147483647)
-        return l3d_cfgjson_type_error(j, NULL, key, v,
-                                      allow_list ? "a token id, a list of token ids or null"
-                                                 : "a token id or null");
-    *out = (int)json_integer_value(v);
+    for (size_t i = 0; i < count; i++) {
+        json_t *e = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_integer(e) || json_integer_value(e) < 0 || json_integer_value(e) > 2147483647)
+            return l3d_cfgjson_type_error(j, NULL, key, v,
+                                          allow_list ? "a token id, a list of token ids or null"
+                                                     : "a token id or null");
+        ids[i] = (int)json_integer_value(e);
+    }
+    *n = (int)count;
     return L3D_OK;
 }
 
@@ -271,8 +282,12 @@ static l3d_status hf_parse(const l3d_cfgjson_t *j, json_t *root, l3d_model_confi
                                            &cfg->tie_word_embeddings, NULL));
     cfg->bos_token_id = 1;
     cfg->eos_token_id = 2;
-    L3D_CHECK(j->ctx, hf_token(j, root, "bos_token_id", 0, &cfg->bos_token_id));
-    L3D_CHECK(j->ctx, hf_token(j, root, "eos_token_id", 1, &cfg->eos_token_id));
+    cfg->n_eos = 1;
+    cfg->eos_token_ids[0] = 2;
+    int nb = 1;
+    L3D_CHECK(j->ctx, hf_token(j, root, "bos_token_id", 0, &cfg->bos_token_id, &nb));
+    L3D_CHECK(j->ctx, hf_token(j, root, "eos_token_id", 1, cfg->eos_token_ids, &cfg->n_eos));
+    cfg->eos_token_id = cfg->n_eos ? cfg->eos_token_ids[0] : -1;
     cfg->initializer_range = 0.02f;
     L3D_CHECK(j->ctx, l3d_cfgjson_get_float(j, root, NULL, "initializer_range", L3D_NUM_F32,
                                             &cfg->initializer_range, NULL));
@@ -393,6 +408,13 @@ static l3d_status validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const 
     if (cfg->eos_token_id < -1 || cfg->eos_token_id >= cfg->vocab_size)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: eos_token_id: %d is outside vocab_size %d", n,
                          cfg->eos_token_id, cfg->vocab_size);
+    if (cfg->n_eos < 0 || cfg->n_eos > L3D_MAX_EOS)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: %d eos ids (at most %d)", n, cfg->n_eos,
+                         L3D_MAX_EOS);
+    for (int i = 0; i < cfg->n_eos; i++)
+        if (cfg->eos_token_ids[i] < 0 || cfg->eos_token_ids[i] >= cfg->vocab_size)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "%s: eos_token_id[%d]: %d is outside "
+                             "vocab_size %d", n, i, cfg->eos_token_ids[i], cfg->vocab_size);
     return L3D_OK;
 }
 
@@ -459,8 +481,15 @@ l3d_status l3d_model_config_to_json(l3d_ctx_t *ctx, const l3d_model_config_t *cf
     bad |= set_new(o, "tie_word_embeddings", json_boolean(cfg->tie_word_embeddings));
     bad |= set_new(o, "bos_token_id",
                    cfg->bos_token_id >= 0 ? json_integer(cfg->bos_token_id) : json_null());
-    bad |= set_new(o, "eos_token_id",
-                   cfg->eos_token_id >= 0 ? json_integer(cfg->eos_token_id) : json_null());
+    json_t *eos = json_null();
+    if (cfg->n_eos > 1) {  // a list stays a list
+        eos = json_array();
+        for (int i = 0; eos && i < cfg->n_eos; i++)
+            bad |= json_array_append_new(eos, json_integer(cfg->eos_token_ids[i]));
+    } else if (cfg->eos_token_id >= 0) {
+        eos = json_integer(cfg->eos_token_id);
+    }
+    bad |= set_new(o, "eos_token_id", eos);
     bad |= set_new(o, "initializer_range", json_float(cfg->initializer_range));
     // Sorted keys and 2-space indent, as transformers writes it; 9 digits keeps json_float's
     // short decimals short.

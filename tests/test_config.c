@@ -151,9 +151,22 @@ Test(config, hf_eos_list_and_defaults) {
                      ctx, L3D_TEST_DATA "/hf_llama3.1-8b-instruct/config.json", &f),
                  L3D_OK, "%s", err());
     cr_assert_eq(f.eos_token_id, 128001);
+    // The whole list is kept (it used to keep only its first entry) and written back as one.
+    cr_assert_eq(f.n_eos, 3);
+    cr_assert(f.eos_token_ids[0] == 128001 && f.eos_token_ids[1] == 128008 &&
+              f.eos_token_ids[2] == 128009);
+    char *json = NULL;
+    cr_assert_eq(l3d_model_config_to_json(ctx, &f, &json), L3D_OK);
+    l3d_model_config_t back;
+    cr_assert_eq(l3d_model_config_from_json(ctx, json, strlen(json), "back", &back), L3D_OK);
+    cr_assert(strstr(json, "128008"), "%s", json);
+    free(json);
+    cr_assert(back.n_eos == 3 && back.eos_token_ids[2] == 128009);
     cr_assert_eq(f.head_dim, 128);  // absent: hidden / heads
     cr_assert_eq(l3d_model_config_preset(ctx, "llama3-8b", &p), L3D_OK);
     memcpy(f.name, p.name, sizeof(f.name));
+    f.n_eos = p.n_eos;  // the base model's preset ends at 128001 only
+    memcpy(f.eos_token_ids, p.eos_token_ids, sizeof(f.eos_token_ids));
     cr_assert(memcmp(&f, &p, sizeof(f)) == 0, "parsed 8B config differs from the preset");
 
     // Minimal file: LlamaConfig's defaults for the rest, kv heads = heads.

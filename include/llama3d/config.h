@@ -16,6 +16,8 @@ extern "C" {
 
 // ---- model -------------------------------------------------------------------------------
 // The Llama 3 architecture, field names as Hugging Face's LlamaConfig.
+#define L3D_MAX_EOS 8
+
 typedef struct l3d_model_config {
     char name[64];               // preset name, or "custom"
     int hidden_size;             // C
@@ -37,7 +39,11 @@ typedef struct l3d_model_config {
     int rope_original_max_position_embeddings;
     int tie_word_embeddings;
     int bos_token_id;
-    int eos_token_id;
+    int eos_token_id;            // the first of eos_token_ids (-1: none)
+    // Every id that ends generation: config.json's eos_token_id may be a list (Llama 3.1
+    // Instruct: 128001, 128008, 128009).
+    int n_eos;
+    int eos_token_ids[L3D_MAX_EOS];
     float initializer_range;     // std of the normal init of matrices (HF default 0.02)
 } l3d_model_config_t;
 
