@@ -141,6 +141,9 @@ static l3d_status publish_dir(l3d_ctx_t *ctx, const char *dir, fill_fn fill, voi
 static l3d_status fill_model(void *arg, const char *tmp) { return write_model_files(arg, tmp); }
 
 l3d_status l3d_model_save(l3d_model_t *m, const char *dir) {
+    if (!m || !dir)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_save: NULL %s",
+                         !m ? "model" : "dir");
     L3D_CHECK(m->ctx, publish_dir(m->ctx, dir, fill_model, m));
     l3d_log(m->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved model to %s", dir);
     return L3D_OK;
@@ -207,6 +210,9 @@ const char *l3d_model_weights_desc(const l3d_model_t *m, char *buf, size_t cap) 
 }
 
 l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
+    if (!m || !dir)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_load: NULL %s",
+                         !m ? "model" : "dir");
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     l3d_model_config_t cfg;
     join(path, sizeof(path), dir, "config.json");
@@ -220,6 +226,10 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
                           l3d_model_t **model_p) {
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     l3d_model_config_t cfg;
+    if (!ctx || !dev || !dir || !model_p)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_model_open: NULL %s",
+                         !ctx ? "ctx" : !dev ? "device (make one with l3d_device_create)"
+                         : !dir ? "dir" : "model_p");
     if (!l3d_path_is_dir(dir))
         return l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", dir);
     join(path, sizeof(path), dir, "config.json");

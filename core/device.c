@@ -7,6 +7,14 @@
 
 l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_params_t *params,
                              l3d_device_t **dev_p) {
+    if (!ctx || !dev_p)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_device_create: NULL %s",
+                         !ctx ? "ctx" : "dev_p");
+    if (!name) name = "cpu";
+    if (params && (params->num_threads < 0 || params->device_index < 0))
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_device_create: num_threads %d and "
+                         "device_index %d must be >= 0", params->num_threads,
+                         params->device_index);
     const l3d_device_ops_t *ops = NULL;
     char built[128] = "";
     size_t o = 0;
@@ -43,3 +51,6 @@ void l3d_device_destroy(l3d_device_t *dev) {
     dev->ops->fini(dev);
     l3d_free(dev->ctx, dev, sizeof(*dev), "other");
 }
+
+const char *l3d_device_name(const l3d_device_t *dev) { return dev ? dev->ops->name : "(none)"; }
+int l3d_device_threads(const l3d_device_t *dev) { return dev ? dev->num_threads : 0; }

@@ -254,6 +254,10 @@ l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_c
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                l3d_model_t **model_p) {
+    if (!ctx || !dev || !cfg || !model_p)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "creating a model: NULL %s",
+                         !ctx ? "ctx" : !dev ? "device (make one with l3d_device_create)"
+                         : !cfg ? "config" : "model_p");
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
     int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
     L3D_CHECK(ctx, l3d_tp_check(ctx, cfg, tp));
@@ -358,6 +362,7 @@ static float normal_at(uint64_t key, uint64_t i) {
 }
 
 l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
+    if (!m) return l3d_error(NULL, L3D_ERR_INVALID_ARG, "l3d_model_init_weights: NULL model");
     l3d_device_t *dev = m->dev;
     size_t bytes = m->n_params * sizeof(float);
     int host = l3d_dev_is_host(dev);

@@ -8,6 +8,7 @@
 
 #include "llama3d/config.h"
 #include "llama3d/ctx.h"
+#include "llama3d/device.h"
 #include "llama3d/status.h"
 
 #ifdef __cplusplus
@@ -15,7 +16,6 @@ extern "C" {
 #endif
 
 typedef struct l3d_model l3d_model_t;
-typedef struct l3d_device l3d_device_t;
 
 // Creates a model with uninitialised parameters on `dev` (see l3d_model_init_weights or
 // l3d_model_load). The model keeps pointers to ctx and dev; both must outlive it.
