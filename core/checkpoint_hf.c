@@ -174,15 +174,21 @@ l3d_status l3d_hf_set_open(l3d_ctx_t *ctx, const char *dir, l3d_hf_set_t *set) {
     return L3D_OK;
 }
 
-const l3d_st_tensor_t *l3d_hf_set_find(const l3d_hf_set_t *set, const char *name,
-                                       const char **path_p) {
+static const l3d_st_tensor_t *set_find(const l3d_hf_set_t *set, const char *name,
+                                       const char **path_p, int *file_p) {
     for (int i = 0; i < set->n; i++) {
         const l3d_st_tensor_t *t = l3d_st_find(set->files[i], name);
         if (!t) continue;
         if (path_p) *path_p = set->paths[i];
+        if (file_p) *file_p = i;
         return t;
     }
     return NULL;
+}
+
+const l3d_st_tensor_t *l3d_hf_set_find(const l3d_hf_set_t *set, const char *name,
+                                       const char **path_p) {
+    return set_find(set, name, path_p, NULL);
 }
 
 l3d_status l3d_hf_set_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const char *cfg_origin,
@@ -264,7 +270,8 @@ l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *
         const l3d_param_t *p = &m->tensors[j];
         const char *path = set->origin;
         snprintf(name, sizeof(name), "%s%s", p->name, suffix);
-        const l3d_st_tensor_t *e = l3d_hf_set_find(set, name, &path);
+        int file = 0;
+        const l3d_st_tensor_t *e = set_find(set, name, &path, &file);
         if (!e) {
             st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' is missing", set->origin, name);
             break;
@@ -275,6 +282,9 @@ l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *
                                                               p->full[0] * p->full[1])))
             st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' does not have the shape of %s",
                            path, name, p->name);
+        // Converted: its file pages leave this process (peak: the arena plus one tensor). A
+        // tied model's last-stage copy rereads the embedding from the file.
+        l3d_st_drop(set->files[file], e);
         done += e->end - e->begin;
         l3d_progress_update(&pr, done);
     }

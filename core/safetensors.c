@@ -401,6 +401,10 @@ const l3d_st_tensor_t *l3d_st_find(const l3d_st_file_t *f, const char *name) {
     return NULL;
 }
 
+void l3d_st_drop(const l3d_st_file_t *f, const l3d_st_tensor_t *t) {
+    if (f && t && f->map) l3d_file_map_drop(f->map, f->map_len, t->data, t->end - t->begin);
+}
+
 const char *l3d_st_metadata(const l3d_st_file_t *f, const char *key) {
     if (!f || !key) return NULL;
     for (size_t i = 0; i < f->n_meta; i++)

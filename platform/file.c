@@ -193,6 +193,16 @@ void l3d_file_unmap(const void *data, size_t len) {
     if (data && len) munmap((void *)data, len);
 }
 
+void l3d_file_map_drop(const void *map, size_t map_len, const void *data, size_t len) {
+    // Whole pages inside [data, data + len) only: neighbours' pages stay.
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)data,
+              hi = (uintptr_t)data + len, base = (uintptr_t)map;
+    if (!map || !len || lo < base || hi > base + map_len) return;
+    lo = (lo + page - 1) / page * page;
+    hi = hi / page * page;
+    if (hi > lo) (void)madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 // ---- writing -----------------------------------------------------------------------------
 
 // One writer per `path` at a time: two threads of one process would share the temp name.

@@ -46,6 +46,10 @@ int l3d_fd_write_all(int fd, const void *data, size_t len);
 // A zero-length file maps to NULL, 0.
 int l3d_file_map(const char *path, const void **data_p, size_t *len_p);
 void l3d_file_unmap(const void *data, size_t len);
+// Releases the pages of [data, data + len) inside mapping (map, map_len) from this process's
+// memory (the file keeps them; touching them again reads them back): a loader that has
+// converted a tensor drops it, so its peak is the model plus one tensor, not the model twice.
+void l3d_file_map_drop(const void *map, size_t map_len, const void *data, size_t len);
 
 // Atomic replace: writes to "<path>.tmp.<pid>", fsyncs it, renames over `path`, fsyncs the
 // directory. A crash at any point leaves either the old file or the new one, whole.
