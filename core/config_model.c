@@ -329,6 +329,44 @@ l3d_status l3d_model_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_mode
     return st;
 }
 
+// ---- generation_config.json --------------------------------------------------------------
+void l3d_generation_config_default(l3d_generation_config_t *g) {
+    memset(g, 0, sizeof(*g));
+    g->bos_token_id = -1;
+    g->do_sample = -1;
+    g->temperature = g->top_p = g->min_p = g->repetition_penalty = -1.0f;
+    g->top_k = -1;
+}
+
+l3d_status l3d_generation_config_from_file(l3d_ctx_t *ctx, const char *path,
+                                           l3d_generation_config_t *g) {
+    if (!path || !g) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "generation config: NULL argument");
+    l3d_generation_config_default(g);
+    char *buf = NULL;
+    size_t len = 0;
+    L3D_CHECK(ctx, l3d_cfgjson_read_file(ctx, path, "generation config", &buf, &len));
+    json_t *root = NULL;
+    l3d_status st = l3d_cfgjson_load(ctx, buf, len, path, &root);
+    free(buf);
+    L3D_CHECK(ctx, st);
+    // transformers' GenerationConfig has dozens of keys; these are the ones generation here
+    // follows. Others are ignored, as transformers ignores what a model does not use.
+    l3d_cfgjson_t j = {ctx, path, L3D_CFGJSON_HF};
+    int nb = 0;
+    st = hf_token(&j, root, "bos_token_id", 0, &g->bos_token_id, &nb);
+    if (st >= 0) st = hf_token(&j, root, "eos_token_id", 1, g->eos_token_ids, &g->n_eos);
+    if (st >= 0) st = l3d_cfgjson_get_bool(&j, root, NULL, "do_sample", &g->do_sample, NULL);
+    if (st >= 0) st = l3d_cfgjson_get_float(&j, root, NULL, "temperature", L3D_NUM_GE0,
+                                            &g->temperature, NULL);
+    if (st >= 0) st = l3d_cfgjson_get_float(&j, root, NULL, "top_p", L3D_NUM_UNIT, &g->top_p, NULL);
+    if (st >= 0) st = l3d_cfgjson_get_float(&j, root, NULL, "min_p", L3D_NUM_UNIT, &g->min_p, NULL);
+    if (st >= 0) st = l3d_cfgjson_get_int(&j, root, NULL, "top_k", 0, INT_MAX, &g->top_k, NULL);
+    if (st >= 0) st = l3d_cfgjson_get_float(&j, root, NULL, "repetition_penalty", L3D_NUM_GT0,
+                                            &g->repetition_penalty, NULL);
+    json_decref(root);
+    return st;
+}
+
 // ---- validation --------------------------------------------------------------------------
 // `n` starts each message: the file being parsed, or the config's name.
 static l3d_status validate(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const char *n) {

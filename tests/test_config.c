@@ -4,6 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 #include <string.h>
 
 #include <criterion/criterion.h>
@@ -915,4 +916,35 @@ Test(config, hf_dimension_bounds) {
     ASSERT_ERR_HAS(l3d_model_config_validate(ctx, &m), L3D_ERR_CONFIG, "num_hidden_layers");
     cr_assert_eq(l3d_model_config_preset(ctx, "llama3-405b", &m), L3D_OK);
     cr_assert_eq(l3d_model_config_validate(ctx, &m), L3D_OK, "%s", err());
+}
+
+// generation_config.json as Llama 3.1 8B Instruct ships it: the eos list and the sampling
+// defaults; a wrong type names the key.
+Test(config, generation_config) {
+    l3d_generation_config_t g;
+    cr_assert_eq(l3d_generation_config_from_file(
+                     ctx, L3D_TEST_DATA "/hf_llama3.1-8b-instruct/generation_config.json", &g),
+                 L3D_OK, "%s", err());
+    cr_assert_eq(g.bos_token_id, 128000);
+    cr_assert_eq(g.n_eos, 3);
+    cr_assert(g.eos_token_ids[0] == 128001 && g.eos_token_ids[1] == 128008 &&
+              g.eos_token_ids[2] == 128009);
+    cr_assert_eq(g.do_sample, 1);
+    cr_assert_float_eq(g.temperature, 0.6f, 1e-7);
+    cr_assert_float_eq(g.top_p, 0.9f, 1e-7);
+    cr_assert_eq(g.top_k, -1);  // absent
+    char path[256];
+    snprintf(path, sizeof(path), "/tmp/l3d_gencfg_%d.json", (int)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs("{\"eos_token_id\": [1, \"two\"]}", f);
+    fclose(f);
+    cr_assert_eq(l3d_generation_config_from_file(ctx, path, &g), L3D_ERR_CONFIG);
+    cr_assert(strstr(err(), "eos_token_id"), "%s", err());
+    f = fopen(path, "w");
+    fputs("{\"top_p\": 1.5}", f);
+    fclose(f);
+    cr_assert_eq(l3d_generation_config_from_file(ctx, path, &g), L3D_ERR_CONFIG);
+    cr_assert(strstr(err(), "top_p"), "%s", err());
+    unlink(path);
 }

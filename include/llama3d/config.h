@@ -63,6 +63,21 @@ l3d_status l3d_model_config_validate(l3d_ctx_t *ctx, const l3d_model_config_t *c
 // Writes a Hugging Face config.json that transformers' LlamaConfig loads. *json_p is
 // allocated with malloc; free() it.
 l3d_status l3d_model_config_to_json(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, char **json_p);
+// generation_config.json (transformers' GenerationConfig): the keys generation follows. An
+// absent key is -1 (n_eos 0); eos_token_id may be one id or a list.
+typedef struct l3d_generation_config {
+    int bos_token_id;
+    int n_eos;
+    int eos_token_ids[L3D_MAX_EOS];
+    int do_sample;             // 0 greedy, 1 sample
+    float temperature, top_p, min_p, repetition_penalty;
+    int top_k;
+} l3d_generation_config_t;
+void l3d_generation_config_default(l3d_generation_config_t *g);  // everything absent
+// Bad JSON or a wrong type is L3D_ERR_CONFIG naming the file and the key.
+l3d_status l3d_generation_config_from_file(l3d_ctx_t *ctx, const char *path,
+                                           l3d_generation_config_t *g);
+
 // Parameter count (embedding and head counted once when tied).
 uint64_t l3d_model_config_num_params(const l3d_model_config_t *cfg);
 
