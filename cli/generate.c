@@ -136,8 +136,9 @@ int l3d_cmd_generate(int argc, char **argv) {
         L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, &next, 1, logits), st, fail);
     }
     double dt = l3d_time_now() - t1;
-    fprintf(stderr, "\nl3d generate: prompt %zu tokens in %.3f s, %d tokens in %.3f s (%.1f "
-            "tokens/s)\n", n_ids, t_prefill, produced, dt, dt > 0 ? produced / dt : 0.0);
+    fprintf(stderr, "\nl3d generate: prompt %zu tokens in %.3f s (%.1f tokens/s), %d tokens in "
+            "%.3f s (%.1f tokens/s)\n", n_ids, t_prefill, t_prefill > 0 ? n_ids / t_prefill : 0.0,
+            produced, dt, dt > 0 ? produced / dt : 0.0);
     goto out;
 fail:
     rc = l3d_cli_fail("generate", ctx, st);

@@ -67,7 +67,7 @@ done
 check "generate runs" $?
 "$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 16 --seed 3 >"$tmp/g2" 2>/dev/null
 cmp -s "$tmp/g1" "$tmp/g2"; check "generate with a seed is reproducible" $?
-grep -q "tokens/s" "$tmp/g1.err"; check "generate reports tokens/s" $?
+grep -qE "prompt [0-9]+ tokens in .*tokens/s\), [0-9]+ tokens in .*tokens/s\)" "$tmp/g1.err"; check "generate reports prompt and decode tokens/s" $?
 "$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 8 --temperature 0 >"$tmp/g3" 2>/dev/null
 check "greedy generate runs" $?
 # top-k 1 leaves one candidate: the greedy text whatever the temperature and seed.

@@ -164,6 +164,45 @@ Test(model, decode_matches_full_forward_at_width) {
     close_model(&f);
 }
 
+// A prompt longer than one pass (2048 rows at most, core/model_infer.c): the full forward and
+// a prefill both run two passes, the second reading the first's cache rows, and must agree
+// with each other and with the single-token steps after them. Same kernels on both sides for
+// the prefill (sgemm), matrix-vector for the steps: the tolerance is the one of
+// decode_matches_full_forward.
+Test(model, prompt_longer_than_one_pass) {
+    fixture_t f;
+    cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
+    l3d_device_params_t dp = {.num_threads = 2};
+    cr_assert_eq(l3d_device_create(f.ctx, "cpu", &dp, &f.dev), L3D_OK);
+    l3d_model_config_t cfg = small_config(0);
+    cfg.max_position_embeddings = 2200;
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert_eq(l3d_model_init_weights(f.m, 3), L3D_OK);
+    const int n = 2100, V = f.m->V;
+    int32_t *tok = malloc(sizeof(int32_t) * n);
+    fill_tokens(tok, n, V, 5);
+    float *full = malloc(sizeof(float) * (size_t)n * V), *last = malloc(sizeof(float) * V);
+    cr_assert_eq(l3d_model_logits(f.m, tok, n, full), L3D_OK);
+    l3d_kv_cache_t *c = NULL;
+    cr_assert_eq(l3d_kv_cache_create(f.m, n, &c), L3D_OK);
+    int pos = 2090;
+    cr_assert_eq(l3d_model_decode(f.m, c, tok, pos, last), L3D_OK);
+    for (;;) {
+        const float *want = full + (size_t)(pos - 1) * V;
+        for (int v = 0; v < V; v++)
+            cr_assert(fabsf(last[v] - want[v]) <= 1e-5f * (1.0f + fabsf(want[v])),
+                      "position %d logit %d: decode %g, full %g", pos - 1, v, last[v], want[v]);
+        if (pos == n) break;
+        cr_assert_eq(l3d_model_decode(f.m, c, &tok[pos], 1, last), L3D_OK);
+        pos++;
+    }
+    l3d_kv_cache_destroy(c);
+    free(tok);
+    free(full);
+    free(last);
+    close_model(&f);
+}
+
 // Runs one micro-batch and returns the gradient arena (malloc'd) and the loss sum.
 static float *grads_of(fixture_t *f, int recompute, double *loss) {
     const int B = 3, T = 17;
