@@ -32,13 +32,20 @@ static l3d_status put_text(l3d_ctx_t *ctx, const char *p, size_t n) {
 
 int l3d_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *maxt = NULL, *temp = NULL, *topp = NULL,
-               *seed = NULL, *help = NULL;
+               *topk = NULL, *minp = NULL, *rep = NULL, *freq = NULL, *pres = NULL,
+               *lastn = NULL, *seed = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--prompt", "TEXT", "text to continue", &prompt, 0},
         {"--max-tokens", "N", "tokens to generate (default 128)", &maxt, 0},
         {"--temperature", "T", "sampling temperature, 0 = greedy (default 0.8)", &temp, 0},
-        {"--top-p", "P", "nucleus sampling mass (default 0.95)", &topp, 0},
+        {"--top-k", "K", "keep the K most likely tokens, 0 = all (default 40)", &topk, 0},
+        {"--top-p", "P", "nucleus sampling mass, 1 = off (default 0.95)", &topp, 0},
+        {"--min-p", "P", "drop tokens below P times the likeliest, 0 = off (default 0.05)", &minp, 0},
+        {"--repeat-penalty", "R", "divide recent tokens' logits by R, 1 = off (default 1)", &rep, 0},
+        {"--frequency-penalty", "F", "subtract F per recent occurrence (default 0)", &freq, 0},
+        {"--presence-penalty", "P", "subtract P from every recent token (default 0)", &pres, 0},
+        {"--repeat-last-n", "N", "how many recent tokens the penalties see (default 64)", &lastn, 0},
         {"--seed", "S", "sampling seed (default 1)", &seed, 0},
         {"--help", NULL, "this text", &help, 1},
     };
@@ -52,12 +59,30 @@ int l3d_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "l3d generate: --checkpoint and --prompt are required\n");
         return L3D_EXIT_USAGE;
     }
-    long long n_new = 128, s = 1;
-    double T = 0.8, P = 0.95;
+    l3d_sampler_params_t sp;
+    l3d_sampler_params_default(&sp);
+    long long n_new = 128, s = (long long)sp.seed, k = sp.top_k, n_last = sp.penalty_last_n;
+    double T = sp.temperature, P = sp.top_p, MP = sp.min_p, R = sp.repeat_penalty,
+           FP = sp.frequency_penalty, PP = sp.presence_penalty;
     if (maxt && l3d_cli_int("generate", "--max-tokens", maxt, 1, 1 << 20, &n_new)) return 2;
     if (temp && l3d_cli_float("generate", "--temperature", temp, 0.0, 100.0, &T)) return 2;
+    if (topk && l3d_cli_int("generate", "--top-k", topk, 0, INT32_MAX, &k)) return 2;
     if (topp && l3d_cli_float("generate", "--top-p", topp, 1e-6, 1.0, &P)) return 2;
+    if (minp && l3d_cli_float("generate", "--min-p", minp, 0.0, 1.0, &MP)) return 2;
+    if (rep && l3d_cli_float("generate", "--repeat-penalty", rep, 1e-3, 1e3, &R)) return 2;
+    if (freq && l3d_cli_float("generate", "--frequency-penalty", freq, -100.0, 100.0, &FP)) return 2;
+    if (pres && l3d_cli_float("generate", "--presence-penalty", pres, -100.0, 100.0, &PP)) return 2;
+    if (lastn && l3d_cli_int("generate", "--repeat-last-n", lastn, 0, 1 << 20, &n_last)) return 2;
     if (seed && l3d_cli_int("generate", "--seed", seed, 0, INT64_MAX, &s)) return 2;
+    sp.temperature = (float)T;
+    sp.top_k = (int)k;
+    sp.top_p = (float)P;
+    sp.min_p = (float)MP;
+    sp.repeat_penalty = (float)R;
+    sp.frequency_penalty = (float)FP;
+    sp.presence_penalty = (float)PP;
+    sp.penalty_last_n = (int)n_last;
+    sp.seed = (uint64_t)s;
 
     l3d_ctx_t *ctx = NULL;
     l3d_status st = l3d_cli_ctx_create(1, &ctx);
@@ -82,8 +107,7 @@ int l3d_cmd_generate(int argc, char **argv) {
         goto fail;
     }
     L3D_CHECK_GOTO(ctx, l3d_kv_cache_create(m, cap, &cache), st, fail);
-    L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg->vocab_size, (float)T, (float)P, (uint64_t)s,
-                                           &sampler), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg->vocab_size, &sp, &sampler), st, fail);
     logits = malloc((size_t)cfg->vocab_size * sizeof(float));
     if (!logits) {
         st = L3D_ERR_NOMEM;
@@ -93,10 +117,13 @@ int l3d_cmd_generate(int argc, char **argv) {
     double t0 = l3d_time_now();
     L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, ids, (int)n_ids, logits), st, fail);
     double t_prefill = l3d_time_now() - t0;
+    for (size_t i = 0; i < n_ids; i++)  // the prompt counts for the penalties, as in llama.cpp
+        L3D_CHECK_GOTO(ctx, l3d_sampler_accept(sampler, ids[i]), st, fail);
     int produced = 0;
     double t1 = l3d_time_now();
     while (produced < n_new && l3d_kv_cache_len(cache) < cap) {
-        int32_t next = l3d_sampler_sample(sampler, logits);
+        int32_t next = 0;
+        L3D_CHECK_GOTO(ctx, l3d_sampler_sample(sampler, logits, &next), st, fail);
         produced++;
         if (next == tok->eos_id) break;
         char buf[16];
@@ -109,8 +136,9 @@ int l3d_cmd_generate(int argc, char **argv) {
         L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, &next, 1, logits), st, fail);
     }
     double dt = l3d_time_now() - t1;
-    fprintf(stderr, "\nl3d generate: prompt %zu tokens in %.3f s, %d tokens in %.3f s (%.1f "
-            "tokens/s)\n", n_ids, t_prefill, produced, dt, dt > 0 ? produced / dt : 0.0);
+    fprintf(stderr, "\nl3d generate: prompt %zu tokens in %.3f s (%.1f tokens/s), %d tokens in "
+            "%.3f s (%.1f tokens/s)\n", n_ids, t_prefill, t_prefill > 0 ? n_ids / t_prefill : 0.0,
+            produced, dt, dt > 0 ? produced / dt : 0.0);
     goto out;
 fail:
     rc = l3d_cli_fail("generate", ctx, st);

@@ -1,27 +1,36 @@
-// Inference over one sequence with a KV cache: prefill in chunks, then one token at a time.
-// The layer math is l3d_layer_forward (core/model_fwdbwd.c) with k/v rows written straight
-// into the cache at the current position.
+// Inference over one sequence with a KV cache: the prompt in as few passes as the scratch
+// bound allows, then one token at a time. The layer math is l3d_layer_forward
+// (core/model_fwdbwd.c) with k/v rows written straight into the cache at the current position.
 #include <string.h>
 
 #include "core/model_internal.h"
 
-#define INFER_CHUNK 64  // prompt rows processed per pass (bounds the scratch memory)
+// Rows per pass: as many as INFER_SCRATCH_BYTES of activations hold, between INFER_MIN_ROWS
+// and INFER_MAX_ROWS (and at most the cache's capacity). Larger passes let the GEMMs pack
+// each weight once for more rows; 64 MiB is 400 rows of a 1B model, 2048 of a 60M one.
+#define INFER_MIN_ROWS 64
+#define INFER_MAX_ROWS 2048
+#define INFER_SCRATCH_BYTES ((size_t)64 << 20)
+// Logit rows per head GEMM: l3d_model_logits wants every row, decoding only the last, so the
+// (rows, V) logits buffer (32 MiB for 64 rows of a 128k vocabulary) is not kept.
+#define INFER_LOGIT_ROWS 16
 
 struct l3d_kv_cache {
     l3d_model_t *m;
     int cap, len;
+    int rows, logit_rows;  // rows per pass, logit rows per head GEMM
     float *k, *v;  // (L, cap, KVH*D)
     size_t kv_bytes;
     void *scratch;
     size_t scratch_bytes;
     l3d_layer_acts_t la;  // k, v, x_in set per layer
-    float *xa, *xb, *sw, *rstdf, *lnf, *logits;  // logits (INFER_CHUNK, V)
+    float *xa, *xb, *sw, *rstdf, *lnf, *logits;  // rstdf, lnf, logits: logit_rows rows
     int32_t *tok;
 };
 
 static size_t scratch_layout(l3d_kv_cache_t *c, char *base) {
     const l3d_model_t *m = c->m;
-    size_t n = INFER_CHUNK, f = sizeof(float), off = 0;
+    size_t n = (size_t)c->rows, nl = (size_t)c->logit_rows, f = sizeof(float), off = 0;
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D, V = (size_t)m->V;
 #define TAKE(ptr, bytes)                                    \
     do {                                                    \
@@ -40,9 +49,9 @@ static size_t scratch_layout(l3d_kv_cache_t *c, char *base) {
     TAKE(c->xa, n * C * f);
     TAKE(c->xb, n * C * f);
     TAKE(c->sw, n * F * f);
-    TAKE(c->rstdf, n * f);
-    TAKE(c->lnf, n * C * f);
-    TAKE(c->logits, n * V * f);
+    TAKE(c->rstdf, nl * f);
+    TAKE(c->lnf, nl * C * f);
+    TAKE(c->logits, nl * V * f);
     TAKE(c->tok, n * sizeof(int32_t));
 #undef TAKE
     return off;
@@ -60,6 +69,14 @@ l3d_status l3d_kv_cache_create(l3d_model_t *m, int capacity, l3d_kv_cache_t **ca
     c->m = m;
     c->cap = capacity;
     c->kv_bytes = (size_t)m->L * (size_t)capacity * (size_t)(m->KVH * m->D) * sizeof(float);
+    c->logit_rows = L3D_MIN(capacity, INFER_LOGIT_ROWS);
+    c->rows = 1;
+    size_t one = scratch_layout(c, NULL);
+    c->rows = 2;
+    size_t per_row = scratch_layout(c, NULL) - one;
+    size_t fit = INFER_SCRATCH_BYTES / (per_row ? per_row : 1);
+    c->rows = (int)L3D_MIN((size_t)capacity,
+                           L3D_MAX((size_t)INFER_MIN_ROWS, L3D_MIN(fit, (size_t)INFER_MAX_ROWS)));
     c->scratch_bytes = scratch_layout(c, NULL);
     l3d_status st;
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(m->dev, c->kv_bytes, "acts", (void **)&c->k), st, err);
@@ -84,7 +101,7 @@ void l3d_kv_cache_destroy(l3d_kv_cache_t *c) {
 
 int l3d_kv_cache_len(const l3d_kv_cache_t *c) { return c->len; }
 
-// Runs n <= INFER_CHUNK new tokens; writes logits of rows [first_row, n) to host `out`.
+// Runs n <= c->rows new tokens; writes logits of rows [first_row, n) to host `out`.
 static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
                                float *out) {
     l3d_model_t *m = c->m;
@@ -110,15 +127,18 @@ static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, 
         x = y;
         y = t;
     }
-    int rows = n - first_row;
-    const float *xr = x + (size_t)first_row * C;
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, xr, W + m->norm, rows, C,
-                                       m->cfg.rms_norm_eps));
-    l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
-                    .beta = 0.0f, .A = c->lnf, .lda = C, .B = W + m->head, .ldb = C,
-                    .C = c->logits, .ldc = V};
-    L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
-    L3D_CHECK(ctx, l3d_dev_copy(dev, out, c->logits, (size_t)rows * V * sizeof(float), L3D_COPY_D2H));
+    // The head for rows [first_row, n) (none when first_row == n), logit_rows at a time.
+    for (int r0 = first_row; r0 < n; r0 += c->logit_rows) {
+        int rows = L3D_MIN(c->logit_rows, n - r0);
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)r0 * C, W + m->norm,
+                                           rows, C, m->cfg.rms_norm_eps));
+        l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
+                        .beta = 0.0f, .A = c->lnf, .lda = C, .B = W + m->head, .ldb = C,
+                        .C = c->logits, .ldc = V};
+        L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
+        L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(r0 - first_row) * V, c->logits,
+                                    (size_t)rows * V * sizeof(float), L3D_COPY_D2H));
+    }
     L3D_CHECK(ctx, l3d_dev_sync(dev));
     c->len += n;
     return L3D_OK;
@@ -130,10 +150,9 @@ l3d_status l3d_model_decode(l3d_model_t *m, l3d_kv_cache_t *c, const int32_t *to
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "decoding %d tokens at position %d "
                          "exceeds the kv cache capacity %d", n, c->len, c->cap);
     for (int done = 0; done < n;) {
-        int k = L3D_MIN(INFER_CHUNK, n - done);
-        // Only the last chunk's last row is wanted; earlier chunks still need some output
-        // row, so they compute one row into last_logits and it is overwritten later.
-        L3D_CHECK(m->ctx, decode_chunk(c, tokens + done, k, k - 1, last_logits));
+        int k = L3D_MIN(c->rows, n - done);
+        // Only the last pass's last row is wanted: earlier passes skip the head.
+        L3D_CHECK(m->ctx, decode_chunk(c, tokens + done, k, done + k < n ? k : k - 1, last_logits));
         done += k;
     }
     return L3D_OK;
@@ -144,7 +163,7 @@ l3d_status l3d_model_logits(l3d_model_t *m, const int32_t *tokens, int n, float 
     L3D_CHECK(m->ctx, l3d_kv_cache_create(m, n, &c));
     l3d_status st = L3D_OK;
     for (int done = 0; done < n && st >= 0;) {
-        int k = L3D_MIN(INFER_CHUNK, n - done);
+        int k = L3D_MIN(c->rows, n - done);
         st = decode_chunk(c, tokens + done, k, 0, logits + (size_t)done * m->V);
         done += k;
     }

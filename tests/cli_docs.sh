@@ -217,6 +217,17 @@ def check_script(seg):
             return "%s: no such path %s" % (script, a)
     return None
 
+def check_llamacpp_script(seg):
+    """--help exits 0 and names its argument; without a llama.cpp checkout it says it skipped."""
+    script = shlex.split(seg)[1]
+    if not os.path.isfile(os.path.join(scratch, script)): return "no file " + script
+    rc, out, _ = sh("bash %s --help" % shlex.quote(script), timeout=60)
+    if rc != 0 or "LLAMA_CPP_DIR" not in out: return "--help exits %d: %s" % (rc, out.strip()[-200:])
+    rc, out, _ = sh("bash %s" % shlex.quote(script), timeout=60)
+    if rc != 0 or "skipped" not in out:
+        return "without a checkout: exit %d: %s" % (rc, out.strip()[-200:])
+    return None
+
 CHECK_ONLY = [
     (r"bash tools/install-deps\.sh$", "installs Debian packages as root; CI runs it", check_ci),
     (r"cmake -S \. -B build\b", "configures ./build; CI configures and builds the tested tree", check_ci),
@@ -231,6 +242,8 @@ CHECK_ONLY = [
     (r"bash bench/(compare_comm|layouts)\.sh ", "minutes of timed runs on every core "
      "(mpirun, gloo, ucx_perftest, fabtests, 20 layouts); checked: --help, the doc's arguments",
      check_script),
+    (r"bash bench/generate_vs_llamacpp\.sh ", "needs a llama.cpp checkout built beside us (45 "
+     "minutes to build); checked: --help, and its skip line without one", check_llamacpp_script),
 ]
 
 # ---- the commands ----

@@ -67,9 +67,25 @@ done
 check "generate runs" $?
 "$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 16 --seed 3 >"$tmp/g2" 2>/dev/null
 cmp -s "$tmp/g1" "$tmp/g2"; check "generate with a seed is reproducible" $?
-grep -q "tokens/s" "$tmp/g1.err"; check "generate reports tokens/s" $?
+grep -qE "prompt [0-9]+ tokens in .*tokens/s\), [0-9]+ tokens in .*tokens/s\)" "$tmp/g1.err"; check "generate reports prompt and decode tokens/s" $?
 "$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 8 --temperature 0 >"$tmp/g3" 2>/dev/null
 check "greedy generate runs" $?
+# top-k 1 leaves one candidate: the greedy text whatever the temperature and seed.
+"$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 8 --top-k 1 \
+  --temperature 1.5 --seed 9 >"$tmp/g4" 2>/dev/null
+cmp -s "$tmp/g3" "$tmp/g4"; check "generate --top-k 1 gives the greedy text" $?
+# A repetition penalty changes what greedy picks, and a huge one forbids repeating a token.
+"$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" --max-tokens 8 --temperature 0 \
+  --repeat-penalty 1.5 --presence-penalty 100 --repeat-last-n 12 >"$tmp/g5" 2>/dev/null
+check "generate with penalties runs" $?
+! cmp -s "$tmp/g3" "$tmp/g5"; check "penalties change the greedy text" $?
+/usr/bin/python3 -c 'import sys; t=open(sys.argv[1],"rb").read()[3:]; sys.exit(len(set(t)) != len(t))' "$tmp/g5"
+check "a presence penalty of 100 over the last 12 tokens repeats no byte in 8" $?
+for bad in "--top-k -1" "--top-p 0" "--min-p 1.5" "--repeat-penalty 0" "--temperature -1" "--repeat-last-n -2"; do
+  # shellcheck disable=SC2086
+  "$L3D" generate --checkpoint "$tmp/ck.before" --prompt "GNU" $bad >/dev/null 2>"$tmp/bad.err"
+  [ $? -eq 2 ] && grep -q -- "${bad%% *}" "$tmp/bad.err"; check "generate $bad: exit 2 naming the flag" $?
+done
 
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

@@ -138,6 +138,61 @@ Test(cpu_gemm, batched_with_strides) {
     env_close(e);
 }
 
+// Decode-sized products (M <= 4 rows of x against W^T) take the matrix-vector kernel: each
+// against the double reference, with strides, beta 0 not reading C (NaN there), and the same
+// bits for 1, 2 and 3 threads (each element is one dot product in a fixed order).
+Test(cpu_gemm, few_rows_matrix_vector) {
+    env_t e[3] = {env_open(1), env_open(2), env_open(3)};
+    rng_seed(17);
+    const int Ks[] = {1, 15, 17, 130, 1000}, Ns[] = {1, 63, 64, 65, 700};
+    for (int M = 1; M <= 5; M++)
+        for (int ki = 0; ki < 5; ki++)
+            for (int ni = 0; ni < 5; ni++) {
+                int K = Ks[ki], N = Ns[ni], lda = K + 3, ldb = K + 1, ldc = N + 2;
+                float beta = (ki + ni) % 2 ? 0.5f : 0.0f;
+                float *A = fvec((size_t)M * lda, 1.0f), *B = fvec((size_t)N * ldb, 1.0f);
+                float *C0 = fvec((size_t)M * ldc, 1.0f);
+                float *Cr = fdup(C0, (size_t)M * ldc);  // the reference's C: no NaN
+                if (beta == 0.0f) C0[0] = NAN;
+                double *ref = dvec((size_t)M * N);
+                float *got[3];
+                for (int t = 0; t < 3; t++) {
+                    got[t] = fdup(C0, (size_t)M * ldc);
+                    l3d_gemm_t g = {.trans_b = 1, .M = M, .N = N, .K = K, .alpha = 0.75f,
+                                    .beta = beta, .A = A, .lda = lda, .B = B, .ldb = ldb,
+                                    .C = got[t], .ldc = ldc};
+                    if (t == 0) ref_gemm(&g, Cr, ref);
+                    cr_assert_eq(l3d_dev_gemm(e[t].dev, &g), L3D_OK);
+                }
+                char what[96];
+                snprintf(what, sizeof(what), "gemm %dx%dx%d beta %g", M, N, K, beta);
+                // Float32 error bound of a dot product summed in any order (Higham, 3.1):
+                // |fl(sum) - sum| <= gamma_K sum |a_k b_k|, gamma_K = K u / (1 - K u) with
+                // u = 2^-24; the alpha product and the beta term add 2 u more. (K + 2) u times
+                // the magnitude sum, doubled, covers both.
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double mag = 0.0;
+                        for (int k = 0; k < K; k++)
+                            mag += fabs((double)A[(size_t)i * lda + k] * B[(size_t)j * ldb + k]);
+                        mag = 0.75 * mag + fabs(beta * (double)Cr[(size_t)i * ldc + j]);
+                        double err = fabs(got[0][(size_t)i * ldc + j] - ref[(size_t)i * N + j]);
+                        cr_assert_leq(err, 2.0 * (K + 2) * 0x1p-24 * mag, "%s [%d][%d]: %.9g vs %.9g",
+                                      what, i, j, got[0][(size_t)i * ldc + j], ref[(size_t)i * N + j]);
+                    }
+                for (int i = 0; i < M; i++)
+                    for (int j = N; j < ldc; j++)  // the padding is not touched
+                        cr_assert(memcmp(&got[0][(size_t)i * ldc + j], &C0[(size_t)i * ldc + j],
+                                         sizeof(float)) == 0);
+                for (int t = 1; t < 3; t++)
+                    cr_assert(memcmp(got[0], got[t], sizeof(float) * (size_t)M * ldc) == 0,
+                              "%s: %d threads changed bits", what, t + 1);
+                for (int t = 0; t < 3; t++) free(got[t]);
+                free(A), free(B), free(C0), free(Cr), free(ref);
+            }
+    for (int t = 0; t < 3; t++) env_close(e[t]);
+}
+
 Test(cpu_gemm, k_zero_scales_c) {
     env_t e = env_open(1);
     float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};

@@ -96,6 +96,113 @@ Test(model, decode_matches_full_forward) {
     close_model(&f);
 }
 
+// The same at a width where float32 rounding shows: decode runs the head and every linear
+// layer as matrix-vector products (M <= 4 rows: cpu_gemv.c), the full forward as sgemm tiles,
+// so each dot product is summed in another order. Decoding 1, then 3, then 5 tokens at a time
+// covers both kernels on the decode side.
+//
+// Tolerance, from float32 accumulation (u = 2^-24; Higham 3.1: a dot product of length K
+// summed in any order is within K u sum|a_k b_k| of the exact one). Both paths compute the same
+// function, so their logits differ by at most twice the error of either. Along the path to a
+// logit, each layer adds a relative error of at most (2C + F + T) u (q/k/v and o projections,
+// K = C; the MLP down projection, K = F; attention over T keys) and the head (K = C) one more
+// C u, relative to the magnitude sum|h_k w_vk| of the final dot, which Cauchy-Schwarz bounds
+// by |h| |w_v| = sqrt(C) |w_v| (RMSNorm output with unit weights has |h| = sqrt(C)). So
+//   |decode - full| <= 2 (L (2C + F + T) + C) u sqrt(C) |w_v|.
+// A worst case: real rounding errors are far smaller and cancel, but a wrong position, cache
+// row or kernel bug moves logits by O(|w_v|), above it by orders of magnitude.
+Test(model, decode_matches_full_forward_at_width) {
+    fixture_t f;
+    cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
+    l3d_device_params_t dp = {.num_threads = 2};
+    cr_assert_eq(l3d_device_create(f.ctx, "cpu", &dp, &f.dev), L3D_OK);
+    l3d_model_config_t cfg = small_config(1);
+    cfg.hidden_size = 256;
+    cfg.intermediate_size = 512;
+    cfg.num_attention_heads = 4;
+    cfg.num_key_value_heads = 2;
+    cfg.head_dim = 64;
+    cfg.vocab_size = 1000;
+    cfg.initializer_range = 0.05f;
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert_eq(l3d_model_init_weights(f.m, 5), L3D_OK);
+    const int n = 100, V = f.m->V, C = f.m->C, F = f.m->F, L = f.m->L;
+    int32_t tok[100];
+    fill_tokens(tok, n, V, 9);
+    float *full = malloc(sizeof(float) * n * V), *last = malloc(sizeof(float) * V);
+    double *tol = malloc(sizeof(double) * V);
+    cr_assert_eq(l3d_model_logits(f.m, tok, n, full), L3D_OK);
+    const float *W = f.m->params + f.m->head;
+    for (int v = 0; v < V; v++) {
+        double w2 = 0.0;
+        for (int k = 0; k < C; k++) w2 += (double)W[(size_t)v * C + k] * W[(size_t)v * C + k];
+        tol[v] = 2.0 * (L * (2.0 * C + F + n) + C) * 0x1p-24 * sqrt((double)C) * sqrt(w2);
+    }
+    l3d_kv_cache_t *c = NULL;
+    cr_assert_eq(l3d_kv_cache_create(f.m, n, &c), L3D_OK);
+    const int steps[] = {37, 1, 1, 3, 5, 1, 3};
+    int pos = 0;
+    double worst = 0.0;
+    for (int s = 0; pos < n; s++) {
+        int k = s < 7 ? steps[s] : 1;
+        if (pos + k > n) k = n - pos;
+        cr_assert_eq(l3d_model_decode(f.m, c, tok + pos, k, last), L3D_OK);
+        pos += k;
+        const float *want = full + (size_t)(pos - 1) * V;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)last[v] - want[v]);
+            worst = fmax(worst, d / tol[v]);
+            cr_assert_leq(d, tol[v], "position %d logit %d: decode %.9g, full %.9g, bound %.3g",
+                          pos - 1, v, last[v], want[v], tol[v]);
+        }
+    }
+    cr_log_info("largest difference: %.3g of the bound", worst);
+    l3d_kv_cache_destroy(c);
+    free(tol);
+    free(full);
+    free(last);
+    close_model(&f);
+}
+
+// A prompt longer than one pass (2048 rows at most, core/model_infer.c): the full forward and
+// a prefill both run two passes, the second reading the first's cache rows, and must agree
+// with each other and with the single-token steps after them. Same kernels on both sides for
+// the prefill (sgemm), matrix-vector for the steps: the tolerance is the one of
+// decode_matches_full_forward.
+Test(model, prompt_longer_than_one_pass) {
+    fixture_t f;
+    cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
+    l3d_device_params_t dp = {.num_threads = 2};
+    cr_assert_eq(l3d_device_create(f.ctx, "cpu", &dp, &f.dev), L3D_OK);
+    l3d_model_config_t cfg = small_config(0);
+    cfg.max_position_embeddings = 2200;
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert_eq(l3d_model_init_weights(f.m, 3), L3D_OK);
+    const int n = 2100, V = f.m->V;
+    int32_t *tok = malloc(sizeof(int32_t) * n);
+    fill_tokens(tok, n, V, 5);
+    float *full = malloc(sizeof(float) * (size_t)n * V), *last = malloc(sizeof(float) * V);
+    cr_assert_eq(l3d_model_logits(f.m, tok, n, full), L3D_OK);
+    l3d_kv_cache_t *c = NULL;
+    cr_assert_eq(l3d_kv_cache_create(f.m, n, &c), L3D_OK);
+    int pos = 2090;
+    cr_assert_eq(l3d_model_decode(f.m, c, tok, pos, last), L3D_OK);
+    for (;;) {
+        const float *want = full + (size_t)(pos - 1) * V;
+        for (int v = 0; v < V; v++)
+            cr_assert(fabsf(last[v] - want[v]) <= 1e-5f * (1.0f + fabsf(want[v])),
+                      "position %d logit %d: decode %g, full %g", pos - 1, v, last[v], want[v]);
+        if (pos == n) break;
+        cr_assert_eq(l3d_model_decode(f.m, c, &tok[pos], 1, last), L3D_OK);
+        pos++;
+    }
+    l3d_kv_cache_destroy(c);
+    free(tok);
+    free(full);
+    free(last);
+    close_model(&f);
+}
+
 // Runs one micro-batch and returns the gradient arena (malloc'd) and the loss sum.
 static float *grads_of(fixture_t *f, int recompute, double *loss) {
     const int B = 3, T = 17;

@@ -168,6 +168,10 @@ L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict
 
 // ---- ops (the contracts are in devices/device.h) -------------------------------------------
 l3d_status l3d_cpu_gemm(l3d_device_t *dev, const l3d_gemm_t *g);
+// The few-row form of gemm (cpu_gemv.c): !trans_a, trans_b, 1 <= M <= L3D_CPU_GEMV_MAX_M,
+// K >= 1, strides already checked. l3d_cpu_gemm picks it by shape alone.
+#define L3D_CPU_GEMV_MAX_M 4
+void l3d_cpu_gemv(l3d_device_t *dev, const l3d_gemm_t *g);
 l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *tokens,
                                  const float *table, int N, int C, int V);
 l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *dout,

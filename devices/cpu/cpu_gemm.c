@@ -1,6 +1,7 @@
 // SGEMM on the device's pool: the output is cut into fixed tiles (their size depends only on
 // M, N and K), and each task calls single-threaded OpenBLAS on its tile. K is never split,
-// so every output element is one OpenBLAS dot product whatever the thread count.
+// so every output element is one OpenBLAS dot product whatever the thread count. Products
+// with a few rows of A against a transposed B go to the matrix-vector kernel (cpu_gemv.c).
 // defines: l3d_cpu_gemm
 #include <cblas.h>
 #include <string.h>
@@ -93,6 +94,12 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
                          g->lda, g->ldb, g->ldc, g->M, g->N, g->K, g->trans_a, g->trans_b);
     if (g->K == 0) {
         gemm_scale_c(g);
+        return L3D_OK;
+    }
+    // Decode-sized products (x W^T with a few rows of x): a matrix-vector pass that reads each
+    // weight once, instead of sgemm packing all of W for so few rows. Chosen by shape alone.
+    if (g->M <= L3D_CPU_GEMV_MAX_M && !g->trans_a && g->trans_b) {
+        l3d_cpu_gemv(dev, g);
         return L3D_OK;
     }
     size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;

@@ -8,6 +8,7 @@
 #include "llama3d/config.h"
 #include "llama3d/device.h"
 #include "llama3d/model.h"
+#include "llama3d/sampler.h"
 #include "llama3d/train.h"
 #include "llama3d/monitor.h"
 

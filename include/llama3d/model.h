@@ -64,15 +64,7 @@ int l3d_kv_cache_len(const l3d_kv_cache_t *cache);
 l3d_status l3d_model_decode(l3d_model_t *model, l3d_kv_cache_t *cache, const int32_t *tokens,
                             int n, float *last_logits);
 
-// ---- sampling ----------------------------------------------------------------------------
-// temperature 0 is greedy (argmax, lowest id on ties); otherwise softmax(logits / T)
-// restricted to the smallest set of ids whose probability reaches top_p (nucleus; 1 = all).
-// The random stream is a pure function of `seed`: the same seed gives the same text.
-typedef struct l3d_sampler l3d_sampler_t;
-l3d_status l3d_sampler_create(l3d_ctx_t *ctx, int vocab_size, float temperature, float top_p,
-                              uint64_t seed, l3d_sampler_t **sampler_p);
-void l3d_sampler_destroy(l3d_sampler_t *s);
-int32_t l3d_sampler_sample(l3d_sampler_t *s, const float *logits);
+// Sampling (l3d_sampler_*) is include/llama3d/sampler.h.
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# generate_vs_llamacpp.sh: `l3d generate` beside llama.cpp's llama-bench on the same F32
+# weights: prompt processing and decode tokens/s at 1 and 2 threads, and peak RSS.
+#
+#   bash bench/generate_vs_llamacpp.sh LLAMA_CPP_DIR [BUILD_DIR]    (default ./build)
+#
+# LLAMA_CPP_DIR is a llama.cpp checkout built beside us (never committed), with
+# LLAMA_CPP_DIR/build/bin/llama-bench, e.g.
+#   cmake -S DIR -B DIR/build -DGGML_NATIVE=ON -DLLAMA_CURL=OFF &&
+#   cmake --build DIR/build --target llama-bench      (about 45 min on a busy 2-core machine)
+# Without one the script prints one line saying it skipped, and exits 0.
+#
+# What runs:
+# 1. `l3d train --model CONFIG --steps 0 --save CK` writes random F32 weights of a Llama 3
+#    shape (default: 58.7M parameters, hidden 384, 6 layers, 6 heads / 2 kv heads of 64,
+#    intermediate 1024, vocabulary 128256, tied; GVL_MODEL=FILE.json gives another).
+# 2. bench/gguf_from_hf.py writes CK as GGUF F32 with the checkout's gguf-py (/usr/bin/python3
+#    and numpy; the q/k rows permuted as llama.cpp's converter does).
+# 3. For each thread count in GVL_THREADS (default "1 2"):
+#    - llama-bench -p PROMPT -n GEN -t N -r REPS -o json: its pp and tg averages;
+#    - `l3d generate` with a PROMPT-token prompt (BOS + PROMPT-1 bytes of the byte tokenizer),
+#      GEN tokens greedy, L3D_NUM_THREADS=N, REPS times: the best prompt and decode tokens/s
+#      of its closing line;
+#    each under /usr/bin/time -v for the peak RSS (the largest over the runs).
+#    PROMPT = GVL_PROMPT (256), GEN = GVL_GEN (128), REPS = GVL_REPS (3).
+# Output: progress on stderr, one markdown table on stdout:
+#   | threads | measure | llama.cpp | llama3d | ratio |   ratio = llama3d / llama.cpp
+# (for RSS a ratio below 1 is better, for tokens/s above 1).
+#
+# The two decode figures differ in one respect: llama-bench's tg runs from an empty context,
+# `l3d generate` after the prompt (keys over up to PROMPT+GEN positions: a few percent more
+# attention at this size). llama.cpp keeps its KV cache in f16 by default, llama3d in f32.
+set -u -o pipefail
+
+case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
+LLAMA=${1:-}
+BUILD=${2:-./build}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PY=/usr/bin/python3
+PROMPT=${GVL_PROMPT:-256}
+GEN=${GVL_GEN:-128}
+REPS=${GVL_REPS:-3}
+THREADS=${GVL_THREADS:-1 2}
+
+skip() { echo "generate_vs_llamacpp: skipped: $*"; exit 0; }
+die() { echo "generate_vs_llamacpp: $*" >&2; exit 1; }
+[ -n "$LLAMA" ] || skip "no llama.cpp checkout given (usage: bash bench/generate_vs_llamacpp.sh LLAMA_CPP_DIR [BUILD_DIR])"
+[ -d "$LLAMA/gguf-py/gguf" ] || skip "$LLAMA is not a llama.cpp checkout (no gguf-py/gguf in it)"
+LB=$LLAMA/build/bin/llama-bench
+[ -x "$LB" ] || skip "llama.cpp is not built: no $LB (see --help for the build command)"
+[ -x "$BUILD/l3d" ] || die "no $BUILD/l3d: build llama3d first"
+[ -x /usr/bin/time ] || die "needs GNU time (/usr/bin/time) for the peak RSS"
+"$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy"
+for v in "$PROMPT" "$GEN" "$REPS"; do [[ $v =~ ^[1-9][0-9]*$ ]] || die "GVL_PROMPT, GVL_GEN, GVL_REPS must be positive integers"; done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+L3D=$(cd "$(dirname "$BUILD/l3d")" && pwd)/l3d
+
+# 1. the weights
+cfg=${GVL_MODEL:-}
+if [ -z "$cfg" ]; then
+  cfg=$tmp/model.json
+  cat >"$cfg" <<'EOF'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 384,
+ "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6,
+ "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 2048,
+ "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": true,
+ "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02, "torch_dtype": "float32"}
+EOF
+fi
+echo "generate_vs_llamacpp: writing the weights ($cfg)" >&2
+"$L3D" train --model "$cfg" --steps 0 --save "$tmp/ck" >"$tmp/train.log" 2>&1 ||
+  { tail -3 "$tmp/train.log" >&2; die "l3d train --steps 0 --save failed"; }
+rm -f "$tmp"/ck/optimizer*.safetensors  # generation reads the weights only
+echo "generate_vs_llamacpp: converting to GGUF F32 with $LLAMA/gguf-py" >&2
+"$PY" "$HERE/gguf_from_hf.py" "$tmp/ck" "$tmp/model.gguf" --gguf-py "$LLAMA/gguf-py" >&2 ||
+  die "the GGUF conversion failed"
+
+# A prompt of PROMPT tokens for the byte tokenizer: BOS + PROMPT-1 printable bytes.
+prompt=$("$PY" -c 'import sys; s = "The quick brown fox jumps over the lazy dog. " * 100; print(s[:int(sys.argv[1]) - 1], end="")' "$PROMPT")
+
+rss_kib() { awk -F: '/Maximum resident set size/ { gsub(/ /, "", $2); print $2 }' "$1"; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+
+echo "| threads | measure | llama.cpp | llama3d | ratio |"
+echo "|---|---|---|---|---|"
+for t in $THREADS; do
+  echo "generate_vs_llamacpp: llama-bench, $t thread(s)" >&2
+  /usr/bin/time -v "$LB" -m "$tmp/model.gguf" -p "$PROMPT" -n "$GEN" -t "$t" -r "$REPS" -o json \
+    >"$tmp/lb.json" 2>"$tmp/lb.err" || { tail -5 "$tmp/lb.err" >&2; die "llama-bench failed"; }
+  read -r lc_pp lc_tg < <("$PY" - "$tmp/lb.json" <<'EOF'
+import json, sys
+rows = json.loads(open(sys.argv[1]).read())
+pp = [r["avg_ts"] for r in rows if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
+tg = [r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
+print("%.2f %.2f" % (pp[0] if pp else 0, tg[0] if tg else 0))
+EOF
+  )
+  lc_rss=$(rss_kib "$tmp/lb.err")
+  echo "generate_vs_llamacpp: l3d generate, $t thread(s), $REPS runs" >&2
+  l3_pp=0 l3_tg=0 l3_rss=0 produced=0
+  for r in $(seq "$REPS"); do
+    L3D_NUM_THREADS=$t /usr/bin/time -v "$L3D" generate --checkpoint "$tmp/ck" --prompt "$prompt" \
+      --max-tokens "$GEN" --temperature 0 >/dev/null 2>"$tmp/l3.err" ||
+      { tail -5 "$tmp/l3.err" >&2; die "l3d generate failed"; }
+    line=$(grep "^l3d generate: prompt" "$tmp/l3.err")
+    read -r pp n tg < <(echo "$line" | sed -E 's/.*\(([0-9.]+) tokens\/s\), ([0-9]+) tokens in [0-9.]+ s \(([0-9.]+) tokens\/s\).*/\1 \2 \3/')
+    produced=$n
+    l3_pp=$(awk -v a="$l3_pp" -v b="$pp" 'BEGIN { print (b > a ? b : a) }')
+    l3_tg=$(awk -v a="$l3_tg" -v b="$tg" 'BEGIN { print (b > a ? b : a) }')
+    l3_rss=$(awk -v a="$l3_rss" -v b="$(rss_kib "$tmp/l3.err")" 'BEGIN { print (b > a ? b : a) }')
+  done
+  [ "$produced" -eq "$GEN" ] || echo "generate_vs_llamacpp: note: l3d generate stopped at $produced tokens (end of text)" >&2
+  echo "| $t | prompt $PROMPT tokens/s | $lc_pp | $l3_pp | $(ratio "$l3_pp" "$lc_pp") |"
+  echo "| $t | decode $GEN tokens/s | $lc_tg | $l3_tg | $(ratio "$l3_tg" "$lc_tg") |"
+  echo "| $t | peak RSS MiB | $((lc_rss / 1024)) | $((l3_rss / 1024)) | $(ratio "$l3_rss" "$lc_rss") |"
+done

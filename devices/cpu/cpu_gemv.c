@@ -1,0 +1,53 @@
+// Matrix-vector products for the few-row GEMMs of decoding: y(M,N) = alpha x(M,K) W(N,K)^T
+// + beta y with M <= L3D_CPU_GEMV_MAX_M. Each weight row is read from memory once and dotted
+// with the M input rows while it sits in L1, so a decode step streams every weight once; the
+// sgemm it replaces packed the whole weight matrix into panels first (for M = 1 that packing
+// was two thirds of the time).
+// defines: l3d_cpu_gemv
+//
+// Tasks own fixed blocks of GEMV_ROWS output columns (weight rows), cut by the shape alone,
+// and every output element is one dot product in the fixed order of l3d_cpu_dotf: the bits do
+// not depend on the thread count.
+#include "devices/cpu/cpu.h"
+
+L3D_CPU_VECTORIZE
+
+// Weight rows per task: 64 rows of K = 2048 are 512 KiB of streaming per task, enough to
+// amortise the pool's hand-out; small products run on the caller alone.
+#define GEMV_ROWS 64
+#define GEMV_SERIAL_MACS ((size_t)1 << 16)
+
+typedef struct {
+    const l3d_gemm_t *g;
+} gemv_job_t;
+
+L3D_CPU_SIMD static void gemv_rows(const l3d_gemm_t *g, int j0, int j1) {
+    const int M = g->M, K = g->K;
+    for (int j = j0; j < j1; j++) {
+        const float *w = g->B + (size_t)j * (size_t)g->ldb;
+        for (int m = 0; m < M; m++) {
+            float d = l3d_cpu_dotf(g->A + (size_t)m * (size_t)g->lda, w, K);
+            float *c = g->C + (size_t)m * (size_t)g->ldc + j;
+            // beta 0 never reads C (BLAS semantics: it may hold NaN).
+            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
+        }
+    }
+}
+
+static void gemv_task(void *arg, int task, int ntasks) {
+    const gemv_job_t *j = arg;
+    int j0 = task * GEMV_ROWS;
+    gemv_rows(j->g, j0, L3D_MIN(j->g->N, j0 + GEMV_ROWS));
+}
+
+// The caller (cpu_gemm.c) has checked the shape and strides; M in [1, L3D_CPU_GEMV_MAX_M],
+// K >= 1, !trans_a, trans_b.
+void l3d_cpu_gemv(l3d_device_t *dev, const l3d_gemm_t *g) {
+    size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;
+    if (macs <= GEMV_SERIAL_MACS) {
+        gemv_rows(g, 0, g->N);
+        return;
+    }
+    gemv_job_t j = {g};
+    l3d_cpu_run(dev, gemv_task, &j, (g->N + GEMV_ROWS - 1) / GEMV_ROWS);
+}
