@@ -15,6 +15,7 @@ typedef struct l3d_train_job {
     int rank;                       // this process's rank (0 when threaded)
     int world;                      // ranks in the job
     int threaded;                   // the ranks are threads of this process
+    l3d_mem_breakdown_t *mems;      // threaded: every rank's memory, printed by rank 0 in order
 } l3d_train_job_t;
 
 // Runs rank job->rank of a launched job (world > 1, over l3d_comm_create_env) or the single

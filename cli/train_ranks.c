@@ -3,26 +3,16 @@
 // in-process transport, each with its own context and trainer, as tests/test_parallel.c and an
 // embedding program do; rank 0 prints what a launched rank 0 prints.
 #include <math.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
+#include "cli/ranks.h"
 #include "cli/train.h"
 #include "core/l3d_core.h"
 #include "platform/platform.h"
 
-// One rank's run and its outcome.
-typedef struct rank_run {
-    const l3d_train_job_t *job;
-    l3d_comm_t *comm;           // this rank's world (NULL: a single rank)
-    int rank;
-    l3d_mem_breakdown_t *mems;  // threaded: every rank's memory, printed by rank 0 in order
-    int rc;                     // exit code
-    l3d_status st;              // the failure's status (L3D_OK when rc is from elsewhere)
-    char err[1024];             // the failure's message
-} rank_run_t;
 
 // "resumed DIR: step N, saved by dp x tp x pp" from the checkpoint's trainer_state.json, so
 // the user sees what the run continues (and from which layout it was resharded).
@@ -57,14 +47,7 @@ static void print_step(const l3d_step_stats_t *s, int steps, int world) {
     fflush(stdout);
 }
 
-static void failed(rank_run_t *r, l3d_ctx_t *ctx, l3d_status st) {
-    const char *detail = l3d_ctx_last_error(ctx);
-    r->st = st;
-    r->rc = l3d_cli_exit_code(st);
-    snprintf(r->err, sizeof(r->err), "%s", detail[0] ? detail : l3d_strerror(st));
-}
-
-static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
+static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     const l3d_train_job_t *job = r->job;
     const l3d_train_config_t *cfg = job->cfg;
     int rank = r->rank;
@@ -80,12 +63,12 @@ static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
     if (job->threaded) {
         // Every rank's memory line once every rank started, in rank order: threads would
         // interleave them with rank 0's summary.
-        r->mems[rank] = mem;
+        job->mems[rank] = mem;
         if ((st = l3d_comm_barrier(r->comm)) < 0) goto fail;
         if (rank == 0) {
             l3d_train_print_config(cfg, t, job->nthreads);
             for (int k = 0; k < job->world; k++)
-                l3d_train_print_memory(cfg, &r->mems[k], 0, k, job->world);
+                l3d_train_print_memory(cfg, &job->mems[k], 0, k, job->world);
         }
     } else {
         if (rank == 0) l3d_train_print_config(cfg, t, job->nthreads);
@@ -127,119 +110,25 @@ static void run_rank(rank_run_t *r, l3d_ctx_t *ctx) {
     }
     goto out;
 fail:
-    failed(r, ctx, st);
+    l3d_cli_rank_failed(r, ctx, st);
 out:
     l3d_metrics_close(mx);  // a side channel: a failed write was a warning, not the exit code
     l3d_monitor_destroy(mon);
     l3d_trainer_destroy(t);
-    if (r->comm && r->rc != L3D_EXIT_OK) l3d_comm_abort(r->comm);  // the peers fail fast, naming us
 }
 
-// ---- this process: a single rank, or one rank of a launched job ---------------------------
 int l3d_train_run_process(const l3d_train_job_t *job) {
-    l3d_ctx_t *ctx = NULL;
-    // Progress on rank 0 only: the other ranks of a job share its terminal.
-    l3d_status st = l3d_cli_ctx_create(job->rank == 0, &ctx);
-    if (st < 0) return l3d_cli_fail("train", NULL, st);
-    rank_run_t r = {.job = job, .rank = job->rank};
-    if (job->world > 1 && (st = l3d_comm_create_env(ctx, NULL, &r.comm)) < 0) {
-        failed(&r, ctx, st);
-    } else {
-        run_rank(&r, ctx);
-    }
-    if (r.rc != L3D_EXIT_OK) fprintf(stderr, "l3d train: %s\n", r.err);
-    l3d_comm_destroy(r.comm);
-    l3d_ctx_destroy(ctx);
-    return r.rc;
-}
-
-// ---- threads of this process: a layout without a launcher --------------------------------
-static void *rank_thread(void *p) {
-    rank_run_t *r = p;
-    l3d_ctx_t *ctx = NULL;
-    // the environment was checked already; progress from rank 0 only
-    l3d_status st = l3d_cli_ctx_create(r->rank == 0, &ctx);
-    if (st < 0) {
-        r->st = st;
-        r->rc = l3d_cli_exit_code(st);
-        snprintf(r->err, sizeof(r->err), "%s", l3d_strerror(st));
-        l3d_comm_abort(r->comm);
-        return NULL;
-    }
-    l3d_ctx_set_rank(ctx, r->rank);
-    run_rank(r, ctx);
-    l3d_ctx_destroy(ctx);
-    return NULL;
-}
-
-// A rank's own failure, not its report of a peer's (those follow an l3d_comm_abort).
-static int own_failure(const rank_run_t *r) {
-    return r->rc != L3D_EXIT_OK && r->st != L3D_ERR_PEER_FAILED;
-}
-
-// Prints each distinct own failure once (without a rank when every rank had it, as a single
-// rank would print it), then the first peer's report; returns the lowest failed rank's code.
-static int report(const rank_run_t *runs, int n) {
-    int rc = L3D_EXIT_OK, own = 0;
-    for (int k = 0; k < n; k++) own += own_failure(&runs[k]);
-    for (int k = 0; k < n; k++) {
-        const rank_run_t *r = &runs[k];
-        if (!own_failure(r)) continue;
-        if (rc == L3D_EXIT_OK) rc = r->rc;
-        int seen = 0;
-        for (int j = 0; j < k && !seen; j++) seen = own_failure(&runs[j]) && !strcmp(runs[j].err, r->err);
-        if (seen) continue;
-        if (own == n) fprintf(stderr, "l3d train: %s\n", r->err);
-        else fprintf(stderr, "l3d train: rank %d: %s\n", k, r->err);
-    }
-    for (int k = 0; k < n; k++) {
-        const rank_run_t *r = &runs[k];
-        if (r->rc == L3D_EXIT_OK || own_failure(r)) continue;
-        if (rc == L3D_EXIT_OK) rc = r->rc;
-        fprintf(stderr, "l3d train: rank %d stopped: %s\n", k, r->err);
-        break;
-    }
-    return rc;
+    return l3d_cli_run_process("train", (void *)job, job->rank, job->world, run_rank);
 }
 
 int l3d_train_run_threads(const l3d_train_job_t *job) {
-    int n = job->world, rc = L3D_EXIT_FAIL;
-    l3d_ctx_t *wctx = NULL;
-    l3d_status st = l3d_ctx_create(NULL, &wctx);
-    if (st < 0) return l3d_cli_fail("train", NULL, st);
-    l3d_comm_t **comms = calloc((size_t)n, sizeof(*comms));
-    rank_run_t *runs = calloc((size_t)n, sizeof(*runs));
-    pthread_t *th = calloc((size_t)n, sizeof(*th));
-    l3d_mem_breakdown_t *mems = calloc((size_t)n, sizeof(*mems));
-    int started = 0;
-    if (!comms || !runs || !th || !mems) {
-        fprintf(stderr, "l3d train: out of memory for %d ranks\n", n);
-        goto out;
+    l3d_train_job_t j = *job;
+    j.mems = calloc((size_t)job->world, sizeof(*j.mems));
+    if (!j.mems) {
+        fprintf(stderr, "l3d train: out of memory for %d ranks\n", job->world);
+        return L3D_EXIT_FAIL;
     }
-    if ((st = l3d_comm_create_local(wctx, n, comms)) < 0) {
-        rc = l3d_cli_fail("train", wctx, st);
-        goto out;
-    }
-    for (; started < n; started++) {
-        runs[started] = (rank_run_t){.job = job, .comm = comms[started], .rank = started,
-                                     .mems = mems};
-        int e = pthread_create(&th[started], NULL, rank_thread, &runs[started]);
-        if (e) {
-            fprintf(stderr, "l3d train: starting rank %d of %d as a thread: %s\n", started, n,
-                    strerror(e));
-            // The started ranks wait on this one: tell them it will not come.
-            for (int k = started; k < n; k++) l3d_comm_abort(comms[k]);
-            break;
-        }
-    }
-    for (int k = 0; k < started; k++) pthread_join(th[k], NULL);
-    rc = started < n ? L3D_EXIT_FAIL : report(runs, n);
-out:
-    for (int k = 0; comms && k < n; k++) l3d_comm_destroy(comms[k]);
-    free(mems);
-    free(th);
-    free(runs);
-    free(comms);
-    l3d_ctx_destroy(wctx);
+    int rc = l3d_cli_run_threads("train", &j, job->world, run_rank);
+    free(j.mems);
     return rc;
 }
