@@ -58,6 +58,9 @@ static size_t scratch_layout(l3d_kv_cache_t *c, char *base) {
 }
 
 l3d_status l3d_kv_cache_create(l3d_model_t *m, int capacity, l3d_kv_cache_t **cache_p) {
+    if (!m || !cache_p)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_kv_cache_create: NULL %s",
+                         !m ? "model" : "cache_p");
     l3d_ctx_t *ctx = m->ctx;
     if (capacity < 1 || capacity > m->cfg.max_position_embeddings)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG,
@@ -99,22 +102,29 @@ void l3d_kv_cache_destroy(l3d_kv_cache_t *c) {
     l3d_free(c->m->ctx, c, sizeof(*c), "acts");
 }
 
-int l3d_kv_cache_len(const l3d_kv_cache_t *c) { return c->len; }
+int l3d_kv_cache_len(const l3d_kv_cache_t *c) { return c ? c->len : 0; }
 
-// Runs n <= c->rows new tokens; writes logits of rows [first_row, n) to host `out`.
-static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
-                               float *out) {
+l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
+                       float *out, size_t ldo, const float *x_prev, float *x_next) {
     l3d_model_t *m = c->m;
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const float *W = m->params;
     int C = m->C, V = m->V, KD = m->KVH * m->D, pos0 = c->len;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d at position %d is outside the "
-                             "vocabulary [0, %d)", tokens[i], pos0 + i, V);
-    L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)n * sizeof(int32_t), L3D_COPY_H2D));
-    L3D_CHECK(ctx, l3d_dev_embedding_fwd(dev, c->xa, c->tok, W + m->embed, n, C, V));
+    if (m->has_embed) {
+        for (int i = 0; i < n; i++)
+            if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
+                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d at position %d is outside "
+                                 "the vocabulary [0, %d)", tokens[i], pos0 + i,
+                                 m->cfg.vocab_size);
+        L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)n * sizeof(int32_t),
+                                    L3D_COPY_H2D));
+        // (vocab-parallel under tp: each rank looks up its rows, an all-reduce sums them)
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, c->tok, n));
+    } else {  // a later pipeline stage: the previous stage's output rows
+        L3D_CHECK(ctx, l3d_dev_copy(dev, c->xa, x_prev, (size_t)n * C * sizeof(float),
+                                    L3D_COPY_D2D));
+    }
     float *x = c->xa, *y = c->xb;
     for (int l = 0; l < m->L; l++) {
         l3d_layer_acts_t la = c->la;
@@ -127,7 +137,14 @@ static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, 
         x = y;
         y = t;
     }
-    // The head for rows [first_row, n) (none when first_row == n), logit_rows at a time.
+    if (!m->has_head) {  // the rows go on to the next stage
+        L3D_CHECK(ctx, l3d_dev_copy(dev, x_next, x, (size_t)n * C * sizeof(float), L3D_COPY_D2D));
+        L3D_CHECK(ctx, l3d_dev_sync(dev));
+        c->len += n;
+        return L3D_OK;
+    }
+    // The head for rows [first_row, n) (none when first_row == n), logit_rows at a time; under
+    // tp this rank's vocabulary slice (V columns).
     for (int r0 = first_row; r0 < n; r0 += c->logit_rows) {
         int rows = L3D_MIN(c->logit_rows, n - r0);
         L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)r0 * C, W + m->norm,
@@ -136,16 +153,45 @@ static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, 
                         .beta = 0.0f, .A = c->lnf, .lda = C, .B = W + m->head, .ldb = C,
                         .C = c->logits, .ldc = V};
         L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
-        L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(r0 - first_row) * V, c->logits,
-                                    (size_t)rows * V * sizeof(float), L3D_COPY_D2H));
+        float *o = out + (size_t)(r0 - first_row) * ldo;
+        if (ldo == (size_t)V)
+            L3D_CHECK(ctx, l3d_dev_copy(dev, o, c->logits, (size_t)rows * V * sizeof(float),
+                                        L3D_COPY_D2H));
+        else
+            for (int r = 0; r < rows; r++)
+                L3D_CHECK(ctx, l3d_dev_copy(dev, o + (size_t)r * ldo, c->logits + (size_t)r * V,
+                                            (size_t)V * sizeof(float), L3D_COPY_D2H));
     }
     L3D_CHECK(ctx, l3d_dev_sync(dev));
     c->len += n;
     return L3D_OK;
 }
 
+int l3d_kv_cache_rows(const l3d_kv_cache_t *c) { return c->rows; }
+
+// The public single-model entry points serve a whole model; a tensor- or pipeline-parallel
+// part is served by core/infer_parallel.c.
+static l3d_status whole_model(l3d_model_t *m, const char *what) {
+    if (m->tp.size > 1 || m->pp_size > 1)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model is one part of a tensor- "
+                         "or pipeline-parallel layout (tp %d, pp %d); decode it with "
+                         "l3d_infer_decode", what, m->tp.size, m->pp_size);
+    return L3D_OK;
+}
+
+static l3d_status decode_chunk(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
+                               float *out) {
+    return l3d_kv_pass(c, tokens, n, first_row, out, (size_t)c->m->V, NULL, NULL);
+}
+
 l3d_status l3d_model_decode(l3d_model_t *m, l3d_kv_cache_t *c, const int32_t *tokens, int n,
                             float *last_logits) {
+    if (!m || !c || !tokens || !last_logits)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_decode: NULL argument");
+    if (c->m != m)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "l3d_model_decode: the kv cache belongs "
+                         "to another model");
+    L3D_CHECK(m->ctx, whole_model(m, "l3d_model_decode"));
     if (n < 1 || c->len + n > c->cap)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "decoding %d tokens at position %d "
                          "exceeds the kv cache capacity %d", n, c->len, c->cap);
@@ -159,6 +205,10 @@ l3d_status l3d_model_decode(l3d_model_t *m, l3d_kv_cache_t *c, const int32_t *to
 }
 
 l3d_status l3d_model_logits(l3d_model_t *m, const int32_t *tokens, int n, float *logits) {
+    if (!m || !tokens || !logits || n < 1)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_logits: NULL "
+                         "argument or n %d < 1", n);
+    L3D_CHECK(m->ctx, whole_model(m, "l3d_model_logits"));
     l3d_kv_cache_t *c = NULL;
     L3D_CHECK(m->ctx, l3d_kv_cache_create(m, n, &c));
     l3d_status st = L3D_OK;

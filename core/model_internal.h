@@ -25,6 +25,17 @@ typedef struct l3d_param {
     int pp_copy;  // pipeline: the last stage's copy of a tied embedding (not in the norm twice)
 } l3d_param_t;
 
+// One inference pass over n <= l3d_kv_cache_rows(c) new tokens at the cache's position on
+// this rank's part of the model: the embedding (the first stage; vocabulary-parallel under tp)
+// or, on a later pipeline stage, rows (n, C) from device memory `x_prev`; the stage's layers;
+// then a stage without the head copies its rows (n, C) to device memory `x_next`, and the last
+// stage writes the logits of rows [first_row, n) -- under tp this rank's vocabulary slice
+// [tp.v0, tp.v0 + V) -- to host `out` with row stride ldo floats. Collective over the tp group.
+typedef struct l3d_kv_cache l3d_kv_cache_t;
+l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
+                       float *out, size_t ldo, const float *x_prev, float *x_next);
+int l3d_kv_cache_rows(const l3d_kv_cache_t *c);
+
 // Refuses (L3D_ERR_CONFIG, saying how much `what` needs and how much is available) an
 // allocation of `need` bytes that the machine and the process's cgroup cannot give.
 // l3d_mem_check_with takes the available amount (tests); l3d_mem_check asks the OS.
