@@ -13,9 +13,10 @@ Checks, each on ids, not text:
    whitespace runs of many kinds, tabs, CRLF, special-token strings, apostrophe forms, random
    code points of many scripts, very long pieces), document by document: `l3d tokenize` on
    tokenizer.json == @lenml/tokenizers.
-2. The same corpus plus characters where JS regexes differ from Hugging Face's Rust regexes
-   (U+0085 and U+FEFF for \\s, the long s and Kelvin sign for (?i)): l3d == tiktoken, whose
-   Rust regex has HF's semantics.
+2. The same corpus plus characters where JS regexes can differ from Hugging Face's Rust ones
+   (JS's \\s lacks U+0085 and has U+FEFF; the JS port spells (?i) as [sS]-style classes, which
+   misses the long s and the Kelvin sign): l3d == tiktoken, whose Rust regex has HF's
+   semantics. (U+0085 does change the JS port's ids: "a\\u0085b  \\u0085 x".)
 3. A tokenizer.model written here from tokenizer.json (tiktoken format): the same ids.
 4. Decode (`--decode`) gives the corpus back byte for byte; random bytes and text with
    invalid UTF-8 too (each invalid byte is its byte's token).
