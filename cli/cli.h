@@ -46,6 +46,7 @@ size_t l3d_cli_edit_distance(const char *a, const char *b);
 int l3d_cmd_train(int argc, char **argv);
 int l3d_cmd_generate(int argc, char **argv);
 int l3d_cmd_forward(int argc, char **argv);
+int l3d_cmd_tokenize(int argc, char **argv);  // cli/tokenize.c
 int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
 int l3d_cmd_bench(int argc, char **argv);   // cli/bench_comm.c
 // `l3d bench comm` from argv[first] on; also the whole of the standalone bench_comm.

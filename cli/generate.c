@@ -129,7 +129,8 @@ int l3d_cmd_generate(int argc, char **argv) {
         char buf[16];
         size_t len = 0;
         if (next < tok->vocab_size) {
-            L3D_CHECK_GOTO(ctx, l3d_tokenizer_decode(tok, next, buf, sizeof(buf), &len), st, fail);
+            L3D_CHECK_GOTO(ctx, l3d_tokenizer_token_to_piece(tok, next, buf, sizeof(buf), &len),
+                           st, fail);
             L3D_CHECK_GOTO(ctx, put_text(ctx, buf, len), st, fail);
         }
         if (l3d_kv_cache_len(cache) >= cap) break;

@@ -11,6 +11,7 @@ static void usage(FILE *f) {
             "  train      train a Llama 3 model (no flags: llama3-tiny on the default text)\n"
             "  generate   generate text from a checkpoint with a KV cache\n"
             "  forward    write the logits of a token sequence (for cross-checks)\n"
+            "  tokenize   text to token ids and back with a Llama 3 tokenizer, chat formatting\n"
             "  launch     start N ranks of a program on this machine (l3d launch -n N -- ...)\n"
             "  bench      benchmarks (l3d bench comm: collectives, nccl-tests style)\n\n"
             "  l3d COMMAND --help    flags of a command\n"
@@ -33,6 +34,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "train")) return l3d_cmd_train(argc, argv);
     if (!strcmp(cmd, "generate")) return l3d_cmd_generate(argc, argv);
     if (!strcmp(cmd, "forward")) return l3d_cmd_forward(argc, argv);
+    if (!strcmp(cmd, "tokenize")) return l3d_cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "launch")) return l3d_cmd_launch(argc, argv);
     if (!strcmp(cmd, "bench")) return l3d_cmd_bench(argc, argv);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {

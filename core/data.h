@@ -8,21 +8,22 @@
 
 #include "llama3d/ctx.h"
 #include "llama3d/status.h"
+#include "llama3d/tokenizer.h"
 
 // ---- tokenizer ---------------------------------------------------------------------------
-// A tokenizer maps UTF-8 text to ids and ids back to bytes. The byte-level one (ids 0..255 are
-// the bytes, then BOS 256, EOS 257, PAD 258) is built in; a Llama 3 BPE one plugs in later
-// through the same ops.
-typedef struct l3d_tokenizer l3d_tokenizer_t;
-
+// The public API is include/llama3d/tokenizer.h; this is the seam its kinds plug into: the
+// byte tokenizer (core/tokenizer.c) and byte-level BPE (core/tokenizer_bpe*.c).
 typedef struct l3d_tokenizer_ops {
-    const char *name;
+    const char *name;  // "bytes", "bpe"
     // Appends the ids of text[0..len) to *ids_p (realloc'd through the ctx, capacity *cap_p,
-    // count *n_p). No BOS/EOS is added.
-    l3d_status (*encode)(l3d_tokenizer_t *tok, const char *text, size_t len, int32_t **ids_p,
-                         size_t *n_p, size_t *cap_p);
-    // Writes the bytes of one id to buf (at most cap), *len_p = count. Specials give 0 bytes.
-    l3d_status (*decode)(l3d_tokenizer_t *tok, int32_t id, char *buf, size_t cap, size_t *len_p);
+    // count *n_p). No BOS/EOS is added. flags: L3D_TOKENIZE_SPECIAL.
+    l3d_status (*encode)(l3d_tokenizer_t *tok, const char *text, size_t len, unsigned flags,
+                         int32_t **ids_p, size_t *n_p, size_t *cap_p);
+    // The bytes of one id (in range) as l3d_tokenizer_token_to_piece: buf NULL and cap 0
+    // measure; a short buffer is L3D_ERR_INVALID_ARG.
+    l3d_status (*piece)(l3d_tokenizer_t *tok, int32_t id, char *buf, size_t cap, size_t *len_p);
+    // Text of a token -> id, or -1 (NULL: only the byte tokenizer's bytes).
+    int32_t (*find)(const l3d_tokenizer_t *tok, const char *text, size_t len);
     void (*destroy)(l3d_tokenizer_t *tok);
 } l3d_tokenizer_ops_t;
 
@@ -31,18 +32,19 @@ struct l3d_tokenizer {
     l3d_ctx_t *ctx;
     void *priv;
     int vocab_size;  // ids in [0, vocab_size)
-    int bos_id, eos_id, pad_id;
+    int bos_id, eos_id, pad_id;  // -1 where none (the data loader needs bos and eos)
+    l3d_tokenizer_special_t special;
+    const uint8_t *is_special;  // vocab_size flags (bit 0: special), or NULL: ids >= 256
+    l3d_chat_template_t chat;
+    char chat_error[320];  // why tokenizer_config.json's chat_template was not recognised
+    // A name for caches keyed by tokenizer: "bytes", or "bpe-" + 16 hex digits of the FNV-1a
+    // 64 of the tokenizer's files.
+    char key[32];
 };
 
-l3d_status l3d_tokenizer_create_bytes(l3d_ctx_t *ctx, l3d_tokenizer_t **tok_p);
-void l3d_tokenizer_destroy(l3d_tokenizer_t *tok);
-// Encodes text with BOS first. *ids_p is freed with l3d_free(ctx, ids, n_alloc_bytes, "data")
-// -- use l3d_tokens_free.
-l3d_status l3d_tokenizer_encode(l3d_tokenizer_t *tok, const char *text, size_t len, int add_bos,
-                                int32_t **ids_p, size_t *n_p);
-void l3d_tokens_free(l3d_ctx_t *ctx, int32_t *ids, size_t n);
-l3d_status l3d_tokenizer_decode(l3d_tokenizer_t *tok, int32_t id, char *buf, size_t cap,
-                                size_t *len_p);
+// Grows an id buffer owned by the ctx (tag "data") so it holds at least `need` ids.
+l3d_status l3d_tokens_reserve(l3d_ctx_t *ctx, int32_t **ids_p, size_t n, size_t *cap_p,
+                              size_t need);
 
 // ---- data set ----------------------------------------------------------------------------
 // A token stream, read-only. Loaded from:

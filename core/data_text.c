@@ -190,7 +190,8 @@ static l3d_status text_pass(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
             // characters would need its own streaming seam.
             if (v == UTF8_TRUNCATED) use = bad;
             size_t n = 0;
-            L3D_CHECK_GOTO(ctx, tok->ops->encode(tok, (const char *)buf, use, &ids, &n, &ids_cap),
+            L3D_CHECK_GOTO(ctx,
+                           tok->ops->encode(tok, (const char *)buf, use, 0, &ids, &n, &ids_cap),
                            st, out);
             L3D_CHECK_GOTO(ctx, sink_put(sink, ids, n), st, out);
         }

