@@ -47,6 +47,11 @@ int l3d_cmd_train(int argc, char **argv);
 int l3d_cmd_generate(int argc, char **argv);
 int l3d_cmd_forward(int argc, char **argv);
 int l3d_cmd_tokenize(int argc, char **argv);  // cli/tokenize.c
+// --chat FILE: [{"role": "...", "content": "..."}, ...] -> messages pointing into *root_p
+// (json_decref it; free() *msgs_p). Anything else is L3D_ERR_CONFIG naming the file.
+struct json_t;
+l3d_status l3d_cli_read_chat(l3d_ctx_t *ctx, const char *path, struct json_t **root_p,
+                             l3d_chat_message_t **msgs_p, size_t *n_p);
 int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
 int l3d_cmd_bench(int argc, char **argv);   // cli/bench_comm.c
 // `l3d bench comm` from argv[first] on; also the whole of the standalone bench_comm.

@@ -1,25 +1,35 @@
-// l3d generate (KV-cached sampling, streamed) and l3d forward (logits for cross-checks).
+// l3d generate: KV-cached sampling from a checkpoint, streamed, on one rank or a tensor- and
+// pipeline-parallel layout (threads of this process, or processes under l3d launch).
+//
+// The checkpoint directory decides the text side: its tokenizer (tokenizer.json or
+// tokenizer.model; the byte tokenizer for models trained by llama3d on it), its chat template
+// (--chat), where generation stops (generation_config.json's eos ids, else config.json's, plus
+// the tokenizer's end-of-turn ids) and the sampling defaults generation_config.json gives
+// (do_sample, temperature, top_p, top_k), which flags override. Every rank computes the same
+// logits and samples the same token from the same seed; rank 0 prints.
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "cli/cli.h"
-#include "core/data.h"
+#include "cli/ranks.h"
+#include "core/bootstrap.h"
+#include "core/infer_parallel.h"
 #include "core/l3d_core.h"
-#include "devices/device.h"
+#include "core/mesh.h"
 #include "platform/platform.h"
 
-static l3d_status open_model(l3d_ctx_t *ctx, const char *dir, l3d_device_t **dev_p,
-                             l3d_model_t **model_p) {
-    l3d_device_params_t p = {.num_threads = l3d_ctx_settings(ctx)->num_threads};
-    L3D_CHECK(ctx, l3d_device_create(ctx, l3d_ctx_settings(ctx)->device, &p, dev_p));
-    l3d_status st = l3d_model_open(ctx, *dev_p, dir, model_p);
-    if (st < 0) {
-        l3d_device_destroy(*dev_p);
-        *dev_p = NULL;
-    }
-    return st;
-}
+// What every rank runs, read-only once the ranks start.
+typedef struct gen_job {
+    const char *ckpt, *prompt, *chat, *tokenizer, *date;
+    long long n_new;
+    l3d_sampler_params_t sp;
+    int set_temp, set_topp, set_topk;  // given on the command line (generation_config.json
+                                       // supplies the others)
+    int tp, pp, nthreads;
+} gen_job_t;
 
 // Streams generated text: each piece is flushed at once, and a failed write (a full disk,
 // a closed pipe with SIGPIPE ignored) stops the run instead of losing text silently.
@@ -30,15 +40,220 @@ static l3d_status put_text(l3d_ctx_t *ctx, const char *p, size_t n) {
     return L3D_OK;
 }
 
+// The checkpoint's tokenizer: --tokenizer, else its tokenizer.json / tokenizer.model, else
+// the byte tokenizer (what llama3d's own models are trained on).
+static l3d_status open_tokenizer(l3d_ctx_t *ctx, const gen_job_t *job, int vocab,
+                                 l3d_tokenizer_t **tok_p) {
+    static const char *const files[] = {"tokenizer.json", "tokenizer.model",
+                                        "original/tokenizer.model"};
+    const char *from = job->tokenizer;
+    char path[1200];
+    for (size_t i = 0; !from && i < sizeof(files) / sizeof(files[0]); i++) {
+        snprintf(path, sizeof(path), "%s/%s", job->ckpt, files[i]);
+        if (l3d_path_exists(path)) from = job->ckpt;
+    }
+    if (from) L3D_CHECK(ctx, l3d_tokenizer_open(ctx, from, tok_p));
+    else L3D_CHECK(ctx, l3d_tokenizer_create_bytes(ctx, tok_p));
+    if (l3d_tokenizer_vocab_size(*tok_p) > vocab) {
+        l3d_status st = l3d_error(ctx, L3D_ERR_CONFIG, "the tokenizer (%s) has %d ids but the "
+                                  "model's vocabulary is %d: not this model's tokenizer",
+                                  from ? from : "bytes", (int)l3d_tokenizer_vocab_size(*tok_p),
+                                  vocab);
+        l3d_tokenizer_destroy(*tok_p);
+        *tok_p = NULL;
+        return st;
+    }
+    return L3D_OK;
+}
+
+// The ids that end generation: generation_config.json's eos ids (else config.json's), and the
+// tokenizer's end-of-text / end-of-turn ids (llama.cpp's end-of-generation set).
+typedef struct stop_set {
+    int n;
+    int32_t ids[2 * L3D_MAX_EOS + L3D_TOKENIZER_MAX_STOP];
+} stop_set_t;
+
+static void stop_add(stop_set_t *s, int32_t id) {
+    if (id < 0) return;
+    for (int i = 0; i < s->n; i++)
+        if (s->ids[i] == id) return;
+    if (s->n < (int)(sizeof(s->ids) / sizeof(s->ids[0]))) s->ids[s->n++] = id;
+}
+
+static int stop_has(const stop_set_t *s, int32_t id) {
+    for (int i = 0; i < s->n; i++)
+        if (s->ids[i] == id) return 1;
+    return 0;
+}
+
+static l3d_status read_generation_config(l3d_ctx_t *ctx, const char *dir,
+                                         l3d_generation_config_t *g) {
+    char path[1200];
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    l3d_generation_config_default(g);
+    return l3d_path_exists(path) ? l3d_generation_config_from_file(ctx, path, g) : L3D_OK;
+}
+
+// The prompt's ids: --chat through the tokenizer's template, else the text with BOS (as
+// transformers' tokenizer call adds it) and special-token texts parsed.
+static l3d_status prompt_ids(l3d_ctx_t *ctx, const gen_job_t *job, l3d_tokenizer_t *tok,
+                             int32_t **ids_p, size_t *n_p) {
+    if (!job->chat)
+        return l3d_tokenizer_encode(tok, job->prompt, strlen(job->prompt),
+                                    L3D_TOKENIZE_BOS | L3D_TOKENIZE_SPECIAL, ids_p, n_p);
+    json_t *root = NULL;
+    l3d_chat_message_t *msgs = NULL;
+    size_t nm = 0;
+    l3d_status st = l3d_cli_read_chat(ctx, job->chat, &root, &msgs, &nm);
+    if (st >= 0) st = l3d_tokenizer_encode_chat(tok, msgs, nm, job->date, ids_p, n_p);
+    free(msgs);
+    json_decref(root);
+    return st;
+}
+
+static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
+    const gen_job_t *job = r->job;
+    int rank = r->rank;
+    l3d_device_t *dev = NULL;
+    l3d_infer_t *inf = NULL;
+    l3d_tokenizer_t *tok = NULL;
+    l3d_sampler_t *sampler = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    float *logits = NULL;
+    char *piece = NULL;
+    size_t piece_cap = 256;
+    l3d_status st;
+    l3d_device_params_t dp = {.num_threads = job->nthreads};
+    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, l3d_ctx_settings(ctx)->device, &dp, &dev), st, fail);
+    // The model's config first: the tokenizer is checked against its vocabulary and the
+    // prompt against its context before any weight is read.
+    char path[1200];
+    l3d_model_config_t cfg;
+    snprintf(path, sizeof(path), "%s/config.json", job->ckpt);
+    if (!l3d_path_is_dir(job->ckpt)) {
+        st = l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", job->ckpt);
+        goto fail;
+    }
+    L3D_CHECK_GOTO(ctx, l3d_model_config_from_file(ctx, path, &cfg), st, fail);
+    L3D_CHECK_GOTO(ctx, open_tokenizer(ctx, job, cfg.vocab_size, &tok), st, fail);
+    L3D_CHECK_GOTO(ctx, prompt_ids(ctx, job, tok, &ids, &n_ids), st, fail);
+    if (n_ids == 0) {
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "the prompt encodes to no tokens");
+        goto fail;
+    }
+    int cap = (int)L3D_MIN((long long)cfg.max_position_embeddings, (long long)n_ids + job->n_new);
+    if ((int)n_ids >= cap) {
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "the prompt has %zu tokens; the model's context is "
+                       "%d", n_ids, cfg.max_position_embeddings);
+        goto fail;
+    }
+    // Stops and sampling defaults from the checkpoint; the command line wins.
+    l3d_generation_config_t gc;
+    L3D_CHECK_GOTO(ctx, read_generation_config(ctx, job->ckpt, &gc), st, fail);
+    stop_set_t stops = {0};
+    if (gc.n_eos)
+        for (int i = 0; i < gc.n_eos; i++) stop_add(&stops, gc.eos_token_ids[i]);
+    else if (cfg.n_eos)
+        for (int i = 0; i < cfg.n_eos; i++) stop_add(&stops, cfg.eos_token_ids[i]);
+    else
+        stop_add(&stops, cfg.eos_token_id);
+    l3d_tokenizer_special_t sp_ids;
+    L3D_CHECK_GOTO(ctx, l3d_tokenizer_special_ids(tok, &sp_ids), st, fail);
+    for (int i = 0; i < sp_ids.n_stop; i++) stop_add(&stops, sp_ids.stop_ids[i]);
+    l3d_sampler_params_t sp = job->sp;
+    if (!job->set_temp && gc.do_sample == 0) sp.temperature = 0.0f;
+    else if (!job->set_temp && gc.temperature >= 0.0f) sp.temperature = gc.temperature;
+    if (!job->set_topp && gc.top_p > 0.0f) sp.top_p = gc.top_p;
+    if (!job->set_topk && gc.top_k >= 0) sp.top_k = gc.top_k;
+
+    double t_load = l3d_time_now();
+    L3D_CHECK_GOTO(ctx, l3d_infer_create(ctx, r->comm, job->tp, job->pp, dev, job->ckpt, cap,
+                                         &inf), st, fail);
+    t_load = l3d_time_now() - t_load;
+    L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg.vocab_size, &sp, &sampler), st, fail);
+    logits = malloc((size_t)cfg.vocab_size * sizeof(float));
+    piece = malloc(piece_cap);
+    if (!logits || !piece) {
+        st = L3D_ERR_NOMEM;
+        goto fail;
+    }
+    if (rank == 0 && !job->chat) L3D_CHECK_GOTO(ctx, put_text(ctx, job->prompt, strlen(job->prompt)), st, fail);
+    double t0 = l3d_time_now();
+    L3D_CHECK_GOTO(ctx, l3d_infer_decode(inf, ids, (int)n_ids, logits), st, fail);
+    double t_prefill = l3d_time_now() - t0;
+    for (size_t i = 0; i < n_ids; i++)  // the prompt counts for the penalties, as in llama.cpp
+        L3D_CHECK_GOTO(ctx, l3d_sampler_accept(sampler, ids[i]), st, fail);
+    int produced = 0, stopped = 0;
+    double t1 = l3d_time_now();
+    while (produced < job->n_new && l3d_infer_len(inf) < cap) {
+        int32_t next = 0;
+        L3D_CHECK_GOTO(ctx, l3d_sampler_sample(sampler, logits, &next), st, fail);
+        produced++;
+        if (stop_has(&stops, next)) {
+            stopped = 1;
+            break;
+        }
+        // Special tokens (a header, a reserved id) carry no text to show.
+        if (rank == 0 && next < l3d_tokenizer_vocab_size(tok) && !l3d_tokenizer_is_special(tok, next)) {
+            size_t len = 0;
+            L3D_CHECK_GOTO(ctx, l3d_tokenizer_token_to_piece(tok, next, NULL, 0, &len), st, fail);
+            if (len > piece_cap) {
+                char *p = realloc(piece, len);
+                if (!p) {
+                    st = L3D_ERR_NOMEM;
+                    goto fail;
+                }
+                piece = p;
+                piece_cap = len;
+            }
+            L3D_CHECK_GOTO(ctx, l3d_tokenizer_token_to_piece(tok, next, piece, piece_cap, &len),
+                           st, fail);
+            L3D_CHECK_GOTO(ctx, put_text(ctx, piece, len), st, fail);
+        }
+        if (l3d_infer_len(inf) >= cap) break;
+        L3D_CHECK_GOTO(ctx, l3d_infer_decode(inf, &next, 1, logits), st, fail);
+    }
+    double dt = l3d_time_now() - t1;
+    if (rank == 0) {
+        char layout[64] = "";
+        if (job->tp > 1 || job->pp > 1)
+            snprintf(layout, sizeof(layout), ", tp %d x pp %d", job->tp, job->pp);
+        fprintf(stderr, "\nl3d generate: loaded in %.2f s%s; prompt %zu tokens in %.3f s (%.1f "
+                "tokens/s), %d tokens in %.3f s (%.1f tokens/s)%s\n", t_load, layout, n_ids,
+                t_prefill, t_prefill > 0 ? n_ids / t_prefill : 0.0, produced, dt,
+                dt > 0 ? produced / dt : 0.0, stopped ? ", stopped at an end-of-text id" : "");
+    }
+    goto out;
+fail:
+    l3d_cli_rank_failed(r, ctx, st);
+out:
+    free(piece);
+    free(logits);
+    l3d_sampler_destroy(sampler);
+    if (ids) l3d_tokens_free(ctx, ids, n_ids);
+    l3d_tokenizer_destroy(tok);
+    l3d_infer_destroy(inf);
+    l3d_device_destroy(dev);
+}
+
 int l3d_cmd_generate(int argc, char **argv) {
-    const char *ckpt = NULL, *prompt = NULL, *maxt = NULL, *temp = NULL, *topp = NULL,
-               *topk = NULL, *minp = NULL, *rep = NULL, *freq = NULL, *pres = NULL,
-               *lastn = NULL, *seed = NULL, *help = NULL;
+    const char *ckpt = NULL, *prompt = NULL, *chat = NULL, *tokp = NULL, *date = NULL,
+               *maxt = NULL, *temp = NULL, *topk = NULL, *topp = NULL, *minp = NULL,
+               *rep = NULL, *freq = NULL, *pres = NULL, *lastn = NULL, *seed = NULL, *tps = NULL,
+               *pps = NULL, *threads = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--prompt", "TEXT", "text to continue", &prompt, 0},
+        {"--chat", "FILE", "a conversation [{\"role\", \"content\"}, ...] to answer, formatted by "
+         "the model's chat template", &chat, 0},
+        {"--tokenizer", "PATH", "tokenizer.json, tokenizer.model or a directory (default: the "
+         "checkpoint's, else bytes)", &tokp, 0},
+        {"--date", "TEXT", "the \"Today Date\" of a Llama 3.1/3.2 chat (e.g. \"26 Jul 2024\")",
+         &date, 0},
         {"--max-tokens", "N", "tokens to generate (default 128)", &maxt, 0},
-        {"--temperature", "T", "sampling temperature, 0 = greedy (default 0.8)", &temp, 0},
+        {"--temperature", "T", "sampling temperature, 0 = greedy (default: the checkpoint's "
+         "generation_config.json, else 0.8)", &temp, 0},
         {"--top-k", "K", "keep the K most likely tokens, 0 = all (default 40)", &topk, 0},
         {"--top-p", "P", "nucleus sampling mass, 1 = off (default 0.95)", &topp, 0},
         {"--min-p", "P", "drop tokens below P times the likeliest, 0 = off (default 0.05)", &minp, 0},
@@ -47,24 +262,30 @@ int l3d_cmd_generate(int argc, char **argv) {
         {"--presence-penalty", "P", "subtract P from every recent token (default 0)", &pres, 0},
         {"--repeat-last-n", "N", "how many recent tokens the penalties see (default 64)", &lastn, 0},
         {"--seed", "S", "sampling seed (default 1)", &seed, 0},
+        {"--tp", "N", "tensor-parallel ranks (default 1)", &tps, 0},
+        {"--pp", "N", "pipeline stages (default 1)", &pps, 0},
+        {"--threads", "N", "CPU threads per rank (default: the cores shared by the ranks)",
+         &threads, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
     if (l3d_cli_parse("generate", argc, argv, 2, flags, nflags)) return L3D_EXIT_USAGE;
     if (help) {
-        l3d_cli_usage(stdout, "generate", "--checkpoint DIR --prompt TEXT [FLAGS]", flags, nflags);
+        l3d_cli_usage(stdout, "generate", "--checkpoint DIR (--prompt TEXT | --chat FILE) [FLAGS]",
+                      flags, nflags);
         return L3D_EXIT_OK;
     }
-    if (!ckpt || !prompt) {
-        fprintf(stderr, "l3d generate: --checkpoint and --prompt are required\n");
+    if (!ckpt || (!prompt && !chat) || (prompt && chat)) {
+        fprintf(stderr, "l3d generate: --checkpoint and one of --prompt or --chat are required\n");
         return L3D_EXIT_USAGE;
     }
-    l3d_sampler_params_t sp;
-    l3d_sampler_params_default(&sp);
-    long long n_new = 128, s = (long long)sp.seed, k = sp.top_k, n_last = sp.penalty_last_n;
-    double T = sp.temperature, P = sp.top_p, MP = sp.min_p, R = sp.repeat_penalty,
-           FP = sp.frequency_penalty, PP = sp.presence_penalty;
-    if (maxt && l3d_cli_int("generate", "--max-tokens", maxt, 1, 1 << 20, &n_new)) return 2;
+    gen_job_t job = {.ckpt = ckpt, .prompt = prompt, .chat = chat, .tokenizer = tokp,
+                     .date = date, .n_new = 128, .tp = 1, .pp = 1};
+    l3d_sampler_params_default(&job.sp);
+    long long k = job.sp.top_k, n_last = job.sp.penalty_last_n, s = (long long)job.sp.seed, v;
+    double T = job.sp.temperature, P = job.sp.top_p, MP = job.sp.min_p, R = job.sp.repeat_penalty,
+           FP = job.sp.frequency_penalty, PP = job.sp.presence_penalty;
+    if (maxt && l3d_cli_int("generate", "--max-tokens", maxt, 1, 1 << 20, &job.n_new)) return 2;
     if (temp && l3d_cli_float("generate", "--temperature", temp, 0.0, 100.0, &T)) return 2;
     if (topk && l3d_cli_int("generate", "--top-k", topk, 0, INT32_MAX, &k)) return 2;
     if (topp && l3d_cli_float("generate", "--top-p", topp, 1e-6, 1.0, &P)) return 2;
@@ -74,186 +295,51 @@ int l3d_cmd_generate(int argc, char **argv) {
     if (pres && l3d_cli_float("generate", "--presence-penalty", pres, -100.0, 100.0, &PP)) return 2;
     if (lastn && l3d_cli_int("generate", "--repeat-last-n", lastn, 0, 1 << 20, &n_last)) return 2;
     if (seed && l3d_cli_int("generate", "--seed", seed, 0, INT64_MAX, &s)) return 2;
-    sp.temperature = (float)T;
-    sp.top_k = (int)k;
-    sp.top_p = (float)P;
-    sp.min_p = (float)MP;
-    sp.repeat_penalty = (float)R;
-    sp.frequency_penalty = (float)FP;
-    sp.presence_penalty = (float)PP;
-    sp.penalty_last_n = (int)n_last;
-    sp.seed = (uint64_t)s;
+    if (tps && l3d_cli_int("generate", "--tp", tps, 1, 1 << 16, &v)) return 2;
+    job.tp = tps ? (int)v : 1;
+    if (pps && l3d_cli_int("generate", "--pp", pps, 1, 1 << 16, &v)) return 2;
+    job.pp = pps ? (int)v : 1;
+    if (threads && l3d_cli_int("generate", "--threads", threads, 0, 4096, &v)) return 2;
+    job.nthreads = threads ? (int)v : 0;
+    job.sp.temperature = (float)T;
+    job.sp.top_k = (int)k;
+    job.sp.top_p = (float)P;
+    job.sp.min_p = (float)MP;
+    job.sp.repeat_penalty = (float)R;
+    job.sp.frequency_penalty = (float)FP;
+    job.sp.presence_penalty = (float)PP;
+    job.sp.penalty_last_n = (int)n_last;
+    job.sp.seed = (uint64_t)s;
+    job.set_temp = temp != NULL;
+    job.set_topp = topp != NULL;
+    job.set_topk = topk != NULL;
 
-    l3d_ctx_t *ctx = NULL;
-    l3d_status st = l3d_cli_ctx_create(1, &ctx);
-    if (st < 0) return l3d_cli_fail("generate", NULL, st);
-    l3d_device_t *dev = NULL;
-    l3d_model_t *m = NULL;
-    l3d_tokenizer_t *tok = NULL;
-    l3d_kv_cache_t *cache = NULL;
-    l3d_sampler_t *sampler = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
-    float *logits = NULL;
-    int rc = L3D_EXIT_OK;
-    L3D_CHECK_GOTO(ctx, open_model(ctx, ckpt, &dev, &m), st, fail);
-    const l3d_model_config_t *cfg = l3d_model_config(m);
-    L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &tok), st, fail);
-    L3D_CHECK_GOTO(ctx, l3d_tokenizer_encode(tok, prompt, strlen(prompt), 1, &ids, &n_ids), st, fail);
-    int cap = (int)L3D_MIN((long long)cfg->max_position_embeddings, (long long)n_ids + n_new);
-    if ((int)n_ids >= cap) {
-        st = l3d_error(ctx, L3D_ERR_CONFIG, "the prompt has %zu tokens; the model's context is "
-                       "%d", n_ids, cfg->max_position_embeddings);
-        goto fail;
-    }
-    L3D_CHECK_GOTO(ctx, l3d_kv_cache_create(m, cap, &cache), st, fail);
-    L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg->vocab_size, &sp, &sampler), st, fail);
-    logits = malloc((size_t)cfg->vocab_size * sizeof(float));
-    if (!logits) {
-        st = L3D_ERR_NOMEM;
-        goto fail;
-    }
-    L3D_CHECK_GOTO(ctx, put_text(ctx, prompt, strlen(prompt)), st, fail);
-    double t0 = l3d_time_now();
-    L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, ids, (int)n_ids, logits), st, fail);
-    double t_prefill = l3d_time_now() - t0;
-    for (size_t i = 0; i < n_ids; i++)  // the prompt counts for the penalties, as in llama.cpp
-        L3D_CHECK_GOTO(ctx, l3d_sampler_accept(sampler, ids[i]), st, fail);
-    int produced = 0;
-    double t1 = l3d_time_now();
-    while (produced < n_new && l3d_kv_cache_len(cache) < cap) {
-        int32_t next = 0;
-        L3D_CHECK_GOTO(ctx, l3d_sampler_sample(sampler, logits, &next), st, fail);
-        produced++;
-        if (next == tok->eos_id) break;
-        char buf[16];
-        size_t len = 0;
-        if (next < tok->vocab_size) {
-            L3D_CHECK_GOTO(ctx, l3d_tokenizer_token_to_piece(tok, next, buf, sizeof(buf), &len),
-                           st, fail);
-            L3D_CHECK_GOTO(ctx, put_text(ctx, buf, len), st, fail);
+    // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
+    int world = job.tp * job.pp, rank = 0;
+    if (l3d_cli_launched()) {
+        l3d_ctx_t *ctx = NULL;
+        l3d_launch_env_t env = {0};
+        l3d_status st = l3d_cli_ctx_create(0, &ctx);
+        if (st >= 0) st = l3d_launch_env_read(ctx, &env);
+        if (st >= 0) st = l3d_mesh_check_world(ctx, 1, job.tp, job.pp, env.size);
+        if (st < 0) {
+            int rc = l3d_cli_fail("generate", ctx, st);
+            l3d_ctx_destroy(ctx);
+            return rc;
         }
-        if (l3d_kv_cache_len(cache) >= cap) break;
-        L3D_CHECK_GOTO(ctx, l3d_model_decode(m, cache, &next, 1, logits), st, fail);
+        l3d_ctx_destroy(ctx);
+        rank = env.rank;
+        world = env.size;
+        if (!job.nthreads && env.local_size > 0) job.nthreads = L3D_MAX(1, l3d_num_cores() / env.local_size);
+        return l3d_cli_run_process("generate", &job, rank, world, gen_rank);
     }
-    double dt = l3d_time_now() - t1;
-    fprintf(stderr, "\nl3d generate: prompt %zu tokens in %.3f s (%.1f tokens/s), %d tokens in "
-            "%.3f s (%.1f tokens/s)\n", n_ids, t_prefill, t_prefill > 0 ? n_ids / t_prefill : 0.0,
-            produced, dt, dt > 0 ? produced / dt : 0.0);
-    goto out;
-fail:
-    rc = l3d_cli_fail("generate", ctx, st);
-out:
-    free(logits);
-    l3d_sampler_destroy(sampler);
-    l3d_kv_cache_destroy(cache);
-    if (ids) l3d_tokens_free(ctx, ids, n_ids);
-    l3d_tokenizer_destroy(tok);
-    l3d_model_destroy(m);
-    l3d_device_destroy(dev);
-    l3d_ctx_destroy(ctx);
-    return rc;
-}
-
-// "1,2,3" -> ids; every entry a non-negative integer.
-static int parse_tokens(const char *s, int32_t **ids_p, int *n_p) {
-    int cap = 16, n = 0;
-    int32_t *ids = malloc((size_t)cap * sizeof(int32_t));
-    if (!ids) return -1;
-    const char *p = s;
-    while (*p) {
-        char *end = NULL;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-            fprintf(stderr, "l3d forward: --tokens: entry %d of '%s' is not a token id\n", n + 1, s);
-            free(ids);
-            return -1;
-        }
-        if (n == cap) {
-            cap *= 2;
-            int32_t *g = realloc(ids, (size_t)cap * sizeof(int32_t));
-            if (!g) {
-                free(ids);
-                return -1;
-            }
-            ids = g;
-        }
-        ids[n++] = (int32_t)v;
-        p = *end ? end + 1 : end;
-    }
-    if (!n) {
-        fprintf(stderr, "l3d forward: --tokens is empty\n");
-        free(ids);
-        return -1;
-    }
-    *ids_p = ids;
-    *n_p = n;
-    return 0;
-}
-
-int l3d_cmd_forward(int argc, char **argv) {
-    const char *ckpt = NULL, *tokens = NULL, *outp = NULL, *help = NULL;
-    const l3d_cli_flag_t flags[] = {
-        {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
-        {"--tokens", "ID,ID,...", "token ids of one sequence", &tokens, 0},
-        {"--out", "FILE", "float32 little-endian logits (T x vocab), row-major", &outp, 0},
-        {"--help", NULL, "this text", &help, 1},
-    };
-    int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
-    if (l3d_cli_parse("forward", argc, argv, 2, flags, nflags)) return L3D_EXIT_USAGE;
-    if (help) {
-        l3d_cli_usage(stdout, "forward", "--checkpoint DIR --tokens IDS --out FILE", flags, nflags);
-        return L3D_EXIT_OK;
-    }
-    if (!ckpt || !tokens || !outp) {
-        fprintf(stderr, "l3d forward: --checkpoint, --tokens and --out are required\n");
+    if (world > L3D_CLI_MAX_THREADED_RANKS) {
+        fprintf(stderr, "l3d generate: tp %d x pp %d = %d ranks is more than %d threads of one "
+                "process; start them as processes (l3d launch -n %d)\n", job.tp, job.pp, world,
+                L3D_CLI_MAX_THREADED_RANKS, world);
         return L3D_EXIT_USAGE;
     }
-    int32_t *ids = NULL;
-    int n = 0;
-    if (parse_tokens(tokens, &ids, &n)) return L3D_EXIT_USAGE;
-    l3d_ctx_t *ctx = NULL;
-    l3d_status st = l3d_cli_ctx_create(1, &ctx);
-    if (st < 0) {
-        free(ids);
-        return l3d_cli_fail("forward", NULL, st);
-    }
-    l3d_device_t *dev = NULL;
-    l3d_model_t *m = NULL;
-    float *logits = NULL;
-    int rc = L3D_EXIT_OK;
-    L3D_CHECK_GOTO(ctx, open_model(ctx, ckpt, &dev, &m), st, fail);
-    const l3d_model_config_t *cfg = l3d_model_config(m);
-    if (n > cfg->max_position_embeddings) {
-        st = l3d_error(ctx, L3D_ERR_CONFIG, "--tokens has %d ids; the model's context is %d", n,
-                       cfg->max_position_embeddings);
-        goto fail;
-    }
-    size_t bytes = (size_t)n * (size_t)cfg->vocab_size * sizeof(float);
-    logits = malloc(bytes);
-    if (!logits) {
-        st = l3d_error(ctx, L3D_ERR_NOMEM, "allocating %zu bytes of logits", bytes);
-        goto fail;
-    }
-    L3D_CHECK_GOTO(ctx, l3d_model_logits(m, ids, n, logits), st, fail);
-    l3d_iovec_t io = {logits, bytes};
-    int e = l3d_file_write(outp, &io, 1);
-    if (e) {
-        // A path that cannot name an output file is bad input; a full or failing disk is not.
-        int bad_path = e == -ENOENT || e == -ENOTDIR || e == -EISDIR || e == -EACCES ||
-                       e == -EPERM || e == -ELOOP || e == -ENAMETOOLONG;
-        st = l3d_error(ctx, bad_path ? L3D_ERR_CONFIG : L3D_ERR_IO, "--out %s: %s", outp,
-                       strerror(-e));
-        goto fail;
-    }
-    goto out;
-fail:
-    rc = l3d_cli_fail("forward", ctx, st);
-out:
-    free(logits);
-    free(ids);
-    l3d_model_destroy(m);
-    l3d_device_destroy(dev);
-    l3d_ctx_destroy(ctx);
-    return rc;
+    if (!job.nthreads && world > 1) job.nthreads = L3D_MAX(1, l3d_num_cores() / world);
+    if (world == 1) return l3d_cli_run_process("generate", &job, 0, 1, gen_rank);
+    return l3d_cli_run_threads("generate", &job, world, gen_rank);
 }

@@ -8,6 +8,9 @@
 
 #include "cli/cli.h"
 
+// The most ranks a layout without a launcher runs as threads of one process.
+#define L3D_CLI_MAX_THREADED_RANKS 4096
+
 // One rank's run and its outcome.
 typedef struct l3d_cli_rank {
     const char *cmd;   // "train": starts the messages

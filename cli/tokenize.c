@@ -63,9 +63,8 @@ static l3d_status write_output(l3d_ctx_t *ctx, const char *path, const void *dat
                      strerror(-e));
 }
 
-// [{"role": "...", "content": "..."}, ...] -> messages pointing into the JSON tree.
-static l3d_status read_chat(l3d_ctx_t *ctx, const char *path, json_t **root_p,
-                            l3d_chat_message_t **msgs_p, size_t *n_p) {
+l3d_status l3d_cli_read_chat(l3d_ctx_t *ctx, const char *path, json_t **root_p,
+                             l3d_chat_message_t **msgs_p, size_t *n_p) {
     json_error_t err;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
     if (!root)
@@ -221,7 +220,7 @@ int l3d_cmd_tokenize(int argc, char **argv) {
         L3D_CHECK_GOTO(ctx, decode_ids(ctx, tok, in, out), st, fail);
     } else if (chat) {
         size_t nm = 0;
-        L3D_CHECK_GOTO(ctx, read_chat(ctx, chat, &root, &msgs, &nm), st, fail);
+        L3D_CHECK_GOTO(ctx, l3d_cli_read_chat(ctx, chat, &root, &msgs, &nm), st, fail);
         L3D_CHECK_GOTO(ctx, l3d_tokenizer_encode_chat(tok, msgs, nm, date, &ids, &n), st, fail);
         L3D_CHECK_GOTO(ctx, put_ids(ctx, out, ids, n), st, fail);
     } else {

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/ranks.h"
 #include "cli/train.h"
 #include "core/bootstrap.h"
 #include "core/checkpoint_dist.h"
@@ -15,7 +16,6 @@
 
 // A layout without a launcher runs as threads of this process: at most this many (l3d launch's
 // limit on processes).
-#define L3D_TRAIN_MAX_THREADED_RANKS 4096
 
 // --model: a preset, a config.json, or a directory (a checkpoint with weights: training starts
 // from them).
@@ -261,10 +261,10 @@ int l3d_cmd_train(int argc, char **argv) {
     if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
     if (!launched) {
         long long n = (long long)cfg->dp * cfg->tp * cfg->pp;
-        if (n > L3D_TRAIN_MAX_THREADED_RANKS) {
+        if (n > L3D_CLI_MAX_THREADED_RANKS) {
             fprintf(stderr, "l3d train: dp %d x tp %d x pp %d = %lld ranks is more than %d "
                     "threads of one process; start them as processes (l3d launch -n %lld)\n",
-                    cfg->dp, cfg->tp, cfg->pp, n, L3D_TRAIN_MAX_THREADED_RANKS, n);
+                    cfg->dp, cfg->tp, cfg->pp, n, L3D_CLI_MAX_THREADED_RANKS, n);
             goto out;
         }
         nworld = (int)n;

@@ -168,6 +168,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
 }
 
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c) { return c->rows; }
+int l3d_kv_cache_capacity(const l3d_kv_cache_t *c) { return c->cap; }
 
 // The public single-model entry points serve a whole model; a tensor- or pipeline-parallel
 // part is served by core/infer_parallel.c.

@@ -35,6 +35,7 @@ typedef struct l3d_kv_cache l3d_kv_cache_t;
 l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
                        float *out, size_t ldo, const float *x_prev, float *x_next);
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c);
+int l3d_kv_cache_capacity(const l3d_kv_cache_t *c);
 
 // Refuses (L3D_ERR_CONFIG, saying how much `what` needs and how much is available) an
 // allocation of `need` bytes that the machine and the process's cgroup cannot give.

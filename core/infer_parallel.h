@@ -1,0 +1,31 @@
+// Inference on a tensor- and pipeline-parallel layout: each rank holds its part of the model
+// (its tp slice of its pipeline stage's layers, read from the checkpoint alone) and of the KV
+// cache; a decode runs the stages in turn and gives every rank the same full logits, so every
+// rank samples the same token from the same seed and no token is sent.
+// defines: l3d_infer_t, l3d_infer_create, l3d_infer_decode, l3d_infer_destroy,
+//          l3d_infer_config, l3d_infer_model
+#ifndef L3D_INFER_PARALLEL_H
+#define L3D_INFER_PARALLEL_H
+
+#include "llama3d/comm.h"
+#include "llama3d/config.h"
+#include "llama3d/device.h"
+#include "llama3d/model.h"
+
+typedef struct l3d_infer l3d_infer_t;
+
+// Collective over `world` (NULL: a single rank; then tp = pp = 1): the mesh (dp 1, Megatron's
+// tp-fastest order), this rank's model part with its weights from checkpoint `dir` (checked
+// first, as l3d_model_open does), and a KV cache of `capacity` positions. `dev` must outlive it.
+l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
+                            const char *dir, int capacity, l3d_infer_t **inf_p);
+void l3d_infer_destroy(l3d_infer_t *inf);
+const l3d_model_config_t *l3d_infer_config(const l3d_infer_t *inf);
+l3d_model_t *l3d_infer_model(l3d_infer_t *inf);
+int l3d_infer_len(const l3d_infer_t *inf);  // positions in the cache
+// Appends tokens[0..n) (the same on every rank) and writes the logits of the last one
+// (vocab_size floats, host) on every rank. Collective over the world. Beyond the capacity:
+// L3D_ERR_INVALID_ARG.
+l3d_status l3d_infer_decode(l3d_infer_t *inf, const int32_t *tokens, int n, float *logits);
+
+#endif
