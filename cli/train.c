@@ -23,13 +23,14 @@ static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_train_config_t *cfg)
     l3d_status st;
     l3d_model_config_t *out = &cfg->model;
     snprintf(cfg->model_source, sizeof(cfg->model_source), "%s", v);
-    cfg->weights_dir[0] = 0;
+    cfg->weights_dir[0] = cfg->model_dir[0] = 0;
     for (const char *const *p = l3d_model_config_preset_names(); *p; p++)
         if (!strcmp(*p, v)) return l3d_model_config_preset(ctx, v, out);
     if (l3d_path_is_dir(v)) {
         char path[1024];
         snprintf(path, sizeof(path), "%s/config.json", v);
         st = l3d_model_config_from_file(ctx, path, out);
+        snprintf(cfg->model_dir, sizeof(cfg->model_dir), "%s", v);
         if (st >= 0 && (l3d_hf_is_weights_dir(v) || l3d_ckpt_dist_is(v)))
             snprintf(cfg->weights_dir, sizeof(cfg->weights_dir), "%s", v);
     } else if (l3d_path_exists(v)) {
@@ -109,6 +110,7 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
     if (c->shuffle)
         snprintf(order, sizeof(order), "shuffled, seed %llu",
                  (unsigned long long)(c->data_seed_set ? c->data_seed : c->seed));
+    if (c->tokenizer_path[0]) printf("  tokenizer %s\n", c->tokenizer_path);
     if (t && c->eval_fraction > 0.0)
         printf("  data %s (%lld tokens, training on the first %lld, %s); device %s, %d threads\n",
                data, (long long)l3d_trainer_data_tokens(t), (long long)l3d_trainer_train_tokens(t),
@@ -151,13 +153,15 @@ int l3d_cmd_train(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
                *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
-               *consolidated = NULL, *ds_config = NULL;
+               *consolidated = NULL, *ds_config = NULL, *tokp = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
         {"--deepspeed_config", "FILE", "the same as --config (DeepSpeed's spelling)", &ds_config,
          0},
         {"--model", "NAME|FILE|DIR", "preset name, HF config.json, or checkpoint dir", &model, 0},
         {"--data", "FILE", "UTF-8 text, or .bin of little-endian uint32 token ids", &data, 0},
+        {"--tokenizer", "PATH", "tokenizer.json, tokenizer.model or a directory for text data "
+         "(default: the model directory's, else bytes)", &tokp, 0},
         {"--steps", "N", "optimizer steps to run (total, counting resumed ones)", &steps, 0},
         {"--seq-len", "T", "tokens per sequence", &seq, 0},
         {"--seed", "S", "initialisation seed", &seed, 0},
@@ -218,6 +222,7 @@ int l3d_cmd_train(int argc, char **argv) {
     // Resuming restores the checkpoint's own weights (and optimizer state).
     if (resume) cfg->weights_dir[0] = 0;
     if (data) snprintf(cfg->data_path, sizeof(cfg->data_path), "%s", data);
+    if (tokp) snprintf(cfg->tokenizer_path, sizeof(cfg->tokenizer_path), "%s", tokp);
 #define INT_FLAG(str, flag, lo, hi, field)                                   \
     if (str) {                                                               \
         if (l3d_cli_int("train", flag, str, lo, hi, &v)) goto out;           \
@@ -259,6 +264,9 @@ int l3d_cmd_train(int argc, char **argv) {
     if (launched && (st = l3d_mesh_check_world(ctx, cfg->dp, cfg->tp, cfg->pp, nworld)) < 0)
         goto fail;
     if ((st = l3d_train_config_finalize(ctx, cfg)) < 0) goto fail;
+    // A resumed run reads its text with the tokenizer its checkpoint carries.
+    if (resume && !cfg->tokenizer_path[0] && l3d_tokenizer_dir_has(resume))
+        snprintf(cfg->tokenizer_path, sizeof(cfg->tokenizer_path), "%s", resume);
     if (!launched) {
         long long n = (long long)cfg->dp * cfg->tp * cfg->pp;
         if (n > L3D_CLI_MAX_THREADED_RANKS) {

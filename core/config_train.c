@@ -21,6 +21,7 @@
 #include "core/pipeline.h"
 #include "core/l3d_core.h"
 #include "llama3d/config.h"
+#include "llama3d/tokenizer.h"
 #include "platform/platform.h"
 
 // ---- defaults ----------------------------------------------------------------------------
@@ -123,7 +124,7 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
         free(text);
         L3D_CHECK(j->ctx, st);
         snprintf(cfg->model_source, sizeof(cfg->model_source), "(inline)");
-        cfg->weights_dir[0] = 0;
+        cfg->weights_dir[0] = cfg->model_dir[0] = 0;
         return L3D_OK;
     }
     if (!json_is_string(m))
@@ -141,7 +142,7 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
         if (strcmp(s, names[i]) == 0) {
             L3D_CHECK(j->ctx, l3d_model_config_preset(j->ctx, s, &cfg->model));
             snprintf(cfg->model_source, sizeof(cfg->model_source), "%s", s);
-            cfg->weights_dir[0] = 0;
+            cfg->weights_dir[0] = cfg->model_dir[0] = 0;
             return L3D_OK;
         }
     }
@@ -154,14 +155,15 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
     else
         snprintf(path, sizeof(path), "%s", s);
     cfg->weights_dir[0] = 0;
+    cfg->model_dir[0] = 0;
     if (l3d_path_is_dir(path) > 0) {
+        if (strlen(path) >= sizeof(cfg->model_dir))
+            return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: model: path longer than %zu "
+                             "characters", j->origin, sizeof(cfg->model_dir) - 1);
+        memcpy(cfg->model_dir, path, strlen(path) + 1);
         // A checkpoint directory with weights: training starts from them.
-        if (l3d_hf_is_weights_dir(path) || l3d_ckpt_dist_is(path)) {
-            if (strlen(path) >= sizeof(cfg->weights_dir))
-                return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: model: path longer than %zu "
-                                 "characters", j->origin, sizeof(cfg->weights_dir) - 1);
-            snprintf(cfg->weights_dir, sizeof(cfg->weights_dir), "%s", path);
-        }
+        if (l3d_hf_is_weights_dir(path) || l3d_ckpt_dist_is(path))
+            memcpy(cfg->weights_dir, path, strlen(path) + 1);
         size_t len = strlen(path);
         snprintf(path + len, sizeof(path) - len, "/config.json");
     }
@@ -319,12 +321,15 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "data", &sec));
     if (sec) {
         static const char *const keys[] = {"path",          "seq_len", "eval_path",
-                                           "eval_fraction", "shuffle", "seed"};
+                                           "eval_fraction", "shuffle", "seed", "tokenizer"};
         L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "data", keys, L3D_ARRAY_LEN(keys), NULL));
         int have = 0;
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "data", "path", cfg->data_path,
                                               sizeof(cfg->data_path), &have));
         if (have) L3D_CHECK(j->ctx, relative_to_config(j, "data.path", cfg->data_path));
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "data", "tokenizer", cfg->tokenizer_path,
+                                              sizeof(cfg->tokenizer_path), &have));
+        if (have) L3D_CHECK(j->ctx, relative_to_config(j, "data.tokenizer", cfg->tokenizer_path));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "data", "eval_path", cfg->eval_path,
                                               sizeof(cfg->eval_path), &have));
         if (have) L3D_CHECK(j->ctx, relative_to_config(j, "data.eval_path", cfg->eval_path));
@@ -422,6 +427,10 @@ l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     if (!cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "train config: NULL argument");
     const char *origin = cfg->origin[0] ? cfg->origin : "train config";
     L3D_CHECK(ctx, finalize(ctx, cfg, origin));
+    // Text is tokenized with data.tokenizer, else the tokenizer the model's directory carries
+    // (a Hugging Face model's own), else bytes.
+    if (!cfg->tokenizer_path[0] && cfg->model_dir[0] && l3d_tokenizer_dir_has(cfg->model_dir))
+        snprintf(cfg->tokenizer_path, sizeof(cfg->tokenizer_path), "%s", cfg->model_dir);
     // The batch identity and the layout involve dp, tp and pp, which command-line flags and
     // a launcher's world may change after the file: checked once, here.
     return l3d_train_config_check_layout(ctx, cfg, origin);

@@ -14,6 +14,11 @@
 // both. It is written to a unique temporary and renamed into place, so ranks tokenizing the
 // same text at once each publish a whole, identical file and a crash leaves no partial one.
 // A cache of an edited text stays behind under its old hash; deleting any of them is safe.
+//
+// A BPE tokenizer merges across characters, so the text is cut only where its pre-tokenizer
+// would split anyway (bpe_safe_cut); each read is cut into one piece per core at such places
+// and the pieces are encoded at once on a thread pool, their ids written in order: the ids
+// are those of encoding the whole text in one call.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +29,11 @@
 #include "platform/file_stream.h"
 #include "platform/platform.h"
 
-#define TEXT_CHUNK ((size_t)1 << 20)  // bytes read at a time
+#define TEXT_CHUNK ((size_t)4 << 20)  // bytes read at a time
+// A BPE read grows (doubling) until it holds a safe cut; a "line" longer than this is cut at
+// a character boundary instead (its ids near the cut may then differ from one-call encoding).
+#define TEXT_MAX_LINE ((size_t)64 << 20)
+#define TEXT_MAX_PIECES 64
 
 // ---- UTF-8 validation (RFC 3629: no overlongs, no surrogates, nothing past U+10FFFF) -------
 enum { UTF8_OK = 0, UTF8_BAD = 1, UTF8_TRUNCATED = 2 };
@@ -100,12 +109,13 @@ void l3d_dataset_cache_name(const char *dir, const char *text_path, uint64_t has
                             const l3d_tokenizer_t *tok, char *out, size_t cap) {
     const char *slash = strrchr(text_path, '/');
     const char *base = slash ? slash + 1 : text_path;
+    // tok->key: "bytes", or "bpe-" + the hash of the tokenizer's files
     if (dir)
-        snprintf(out, cap, "%s/%s.l3d-%s-%016llx.bin", dir, base, tok->ops->name,
+        snprintf(out, cap, "%s/%s.l3d-%s-%016llx.bin", dir, base, tok->key,
                  (unsigned long long)hash);
     else  // beside the text: its own directory part, as given
         snprintf(out, cap, "%.*s%s.l3d-%s-%016llx.bin", (int)(base - text_path), text_path,
-                 base, tok->ops->name, (unsigned long long)hash);
+                 base, tok->key, (unsigned long long)hash);
 }
 
 // ---- one pass over the text --------------------------------------------------------------
@@ -147,6 +157,95 @@ static l3d_status sink_put(sink_t *s, const int32_t *ids, size_t n) {
     return L3D_OK;
 }
 
+// ---- cutting and encoding in parallel ----------------------------------------------------
+// Where a BPE text may be cut without changing its ids: just after a '\n' followed by a
+// printable, non-space ASCII byte. Llama 3's pre-tokenizer (and GPT-2's and GPT-4's) never joins
+// a newline with a following non-space: its newline rules (\s*[\r\n]+, [^\s\p{L}\p{N}]+[\r\n]*)
+// end at the newline run and its letter, number and punctuation rules cannot start with one,
+// so the two sides encode as they do together. The last such place in (0, len], or 0.
+static int safe_at(const unsigned char *buf, size_t i) {
+    return buf[i - 1] == '\n' && buf[i] > ' ' && buf[i] < 0x7f;
+}
+static size_t bpe_safe_cut(const unsigned char *buf, size_t len) {
+    for (size_t i = len; i > 0; i--)
+        if (i < len && safe_at(buf, i)) return i;
+    return 0;
+}
+// The first safe place in [from, len), or len.
+static size_t bpe_next_cut(const unsigned char *buf, size_t from, size_t len) {
+    for (size_t i = from > 0 ? from : 1; i < len; i++)
+        if (safe_at(buf, i)) return i;
+    return len;
+}
+
+typedef struct encoder {
+    l3d_ctx_t *ctx;
+    l3d_tokenizer_t *tok;
+    l3d_pool_t *pool;       // NULL: one piece on this thread
+    l3d_allocator_t alloc;  // the pool's, through the ctx
+    int pieces;
+    const char *text;
+    size_t cut[TEXT_MAX_PIECES + 1];
+    int32_t *ids[TEXT_MAX_PIECES];
+    size_t n[TEXT_MAX_PIECES], cap[TEXT_MAX_PIECES];
+    l3d_status st[TEXT_MAX_PIECES];
+} encoder_t;
+
+static void *enc_alloc(size_t size, size_t align, const char *tag, void *user) {
+    (void)align;  // l3d_malloc aligns to L3D_ALIGN (64), all the pool asks for
+    return l3d_malloc((l3d_ctx_t *)user, size, tag);
+}
+static void enc_free(void *p, size_t size, void *user) { l3d_free((l3d_ctx_t *)user, p, size, "other"); }
+
+static void enc_task(void *arg, int t, int ntasks) {
+    (void)ntasks;
+    encoder_t *e = arg;
+    e->n[t] = 0;
+    e->st[t] = e->cut[t + 1] > e->cut[t]
+                   ? e->tok->ops->encode(e->tok, e->text + e->cut[t], e->cut[t + 1] - e->cut[t],
+                                         L3D_TOKENIZE_SPECIAL, &e->ids[t], &e->n[t], &e->cap[t])
+                   : L3D_OK;
+}
+
+static l3d_status encoder_init(l3d_ctx_t *ctx, l3d_tokenizer_t *tok, encoder_t *e) {
+    memset(e, 0, sizeof(*e));
+    e->ctx = ctx;
+    e->tok = tok;
+    e->pieces = 1;
+    int threads = l3d_ctx_settings(ctx)->num_threads;
+    if (threads <= 0) threads = l3d_num_cores();
+    if (threads > TEXT_MAX_PIECES) threads = TEXT_MAX_PIECES;
+    // The byte tokenizer runs at memory speed: one piece.
+    if (threads > 1 && strcmp(tok->ops->name, "bytes")) {
+        e->alloc = (l3d_allocator_t){enc_alloc, enc_free, ctx};
+        if (l3d_pool_create(threads, &e->alloc, &e->pool) == 0) e->pieces = threads;
+    }
+    return L3D_OK;
+}
+
+static void encoder_fini(encoder_t *e) {
+    for (int t = 0; t < TEXT_MAX_PIECES; t++)
+        l3d_free(e->ctx, e->ids[t], e->cap[t] * sizeof(int32_t), "data");
+    l3d_pool_destroy(e->pool);
+}
+
+// Encodes text[0..len) (cut only at safe places) into the sink, one piece per thread.
+static l3d_status encode_into(encoder_t *e, const unsigned char *text, size_t len, sink_t *sink) {
+    int p = e->pieces;
+    e->text = (const char *)text;
+    e->cut[0] = 0;
+    for (int k = 1; k < p; k++) {
+        size_t want = len / (size_t)p * (size_t)k;
+        e->cut[k] = want <= e->cut[k - 1] ? e->cut[k - 1] : bpe_next_cut(text, want, len);
+    }
+    e->cut[p] = len;
+    if (e->pool && p > 1) l3d_pool_run(e->pool, enc_task, e, p);
+    else for (int t = 0; t < p; t++) enc_task(e, t, p);
+    for (int t = 0; t < p; t++) L3D_CHECK(e->ctx, e->st[t]);
+    for (int t = 0; t < p; t++) L3D_CHECK(e->ctx, sink_put(sink, e->ids[t], e->n[t]));
+    return L3D_OK;
+}
+
 // Reads the whole text once in chunks, hashing it (*hash_p) and, with a sink, validating and
 // tokenizing it into the sink as BOS + ids + EOS. `doing` names the pass for the progress line.
 static l3d_status text_pass(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *tok,
@@ -156,12 +255,15 @@ static l3d_status text_pass(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
     int rc = l3d_file_in_open(path, &fd, &size);
     if (rc < 0) return l3d_dataset_file_error(ctx, path, rc);
     l3d_status st = L3D_OK;
-    int32_t *ids = NULL;
-    size_t ids_cap = 0, carry = 0;
+    size_t carry = 0, bufcap = TEXT_CHUNK;
     uint64_t h = L3D_FNV64_INIT, off = 0;  // off: bytes of the text processed
+    int bpe = sink && strcmp(tok->ops->name, "bytes") != 0;
+    encoder_t enc;
+    if (sink) encoder_init(ctx, tok, &enc);
     // +4: room for a sequence's first bytes carried over from the previous chunk.
-    unsigned char *buf = l3d_malloc(ctx, TEXT_CHUNK + 4, "data");
+    unsigned char *buf = l3d_malloc(ctx, bufcap + 4, "data");
     if (!buf) {
+        if (sink) encoder_fini(&enc);
         l3d_file_in_close(fd);
         return L3D_ERR_NOMEM;
     }
@@ -170,7 +272,7 @@ static l3d_status text_pass(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
     if (sink) L3D_CHECK_GOTO(ctx, sink_put(sink, &tok->bos_id, 1), st, out);
     for (;;) {
         size_t got = 0;
-        rc = l3d_file_in_read(fd, buf + carry, TEXT_CHUNK, &got);
+        rc = l3d_file_in_read(fd, buf + carry, bufcap - carry, &got);
         if (rc < 0) {
             st = l3d_error(ctx, L3D_ERR_IO, "reading %s: %s", path, strerror(-rc));
             goto out;
@@ -185,15 +287,33 @@ static l3d_status text_pass(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
                                path, (unsigned long long)(off + bad), why);
                 goto out;
             }
-            // A sequence cut by the chunk's end waits for the next chunk. Cutting only between
-            // whole characters is exact for the byte tokenizer; a tokenizer that merges across
-            // characters would need its own streaming seam.
+            // A sequence cut by the chunk's end waits for the next chunk (exact for the byte
+            // tokenizer); BPE waits for a safe cut, growing the read until one is in it.
             if (v == UTF8_TRUNCATED) use = bad;
-            size_t n = 0;
-            L3D_CHECK_GOTO(ctx,
-                           tok->ops->encode(tok, (const char *)buf, use, 0, &ids, &n, &ids_cap),
-                           st, out);
-            L3D_CHECK_GOTO(ctx, sink_put(sink, ids, n), st, out);
+            if (bpe && got > 0) {
+                size_t cut = bpe_safe_cut(buf, use);
+                if (cut == 0 && bufcap < TEXT_MAX_LINE) {
+                    unsigned char *bigger = l3d_malloc(ctx, 2 * bufcap + 4, "data");
+                    if (!bigger) {
+                        st = L3D_ERR_NOMEM;
+                        goto out;
+                    }
+                    memcpy(bigger, buf, len);
+                    l3d_free(ctx, buf, bufcap + 4, "data");
+                    buf = bigger;
+                    bufcap *= 2;
+                    carry = len;
+                    continue;
+                }
+                if (cut == 0)
+                    l3d_log(ctx, L3D_LOG_WARN, L3D_SUBSYS_DATA, "%s: no line break in %zu MiB "
+                            "at byte offset %llu: cut there (the ids at the cut may differ "
+                            "from encoding the text in one piece)", path, TEXT_MAX_LINE >> 20,
+                            (unsigned long long)off);
+                else
+                    use = cut;
+            }
+            L3D_CHECK_GOTO(ctx, encode_into(&enc, buf, use, sink), st, out);
         }
         h = l3d_fnv1a64(h, buf, use);
         off += use;
@@ -211,8 +331,8 @@ static l3d_status text_pass(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
     *hash_p = h;
 out:
     l3d_progress_end(&pr);
-    l3d_free(ctx, ids, ids_cap * sizeof(int32_t), "data");
-    l3d_free(ctx, buf, TEXT_CHUNK + 4, "data");
+    if (sink) encoder_fini(&enc);
+    l3d_free(ctx, buf, bufcap + 4, "data");
     l3d_file_in_close(fd);
     return st;
 }

@@ -635,6 +635,18 @@ static int is_file(const char *p) {
     return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
 }
 
+int l3d_tokenizer_dir_has(const char *dir) {
+    static const char *const names[] = {"tokenizer.json", "tokenizer.model",
+                                        "original/tokenizer.model"};
+    char file[4096];
+    if (!dir || !is_dir(dir)) return 0;
+    for (size_t k = 0; k < 3; k++) {
+        snprintf(file, sizeof(file), "%s/%s", dir, names[k]);
+        if (is_file(file)) return 1;
+    }
+    return 0;
+}
+
 l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t **tok_p) {
     if (!ctx || !path || !tok_p)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "tokenizer open: null argument");

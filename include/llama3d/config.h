@@ -136,6 +136,9 @@ typedef struct l3d_train_config {
 
     // llama3d's own sections
     char data_path[512];         // "" = the default data set
+    char tokenizer_path[512];    // data.tokenizer: tokenizer.json, tokenizer.model or a
+                                 // directory ("" = the model directory's, else bytes)
+    char model_dir[512];         // the model came from this directory ("" = not one)
     int seq_len;                 // data.seq_len: T
     int steps;                   // train.steps
     uint64_t seed;               // train.seed

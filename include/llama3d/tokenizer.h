@@ -43,6 +43,9 @@ typedef struct l3d_tokenizer l3d_tokenizer_t;
 // a missing file L3D_ERR_NOT_FOUND.
 l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t **tok_p);
 l3d_status l3d_tokenizer_create_bytes(l3d_ctx_t *ctx, l3d_tokenizer_t **tok_p);
+// Whether directory `dir` holds a tokenizer l3d_tokenizer_open would find (a model directory
+// that carries its tokenizer).
+int l3d_tokenizer_dir_has(const char *dir);
 void l3d_tokenizer_destroy(l3d_tokenizer_t *tok);  // NULL is fine
 
 // "bytes" or "bpe".
