@@ -317,3 +317,90 @@ Test(model, rope_llama3_scaling_bands) {
         cr_assert(fabs(inv[i] - want) <= 1e-6 * want, "inv_freq[%d] %g want %g", i, inv[i], want);
     }
 }
+
+// Several sequences in one cache: sequences at different positions advanced together by
+// l3d_model_decode_batch give, row for row, the logits of decoding each alone in a cache of
+// its own. 6 rows run the batched GEMMs as sgemm, a single token as matrix-vector products:
+// the sums differ in order only, so decode_matches_full_forward_at_width's bound applies
+// (attention over at most T keys, T the longest sequence).
+Test(model, batched_decode_matches_one_sequence_at_a_time) {
+    fixture_t f;
+    cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
+    l3d_device_params_t dp = {.num_threads = 2};
+    cr_assert_eq(l3d_device_create(f.ctx, "cpu", &dp, &f.dev), L3D_OK);
+    l3d_model_config_t cfg = small_config(1);
+    cfg.hidden_size = 128;
+    cfg.intermediate_size = 256;
+    cfg.head_dim = 32;
+    cfg.vocab_size = 300;
+    cfg.initializer_range = 0.05f;
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert_eq(l3d_model_init_weights(f.m, 11), L3D_OK);
+    enum { S = 6, CAP = 40, STEPS = 4 };
+    const int V = f.m->V, C = f.m->C, F = f.m->F, L = f.m->L;
+    const int prompt[S] = {7, 1, 12, 3, 20, 5};  // each sequence at its own position
+    int32_t tok[S][CAP];
+    for (int s = 0; s < S; s++) fill_tokens(tok[s], CAP, V, 100 + s);
+    l3d_kv_cache_t *batch = NULL, *alone[S];
+    cr_assert_eq(l3d_kv_cache_create_seqs(f.m, S, CAP, &batch), L3D_OK);
+    float *got = malloc(sizeof(float) * S * V), *want = malloc(sizeof(float) * V);
+    double *tol = malloc(sizeof(double) * V);
+    const float *W = f.m->params + f.m->head;
+    for (int v = 0; v < V; v++) {
+        double w2 = 0.0;
+        for (int k = 0; k < C; k++) w2 += (double)W[(size_t)v * C + k] * W[(size_t)v * C + k];
+        tol[v] = 2.0 * (L * (2.0 * C + F + CAP) + C) * 0x1p-24 * sqrt((double)C) * sqrt(w2);
+    }
+    for (int s = 0; s < S; s++) {
+        cr_assert_eq(l3d_kv_cache_create(f.m, CAP, &alone[s]), L3D_OK);
+        cr_assert_eq(l3d_model_decode_seq(f.m, batch, s, tok[s], prompt[s], want), L3D_OK);
+        cr_assert_eq(l3d_model_decode(f.m, alone[s], tok[s], prompt[s], want), L3D_OK);
+        cr_assert_eq(l3d_kv_cache_seq_len(batch, s), prompt[s]);
+    }
+    // Rows in another order than the sequences, and a step with a subset of them.
+    int seqs[S] = {3, 0, 5, 1, 4, 2};
+    double worst = 0.0;
+    for (int step = 0; step < STEPS; step++) {
+        int n = step == 2 ? 3 : S;
+        int32_t t[S];
+        for (int i = 0; i < n; i++) t[i] = tok[seqs[i]][l3d_kv_cache_seq_len(batch, seqs[i])];
+        cr_assert_eq(l3d_model_decode_batch(f.m, batch, seqs, t, n, got), L3D_OK, "%s",
+                     l3d_ctx_last_error(f.ctx));
+        for (int i = 0; i < n; i++) {
+            cr_assert_eq(l3d_model_decode(f.m, alone[seqs[i]], &t[i], 1, want), L3D_OK);
+            for (int v = 0; v < V; v++) {
+                double d = fabs((double)got[(size_t)i * V + v] - want[v]);
+                worst = fmax(worst, d / tol[v]);
+                cr_assert_leq(d, tol[v], "step %d sequence %d logit %d: batched %.9g, alone %.9g",
+                              step, seqs[i], v, got[(size_t)i * V + v], want[v]);
+            }
+        }
+    }
+    cr_log_info("largest difference: %.3g of the bound", worst);
+    // Misuse is a status.
+    int dup[2] = {1, 1};
+    int32_t two[2] = {0, 0};
+    cr_assert_eq(l3d_model_decode_batch(f.m, batch, dup, two, 2, got), L3D_ERR_INVALID_ARG);
+    int out_of_range = S;
+    cr_assert_eq(l3d_model_decode_batch(f.m, batch, &out_of_range, two, 1, got), L3D_ERR_INVALID_ARG);
+    int32_t bad = V;
+    cr_assert_eq(l3d_model_decode_batch(f.m, batch, seqs, &bad, 1, got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_model_decode_batch(f.m, batch, NULL, two, 1, got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_model_decode_seq(f.m, batch, -1, two, 1, want), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_kv_cache_create_seqs(f.m, 0, CAP, &alone[0]), L3D_ERR_INVALID_ARG);
+    // A reset sequence starts over: its next logits are those of a fresh cache.
+    cr_assert_eq(l3d_kv_cache_seq_reset(batch, 4), L3D_OK);
+    cr_assert_eq(l3d_kv_cache_seq_len(batch, 4), 0);
+    cr_assert_eq(l3d_model_decode_seq(f.m, batch, 4, tok[0], 3, got), L3D_OK);
+    l3d_kv_cache_t *fresh = NULL;
+    cr_assert_eq(l3d_kv_cache_create(f.m, CAP, &fresh), L3D_OK);
+    cr_assert_eq(l3d_model_decode(f.m, fresh, tok[0], 3, want), L3D_OK);
+    cr_assert(memcmp(got, want, sizeof(float) * V) == 0, "a reset sequence differs from a fresh one");
+    l3d_kv_cache_destroy(fresh);
+    for (int s = 0; s < S; s++) l3d_kv_cache_destroy(alone[s]);
+    l3d_kv_cache_destroy(batch);
+    free(tol);
+    free(got);
+    free(want);
+    close_model(&f);
+}

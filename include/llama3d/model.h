@@ -53,16 +53,37 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
 // row-major to host memory `logits`.
 l3d_status l3d_model_logits(l3d_model_t *model, const int32_t *tokens, int n, float *logits);
 
-// ---- KV-cached inference (one sequence) --------------------------------------------------
+// ---- KV-cached inference ----------------------------------------------------------------
+// Serving needs only a device, the model and a cache: memory is the weights plus
+// 2 x n_seq x layers x capacity x kv_heads x head_dim floats plus a bounded scratch (no
+// gradients, optimizer state or training activations). Every call on one cache must come
+// from one thread at a time. Misuse (NULL, a cache of another model, a sequence out of range,
+// positions past the capacity, a token outside the vocabulary) is L3D_ERR_INVALID_ARG.
 typedef struct l3d_kv_cache l3d_kv_cache_t;
-// A cache for up to `capacity` positions (<= max_position_embeddings).
+#define L3D_KV_MAX_SEQS 4096
+// A cache for one sequence of up to `capacity` positions (<= max_position_embeddings).
 l3d_status l3d_kv_cache_create(l3d_model_t *model, int capacity, l3d_kv_cache_t **cache_p);
+// A cache for n_seq sequences (1 .. L3D_KV_MAX_SEQS) of up to `capacity` positions each.
+l3d_status l3d_kv_cache_create_seqs(l3d_model_t *model, int n_seq, int capacity,
+                                    l3d_kv_cache_t **cache_p);
 void l3d_kv_cache_destroy(l3d_kv_cache_t *cache);
-int l3d_kv_cache_len(const l3d_kv_cache_t *cache);
-// Appends tokens[0..n) at the cache's current length and writes the logits of the LAST of
-// them (V floats, host memory). Beyond the capacity: L3D_ERR_INVALID_ARG.
+int l3d_kv_cache_len(const l3d_kv_cache_t *cache);               // sequence 0's positions
+int l3d_kv_cache_seq_len(const l3d_kv_cache_t *cache, int seq);  // 0 out of range
+// Empties sequence `seq` (a new conversation in its slot).
+l3d_status l3d_kv_cache_seq_reset(l3d_kv_cache_t *cache, int seq);
+// Appends tokens[0..n) to sequence 0 (l3d_model_decode) or `seq` and writes the logits of the
+// LAST of them (vocab_size floats, host memory): a prompt in as few passes as the scratch
+// allows, or one generated token.
 l3d_status l3d_model_decode(l3d_model_t *model, l3d_kv_cache_t *cache, const int32_t *tokens,
                             int n, float *last_logits);
+l3d_status l3d_model_decode_seq(l3d_model_t *model, l3d_kv_cache_t *cache, int seq,
+                                const int32_t *tokens, int n, float *last_logits);
+// Batched decode: appends tokens[i] to sequence seqs[i] for i < n (distinct sequences, each
+// at its own position) in one pass, and writes logits (n, vocab_size) row i for seqs[i]. The
+// weight GEMMs run once for all n rows; each row's logits equal what l3d_model_decode_seq of
+// that token alone gives, up to float32 rounding of the batched GEMMs.
+l3d_status l3d_model_decode_batch(l3d_model_t *model, l3d_kv_cache_t *cache, const int *seqs,
+                                  const int32_t *tokens, int n, float *logits);
 
 // Sampling (l3d_sampler_*) is include/llama3d/sampler.h.
 
