@@ -250,11 +250,12 @@ int l3d_kv_cache_seq_len(const l3d_kv_cache_t *c, int seq) {
     return c && seq >= 0 && seq < c->n_seq ? c->lens[seq] : 0;
 }
 
-l3d_status l3d_kv_cache_seq_reset(l3d_kv_cache_t *c, int seq) {
-    if (!c || seq < 0 || seq >= c->n_seq)
-        return l3d_error(c ? c->m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_kv_cache_seq_reset: "
-                         "sequence %d of a cache of %d", seq, c ? c->n_seq : 0);
-    c->lens[seq] = 0;  // its rows are overwritten as it grows again
+l3d_status l3d_kv_cache_seq_truncate(l3d_kv_cache_t *c, int seq, int keep) {
+    if (!c || seq < 0 || seq >= c->n_seq || keep < 0 || keep > c->lens[seq])
+        return l3d_error(c ? c->m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_kv_cache_seq_truncate: "
+                         "sequence %d of a cache of %d, keeping %d of its %d positions", seq,
+                         c ? c->n_seq : 0, keep, c && seq >= 0 && seq < c->n_seq ? c->lens[seq] : 0);
+    c->lens[seq] = keep;  // the rows past it are overwritten as it grows again
     c->len = c->lens[0];
     return L3D_OK;
 }

@@ -38,3 +38,29 @@ if(rc)
   message(FATAL_ERROR "the pkg-config consumer failed: ${rc}")
 endif()
 message(STATUS "install consumer: find_package and pkg-config builds both ran")
+# examples/chat: serving on the installed headers only (device, model, tokenizer, cache,
+# sampler), here on a checkpoint the installed l3d writes (the byte tokenizer: plain
+# continuation of each input line).
+file(REMOVE_RECURSE ${BIN}/chat-build ${BIN}/chat-ck)
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SRC}/examples/chat -B ${BIN}/chat-build
+                        -DCMAKE_PREFIX_PATH=${prefix} RESULT_VARIABLE rc)
+if(NOT rc)
+  execute_process(COMMAND ${CMAKE_COMMAND} --build ${BIN}/chat-build RESULT_VARIABLE rc)
+endif()
+if(rc)
+  message(FATAL_ERROR "building examples/chat against the installed archive failed: ${rc}")
+endif()
+execute_process(COMMAND ${prefix}/bin/l3d train --steps 5 --save ${BIN}/chat-ck
+                OUTPUT_QUIET RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "the installed l3d could not write a checkpoint: ${rc}")
+endif()
+file(WRITE ${BIN}/chat-input.txt "The GNU General\nPublic License\n")
+execute_process(COMMAND ${BIN}/chat-build/l3d-chat ${BIN}/chat-ck 12
+                INPUT_FILE ${BIN}/chat-input.txt OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+string(REGEX MATCHALL "\n" lines "${out}")
+list(LENGTH lines nlines)
+if(rc OR NOT nlines EQUAL 2)
+  message(FATAL_ERROR "l3d-chat failed (exit ${rc}) or did not answer both lines: '${out}'")
+endif()
+message(STATUS "examples/chat: answered two lines on the installed archive")

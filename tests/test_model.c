@@ -388,14 +388,21 @@ Test(model, batched_decode_matches_one_sequence_at_a_time) {
     cr_assert_eq(l3d_model_decode_batch(f.m, batch, NULL, two, 1, got), L3D_ERR_INVALID_ARG);
     cr_assert_eq(l3d_model_decode_seq(f.m, batch, -1, two, 1, want), L3D_ERR_INVALID_ARG);
     cr_assert_eq(l3d_kv_cache_create_seqs(f.m, 0, CAP, &alone[0]), L3D_ERR_INVALID_ARG);
-    // A reset sequence starts over: its next logits are those of a fresh cache.
-    cr_assert_eq(l3d_kv_cache_seq_reset(batch, 4), L3D_OK);
+    // A truncated sequence continues from its kept prefix: sequence 4 cut to nothing, then
+    // fed tok[0][0..3), gives the logits of a fresh cache fed the same.
+    cr_assert_eq(l3d_kv_cache_seq_truncate(batch, 4, l3d_kv_cache_seq_len(batch, 4) + 1),
+                 L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_kv_cache_seq_truncate(batch, 4, 0), L3D_OK);
     cr_assert_eq(l3d_kv_cache_seq_len(batch, 4), 0);
     cr_assert_eq(l3d_model_decode_seq(f.m, batch, 4, tok[0], 3, got), L3D_OK);
     l3d_kv_cache_t *fresh = NULL;
     cr_assert_eq(l3d_kv_cache_create(f.m, CAP, &fresh), L3D_OK);
     cr_assert_eq(l3d_model_decode(f.m, fresh, tok[0], 3, want), L3D_OK);
-    cr_assert(memcmp(got, want, sizeof(float) * V) == 0, "a reset sequence differs from a fresh one");
+    cr_assert(memcmp(got, want, sizeof(float) * V) == 0, "a truncated sequence differs from a fresh one");
+    // ... and cut back to 1 position and fed tok[0][1..3) again, the same.
+    cr_assert_eq(l3d_kv_cache_seq_truncate(batch, 4, 1), L3D_OK);
+    cr_assert_eq(l3d_model_decode_seq(f.m, batch, 4, tok[0] + 1, 2, got), L3D_OK);
+    cr_assert(memcmp(got, want, sizeof(float) * V) == 0, "a re-decoded suffix differs");
     l3d_kv_cache_destroy(fresh);
     for (int s = 0; s < S; s++) l3d_kv_cache_destroy(alone[s]);
     l3d_kv_cache_destroy(batch);

@@ -69,8 +69,9 @@ l3d_status l3d_kv_cache_create_seqs(l3d_model_t *model, int n_seq, int capacity,
 void l3d_kv_cache_destroy(l3d_kv_cache_t *cache);
 int l3d_kv_cache_len(const l3d_kv_cache_t *cache);               // sequence 0's positions
 int l3d_kv_cache_seq_len(const l3d_kv_cache_t *cache, int seq);  // 0 out of range
-// Empties sequence `seq` (a new conversation in its slot).
-l3d_status l3d_kv_cache_seq_reset(l3d_kv_cache_t *cache, int seq);
+// Keeps the first `keep` positions of sequence `seq` (0: a new conversation in its slot; a
+// shorter prefix: re-decode from where a new prompt differs from what the cache holds).
+l3d_status l3d_kv_cache_seq_truncate(l3d_kv_cache_t *cache, int seq, int keep);
 // Appends tokens[0..n) to sequence 0 (l3d_model_decode) or `seq` and writes the logits of the
 // LAST of them (vocab_size floats, host memory): a prompt in as few passes as the scratch
 // allows, or one generated token.
