@@ -104,7 +104,7 @@ EOF
     L3D_NUM_THREADS=$t /usr/bin/time -v "$L3D" generate --checkpoint "$tmp/ck" --prompt "$prompt" \
       --max-tokens "$GEN" --temperature 0 >/dev/null 2>"$tmp/l3.err" ||
       { tail -5 "$tmp/l3.err" >&2; die "l3d generate failed"; }
-    line=$(grep "^l3d generate: prompt" "$tmp/l3.err")
+    line=$(grep "^l3d generate: .*prompt [0-9]* tokens in" "$tmp/l3.err")
     read -r pp n tg < <(echo "$line" | sed -E 's/.*\(([0-9.]+) tokens\/s\), ([0-9]+) tokens in [0-9.]+ s \(([0-9.]+) tokens\/s\).*/\1 \2 \3/')
     produced=$n
     l3_pp=$(awk -v a="$l3_pp" -v b="$pp" 'BEGIN { print (b > a ? b : a) }')

@@ -95,6 +95,16 @@ def main():
     ap.add_argument("--gguf-py", required=True, help="the gguf-py folder of a llama.cpp checkout")
     a = ap.parse_args()
     sys.path.insert(0, a.gguf_py)
+    # gguf-py's vocab module imports sentencepiece at load time; the weights need none of it
+    # (no vocabulary is written), and PyPI is out of reach here: an empty stand-in module
+    # lets the package import where sentencepiece is not installed.
+    try:
+        import sentencepiece  # noqa: F401
+    except ImportError:
+        import types
+        sp = types.ModuleType("sentencepiece")
+        sp.SentencePieceProcessor = None
+        sys.modules["sentencepiece"] = sp
     import gguf  # noqa: E402  (the checkout's own package)
 
     cfg = json.load(open(os.path.join(a.checkpoint, "config.json")))

@@ -28,7 +28,8 @@ typedef struct gen_job {
     l3d_sampler_params_t sp;
     int set_temp, set_topp, set_topk;  // given on the command line (generation_config.json
                                        // supplies the others)
-    int tp, pp, nthreads;
+    int tp, pp, nthreads;  // nthreads: --threads (0: not given)
+    int local_ranks;       // ranks sharing this node's cores
 } gen_job_t;
 
 // Streams generated text: each piece is flushed at once, and a failed write (a full disk,
@@ -124,7 +125,10 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     char *piece = NULL;
     size_t piece_cap = 256;
     l3d_status st;
-    l3d_device_params_t dp = {.num_threads = job->nthreads};
+    // --threads, else L3D_NUM_THREADS, else the cores shared by this node's ranks.
+    int nt = job->nthreads ? job->nthreads : l3d_ctx_settings(ctx)->num_threads;
+    if (!nt && r->world > 1) nt = L3D_MAX(1, l3d_num_cores() / L3D_MAX(1, job->local_ranks));
+    l3d_device_params_t dp = {.num_threads = nt};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, l3d_ctx_settings(ctx)->device, &dp, &dev), st, fail);
     // The model's config first: the tokenizer is checked against its vocabulary and the
     // prompt against its context before any weight is read.
@@ -330,7 +334,7 @@ int l3d_cmd_generate(int argc, char **argv) {
         l3d_ctx_destroy(ctx);
         rank = env.rank;
         world = env.size;
-        if (!job.nthreads && env.local_size > 0) job.nthreads = L3D_MAX(1, l3d_num_cores() / env.local_size);
+        job.local_ranks = env.local_size > 0 ? env.local_size : 1;
         return l3d_cli_run_process("generate", &job, rank, world, gen_rank);
     }
     if (world > L3D_CLI_MAX_THREADED_RANKS) {
@@ -339,7 +343,7 @@ int l3d_cmd_generate(int argc, char **argv) {
                 L3D_CLI_MAX_THREADED_RANKS, world);
         return L3D_EXIT_USAGE;
     }
-    if (!job.nthreads && world > 1) job.nthreads = L3D_MAX(1, l3d_num_cores() / world);
+    job.local_ranks = world;
     if (world == 1) return l3d_cli_run_process("generate", &job, 0, 1, gen_rank);
     return l3d_cli_run_threads("generate", &job, world, gen_rank);
 }
