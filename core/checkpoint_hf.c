@@ -212,8 +212,11 @@ l3d_status l3d_hf_set_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const
     return L3D_OK;
 }
 
+#define PLACE_DROP ((size_t)16 << 20)
+
 l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t *e,
-                          const l3d_param_t *p, long long R, long long C, float *dst, size_t *n) {
+                          const l3d_param_t *p, long long R, long long C, float *dst, size_t *n,
+                          const l3d_st_file_t *f) {
     // A 1-D tensor is one row; its tp shard is a column range.
     int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
     int64_t row0 = p->ndim == 2 ? p->r0 : 0, col0 = p->ndim == 2 ? p->c0 : p->r0;
@@ -230,8 +233,15 @@ l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_
     int64_t y0 = R > row0 ? R : row0, y1 = R + h < row0 + rows ? R + h : row0 + rows;
     int64_t x0 = C > col0 ? C : col0, x1 = C + w < col0 + cols ? C + w : col0 + cols;
     *n = 0;
+    // The source rows already converted leave the process every PLACE_DROP bytes (a 2 GB
+    // embedding must not sit in memory twice, as file pages and as float32).
+    const char *dropped = (const char *)e->data;
     for (int64_t y = y0; y < y1 && x0 < x1; y++) {
         const char *src = (const char *)e->data + ((size_t)(y - R) * (size_t)w + (size_t)(x0 - C)) * es;
+        if (f && (size_t)(src - dropped) >= PLACE_DROP) {
+            l3d_st_drop_range(f, dropped, (size_t)(src - dropped));
+            dropped = src;
+        }
         float *d = dst + p->offset + (size_t)(y - row0) * (size_t)cols + (size_t)(x0 - col0);
         l3d_st_to_f32(e->dtype, src, (size_t)(x1 - x0), d);
         size_t bad = l3d_ckpt_nonfinite(d, (size_t)(x1 - x0));
@@ -277,7 +287,7 @@ l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *
             break;
         }
         size_t n = 0;
-        st = l3d_ckpt_place(ctx, path, e, p, 0, 0, dst, &n);
+        st = l3d_ckpt_place(ctx, path, e, p, 0, 0, dst, &n, set->files[file]);
         if (st >= 0 && (n != p->numel || (e->ndim == 2 && e->shape[0] * e->shape[1] !=
                                                               p->full[0] * p->full[1])))
             st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' does not have the shape of %s",

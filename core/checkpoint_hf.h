@@ -63,9 +63,12 @@ l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *
 
 // Copies the overlap of saved rectangle `e` (full-tensor rows [R, R+h), columns [C, C+w), any
 // float dtype) with tensor p's local shard into arena `dst` as float32; *n gets the elements
-// copied. A rectangle that does not fit p is L3D_ERR_FORMAT naming `path`.
+// copied. A rectangle that does not fit p is L3D_ERR_FORMAT naming `path`. With `f` (the
+// mapped file holding e; may be NULL) the converted source rows are dropped from memory as it
+// goes (l3d_st_drop_range).
 l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t *e,
-                          const l3d_param_t *p, long long R, long long C, float *dst, size_t *n);
+                          const l3d_param_t *p, long long R, long long C, float *dst, size_t *n,
+                          const l3d_st_file_t *f);
 
 // Writes m's whole-model arena `host` (host memory, single-rank layout) into dir as transformers
 // does: model.safetensors, or when the weights exceed max_shard_bytes (> 0) shards

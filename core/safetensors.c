@@ -405,6 +405,10 @@ void l3d_st_drop(const l3d_st_file_t *f, const l3d_st_tensor_t *t) {
     if (f && t && f->map) l3d_file_map_drop(f->map, f->map_len, t->data, t->end - t->begin);
 }
 
+void l3d_st_drop_range(const l3d_st_file_t *f, const void *data, size_t len) {
+    if (f && f->map) l3d_file_map_drop(f->map, f->map_len, data, len);
+}
+
 const char *l3d_st_metadata(const l3d_st_file_t *f, const char *key) {
     if (!f || !key) return NULL;
     for (size_t i = 0; i < f->n_meta; i++)

@@ -59,6 +59,8 @@ const l3d_st_tensor_t *l3d_st_find(const l3d_st_file_t *f, const char *name);
 // Drops tensor t's pages of a mapped file from the process's memory once it has been read
 // (a no-op for parsed buffers); reading t again maps them back in.
 void l3d_st_drop(const l3d_st_file_t *f, const l3d_st_tensor_t *t);
+// The same for bytes [data, data + len) of the file's data (whole pages inside it).
+void l3d_st_drop_range(const l3d_st_file_t *f, const void *data, size_t len);
 // A __metadata__ value, or NULL.
 const char *l3d_st_metadata(const l3d_st_file_t *f, const char *key);
 
