@@ -1,6 +1,9 @@
 // Thread pool: a fixed set of workers that sleep on a condition variable between runs,
 // so they never compete for cores with anything else while idle (OpenBLAS runs single
-// threaded inside our tasks; see devices/cpu/cpu_matmul.c).
+// threaded inside our tasks; see devices/cpu/cpu_matmul.c). Between runs that follow each
+// other closely (a decode step is ~40 runs in a few milliseconds) a worker first watches the
+// run counter for a few microseconds (POOL_SPIN pauses) before it sleeps, and the caller
+// watches the busy count likewise: a futex wake-up costs tens of microseconds per run.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
@@ -17,9 +20,9 @@ struct l3d_pool {
     pthread_mutex_t mu;
     pthread_cond_t start_cv;
     pthread_cond_t done_cv;
-    uint64_t generation;  // bumped per run; workers wait for a new one
+    _Atomic uint64_t generation;  // bumped per run (under mu); workers wait for a new one
     int shutdown;
-    int busy;  // workers still inside the current run
+    atomic_int busy;  // workers still inside the current run (changed under mu)
     // the current run
     l3d_pool_fn fn;
     void *arg;
@@ -48,14 +51,28 @@ static void pool_drain(l3d_pool_t *p) {
     }
 }
 
+// About 20 microseconds of watching before sleeping.
+#define POOL_SPIN 2000
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void *pool_worker(void *argp) {
     l3d_pool_t *p = argp;
     uint64_t seen = 0;
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!p->shutdown && p->generation == seen) pthread_cond_wait(&p->start_cv, &p->mu);
+        if (!p->shutdown && atomic_load(&p->generation) == seen) {
+            pthread_mutex_unlock(&p->mu);
+            for (int i = 0; i < POOL_SPIN && atomic_load(&p->generation) == seen; i++) cpu_relax();
+            pthread_mutex_lock(&p->mu);
+        }
+        while (!p->shutdown && atomic_load(&p->generation) == seen)
+            pthread_cond_wait(&p->start_cv, &p->mu);
         if (p->shutdown) break;
-        seen = p->generation;
+        seen = atomic_load(&p->generation);
         pthread_mutex_unlock(&p->mu);
         pool_drain(p);
         pthread_mutex_lock(&p->mu);
@@ -71,6 +88,8 @@ int l3d_pool_create(int nthreads, const l3d_allocator_t *alloc, l3d_pool_t **poo
     if (!p) return -ENOMEM;
     *p = (l3d_pool_t){.alloc = alloc, .nthreads = nthreads};
     atomic_init(&p->next_task, 0);
+    atomic_init(&p->generation, 0);
+    atomic_init(&p->busy, 0);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->start_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
@@ -127,11 +146,12 @@ void l3d_pool_run(l3d_pool_t *p, l3d_pool_fn fn, void *arg, int ntasks) {
     p->arg = arg;
     p->ntasks = ntasks;
     atomic_store_explicit(&p->next_task, 0, memory_order_relaxed);
-    p->busy = p->nthreads - 1;
-    p->generation++;
+    atomic_store(&p->busy, p->nthreads - 1);
+    atomic_fetch_add(&p->generation, 1);
     pthread_cond_broadcast(&p->start_cv);
     pthread_mutex_unlock(&p->mu);
     pool_drain(p);
+    for (int i = 0; i < POOL_SPIN && atomic_load(&p->busy) > 0; i++) cpu_relax();
     pthread_mutex_lock(&p->mu);
     while (p->busy > 0) pthread_cond_wait(&p->done_cv, &p->mu);
     pthread_mutex_unlock(&p->mu);
