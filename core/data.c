@@ -15,9 +15,9 @@
 #include "platform/file_stream.h"
 #include "platform/platform.h"
 
-static int has_suffix(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
+int l3d_dataset_is_bin(const char *path) {
+    size_t n = strlen(path);
+    return n >= 4 && !strcmp(path + n - 4, ".bin");
 }
 
 l3d_status l3d_dataset_file_error(l3d_ctx_t *ctx, const char *path, int rc) {
@@ -111,7 +111,7 @@ l3d_status l3d_dataset_load(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *t
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: vocab size %d must be positive", path,
                          vocab_size);
     l3d_dataset_impl_t *ds = NULL;
-    if (has_suffix(path, ".bin")) L3D_CHECK(ctx, l3d_dataset_load_bin(ctx, path, vocab_size, &ds));
+    if (l3d_dataset_is_bin(path)) L3D_CHECK(ctx, l3d_dataset_load_bin(ctx, path, vocab_size, &ds));
     else
         L3D_CHECK(ctx, l3d_dataset_load_text(ctx, path, tok, vocab_size, L3D_DATA_TEXT_INMEM_MAX,
                                              l3d_ctx_settings(ctx)->cache_dir, &ds));

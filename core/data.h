@@ -47,6 +47,9 @@ l3d_status l3d_tokens_reserve(l3d_ctx_t *ctx, int32_t **ids_p, size_t n, size_t 
                               size_t need);
 
 // ---- data set ----------------------------------------------------------------------------
+// Whether `path` names token ids (".bin") rather than text to tokenize.
+int l3d_dataset_is_bin(const char *path);
+
 // A token stream, read-only. Loaded from:
 //  - a file ending in ".bin": little-endian uint32 token ids (length a multiple of 4, every id
 //    < vocab_size: otherwise L3D_ERR_FORMAT naming the file, the offset and the id), mapped

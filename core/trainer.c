@@ -91,11 +91,13 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
         L3D_CHECK_GOTO(ctx, l3d_model_init_weights(t->model, cfg->seed), st, err);
     if (cfg->sequence_parallel && cfg->tp > 1) t->model->tp.sp = 1;
 
-    if (cfg->tokenizer_path[0])
+    // The tokenizer is read only when some data is text (.bin holds ids already).
+    const char *data = cfg->data_path[0] ? cfg->data_path : L3D_DEFAULT_DATA;
+    int text = !l3d_dataset_is_bin(data) || (cfg->eval_path[0] && !l3d_dataset_is_bin(cfg->eval_path));
+    if (cfg->tokenizer_path[0] && text)
         L3D_CHECK_GOTO(ctx, l3d_tokenizer_open(ctx, cfg->tokenizer_path, &t->tok), st, err);
     else
         L3D_CHECK_GOTO(ctx, l3d_tokenizer_create_bytes(ctx, &t->tok), st, err);
-    const char *data = cfg->data_path[0] ? cfg->data_path : L3D_DEFAULT_DATA;
     L3D_CHECK_GOTO(ctx, l3d_dataset_load(ctx, data, t->tok, cfg->model.vocab_size, &t->data), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dataset_check(ctx, t->data, cfg->seq_len), st, err);
     L3D_CHECK_GOTO(ctx, l3d_eval_init(t), st, err);

@@ -228,7 +228,24 @@ def check_llamacpp_script(seg):
         return "without a checkout: exit %d: %s" % (rc, out.strip()[-200:])
     return None
 
+def check_model_dir(seg):
+    """A command on a downloaded Hugging Face model directory: every flag it passes is one
+    `l3d COMMAND --help FLAG` accepts; the same flow runs on a Llama 3 directory made by the
+    tests (tests/reference/test_hf_checkpoint.py, tests/cli_generate.sh)."""
+    w = shlex.split(seg)
+    for a in w[2:]:
+        if a.startswith("--"):
+            rc, out, _ = sh("l3d %s --help %s" % (w[1], shlex.quote(a)), timeout=60)
+            if rc != 0 or "unknown flag" in out or "unexpected argument" in out:
+                return "l3d %s does not take %s: %s" % (w[1], a, out.strip()[-200:])
+    for t in ("tests/reference/test_hf_checkpoint.py", "tests/cli_generate.sh"):
+        if not os.path.isfile(os.path.join(SRC, t)): return "no " + t
+    return None
+
 CHECK_ONLY = [
+    (r"^l3d (train|generate) .*~/(models|runs)/", "needs a model downloaded from the Hugging Face hub "
+     "(gigabytes, no network here); checked: each flag is accepted, and the same commands run "
+     "on a Llama 3 directory the tests write", check_model_dir),
     (r"bash tools/install-deps\.sh$", "installs Debian packages as root; CI runs it", check_ci),
     (r"cmake -S \. -B build\b", "configures ./build; CI configures and builds the tested tree", check_ci),
     (r"cmake --build build\b", "builds ./build; CI builds the tested tree", check_ci),

@@ -187,8 +187,25 @@ def main():
                                   R.f32_to_bf16_bits(saved[k])) for k in w32)
         check(bits, "the BF16 save = torch's rounding of the float32 save of the same run")
 
+        # The other two dtype x layout pairs: BF16 shards, F32 in one file.
+        more = {}
+        for label, train_sec in (("bf16 shards", {"seed": 7, "save_dtype": "bfloat16",
+                                                  "save_max_shard_size": "40KB"}),
+                                 ("f32 one file", {"seed": 7, "save_dtype": "float32"})):
+            c = os.path.join(tmp, label.replace(" ", "_") + ".json")
+            R.write_json(c, dict(ds, train=train_sec))
+            more[label] = os.path.join(tmp, "out_" + label.replace(" ", "_"))
+            train(l3d, c, src, 2, [], os.path.join(tmp, label + ".jsonl"), more[label])
+        sharded = os.path.exists(os.path.join(more["bf16 shards"], "model.safetensors.index.json"))
+        _, dtb = R.read_hf_weights(more["bf16 shards"])
+        _, dtf = R.read_hf_weights(more["f32 one file"])
+        check(sharded and set(dtb.values()) == {"BF16"} and set(dtf.values()) == {"F32"} and
+              os.path.exists(os.path.join(more["f32 one file"], "model.safetensors")),
+              "save_max_shard_size \"40KB\" with bfloat16: BF16 shards; float32 alone: one F32 file")
+
         print("== 4. round trip")
-        for label, d in (("bf16 one file", out), ("f32 shards", out32)):
+        for label, d in (("bf16 one file", out), ("f32 shards", out32),
+                         ("bf16 shards", more["bf16 shards"]), ("f32 one file", more["f32 one file"])):
             t, _ = R.read_hf_weights(d)
             ours = forward(l3d, d, ids, os.path.join(tmp, "rt.logits"), cfg.V)
             e = R.rel_err_stats(ours, ref_logits(t, cfg, ids))
