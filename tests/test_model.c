@@ -111,11 +111,29 @@ Test(model, decode_matches_full_forward) {
 //   |decode - full| <= 2 (L (2C + F + T) + C) u sqrt(C) |w_v|.
 // A worst case: real rounding errors are far smaller and cancel, but a wrong position, cache
 // row or kernel bug moves logits by O(|w_v|), above it by orders of magnitude.
-Test(model, decode_matches_full_forward_at_width) {
+// A model of `cfg` on a 2-thread CPU device, weights from `seed`.
+static fixture_t open_wide(l3d_model_config_t cfg, uint64_t seed) {
     fixture_t f;
     cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
     l3d_device_params_t dp = {.num_threads = 2};
     cr_assert_eq(l3d_device_create(f.ctx, "cpu", &dp, &f.dev), L3D_OK);
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
+    cr_assert_eq(l3d_model_init_weights(f.m, seed), L3D_OK);
+    return f;
+}
+
+// The bound derived above, per logit v, for attention over at most T keys.
+static void head_tolerance(const l3d_model_t *m, int T, double *tol) {
+    const int V = m->V, C = m->C, F = m->F, L = m->L;
+    const float *W = m->params + m->head;
+    for (int v = 0; v < V; v++) {
+        double w2 = 0.0;
+        for (int k = 0; k < C; k++) w2 += (double)W[(size_t)v * C + k] * W[(size_t)v * C + k];
+        tol[v] = 2.0 * (L * (2.0 * C + F + T) + C) * 0x1p-24 * sqrt((double)C) * sqrt(w2);
+    }
+}
+
+Test(model, decode_matches_full_forward_at_width) {
     l3d_model_config_t cfg = small_config(1);
     cfg.hidden_size = 256;
     cfg.intermediate_size = 512;
@@ -124,20 +142,14 @@ Test(model, decode_matches_full_forward_at_width) {
     cfg.head_dim = 64;
     cfg.vocab_size = 1000;
     cfg.initializer_range = 0.05f;
-    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
-    cr_assert_eq(l3d_model_init_weights(f.m, 5), L3D_OK);
-    const int n = 100, V = f.m->V, C = f.m->C, F = f.m->F, L = f.m->L;
+    fixture_t f = open_wide(cfg, 5);
+    const int n = 100, V = f.m->V;
     int32_t tok[100];
     fill_tokens(tok, n, V, 9);
     float *full = malloc(sizeof(float) * n * V), *last = malloc(sizeof(float) * V);
     double *tol = malloc(sizeof(double) * V);
     cr_assert_eq(l3d_model_logits(f.m, tok, n, full), L3D_OK);
-    const float *W = f.m->params + f.m->head;
-    for (int v = 0; v < V; v++) {
-        double w2 = 0.0;
-        for (int k = 0; k < C; k++) w2 += (double)W[(size_t)v * C + k] * W[(size_t)v * C + k];
-        tol[v] = 2.0 * (L * (2.0 * C + F + n) + C) * 0x1p-24 * sqrt((double)C) * sqrt(w2);
-    }
+    head_tolerance(f.m, n, tol);
     l3d_kv_cache_t *c = NULL;
     cr_assert_eq(l3d_kv_cache_create(f.m, n, &c), L3D_OK);
     const int steps[] = {37, 1, 1, 3, 5, 1, 3};
@@ -324,20 +336,15 @@ Test(model, rope_llama3_scaling_bands) {
 // the sums differ in order only, so decode_matches_full_forward_at_width's bound applies
 // (attention over at most T keys, T the longest sequence).
 Test(model, batched_decode_matches_one_sequence_at_a_time) {
-    fixture_t f;
-    cr_assert_eq(l3d_ctx_create(NULL, &f.ctx), L3D_OK);
-    l3d_device_params_t dp = {.num_threads = 2};
-    cr_assert_eq(l3d_device_create(f.ctx, "cpu", &dp, &f.dev), L3D_OK);
     l3d_model_config_t cfg = small_config(1);
     cfg.hidden_size = 128;
     cfg.intermediate_size = 256;
     cfg.head_dim = 32;
     cfg.vocab_size = 300;
     cfg.initializer_range = 0.05f;
-    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &cfg, &f.m), L3D_OK, "%s", l3d_ctx_last_error(f.ctx));
-    cr_assert_eq(l3d_model_init_weights(f.m, 11), L3D_OK);
+    fixture_t f = open_wide(cfg, 11);
     enum { S = 6, CAP = 40, STEPS = 4 };
-    const int V = f.m->V, C = f.m->C, F = f.m->F, L = f.m->L;
+    const int V = f.m->V;
     const int prompt[S] = {7, 1, 12, 3, 20, 5};  // each sequence at its own position
     int32_t tok[S][CAP];
     for (int s = 0; s < S; s++) fill_tokens(tok[s], CAP, V, 100 + s);
@@ -345,12 +352,7 @@ Test(model, batched_decode_matches_one_sequence_at_a_time) {
     cr_assert_eq(l3d_kv_cache_create_seqs(f.m, S, CAP, &batch), L3D_OK);
     float *got = malloc(sizeof(float) * S * V), *want = malloc(sizeof(float) * V);
     double *tol = malloc(sizeof(double) * V);
-    const float *W = f.m->params + f.m->head;
-    for (int v = 0; v < V; v++) {
-        double w2 = 0.0;
-        for (int k = 0; k < C; k++) w2 += (double)W[(size_t)v * C + k] * W[(size_t)v * C + k];
-        tol[v] = 2.0 * (L * (2.0 * C + F + CAP) + C) * 0x1p-24 * sqrt((double)C) * sqrt(w2);
-    }
+    head_tolerance(f.m, CAP, tol);
     for (int s = 0; s < S; s++) {
         cr_assert_eq(l3d_kv_cache_create(f.m, CAP, &alone[s]), L3D_OK);
         cr_assert_eq(l3d_model_decode_seq(f.m, batch, s, tok[s], prompt[s], want), L3D_OK);
