@@ -207,7 +207,7 @@ static void enc_task(void *arg, int t, int ntasks) {
                    : L3D_OK;
 }
 
-static l3d_status encoder_init(l3d_ctx_t *ctx, l3d_tokenizer_t *tok, encoder_t *e) {
+static void encoder_init(l3d_ctx_t *ctx, l3d_tokenizer_t *tok, encoder_t *e) {
     memset(e, 0, sizeof(*e));
     e->ctx = ctx;
     e->tok = tok;
@@ -218,9 +218,9 @@ static l3d_status encoder_init(l3d_ctx_t *ctx, l3d_tokenizer_t *tok, encoder_t *
     // The byte tokenizer runs at memory speed: one piece.
     if (threads > 1 && strcmp(tok->ops->name, "bytes")) {
         e->alloc = (l3d_allocator_t){enc_alloc, enc_free, ctx};
+        // Without a pool (no thread to be had) the text is encoded in one piece.
         if (l3d_pool_create(threads, &e->alloc, &e->pool) == 0) e->pieces = threads;
     }
-    return L3D_OK;
 }
 
 static void encoder_fini(encoder_t *e) {

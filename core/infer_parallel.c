@@ -93,7 +93,9 @@ l3d_status l3d_infer_decode(l3d_infer_t *g, const int32_t *tokens, int n, float 
                          "the kv cache capacity %d", n, len, l3d_kv_cache_capacity(g->c));
     l3d_comm_t *ppc = g->mesh->group[L3D_MESH_PP], *tpc = g->mesh->group[L3D_MESH_TP];
     l3d_status st;
-    if (last) memset(g->row, 0, (size_t)V * sizeof(float));
+    // Under tp each rank writes its vocabulary slice and the sum assembles the row: the rest
+    // must be zero. One rank's head writes the whole row.
+    if (last && g->tp > 1) memset(g->row, 0, (size_t)V * sizeof(float));
     for (int done = 0; done < n;) {
         int k = L3D_MIN(rows, n - done);
         // Only the last pass's last row is wanted: earlier passes skip the head.

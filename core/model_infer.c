@@ -19,9 +19,9 @@
 
 struct l3d_kv_cache {
     l3d_model_t *m;
-    int cap, len;   // len: sequence 0's positions (the single-sequence API)
+    int cap;
     int n_seq, cur;  // cur: the sequence l3d_kv_pass works on
-    int *lens;      // (n_seq) positions of each sequence; lens[0] mirrors len
+    int *lens;       // (n_seq) positions of each sequence
     int rows, logit_rows;  // rows per pass, logit rows per head GEMM
     float *k, *v;  // (n_seq, L, cap, KVH*D)
     float *kt, *vt;  // (rows, KVH*D): a batch's new key/value rows before they are placed
@@ -125,7 +125,7 @@ void l3d_kv_cache_destroy(l3d_kv_cache_t *c) {
     l3d_free(c->m->ctx, c, sizeof(*c), "acts");
 }
 
-int l3d_kv_cache_len(const l3d_kv_cache_t *c) { return c ? c->len : 0; }
+int l3d_kv_cache_len(const l3d_kv_cache_t *c) { return c ? c->lens[0] : 0; }
 
 l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
                        float *out, size_t ldo, const float *x_prev, float *x_next) {
@@ -165,7 +165,6 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
         L3D_CHECK(ctx, l3d_dev_copy(dev, x_next, x, (size_t)n * C * sizeof(float), L3D_COPY_D2D));
         L3D_CHECK(ctx, l3d_dev_sync(dev));
         c->lens[c->cur] += n;
-        c->len = c->lens[0];
         return L3D_OK;
     }
     // The head for rows [first_row, n) (none when first_row == n), logit_rows at a time; under
@@ -189,7 +188,6 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
     }
     L3D_CHECK(ctx, l3d_dev_sync(dev));
     c->lens[c->cur] += n;
-    c->len = c->lens[0];
     return L3D_OK;
 }
 
@@ -256,7 +254,6 @@ l3d_status l3d_kv_cache_seq_truncate(l3d_kv_cache_t *c, int seq, int keep) {
                          "sequence %d of a cache of %d, keeping %d of its %d positions", seq,
                          c ? c->n_seq : 0, keep, c && seq >= 0 && seq < c->n_seq ? c->lens[seq] : 0);
     c->lens[seq] = keep;  // the rows past it are overwritten as it grows again
-    c->len = c->lens[0];
     return L3D_OK;
 }
 
@@ -363,7 +360,6 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
         }
         L3D_CHECK(ctx, l3d_dev_sync(dev));
         for (int i = r0; i < r0 + k; i++) c->lens[seqs[i]]++;
-        c->len = c->lens[0];
     }
     return L3D_OK;
 }
