@@ -1,12 +1,14 @@
 // Available memory: /proc/meminfo and the cgroup (v2 or v1) limits of this process. A model
 // that does not fit must be refused before it is allocated: with overcommit, malloc succeeds
 // and the OOM killer ends the process while the weights are being filled.
+#define _DEFAULT_SOURCE  // madvise and MADV_HUGEPAGE are not ISO C
 #include "platform/mem.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 // One unsigned number from a file of one line ("max" -> UINT64_MAX). 0 or -errno.
 static int read_u64(const char *path, uint64_t *v) {
@@ -134,4 +136,16 @@ int l3d_mem_available_at(const char *root, uint64_t *bytes_p, const char **src_p
 
 int l3d_mem_available(uint64_t *bytes_p, const char **src_p) {
     return l3d_mem_available_at("", bytes_p, src_p);
+}
+
+int l3d_mem_advise_huge(void *p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    const uintptr_t huge = (uintptr_t)2 << 20;  // x86-64 and aarch64 (4 KiB base pages)
+    uintptr_t lo = ((uintptr_t)p + huge - 1) & ~(huge - 1), hi = ((uintptr_t)p + bytes) & ~(huge - 1);
+    if (hi <= lo) return 0;
+    return madvise((void *)lo, hi - lo, MADV_HUGEPAGE) ? -errno : 0;
+#else
+    (void)p, (void)bytes;
+    return -ENOSYS;
+#endif
 }
