@@ -7,7 +7,7 @@
 #include "devices/cpu/cpu.h"
 #include "platform/mem.h"
 
-// Buffers from this size up are advised onto transparent huge pages (two of them at least).
+// Weight-like buffers from this size up are advised onto transparent huge pages (two at least).
 #define CPU_HUGE_MIN_BYTES ((size_t)4 << 20)
 
 // The pool's allocations go through the ctx so they show up in its accounting.
@@ -95,6 +95,10 @@ static void cpu_fini(l3d_device_t *dev) {
 }
 
 // ---- memory -------------------------------------------------------------------------------------
+static int streamed_whole(const char *tag) {
+    return tag && (!strcmp(tag, "params") || !strcmp(tag, "grads") || !strcmp(tag, "optim"));
+}
+
 static l3d_status cpu_alloc(l3d_device_t *dev, size_t bytes, const char *tag, void **ptr_p) {
     if (!ptr_p) return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "cpu alloc: NULL ptr_p");
     if (bytes == 0) {  // the contract allows NULL for 0 bytes; free(NULL) is a no-op
@@ -103,9 +107,11 @@ static l3d_status cpu_alloc(l3d_device_t *dev, size_t bytes, const char *tag, vo
     }
     void *p = l3d_malloc(dev->ctx, bytes, tag);
     if (!p) return L3D_ERR_NOMEM;
-    // Weights, gradients, moments and KV caches are streamed whole: huge pages cut the page
-    // walks (decode +8-12% here). Advice that fails (no THP) changes nothing.
-    if (bytes >= CPU_HUGE_MIN_BYTES) (void)l3d_mem_advise_huge(p, bytes);
+    // Weights, gradients and moments are streamed whole: huge pages cut the page walks
+    // (decode +8-12% here). Not activations and scratch: they are touched in part (a decode
+    // step writes one row of a prompt-sized buffer), and a huge page makes 2 MiB of each
+    // touched part resident. Advice that fails (no THP) changes nothing.
+    if (bytes >= CPU_HUGE_MIN_BYTES && streamed_whole(tag)) (void)l3d_mem_advise_huge(p, bytes);
     *ptr_p = p;
     return L3D_OK;
 }
