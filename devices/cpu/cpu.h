@@ -156,6 +156,7 @@ L3D_CPU_INLINE double l3d_cpu_sumd(const float *restrict x, int n) {
 // form spilled the partials and reloaded them lane by lane, a per-call cost that was ~8% of
 // decode's matrix-vector products (K = 384 is 24 iterations). Same bits as the array form.
 #if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 12)
+#define L3D_CPU_HAVE_V8F 1
 typedef float l3d_cpu_v8f __attribute__((vector_size(32)));
 typedef float l3d_cpu_v4f __attribute__((vector_size(16)));
 L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
@@ -178,6 +179,7 @@ L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict
     return s;
 }
 #else
+#define L3D_CPU_HAVE_V8F 0
 L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
     float acc[16] = {0};
     int i = 0;

@@ -1,7 +1,8 @@
 // Causal grouped-query attention, flash-attention style: queries and keys are walked in tiles,
 // scores live only in one (BQ,BK) tile, and the softmax is computed online (running max and
 // sum per query row), so the extra memory is O(BQ*(BK+D)) per thread plus the lse (B,H,Tq).
-// Tile products are single-threaded OpenBLAS calls on strided views of q, k, v (no copies).
+// Tile products are single-threaded OpenBLAS calls on strided views of q, k, v (no copies),
+// or plain loops for tiles of a few query rows.
 // defines: l3d_cpu_attention_fwd, l3d_cpu_attention_bwd
 #include <cblas.h>
 #include <math.h>
@@ -13,6 +14,10 @@ L3D_CPU_VECTORIZE
 
 #define BQ 64  // query rows per tile
 #define BK 64  // keys per tile
+// Tiles of up to this many query rows (decoding: one per sequence) take their two products as
+// dot products and row updates here: sgemm packed both operands of every (1,64)x(64,D) tile
+// product, ~3% of a decode step.
+#define DOT_ROWS 4
 
 typedef struct {
     float *out, *lse, *dq, *dk, *dv;
@@ -56,6 +61,33 @@ static size_t dkv_at(const attn_t *a, int b, int g, int j) {
 }
 
 // ---- forward ------------------------------------------------------------------------------------
+// o(D) += sum_c p[c] v[c](D) over nk rows of v (stride ldv), 16 columns at a time in two
+// 8-lane vectors, so the partial sums stay in registers across the rows (an array here was
+// kept in memory: a store and reload per row).
+L3D_CPU_INLINE void pv_row(float *restrict o, const float *restrict p, const float *restrict v,
+                           int nk, int ldv, int D) {
+    int e0 = 0;
+#if L3D_CPU_HAVE_V8F
+    for (; e0 + 16 <= D; e0 += 16) {
+        l3d_cpu_v8f lo, hi;
+        memcpy(&lo, o + e0, sizeof(lo));
+        memcpy(&hi, o + e0 + 8, sizeof(hi));
+        for (int c = 0; c < nk; c++) {
+            const float *restrict vr = v + (size_t)c * (size_t)ldv + e0;
+            l3d_cpu_v8f v0, v1;
+            memcpy(&v0, vr, sizeof(v0));
+            memcpy(&v1, vr + 8, sizeof(v1));
+            lo += p[c] * v0;
+            hi += p[c] * v1;
+        }
+        memcpy(o + e0, &lo, sizeof(lo));
+        memcpy(o + e0 + 8, &hi, sizeof(hi));
+    }
+#endif
+    for (int c = 0; c < nk; c++)
+        for (int e = e0; e < D; e++) o[e] += p[c] * v[(size_t)c * (size_t)ldv + e];
+}
+
 // Task (b, h, query tile). Scratch: S (BQ,BK), O (BQ,D), m (BQ), l (BQ).
 L3D_CPU_SIMD static void attn_fwd_task(void *arg, int task, int ntasks) {
     const attn_t *a = arg;
@@ -74,8 +106,14 @@ L3D_CPU_SIMD static void attn_fwd_task(void *arg, int task, int ntasks) {
         int nk = L3D_MIN(BK, jend - j0);
         const float *K = a->k + kv_at(a, b, g, j0), *V = a->v + kv_at(a, b, g, j0);
         // S(mq,nk) = scale * Q K^T
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mq, nk, D, a->scale, Q, ldq, K,
-                    ldkv, 0.0f, S, BK);
+        if (mq <= DOT_ROWS)
+            for (int r = 0; r < mq; r++)
+                for (int c = 0; c < nk; c++)
+                    S[(size_t)r * BK + c] = a->scale * l3d_cpu_dotf(Q + (size_t)r * (size_t)ldq,
+                                                                    K + (size_t)c * (size_t)ldkv, D);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mq, nk, D, a->scale, Q, ldq, K,
+                        ldkv, 0.0f, S, BK);
         for (int r = 0; r < mq; r++) {
             float *restrict s = S + (size_t)r * BK;
             int nv = L3D_MIN(nk, i0 + r + a->off + 1 - j0);  // visible keys in this tile
@@ -93,8 +131,12 @@ L3D_CPU_SIMD static void attn_fwd_task(void *arg, int task, int ntasks) {
             }
         }
         // O(mq,D) += P V
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mq, D, nk, 1.0f, S, BK, V, ldkv,
-                    1.0f, O, D);
+        if (mq <= DOT_ROWS)
+            for (int r = 0; r < mq; r++)
+                pv_row(O + (size_t)r * (size_t)D, S + (size_t)r * BK, V, nk, ldkv, D);
+        else
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mq, D, nk, 1.0f, S, BK, V,
+                        ldkv, 1.0f, O, D);
     }
     for (int r = 0; r < mq; r++) {
         float *restrict out = a->out + q_at(a, b, h, i0 + r);
