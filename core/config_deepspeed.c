@@ -274,13 +274,37 @@ static l3d_status parse_scheduler(const l3d_dsparser_t *p, json_t *root) {
 }
 
 // ---- fp16 and bf16 -----------------------------------------------------------------------
+// The loss-scaling keys, checked whether or not fp16 is enabled (a typo'd value is wrong in
+// either case). Bounds: every scale is a finite float32 (2^127 is the largest power of two).
+static l3d_status parse_loss_scaling(const l3d_cfgjson_t *j, json_t *f16, l3d_train_config_t *cfg) {
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, f16, "fp16", "loss_scale", L3D_NUM_GE0,
+                                          &cfg->fp16_loss_scale, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, f16, "fp16", "initial_scale_power", 0, 127,
+                                          &cfg->fp16_initial_scale_power, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, f16, "fp16", "loss_scale_window", 1, 1 << 30,
+                                          &cfg->fp16_loss_scale_window, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, f16, "fp16", "hysteresis", 1, 1 << 30,
+                                          &cfg->fp16_hysteresis, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, f16, "fp16", "consecutive_hysteresis",
+                                           &cfg->fp16_consecutive_hysteresis, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, f16, "fp16", "min_loss_scale", L3D_NUM_GT0,
+                                          &cfg->fp16_min_loss_scale, NULL));
+    const double fmax = 3.4028234663852886e38;
+    if (cfg->fp16_loss_scale > fmax || cfg->fp16_min_loss_scale > fmax)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: fp16.%s %g is beyond a float32's range",
+                         j->origin, cfg->fp16_loss_scale > fmax ? "loss_scale" : "min_loss_scale",
+                         cfg->fp16_loss_scale > fmax ? cfg->fp16_loss_scale
+                                                     : cfg->fp16_min_loss_scale);
+    return L3D_OK;
+}
+
 static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
     static const l3d_dskey_t k_fp16[] = {
         {"enabled", '*', NULL},           {"auto_cast", 'b', NULL},
-        {"loss_scale", 'n', NULL},        {"initial_scale_power", 'i', NULL},
-        {"loss_scale_window", 'i', NULL}, {"hysteresis", 'i', NULL},
-        {"consecutive_hysteresis", 'b', NULL}, {"min_loss_scale", 'n', NULL},
+        {"loss_scale", '*', NULL},        {"initial_scale_power", '*', NULL},
+        {"loss_scale_window", '*', NULL}, {"hysteresis", '*', NULL},
+        {"consecutive_hysteresis", '*', NULL}, {"min_loss_scale", '*', NULL},
         {"fp16_master_weights_and_grads", 'b', NULL}};
     static const l3d_dskey_t k_bf16[] = {{"enabled", '*', NULL},
                                         {"immediate_grad_update", 'b', NULL}};
@@ -292,6 +316,7 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
         L3D_CHECK(j->ctx,
                   l3d_dsconfig_check_section(p, f16, "fp16", k_fp16, L3D_ARRAY_LEN(k_fp16)));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, f16, "fp16", "enabled", &cfg->fp16, NULL));
+        L3D_CHECK(j->ctx, parse_loss_scaling(j, f16, cfg));
     }
     if (b16) {
         L3D_CHECK(j->ctx,

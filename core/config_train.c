@@ -55,6 +55,11 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->warmup_min_ratio = 0.0f;
     cfg->cos_min_ratio = 1e-4f;
     cfg->reduce_bucket_size = 5e8;  // DeepSpeed's default
+    // DeepSpeed's fp16 defaults (runtime/fp16 constants).
+    cfg->fp16_initial_scale_power = 16;
+    cfg->fp16_loss_scale_window = 1000;
+    cfg->fp16_hysteresis = 2;
+    cfg->fp16_min_loss_scale = 1.0;
     cfg->seq_len = 64;
     cfg->steps = 200;
     cfg->seed = 1;

@@ -16,6 +16,8 @@ const char *l3d_strerror(l3d_status st) {
     case L3D_ERR_PEER_FAILED: return "a peer rank failed";
     case L3D_ERR_TIMEOUT: return "timed out (raise L3D_COMM_TIMEOUT if the job is just slow)";
     case L3D_ERR_NOT_FOUND: return "not found";
+    case L3D_ERR_DIVERGED:
+        return "training diverged (lower the learning rate, enable gradient_clipping, or use bf16)";
     }
     return "unknown status";
 }

@@ -366,6 +366,12 @@ Test(config, seed_file) {
     cr_assert_eq(c.zero_stage, 3);
     cr_assert_eq(c.fp16, 1);
     cr_assert_eq(c.bf16, 0);
+    // Its loss scaling, parsed (DeepSpeed's names; min_loss_scale not given: the default 1).
+    cr_assert_eq(c.fp16_loss_scale, 0.0);
+    cr_assert_eq(c.fp16_initial_scale_power, 32);
+    cr_assert_eq(c.fp16_loss_scale_window, 1000);
+    cr_assert_eq(c.fp16_hysteresis, 2);
+    cr_assert_eq(c.fp16_min_loss_scale, 1.0);
     cr_assert_eq(c.activation_checkpointing, 1);
     cr_assert_eq(c.overlap_comm, 1);
     cr_assert_eq(c.reduce_bucket_size, 1e8);
@@ -660,6 +666,13 @@ Test(config, wrong_types_and_values) {
         {"{\"zero_optimization\": 3}", "zero_optimization: expected an object"},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"gpu\"}}}", "device"},
         {"{\"fp16\": {\"enabled\": true}, \"bf16\": {\"enabled\": true}}", "both"},
+        {"{\"fp16\": {\"initial_scale_power\": 128}}", "fp16.initial_scale_power"},
+        {"{\"fp16\": {\"hysteresis\": 0}}", "fp16.hysteresis"},
+        {"{\"fp16\": {\"loss_scale_window\": 0}}", "fp16.loss_scale_window"},
+        {"{\"fp16\": {\"min_loss_scale\": 0}}", "fp16.min_loss_scale"},
+        {"{\"fp16\": {\"loss_scale\": -1}}", "fp16.loss_scale"},
+        {"{\"fp16\": {\"loss_scale\": 1e39}}", "fp16.loss_scale 1e+39 is beyond"},
+        {"{\"fp16\": {\"consecutive_hysteresis\": 1}}", "fp16.consecutive_hysteresis"},
         {"{\"optimizer\": {\"type\": \"Lamb\"}}", "Adam and AdamW"},
         {"{\"optimizer\": {\"type\": \"OneBitAdam\"}}", "OneBitAdam"},
         {"{\"optimizer\": {\"params\": {}}}", "optimizer.type"},

@@ -129,6 +129,13 @@ typedef struct l3d_train_config {
 
     // precision, memory (accepted; effective or reported as notes)
     int fp16, bf16;
+    // fp16 loss scaling, DeepSpeed's keys and defaults (the rules: core/loss_scaler.h)
+    double fp16_loss_scale;           // fp16.loss_scale: 0 = dynamic, > 0 a static scale
+    int fp16_initial_scale_power;     // fp16.initial_scale_power: dynamic starts at 2^this (16)
+    int fp16_loss_scale_window;       // fp16.loss_scale_window: clean steps per doubling (1000)
+    int fp16_hysteresis;              // fp16.hysteresis: overflows per halving (2)
+    int fp16_consecutive_hysteresis;  // fp16.consecutive_hysteresis: a clean step refills (0)
+    double fp16_min_loss_scale;       // fp16.min_loss_scale: the floor (1)
     int zero_stage;
     int overlap_comm;
     double reduce_bucket_size;

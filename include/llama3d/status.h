@@ -24,6 +24,8 @@ typedef enum l3d_status {
     L3D_ERR_PEER_FAILED = -9,  // a remote rank died or sent garbage
     L3D_ERR_TIMEOUT = -10,     // a wait ran past its deadline
     L3D_ERR_NOT_FOUND = -11,   // a named thing (file, preset, tensor) does not exist
+    L3D_ERR_DIVERGED = -12,    // training diverged: the loss or the gradients are not finite
+                               // (and fp16 loss scaling cannot go lower)
 } l3d_status;
 
 // Static text for a status, saying what to do next. Never NULL.
