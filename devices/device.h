@@ -20,12 +20,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "llama3d/comm.h"  // l3d_dtype
 #include "llama3d/ctx.h"
 #include "llama3d/device.h"
 #include "llama3d/status.h"
 
 // 2: vocabulary-parallel embedding and cross-entropy entries (tensor parallelism).
-#define L3D_DEVICE_ABI_VERSION 2
+// 3: per-operand dtypes in gemm (float32 compute), and convert.
+#define L3D_DEVICE_ABI_VERSION 3
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -53,18 +55,23 @@ typedef enum l3d_copy_kind {
 // Batched: batch > 1 runs `batch` such products, the i-th on A + i*stride_a, B + i*stride_b,
 // C + i*stride_c (strides in elements; a stride of 0 shares that operand). batch 0 or 1 is one
 // product and ignores the strides, so designated initialisers may leave them out.
+// Dtypes (the shape cuBLASLt takes): each operand is L3D_FLOAT32 (0, the default),
+// L3D_BFLOAT16 or L3D_FLOAT16; products and sums are float32 whatever they are (alpha and
+// beta too), and a 16-bit C is rounded once, to nearest even, when the result is stored.
+// beta 0 never reads C. Any other dtype is L3D_ERR_INVALID_ARG.
 typedef struct l3d_gemm {
     int trans_a, trans_b;
     int M, N, K;
     float alpha, beta;
-    const float *A;
+    const void *A;
     int lda;
-    const float *B;
+    const void *B;
     int ldb;
-    float *C;
+    void *C;
     int ldc;
     int batch;
     size_t stride_a, stride_b, stride_c;
+    l3d_dtype a_type, b_type, c_type;
 } l3d_gemm_t;
 
 // Causal grouped-query attention dimensions. Queries are the last Tq positions of a
@@ -114,6 +121,13 @@ struct l3d_device_ops {
 
     // ---- ops ------------------------------------------------------------------------------
     l3d_status (*gemm)(l3d_device_t *dev, const l3d_gemm_t *g);
+
+    // dst(n) (dst_type) = src(n) (src_type), for float32, bfloat16 and float16: widening is
+    // exact; narrowing rounds to nearest, ties to even, overflows to inf, keeps inf and makes
+    // NaN a quiet NaN. dst and src do not overlap unless they are the same pointer and type.
+    // Other dtypes are L3D_ERR_INVALID_ARG.
+    l3d_status (*convert)(l3d_device_t *dev, void *dst, l3d_dtype dst_type, const void *src,
+                          l3d_dtype src_type, size_t n);
 
     // out(N,C) = table(V,C)[tokens(N)]. A token outside [0,V) is L3D_ERR_INVALID_ARG.
     l3d_status (*embedding_fwd)(l3d_device_t *dev, float *out, const int32_t *tokens,
@@ -243,6 +257,10 @@ static inline l3d_status l3d_dev_stream_sync(l3d_device_t *d, void *s) {
     return d->ops->stream_sync ? d->ops->stream_sync(d, s) : d->ops->sync(d);
 }
 static inline void l3d_dev_set_stream(l3d_device_t *d, void *s) { d->stream = s; }
+static inline l3d_status l3d_dev_convert(l3d_device_t *d, void *dst, l3d_dtype dst_type,
+                                         const void *src, l3d_dtype src_type, size_t n) {
+    return d->ops->convert(d, dst, dst_type, src, src_type, n);
+}
 static inline l3d_status l3d_dev_gemm(l3d_device_t *d, const l3d_gemm_t *g) {
     return d->ops->gemm(d, g);
 }

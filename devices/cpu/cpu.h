@@ -203,6 +203,12 @@ L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict
 
 // ---- ops (the contracts are in devices/device.h) -------------------------------------------
 l3d_status l3d_cpu_gemm(l3d_device_t *dev, const l3d_gemm_t *g);
+l3d_status l3d_cpu_convert(l3d_device_t *dev, void *dst, l3d_dtype dst_type, const void *src,
+                           l3d_dtype src_type, size_t n);
+// The conversion itself, dtypes already checked (cpu_convert.c); gemm widens with it.
+void l3d_cpu_convert_run(l3d_device_t *dev, void *dst, l3d_dtype dst_type, const void *src,
+                         l3d_dtype src_type, size_t n);
+int l3d_cpu_dtype_ok(l3d_dtype t);  // float32, bfloat16 or float16
 // The few-row form of gemm (cpu_gemv.c): !trans_a, trans_b, 1 <= M <= L3D_CPU_GEMV_MAX_M,
 // K >= 1, strides already checked. l3d_cpu_gemm picks it by shape alone.
 #define L3D_CPU_GEMV_MAX_M 4

@@ -150,6 +150,7 @@ const l3d_device_ops_t l3d_cpu_device_ops = {
     .memset = cpu_memset,
     .sync = cpu_sync,
     .gemm = l3d_cpu_gemm,
+    .convert = l3d_cpu_convert,
     .embedding_fwd = l3d_cpu_embedding_fwd,
     .embedding_bwd = l3d_cpu_embedding_bwd,
     .rmsnorm_fwd = l3d_cpu_rmsnorm_fwd,

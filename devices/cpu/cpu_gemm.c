@@ -28,9 +28,10 @@ typedef struct {
 
 static void gemm_tile(const l3d_gemm_t *g, int i0, int m, int j0, int n) {
     // op(A) rows i0.. : A(M,K) row i0, or A(K,M) column i0. op(B) columns j0.. likewise.
-    const float *a = g->trans_a ? g->A + i0 : g->A + (size_t)i0 * (size_t)g->lda;
-    const float *b = g->trans_b ? g->B + (size_t)j0 * (size_t)g->ldb : g->B + j0;
-    float *c = g->C + (size_t)i0 * (size_t)g->ldc + j0;
+    const float *A = g->A, *B = g->B;  // float32 here (gemm_widened converted the others)
+    const float *a = g->trans_a ? A + i0 : A + (size_t)i0 * (size_t)g->lda;
+    const float *b = g->trans_b ? B + (size_t)j0 * (size_t)g->ldb : B + j0;
+    float *c = (float *)g->C + (size_t)i0 * (size_t)g->ldc + j0;
     cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
                 g->trans_b ? CblasTrans : CblasNoTrans, m, n, g->K, g->alpha, a, g->lda, b,
                 g->ldb, g->beta, c, g->ldc);
@@ -58,7 +59,7 @@ static void gemm_split(int len, int target, int *tile_p, int *ntiles_p) {
 // C(M,N) = beta C without reading C when beta is 0 (BLAS semantics), for K == 0.
 static void gemm_scale_c(const l3d_gemm_t *g) {
     for (int i = 0; i < g->M; i++) {
-        float *c = g->C + (size_t)i * (size_t)g->ldc;
+        float *c = (float *)g->C + (size_t)i * (size_t)g->ldc;
         if (g->beta == 0.0f) memset(c, 0, sizeof(float) * (size_t)g->N);
         else
             for (int jj = 0; jj < g->N; jj++) c[jj] *= g->beta;
@@ -67,16 +68,76 @@ static void gemm_scale_c(const l3d_gemm_t *g) {
 
 static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g);
 
+// ---- 16-bit operands ------------------------------------------------------------------------
+// Elements an operand of `rows` rows of `cols` (row stride ld) spans in memory.
+static size_t span(int rows, int cols, int ld) {
+    return rows > 0 && cols > 0 ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
+}
+
+// bfloat16/float16 operands are widened to float32 copies (exact), the float32 product runs as
+// for float32 operands, and a 16-bit C is rounded once as each of its rows is stored back (the
+// padding between rows is not touched). Correct first: the copies cost memory traffic a
+// kernel reading 16-bit operands directly would not.
+static l3d_status gemm_widened(l3d_device_t *dev, const l3d_gemm_t *g) {
+    l3d_ctx_t *ctx = dev->ctx;
+    size_t na = g->trans_a ? span(g->K, g->M, g->lda) : span(g->M, g->K, g->lda);
+    size_t nb = g->trans_b ? span(g->N, g->K, g->ldb) : span(g->K, g->N, g->ldb);
+    size_t nc = span(g->M, g->N, g->ldc);
+    float *a = NULL, *b = NULL, *c = NULL;
+    l3d_gemm_t f = *g;
+    f.a_type = f.b_type = f.c_type = L3D_FLOAT32;
+    l3d_status st = L3D_OK;
+    if (g->a_type != L3D_FLOAT32 && na) {
+        if (!(a = l3d_malloc(ctx, na * sizeof(float), "scratch"))) return L3D_ERR_NOMEM;
+        l3d_cpu_convert_run(dev, a, L3D_FLOAT32, g->A, g->a_type, na);
+        f.A = a;
+    }
+    if (g->b_type != L3D_FLOAT32 && nb) {
+        if (!(b = l3d_malloc(ctx, nb * sizeof(float), "scratch"))) {
+            st = L3D_ERR_NOMEM;
+            goto out;
+        }
+        l3d_cpu_convert_run(dev, b, L3D_FLOAT32, g->B, g->b_type, nb);
+        f.B = b;
+    }
+    if (g->c_type != L3D_FLOAT32 && nc) {
+        if (!(c = l3d_malloc(ctx, nc * sizeof(float), "scratch"))) {
+            st = L3D_ERR_NOMEM;
+            goto out;
+        }
+        if (g->beta != 0.0f) l3d_cpu_convert_run(dev, c, L3D_FLOAT32, g->C, g->c_type, nc);
+        f.C = c;
+    }
+    st = gemm_one(dev, &f);
+    if (st >= 0 && c) {
+        size_t es = l3d_dtype_size(g->c_type);
+        for (int i = 0; i < g->M; i++)
+            l3d_cpu_convert_run(dev, (char *)g->C + (size_t)i * (size_t)g->ldc * es, g->c_type,
+                                c + (size_t)i * (size_t)g->ldc, L3D_FLOAT32, (size_t)g->N);
+    }
+out:
+    if (a) l3d_free(ctx, a, na * sizeof(float), "scratch");
+    if (b) l3d_free(ctx, b, nb * sizeof(float), "scratch");
+    if (c) l3d_free(ctx, c, nc * sizeof(float), "scratch");
+    return st;
+}
+
 // A batch runs its products one after another, each spread over the pool: the same tiles,
 // and so the same bits, as running them as separate calls.
 l3d_status l3d_cpu_gemm(l3d_device_t *dev, const l3d_gemm_t *g) {
+    if (!l3d_cpu_dtype_ok(g->a_type) || !l3d_cpu_dtype_ok(g->b_type) || !l3d_cpu_dtype_ok(g->c_type))
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "gemm: dtypes A %s B %s C %s (float32, "
+                         "bfloat16 and float16 only)", l3d_dtype_name(g->a_type),
+                         l3d_dtype_name(g->b_type), l3d_dtype_name(g->c_type));
     if (g->batch <= 1) return gemm_one(dev, g);
+    size_t ea = l3d_dtype_size(g->a_type), eb = l3d_dtype_size(g->b_type),
+           ec = l3d_dtype_size(g->c_type);
     for (int i = 0; i < g->batch; i++) {
         l3d_gemm_t one = *g;
         one.batch = 1;
-        one.A = g->A + (size_t)i * g->stride_a;
-        one.B = g->B + (size_t)i * g->stride_b;
-        one.C = g->C + (size_t)i * g->stride_c;
+        one.A = (const char *)g->A + (size_t)i * g->stride_a * ea;
+        one.B = (const char *)g->B + (size_t)i * g->stride_b * eb;
+        one.C = (char *)g->C + (size_t)i * g->stride_c * ec;
         L3D_CHECK(dev->ctx, gemm_one(dev, &one));
     }
     return L3D_OK;
@@ -92,6 +153,8 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "gemm: strides lda %d ldb %d ldc %d too small for %dx%dx%d (ta %d tb %d)",
                          g->lda, g->ldb, g->ldc, g->M, g->N, g->K, g->trans_a, g->trans_b);
+    if (g->a_type != L3D_FLOAT32 || g->b_type != L3D_FLOAT32 || g->c_type != L3D_FLOAT32)
+        return gemm_widened(dev, g);
     if (g->K == 0) {
         gemm_scale_c(g);
         return L3D_OK;

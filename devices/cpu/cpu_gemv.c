@@ -23,11 +23,12 @@ typedef struct {
 
 L3D_CPU_SIMD static void gemv_rows(const l3d_gemm_t *g, int j0, int j1) {
     const int M = g->M, K = g->K;
+    const float *A = g->A, *B = g->B;  // float32: cpu_gemm.c widened 16-bit operands
     for (int j = j0; j < j1; j++) {
-        const float *w = g->B + (size_t)j * (size_t)g->ldb;
+        const float *w = B + (size_t)j * (size_t)g->ldb;
         for (int m = 0; m < M; m++) {
-            float d = l3d_cpu_dotf(g->A + (size_t)m * (size_t)g->lda, w, K);
-            float *c = g->C + (size_t)m * (size_t)g->ldc + j;
+            float d = l3d_cpu_dotf(A + (size_t)m * (size_t)g->lda, w, K);
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
             // beta 0 never reads C (BLAS semantics: it may hold NaN).
             *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
         }
