@@ -77,14 +77,21 @@ void l3d_metrics_write(l3d_metrics_t *m, const l3d_step_stats_t *s) {
     if (!isnan(s->eval_loss))
         snprintf(eval, sizeof(eval), "\"eval_loss\": %.17g, ", s->eval_loss);
     if (m->fd >= 0) {
-        char line[1200];
+        // An fp16 step that overflowed has an infinite gradient norm (and may have a NaN
+        // loss): JSON has neither, so those are null.
+        char loss[32] = "null", gnorm[32] = "null";
+        if (isfinite(s->loss)) snprintf(loss, sizeof(loss), "%.17g", s->loss);
+        if (isfinite(s->grad_norm)) snprintf(gnorm, sizeof(gnorm), "%.17g", s->grad_norm);
+        char line[1280];
         int n = snprintf(
             line, sizeof(line),
-            "{\"step\": %d, \"loss\": %.17g, %s\"lr\": %.9g, \"grad_norm\": %.17g, "
+            "{\"step\": %d, \"loss\": %s, %s\"lr\": %.9g, \"grad_norm\": %s, "
+            "\"loss_scale\": %.17g, \"skipped\": %s, "
             "\"tokens_per_s\": %.6g, \"mfu\": %.6g, \"peak_flops\": %.6g, \"step_time_s\": %.6g, "
             "\"mem_peak_bytes\": %zu, \"comm_calls\": {\"tp\": %llu, \"dp\": %llu, \"pp\": %llu}, "
             "\"comm_bytes\": {\"tp\": %llu, \"dp\": %llu, \"pp\": %llu}}\n",
-            s->step, s->loss, eval, (double)s->lr, s->grad_norm, s->tokens_per_s, s->mfu,
+            s->step, loss, eval, (double)s->lr, gnorm, s->loss_scale,
+            s->skipped ? "true" : "false", s->tokens_per_s, s->mfu,
             s->peak_flops, s->step_time_s, s->mem_peak, (unsigned long long)s->comm_calls[0],
             (unsigned long long)s->comm_calls[1], (unsigned long long)s->comm_calls[2],
             (unsigned long long)s->comm_bytes[0], (unsigned long long)s->comm_bytes[1],

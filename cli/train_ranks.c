@@ -34,15 +34,19 @@ static void print_resumed(const char *dir, l3d_trainer_t *t, const l3d_train_con
     fflush(stdout);
 }
 
-static void print_step(const l3d_step_stats_t *s, int steps, int world) {
-    char comm[96] = "", eval[48] = "";
+static void print_step(const l3d_step_stats_t *s, int steps, int world, int fp16) {
+    char comm[96] = "", eval[48] = "", scale[80] = "";
     if (!isnan(s->eval_loss)) snprintf(eval, sizeof(eval), " | eval %.4f", s->eval_loss);
+    // fp16: the scale this step ran with, and the overflow skips (DeepSpeed's "OVERFLOW!").
+    if (fp16)
+        snprintf(scale, sizeof(scale), " | loss-scale %g%s | skipped %lld", s->loss_scale,
+                 s->skipped ? " OVERFLOW, skipped" : "", s->skipped_total);
     if (world > 1)
         snprintf(comm, sizeof(comm), " | comm MiB tp %.2f dp %.2f pp %.2f",
                  s->comm_bytes[0] / 1048576.0, s->comm_bytes[1] / 1048576.0,
                  s->comm_bytes[2] / 1048576.0);
-    printf("step %6d/%d | loss %.4f%s | lr %.3e | grad-norm %.4f | %.0f tok/s | mfu %.1f%%%s\n",
-           s->step, steps, s->loss, eval, (double)s->lr, s->grad_norm, s->tokens_per_s,
+    printf("step %6d/%d | loss %.4f%s | lr %.3e | grad-norm %.4f%s | %.0f tok/s | mfu %.1f%%%s\n",
+           s->step, steps, s->loss, eval, (double)s->lr, s->grad_norm, scale, s->tokens_per_s,
            100.0 * s->mfu, comm);
     fflush(stdout);
 }
@@ -97,9 +101,10 @@ static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
                    "now that (set train.peak_flops to choose it)\n", s.step, s.peak_flops / 1e9);
             said_roof = 1;
         }
+        // Overflow skips always print (DeepSpeed logs each one).
         if (rank == 0 && (s.step == 1 || s.step % print_every == 0 || s.step == cfg->steps ||
-                          !isnan(s.eval_loss)))
-            print_step(&s, cfg->steps, job->world);
+                          !isnan(s.eval_loss) || s.skipped))
+            print_step(&s, cfg->steps, job->world, cfg->fp16);
         if (cfg->save_dir[0] && cfg->save_interval > 0 && s.step % cfg->save_interval == 0 &&
             s.step < cfg->steps && (st = l3d_trainer_save(t, cfg->save_dir)) < 0)
             goto fail;

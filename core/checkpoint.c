@@ -6,6 +6,7 @@
 // saving leaves the previous checkpoint whole.
 #include <jansson.h>
 #include <stdio.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -300,6 +301,18 @@ l3d_status l3d_ckpt_write_state(l3d_trainer_t *t, const char *tmp) {
                           (json_int_t)t->data->n_tokens, "layout", "dp", c->dp, "tp", c->tp,
                           "pp", c->pp, "virtual_stages", t->model->nchunks);
     if (!s) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building trainer_state.json");
+    // The loss scaler's counters: a resumed run continues the same scale sequence, and its
+    // LR schedule and Adam step count skip what was skipped.
+    const l3d_loss_scaler_t *ls = &t->scaler;
+    json_t *lsj = json_pack("{s:b, s:f, s:I, s:I, s:i, s:I}", "dynamic", ls->dynamic, "scale",
+                            ls->scale, "iter",
+                            (json_int_t)ls->iter, "last_overflow", (json_int_t)ls->last_overflow,
+                            "hysteresis_left", ls->hysteresis_left, "skipped",
+                            (json_int_t)ls->skipped);
+    if (!lsj || json_object_set_new(s, "loss_scaler", lsj)) {
+        json_decref(s);
+        return l3d_error(t->ctx, L3D_ERR_NOMEM, "building trainer_state.json");
+    }
     char *text = json_dumps(s, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
     json_decref(s);
     if (!text) return l3d_error(t->ctx, L3D_ERR_NOMEM, "building trainer_state.json");
@@ -488,6 +501,34 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
     return L3D_OK;
 }
 
+// trainer_state.json's "loss_scaler" (absent in checkpoints written before it existed: the
+// scaler starts fresh and no step counts as skipped). The counters must fit the step count.
+// A dynamic scale continues from a dynamic one; otherwise the run keeps its own scale, but
+// always the checkpoint's skip count (the LR schedule's position depends on it).
+static l3d_status read_scaler(l3d_ctx_t *ctx, const char *path, json_t *o, int nstep,
+                              l3d_loss_scaler_t *ls) {
+    if (!o) return L3D_OK;
+    json_t *scale = json_object_get(o, "scale"), *iter = json_object_get(o, "iter"),
+           *last = json_object_get(o, "last_overflow"), *hyst = json_object_get(o, "hysteresis_left"),
+           *skip = json_object_get(o, "skipped");
+    if (!json_is_number(scale) || !json_is_integer(iter) || !json_is_integer(last) ||
+        !json_is_integer(hyst) || !json_is_integer(skip) || !(json_number_value(scale) > 0) ||
+        !isfinite(json_number_value(scale)) || json_integer_value(skip) < 0 ||
+        json_integer_value(skip) > nstep || json_integer_value(iter) < 0 ||
+        json_integer_value(iter) > nstep || json_integer_value(last) < -1 ||
+        json_integer_value(last) >= json_integer_value(iter) + (json_integer_value(iter) == 0) ||
+        json_integer_value(hyst) < 1)
+        return l3d_error(ctx, L3D_ERR_FORMAT, "%s: 'loss_scaler' is malformed or does not fit "
+                         "step %d", path, nstep);
+    ls->skipped = json_integer_value(skip);
+    if (!ls->dynamic || !json_is_true(json_object_get(o, "dynamic"))) return L3D_OK;
+    ls->scale = json_number_value(scale);
+    ls->iter = json_integer_value(iter);
+    ls->last_overflow = json_integer_value(last);
+    ls->hysteresis_left = (int)L3D_MIN(json_integer_value(hyst), (json_int_t)ls->hysteresis);
+    return L3D_OK;
+}
+
 static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     l3d_ctx_t *ctx = t->ctx;
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
@@ -512,6 +553,8 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
         st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: 'step' is missing or out of range", path);
     if (st >= 0) st = l3d_ckpt_check_layout(ctx, path, s, 0);
     int nstep = st >= 0 ? (int)json_integer_value(step) : 0;
+    l3d_loss_scaler_t ls = t->scaler;
+    if (st >= 0) st = read_scaler(ctx, path, json_object_get(s, "loss_scaler"), nstep, &ls);
     json_decref(s);
     L3D_CHECK(ctx, st);
     // The checkpoint's model must be this run's, and its files must hold all of it (weights
@@ -532,6 +575,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
         full_optim_release(t, &cs);
         L3D_CHECK(ctx, st);
         t->step = nstep;
+        t->scaler = ls;
         l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "resumed from sharded %s at step %d", dir,
                 nstep);
         return L3D_OK;
@@ -547,6 +591,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     full_optim_release(t, &cs);
     L3D_CHECK(ctx, st);
     t->step = nstep;
+    t->scaler = ls;
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "resumed from %s at step %d", dir, nstep);
     return L3D_OK;
 }

@@ -183,7 +183,7 @@ void l3d_monitor_write_step(l3d_monitor_t *m, const l3d_step_stats_t *s) {
     const l3d_monitor_event_t ev[] = {
         {"Train/Samples/train_loss", s->loss, x},
         {"Train/Samples/lr", s->lr, x},
-        {"Train/Samples/loss_scale", 1.0, x},
+        {"Train/Samples/loss_scale", s->loss_scale, x},
         {"Train/Samples/grad_norm", s->grad_norm, x},
         {"Train/Samples/tokens_per_s", s->tokens_per_s, x},
         {"Train/Samples/mfu", s->mfu, x},

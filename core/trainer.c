@@ -66,6 +66,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     if (!t) return L3D_ERR_NOMEM;
     t->ctx = ctx;
     t->cfg = *cfg;
+    l3d_loss_scaler_init(&t->scaler, cfg);
     // The same checks as l3d_train_config_finalize (a no-op after it): `l3d train --dry-run`
     // and the run refuse the same layouts with the same message.
     L3D_CHECK_GOTO(ctx, l3d_train_config_check_layout(ctx, &t->cfg, t->cfg.origin[0] ?
@@ -180,24 +181,40 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
     // the data-parallel reduction is a plain sum. dp rank r takes the global batch's
     // micro-batches r*A .. r*A + A-1 (A = accumulation steps), through this pipeline stage.
-    float grad_scale = (float)(1.0 / ((double)Bg * T));
+    // fp16 loss scaling (core/loss_scaler.h): the backward starts from the loss times S, and
+    // the update divides S out again. S is 1 without fp16; a dynamic S is a power of two, so
+    // scaling and unscaling are exact and, without an overflow, the update is bit for bit the
+    // unscaled one.
+    float S = (float)t->scaler.scale;
+    float grad_scale = (float)(1.0 / ((double)Bg * T)) * S;
     double loss_sum = 0.0;
     L3D_CHECK(ctx, l3d_pp_run(t, grad_scale, &loss_sum));
     L3D_CHECK(ctx, l3d_dp_reduce_finish(t));
     L3D_CHECK(ctx, l3d_dp_sum_double(t, t->dp.comm, &loss_sum));
     double loss = loss_sum / ((double)Bg * T);
-    if (!isfinite(loss))
-        return l3d_error(ctx, L3D_ERR_INTERNAL, "step %d: loss is %g; lower the learning rate "
+    // With dynamic loss scaling a non-finite loss is one more overflow (DeepSpeed skips it).
+    if (!isfinite(loss) && !t->scaler.dynamic)
+        return l3d_error(ctx, L3D_ERR_DIVERGED, "step %d: loss is %g; lower the learning rate "
                          "or enable gradient_clipping", t->step + 1, loss);
 
+    // The global sum of squares is every rank's (clipping needs it): an inf or NaN anywhere
+    // reaches all ranks, so they agree on an overflow without another collective.
     double sumsq = 0.0;
     L3D_CHECK(ctx, l3d_dp_grad_sumsq(t, &sumsq));
-    double norm = sqrt(sumsq);
-    float gscale = l3d_clip_scale(norm, cfg->gradient_clipping);
-    float lr = l3d_train_config_lr(cfg, t->step);
-    int k = t->step + 1;
-    float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));
-    L3D_CHECK(ctx, l3d_dp_update(t, lr, bc1, bc2, gscale));
+    double norm = sqrt(sumsq) / S;
+    int apply = 1;
+    L3D_CHECK(ctx, l3d_loss_scaler_update(ctx, &t->scaler, !isfinite(sumsq) || !isfinite(loss),
+                                          &apply));
+    // Updates applied before this one: skipped steps move neither the LR schedule nor Adam's
+    // step count (DeepSpeed steps neither on an overflow).
+    int done = t->step - (int)t->scaler.skipped + !apply;
+    float lr = l3d_train_config_lr(cfg, done);
+    if (apply) {
+        float gscale = l3d_clip_scale(norm, cfg->gradient_clipping) / S;
+        int k = done + 1;
+        float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));
+        L3D_CHECK(ctx, l3d_dp_update(t, lr, bc1, bc2, gscale));
+    }
     L3D_CHECK(ctx, l3d_dev_sync(dev));
     t->step++;
     double dt = l3d_time_now() - t0;
@@ -215,6 +232,9 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         stats->loss = loss;
         stats->lr = lr;
         stats->grad_norm = norm;
+        stats->loss_scale = S;
+        stats->skipped = !apply;
+        stats->skipped_total = t->scaler.skipped;
         stats->step_time_s = dt;
         stats->tokens_per_s = (double)Bg * T / dt;
         // The roof is one rank's: the job's is that times the ranks.

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/data.h"
+#include "core/loss_scaler.h"
 #include "core/mesh.h"
 #include "core/model_internal.h"
 #include "core/pipeline.h"
@@ -79,7 +80,8 @@ struct l3d_trainer {
     l3d_acts_t *acts;               // == pp.slots[0]
     l3d_pp_t pp;
     int32_t *h_tokens, *h_targets;  // (micro, T) host staging
-    int step;                       // optimizer steps done
+    int step;                       // optimizer steps done (skipped fp16 steps included)
+    l3d_loss_scaler_t scaler;       // fp16 loss scaling (a static 1 otherwise)
     double peak_flops;              // the MFU roof of one rank, FLOP/s (0: none)
     double flops_per_token;
 };

@@ -36,6 +36,11 @@ typedef struct l3d_step_stats {
     // communication of this rank during the step, per group [0] tp, [1] dp, [2] pp: calls and
     // bytes as l3d_comm_get_stats counts them (docs/parallel.md has the formulas)
     uint64_t comm_calls[3], comm_bytes[3];
+    // fp16 loss scaling (1, 0, 0 otherwise): the scale this step's backward used; whether the
+    // step was skipped for an overflow (no update, no LR-schedule step); skips so far
+    double loss_scale;
+    int skipped;
+    long long skipped_total;
 } l3d_step_stats_t;
 
 typedef struct l3d_mem_breakdown {
