@@ -153,7 +153,7 @@ int l3d_cmd_train(int argc, char **argv) {
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
                *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
-               *consolidated = NULL, *ds_config = NULL, *tokp = NULL;
+               *consolidated = NULL, *ds_config = NULL, *tokp = NULL, *world = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
         {"--deepspeed_config", "FILE", "the same as --config (DeepSpeed's spelling)", &ds_config,
@@ -177,6 +177,8 @@ int l3d_cmd_train(int argc, char **argv) {
         {"--tp", "N", "tensor-parallel size", &tp, 0},
         {"--pp", "N", "pipeline-parallel size", &pp, 0},
         {"--dry-run", NULL, "print the configuration and memory estimate, then stop", &dry, 1},
+        {"--world", "N", "with --dry-run: the job's world size, as l3d launch -n N would give it "
+         "(dp = N / (tp x pp) unless set); nothing is launched", &world, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -251,6 +253,24 @@ int l3d_cmd_train(int argc, char **argv) {
     // dp x tp x pp.
     int launched = l3d_cli_launched();
     l3d_launch_env_t env = {0};
+    if (world) {
+        // A dry run of a launched job: rank 0 of a world of N (the largest vocabulary block,
+        // so its figures bound every rank's), and the world checked as the run checks it.
+        if (!dry) {
+            fprintf(stderr, "l3d train: --world is for --dry-run (a run's world is l3d launch "
+                    "-n N, or dp x tp x pp threads)\n");
+            goto out;
+        }
+        if (launched) {
+            fprintf(stderr, "l3d train: --world under l3d launch: the launcher gives the world\n");
+            goto out;
+        }
+        if (l3d_cli_int("train", "--world", world, 1, 1 << 24, &v)) goto out;
+        nworld = (int)v;
+        if (cfg->dp_auto && nworld % (cfg->tp * cfg->pp) == 0)
+            cfg->dp = nworld / (cfg->tp * cfg->pp);
+        if ((st = l3d_mesh_check_world(ctx, cfg->dp, cfg->tp, cfg->pp, nworld)) < 0) goto fail;
+    }
     if (launched) {
         if ((st = l3d_launch_env_read(ctx, &env)) < 0) goto fail;
         rank = env.rank;
@@ -267,7 +287,7 @@ int l3d_cmd_train(int argc, char **argv) {
     // A resumed run reads its text with the tokenizer its checkpoint carries.
     if (resume && !cfg->tokenizer_path[0] && l3d_tokenizer_dir_has(resume))
         snprintf(cfg->tokenizer_path, sizeof(cfg->tokenizer_path), "%s", resume);
-    if (!launched) {
+    if (!launched && !world) {
         long long n = (long long)cfg->dp * cfg->tp * cfg->pp;
         if (n > L3D_CLI_MAX_THREADED_RANKS) {
             fprintf(stderr, "l3d train: dp %d x tp %d x pp %d = %lld ranks is more than %d "
@@ -292,7 +312,7 @@ int l3d_cmd_train(int argc, char **argv) {
         l3d_mem_breakdown_t mem;
         l3d_train_config_memory(cfg, &mem);
         if (rank == 0) l3d_train_print_config(cfg, NULL, nthreads);
-        l3d_train_print_memory(cfg, &mem, 1, rank, launched ? nworld : 1);
+        l3d_train_print_memory(cfg, &mem, 1, rank, launched || world ? nworld : 1);
         rc = L3D_EXIT_OK;
         goto out;
     }

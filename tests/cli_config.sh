@@ -34,6 +34,22 @@ sed 's/"gradient_accumulation_steps": 8/"gradient_accumulation_steps": 1/' \
   "$data/ds_config_seed.json" >"$tmp/seed_fixed.json"
 expect "the suggested fix runs on 8 ranks" 0 "batch 32 = micro 4 x accumulation 1 x dp 8" \
   "$L3D" launch -n 8 -- "$L3D" train --config "$tmp/seed_fixed.json" --dry-run
+# --world N: the same dry run without launching anything, and the same rank 0 memory line.
+expect "--world 8 --dry-run: the launched job's layout" 0 "batch 32 = micro 4 x accumulation 1 x dp 8" \
+  "$L3D" train --config "$tmp/seed_fixed.json" --world 8 --dry-run
+"$L3D" launch -n 8 -- "$L3D" train --config "$data/ds_config_seed.json" --model llama3-8b --tp 2 --pp 4 \
+  --dry-run 2>&1 | sed -n "s/^\[rank 0\] \(memory rank 0 \)/\1/p" >"$tmp/mem_launch"
+"$L3D" train --config "$data/ds_config_seed.json" --model llama3-8b --tp 2 --pp 4 --world 8 --dry-run 2>&1 |
+  grep "^memory rank 0 " >"$tmp/mem_world"
+if [ -s "$tmp/mem_world" ] && cmp -s "$tmp/mem_launch" "$tmp/mem_world"; then
+  ok "--world 8: the seed config with llama3-8b tp 2 x pp 4: rank 0's memory line as under l3d launch -n 8"
+else
+  fail "--world 8 memory line differs from the launched one" "$tmp/mem_launch" "$tmp/mem_world"
+fi
+expect "--world without --dry-run: exit 2" 2 "--world is for --dry-run" \
+  "$L3D" train --world 8 --steps 1
+expect "--world 6 with tp 4: the world's message" 2 "dp 1 x tp 4 x pp 1 = 4 ranks, but the world has 6" \
+  "$L3D" train --tp 4 --dp 1 --world 6 --dry-run
 echo '{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}' >"$tmp/dp2.json"
 expect "--dp 2 with a file whose batch holds for dp 2" 0 "batch 32 = micro 4 x accumulation 4 x dp 2" \
   "$L3D" train --config "$tmp/dp2.json" --dp 2 --dry-run
