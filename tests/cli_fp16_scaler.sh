@@ -103,5 +103,13 @@ PYEOF
 rc=$?
 [ $rc -eq 2 ] && grep -q "loss_scaler" "$tmp/bad.out"; check "a scaler that does not fit its step: exit 2 naming it (rc $rc)" $? "$tmp/bad.out"
 
+# 5. The floor: min_loss_scale 2^126 leaves one halving; the next overflow ends the run with
+#    DeepSpeed's reason (exit 1: the run diverged, the configuration was valid).
+echo "{\"fp16\": {\"enabled\": true, \"initial_scale_power\": 127, \"hysteresis\": 1, \"min_loss_scale\": 8.507059173023462e37}}" >"$tmp/floor.json"
+"$L3D" train --config "$tmp/floor.json" "${common[@]}" --steps 4 >"$tmp/floor.out" 2>&1
+rc=$?
+[ $rc -eq 1 ] && grep -q "step 2: gradients overflowed in fp16 with the loss scale already at its minimum" "$tmp/floor.out"
+check "overflow at min_loss_scale: exit 1, DeepSpeed's reason (rc $rc)" $? "$tmp/floor.out"
+
 echo "cli_fp16_scaler: $passes passed, $fails failed"
 [ $fails -eq 0 ]
