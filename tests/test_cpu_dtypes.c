@@ -211,3 +211,31 @@ Test(cpu_dtypes, gemm_beta_zero_never_reads_a_16bit_c_and_bad_types_fail) {
     cr_assert_eq(l3d_dev_gemm(dev, &g), L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "int64"), "%s", l3d_ctx_last_error(ctx));
 }
+
+// The matrix-vector kernel reads a bfloat16 B as stored (decode streams half the bytes): its
+// results are bit for bit those of the float32 kernel on the widened weights (widening is
+// exact and the sums run in the same order), with odd K for the tail, 1-4 rows, beta 0 and not.
+Test(cpu_dtypes, gemv_reads_bfloat16_weights_as_stored) {
+    const int Ks[] = {1, 17, 384, 1001}, N = 300;
+    for (int ki = 0; ki < 4; ki++)
+        for (int M = 1; M <= 4; M++) {
+            int K = Ks[ki], ldb = K + 3;
+            size_t nb = (size_t)N * ldb;
+            double *vb = malloc(sizeof(double) * nb), *va = malloc(sizeof(double) * M * K);
+            uint16_t *Bh = operand(L3D_BFLOAT16, nb, vb);
+            float *Bf = malloc(nb * 4), *A = operand(L3D_FLOAT32, (size_t)M * K, va);
+            cr_assert_eq(l3d_dev_convert(dev, Bf, L3D_FLOAT32, Bh, L3D_BFLOAT16, nb), L3D_OK);
+            float *C[2];
+            for (int r = 0; r < 2; r++) {
+                C[r] = malloc(sizeof(float) * M * N);
+                for (int i = 0; i < M * N; i++) C[r][i] = (float)i * 0.25f;
+                l3d_gemm_t g = {.trans_b = 1, .M = M, .N = N, .K = K, .alpha = 0.75f,
+                                .beta = ki % 2 ? 0.5f : 0.0f, .A = A, .lda = K,
+                                .B = r ? (const void *)Bh : (const void *)Bf, .ldb = ldb,
+                                .C = C[r], .ldc = N, .b_type = r ? L3D_BFLOAT16 : L3D_FLOAT32};
+                cr_assert_eq(l3d_dev_gemm(dev, &g), L3D_OK);
+            }
+            cr_assert(memcmp(C[0], C[1], sizeof(float) * M * N) == 0, "K %d M %d: bits differ", K, M);
+            free(vb), free(va), free(Bh), free(Bf), free(A), free(C[0]), free(C[1]);
+        }
+}

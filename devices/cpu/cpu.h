@@ -183,6 +183,41 @@ L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
+// The same dot product with b in bfloat16 (the top halves of float32s): each 16-bit weight is
+// widened exactly in registers, so the result has the bits l3d_cpu_dotf gives on the widened
+// row, and a bfloat16 weight matrix streams at half the bytes.
+typedef uint16_t l3d_cpu_v16u16 __attribute__((vector_size(32)));
+typedef uint32_t l3d_cpu_v8u32 __attribute__((vector_size(32)));
+L3D_CPU_INLINE float l3d_cpu_dotf_bf16(const float *restrict a, const uint16_t *restrict b, int n) {
+    l3d_cpu_v8f lo = {0}, hi = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        l3d_cpu_v8f a0, a1, b0, b1;
+        l3d_cpu_v16u16 h;
+        memcpy(&a0, a + i, sizeof(a0));
+        memcpy(&a1, a + i + 8, sizeof(a1));
+        memcpy(&h, b + i, sizeof(h));
+        l3d_cpu_v8u32 w0 = __builtin_convertvector(
+            __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7), l3d_cpu_v8u32) << 16;
+        l3d_cpu_v8u32 w1 = __builtin_convertvector(
+            __builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15), l3d_cpu_v8u32) << 16;
+        memcpy(&b0, &w0, sizeof(b0));
+        memcpy(&b1, &w1, sizeof(b1));
+        lo += a0 * b0;
+        hi += a1 * b1;
+    }
+    l3d_cpu_v8f h8 = lo + hi;
+    l3d_cpu_v4f h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) +
+                     __builtin_shufflevector(h8, h8, 4, 5, 6, 7);
+    float s = (h4[0] + h4[2]) + (h4[1] + h4[3]);
+    for (; i < n; i++) {
+        uint32_t u = (uint32_t)b[i] << 16;
+        float w;
+        memcpy(&w, &u, sizeof(w));
+        s += a[i] * w;
+    }
+    return s;
+}
 #else
 #define L3D_CPU_HAVE_V8F 0
 L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
@@ -213,6 +248,9 @@ int l3d_cpu_dtype_ok(l3d_dtype t);  // float32, bfloat16 or float16
 // K >= 1, strides already checked. l3d_cpu_gemm picks it by shape alone.
 #define L3D_CPU_GEMV_MAX_M 4
 void l3d_cpu_gemv(l3d_device_t *dev, const l3d_gemm_t *g);
+// Whether the matrix-vector kernel reads these dtypes directly: A and C float32, B float32
+// or bfloat16 (a bfloat16 weight streams at half the bytes). Others go through widened copies.
+int l3d_cpu_gemv_takes(const l3d_gemm_t *g);
 l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *tokens,
                                  const float *table, int N, int C, int V);
 l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *dout,

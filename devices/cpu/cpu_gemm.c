@@ -153,16 +153,18 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "gemm: strides lda %d ldb %d ldc %d too small for %dx%dx%d (ta %d tb %d)",
                          g->lda, g->ldb, g->ldc, g->M, g->N, g->K, g->trans_a, g->trans_b);
+    // Decode-sized products (x W^T with a few rows of x): a matrix-vector pass that reads each
+    // weight once, instead of sgemm packing all of W for so few rows. Chosen by shape (and
+    // dtypes: a bfloat16 W is read as stored) alone.
+    int gemv = g->M <= L3D_CPU_GEMV_MAX_M && !g->trans_a && g->trans_b && g->K > 0;
+    if (gemv && l3d_cpu_gemv_takes(g)) {
+        l3d_cpu_gemv(dev, g);
+        return L3D_OK;
+    }
     if (g->a_type != L3D_FLOAT32 || g->b_type != L3D_FLOAT32 || g->c_type != L3D_FLOAT32)
         return gemm_widened(dev, g);
     if (g->K == 0) {
         gemm_scale_c(g);
-        return L3D_OK;
-    }
-    // Decode-sized products (x W^T with a few rows of x): a matrix-vector pass that reads each
-    // weight once, instead of sgemm packing all of W for so few rows. Chosen by shape alone.
-    if (g->M <= L3D_CPU_GEMV_MAX_M && !g->trans_a && g->trans_b) {
-        l3d_cpu_gemv(dev, g);
         return L3D_OK;
     }
     size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;

@@ -3,7 +3,7 @@
 // with the M input rows while it sits in L1, so a decode step streams every weight once; the
 // sgemm it replaces packed the whole weight matrix into panels first (for M = 1 that packing
 // was two thirds of the time).
-// defines: l3d_cpu_gemv
+// defines: l3d_cpu_gemv, l3d_cpu_gemv_takes
 //
 // Tasks own fixed blocks of GEMV_ROWS output columns (weight rows), cut by the shape alone,
 // and every output element is one dot product in the fixed order of l3d_cpu_dotf: the bits do
@@ -35,18 +35,50 @@ L3D_CPU_SIMD static void gemv_rows(const l3d_gemm_t *g, int j0, int j1) {
     }
 }
 
+#if L3D_CPU_HAVE_V8F
+// B in bfloat16 (A and C float32): the weights are read as stored, widened in registers.
+L3D_CPU_SIMD static void gemv_rows_bf16(const l3d_gemm_t *g, int j0, int j1) {
+    const int M = g->M, K = g->K;
+    const float *A = g->A;
+    const uint16_t *B = g->B;
+    for (int j = j0; j < j1; j++) {
+        const uint16_t *w = B + (size_t)j * (size_t)g->ldb;
+        for (int m = 0; m < M; m++) {
+            float d = l3d_cpu_dotf_bf16(A + (size_t)m * (size_t)g->lda, w, K);
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
+        }
+    }
+}
+#endif
+
+static void rows(const l3d_gemm_t *g, int j0, int j1) {
+#if L3D_CPU_HAVE_V8F
+    if (g->b_type == L3D_BFLOAT16) {
+        gemv_rows_bf16(g, j0, j1);
+        return;
+    }
+#endif
+    gemv_rows(g, j0, j1);
+}
+
 static void gemv_task(void *arg, int task, int ntasks) {
     const gemv_job_t *j = arg;
     int j0 = task * GEMV_ROWS;
-    gemv_rows(j->g, j0, L3D_MIN(j->g->N, j0 + GEMV_ROWS));
+    rows(j->g, j0, L3D_MIN(j->g->N, j0 + GEMV_ROWS));
+}
+
+int l3d_cpu_gemv_takes(const l3d_gemm_t *g) {
+    return g->a_type == L3D_FLOAT32 && g->c_type == L3D_FLOAT32 &&
+           (g->b_type == L3D_FLOAT32 || (L3D_CPU_HAVE_V8F && g->b_type == L3D_BFLOAT16));
 }
 
 // The caller (cpu_gemm.c) has checked the shape and strides; M in [1, L3D_CPU_GEMV_MAX_M],
-// K >= 1, !trans_a, trans_b.
+// K >= 1, !trans_a, trans_b, and l3d_cpu_gemv_takes(g).
 void l3d_cpu_gemv(l3d_device_t *dev, const l3d_gemm_t *g) {
     size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;
     if (macs <= GEMV_SERIAL_MACS) {
-        gemv_rows(g, 0, g->N);
+        rows(g, 0, g->N);
         return;
     }
     gemv_job_t j = {g};
