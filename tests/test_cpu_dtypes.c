@@ -178,7 +178,7 @@ static void mixed_case(l3d_dtype ta_, l3d_dtype tb_, l3d_dtype tc_, int tra, int
                 double got = value_at(tc_, C, ci);
                 double bound = 2.0 * (K + 2) * 0x1p-24 * mag + 2.0 * uc * fabs(ref);
                 cr_assert_leq(fabs(got - ref), bound,
-                              "%s x %s -> %s ta %d tb %d %dx%dx%d beta %g batch %d [%d][%d][%d]: "
+                              "%s x %s -> %s ta %d tb %d %dx%dx%d beta %g batch %d [%d][%d]: "
                               "%.9g vs %.9g", l3d_dtype_name(ta_), l3d_dtype_name(tb_),
                               l3d_dtype_name(tc_), tra, trb, M, N, K, beta, b, i, j, got, ref);
             }
