@@ -516,7 +516,7 @@ static l3d_status read_scaler(l3d_ctx_t *ctx, const char *path, json_t *o, int n
         !isfinite(json_number_value(scale)) || json_integer_value(skip) < 0 ||
         json_integer_value(skip) > nstep || json_integer_value(iter) < 0 ||
         json_integer_value(iter) > nstep || json_integer_value(last) < -1 ||
-        json_integer_value(last) >= json_integer_value(iter) + (json_integer_value(iter) == 0) ||
+        json_integer_value(last) >= json_integer_value(iter) ||
         json_integer_value(hyst) < 1)
         return l3d_error(ctx, L3D_ERR_FORMAT, "%s: 'loss_scaler' is malformed or does not fit "
                          "step %d", path, nstep);
