@@ -190,21 +190,20 @@ L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict
 // The same dot product with b in bfloat16 (the top halves of float32s): each 16-bit weight is
 // widened exactly in registers, so the result has the bits l3d_cpu_dotf gives on the widened
 // row, and a bfloat16 weight matrix streams at half the bytes.
-typedef uint16_t l3d_cpu_v16u16 __attribute__((vector_size(32)));
+typedef uint16_t l3d_cpu_v8u16 __attribute__((vector_size(16)));
 typedef uint32_t l3d_cpu_v8u32 __attribute__((vector_size(32)));
 L3D_CPU_INLINE float l3d_cpu_dotf_bf16(const float *restrict a, const uint16_t *restrict b, int n) {
     l3d_cpu_v8f lo = {0}, hi = {0};
     int i = 0;
     for (; i + 16 <= n; i += 16) {
         l3d_cpu_v8f a0, a1, b0, b1;
-        l3d_cpu_v16u16 h;
+        l3d_cpu_v8u16 h0, h1;  // two 8-lane loads widen straight from memory (vpmovzxwd)
         memcpy(&a0, a + i, sizeof(a0));
         memcpy(&a1, a + i + 8, sizeof(a1));
-        memcpy(&h, b + i, sizeof(h));
-        l3d_cpu_v8u32 w0 = __builtin_convertvector(
-            __builtin_shufflevector(h, h, 0, 1, 2, 3, 4, 5, 6, 7), l3d_cpu_v8u32) << 16;
-        l3d_cpu_v8u32 w1 = __builtin_convertvector(
-            __builtin_shufflevector(h, h, 8, 9, 10, 11, 12, 13, 14, 15), l3d_cpu_v8u32) << 16;
+        memcpy(&h0, b + i, sizeof(h0));
+        memcpy(&h1, b + i + 8, sizeof(h1));
+        l3d_cpu_v8u32 w0 = __builtin_convertvector(h0, l3d_cpu_v8u32) << 16;
+        l3d_cpu_v8u32 w1 = __builtin_convertvector(h1, l3d_cpu_v8u32) << 16;
         memcpy(&b0, &w0, sizeof(b0));
         memcpy(&b1, &w1, sizeof(b1));
         lo += a0 * b0;
