@@ -164,9 +164,10 @@ L3D_CPU_INLINE double l3d_cpu_sumd(const float *restrict x, int n) {
 #define L3D_CPU_HAVE_V8F 1
 typedef float l3d_cpu_v8f __attribute__((vector_size(32)));
 typedef float l3d_cpu_v4f __attribute__((vector_size(16)));
-// 16 partials (lo: 0-7, hi: 8-15) folded as the array reductions fold them.
-L3D_CPU_INLINE float l3d_cpu_fold16(l3d_cpu_v8f lo, l3d_cpu_v8f hi) {
-    l3d_cpu_v8f h8 = lo + hi;  // acc[k] += acc[k + 8]
+// 16 partials (lo: 0-7, hi: 8-15) folded as the array reductions fold them. By pointer: a
+// 32-byte vector passed by value draws GCC's psABI note in the baseline (SSE) clone.
+L3D_CPU_INLINE float l3d_cpu_fold16(const l3d_cpu_v8f *lo, const l3d_cpu_v8f *hi) {
+    l3d_cpu_v8f h8 = *lo + *hi;  // acc[k] += acc[k + 8]
     l3d_cpu_v4f h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) +
                      __builtin_shufflevector(h8, h8, 4, 5, 6, 7);  // acc[k] += acc[k + 4]
     return (h4[0] + h4[2]) + (h4[1] + h4[3]);                      // then + 2, + 1
@@ -183,7 +184,7 @@ L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict
         lo += a0 * b0;
         hi += a1 * b1;
     }
-    float s = l3d_cpu_fold16(lo, hi);
+    float s = l3d_cpu_fold16(&lo, &hi);
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
@@ -209,7 +210,7 @@ L3D_CPU_INLINE float l3d_cpu_dotf_bf16(const float *restrict a, const uint16_t *
         lo += a0 * b0;
         hi += a1 * b1;
     }
-    float s = l3d_cpu_fold16(lo, hi);
+    float s = l3d_cpu_fold16(&lo, &hi);
     for (; i < n; i++) {
         uint32_t u = (uint32_t)b[i] << 16;
         float w;
