@@ -181,11 +181,14 @@ void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a) {
 }
 
 // ---- one layer ---------------------------------------------------------------------------
-l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, float *x_out,
-                             float *sw, int B, int T, int pos0, int Tk, size_t kv_bstride) {
+// A tensor of layer l's parameter group Wl (lp->f is its arena offset, ln1 the group's first).
+#define LW(f) (Wl + (lp->f - lp->ln1))
+
+l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_layer_acts_t *a,
+                             float *x_out, float *sw, int B, int T, int pos0, int Tk,
+                             size_t kv_bstride) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    const float *W = m->params;
     const l3d_layer_params_t *lp = &m->layer[l];
     int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
     float eps = m->cfg.rms_norm_eps;
@@ -196,12 +199,12 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
     // outputs reduce-scattered back to rows.
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1 + roff, a->rstd1, a->x_in, W + lp->ln1,
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1 + roff, a->rstd1, a->x_in, LW(ln1),
                                        (int)rows, C, eps));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows));
-    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, W + lp->wq, N, C, HD, 0.0f));
-    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, W + lp->wk, N, C, KD, 0.0f));
-    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, W + lp->wv, N, C, KD, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f));
     L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0));
     L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0));
     l3d_attn_dims_t dims = {B, T, Tk, m->H, m->KVH, m->D, kv_bstride};
@@ -210,38 +213,38 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, f
     // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g). With
     // sequence parallelism the partial sums are reduce-scattered and added to this rank's rows.
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, W + lp->wo, N, HD, C, 0.0f));
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows));
         L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C));
     } else {
         L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C));
-        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, W + lp->wo, N, HD, C, 1.0f));
+        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, LW(wo), N, HD, C, 1.0f));
         L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C));
     }
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2 + roff, a->rstd2, a->h, W + lp->ln2, (int)rows,
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2 + roff, a->rstd2, a->h, LW(ln2), (int)rows,
                                        C, eps));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows));
-    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, W + lp->wg, N, C, F, 0.0f));
-    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, W + lp->wu, N, C, F, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f));
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, W + lp->wd, N, F, C, 0.0f));
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows));
         return l3d_dev_add(dev, x_out, x_out, a->h, rows * C);
     }
     L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C));
-    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, W + lp->wd, N, F, C, 1.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, LW(wd), N, F, C, 1.0f));
     L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C));
     return L3D_OK;
 }
 
 // On entry acts->dres = dL/dx_out of layer l; on return dL/dx_in. Gradients += into Gl, the
 // layer's gradient group (its first float is input_layernorm's).
-static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float *Gl) {
+static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_acts_t *acts,
+                                 float *Gl) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    const float *W = m->params;
     const l3d_layer_params_t *lp = &m->layer[l];
     const l3d_layer_acts_t *a = &acts->layers[l - acts->l_first];
     int B = acts->B, T = acts->T;
@@ -267,20 +270,20 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     GATHER_D();
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wd), D, sw, N, F, C));
-    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, W + lp->wd, N, F, C, 0.0f));  // sw <- dsw
+    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, LW(wd), N, F, C, 0.0f));  // sw <- dsw
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wg), acts->dgate, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wu), acts->dup, a->ln2, N, C, F));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, W + lp->wg, N, C, F, 0.0f));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, W + lp->wu, N, C, F, 1.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, LW(wu), N, C, F, 1.0f));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln2), dln, a->h, W + lp->ln2, a->rstd2,
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln2), dln, a->h, LW(ln2), a->rstd2,
                                        (int)rows, C));
     // attention: h = x_in + att Wo^T
     GATHER_D();
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wo), D, a->att, N, HD, C));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, W + lp->wo, N, HD, C, 0.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, LW(wo), N, HD, C, 0.0f));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
                                          a->k, a->v, a->att, a->lse, &dims));
@@ -289,11 +292,11 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wq), acts->dq, a->ln1, N, C, HD));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wk), acts->dk, a->ln1, N, C, KD));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wv), acts->dv, a->ln1, N, C, KD));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, W + lp->wq, N, C, HD, 0.0f));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, W + lp->wk, N, C, KD, 1.0f));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, W + lp->wv, N, C, KD, 1.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, LW(wq), N, C, HD, 0.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, LW(wk), N, C, KD, 1.0f));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f));
     REDUCE_DLN();
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, W + lp->ln1,
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, LW(ln1),
                                        a->rstd1, (int)rows, C));
     if (acts->tp_sync_grads) {  // replicated kv heads, and the norms' partial rows with SP
         L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, GW(wk), GW(wv)));
@@ -304,6 +307,37 @@ static l3d_status layer_backward(l3d_model_t *m, int l, l3d_acts_t *acts, float 
 #undef GATHER_D
 #undef REDUCE_DLN
     return L3D_OK;
+}
+#undef LW
+
+// ---- parameter groups ----------------------------------------------------------------------
+// The parameters of group i (l3d_model_grad_group) for a forward (backward 0) or backward pass
+// over a: m's arena, or where the param_window hook has them (ZeRO-3 gathers them over dp).
+// *w is the address of the group's first float; param_done gives it back.
+static l3d_status params_get(l3d_model_t *m, l3d_acts_t *a, int i, int backward,
+                             const float **w) {
+    size_t lo, n;
+    l3d_model_grad_group(m, i, &lo, &n, NULL);
+    if (!a->param_window) {
+        *w = m->params + lo;
+        return L3D_OK;
+    }
+    return a->param_window(a->param_arg, a, backward, lo, lo + n, w);
+}
+
+static l3d_status params_done(l3d_model_t *m, l3d_acts_t *a, int i) {
+    if (!a->param_release) return L3D_OK;
+    size_t lo, n;
+    l3d_model_grad_group(m, i, &lo, &n, NULL);
+    return a->param_release(a->param_arg, lo, lo + n);
+}
+
+// Group indices in arena order: [embed] layers.. [norm [head]]; a tied head on the first stage
+// is the embedding's group 0.
+static int group_of_layer(const l3d_model_t *m, int lm) { return m->has_embed + lm; }
+static int group_of_norm(const l3d_model_t *m) { return m->has_embed + m->L; }
+static int group_of_head(const l3d_model_t *m) {
+    return m->cfg.tie_word_embeddings && m->has_embed ? 0 : group_of_norm(m) + 1;
 }
 
 // ---- a micro-batch -----------------------------------------------------------------------
@@ -316,7 +350,6 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
                                    double *loss_sum_p) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    const float *W = m->params;
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = a->L;
     int embed = m->has_embed && a->chunk == 0, head = m->has_head && a->chunk == m->nchunks - 1;
     float eps = m->cfg.rms_norm_eps;
@@ -324,23 +357,35 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     float *sp_tmp = a->layers[0].sp_tmp;
+    const float *w;
 
-    if (embed && sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
-        L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, a->tokens, N));
-        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows));
-    } else if (embed) {
-        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, a->tokens, N));
+    if (embed) {
+        L3D_CHECK(ctx, params_get(m, a, 0, 0, &w));
+        if (sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, w, a->tokens, N));
+            L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows));
+        } else {
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, w, a->tokens, N));
+        }
+        L3D_CHECK(ctx, params_done(m, a, 0));
     }
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
-        L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, &a->layers[l], x_out, a->sw, B, T,
+        int g = group_of_layer(m, a->l_first + l);
+        L3D_CHECK(ctx, params_get(m, a, g, 0, &w));
+        L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, w, &a->layers[l], x_out, a->sw, B, T,
                                          0, T, 0));
+        L3D_CHECK(ctx, params_done(m, a, g));
     }
     if (!head) return l3d_dev_sync(dev);
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, W + m->norm,
-                                       (int)rows, C, eps));
+    L3D_CHECK(ctx, params_get(m, a, group_of_norm(m), 0, &w));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, w, (int)rows, C,
+                                       eps));
+    L3D_CHECK(ctx, params_done(m, a, group_of_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows));
-    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, W + m->head, N, C, V, 0.0f));
+    L3D_CHECK(ctx, params_get(m, a, group_of_head(m), 0, &w));
+    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, w, N, C, V, 0.0f));
+    L3D_CHECK(ctx, params_done(m, a, group_of_head(m)));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
     // The loss is summed on the host in double, in row order: deterministic for any layout.
@@ -382,29 +427,31 @@ static l3d_status group_grads(l3d_model_t *m, l3d_acts_t *a, float *G, int i, fl
 l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    const float *W = m->params;
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = a->L;
     int embed = m->has_embed && a->chunk == 0, head = m->has_head && a->chunk == m->nchunks - 1;
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     float *sp_tmp = a->layers[0].sp_tmp;
-    // Gradient groups in arena order (l3d_model_grad_group): [embed] layers.. [norm [head]]
-    int g_layer0 = m->has_embed, g_norm = g_layer0 + m->L;
+    const float *w;
     if (head) {
         // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
         // first stage is the embedding: its group, which completes last.
         float *gh, *gn;
-        int tied_here = m->cfg.tie_word_embeddings && m->has_embed;
-        L3D_CHECK(ctx, group_grads(m, a, G, tied_here ? 0 : g_norm + 1, &gh));
-        L3D_CHECK(ctx, group_grads(m, a, G, g_norm, &gn));
+        int gi_head = group_of_head(m), gi_norm = group_of_norm(m);
+        L3D_CHECK(ctx, group_grads(m, a, G, gi_head, &gh));
+        L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
         L3D_CHECK(ctx, linear_bwd_w(dev, gh, a->logits, a->lnf, N, C, V));
-        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, W + m->head, N, C, V, 0.0f));
+        L3D_CHECK(ctx, params_get(m, a, gi_head, 1, &w));
+        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, w, N, C, V, 0.0f));
+        L3D_CHECK(ctx, params_done(m, a, gi_head));
         // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
         if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->dln, a->dln + roff, rows));
         else L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));
         L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * sizeof(float)));
-        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, a->dln + roff, a->x_final,
-                                           W + m->norm, a->rstdf, (int)rows, C));
+        L3D_CHECK(ctx, params_get(m, a, gi_norm, 1, &w));
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, a->dln + roff, a->x_final, w,
+                                           a->rstdf, (int)rows, C));
+        L3D_CHECK(ctx, params_done(m, a, gi_norm));
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, gn));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the
         // end. A tied head shares offset 0 with the embedding, which completes last.
@@ -412,14 +459,18 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     }
     for (int l = L - 1; l >= 0; l--) {
         int lm = a->l_first + l;  // the model's local layer
+        int g = group_of_layer(m, lm);
+        L3D_CHECK(ctx, params_get(m, a, g, 1, &w));
         if (a->recompute) {
             // Rebuild this layer's activations from its saved input. x_out is written to a
             // scratch that is free now (dln), not to the next layer's saved input.
-            L3D_CHECK(ctx, l3d_layer_forward(m, lm, &a->layers[l], a->dln, a->sw, B, T, 0, T, 0));
+            L3D_CHECK(ctx, l3d_layer_forward(m, lm, w, &a->layers[l], a->dln, a->sw, B, T, 0, T,
+                                             0));
         }
         float *gl;
-        L3D_CHECK(ctx, group_grads(m, a, G, g_layer0 + lm, &gl));
-        L3D_CHECK(ctx, layer_backward(m, lm, a, gl));
+        L3D_CHECK(ctx, group_grads(m, a, G, g, &gl));
+        L3D_CHECK(ctx, layer_backward(m, lm, w, a, gl));
+        L3D_CHECK(ctx, params_done(m, a, g));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[lm].ln1));
     }
     if (embed) {
@@ -430,6 +481,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             L3D_CHECK(ctx, l3d_tp_gather_rows(m, sp_tmp, rows));
             dx = sp_tmp;
         }
+        // (the embedding's backward is a scatter-add of dx: it reads no parameter)
         float *ge;
         L3D_CHECK(ctx, group_grads(m, a, G, 0, &ge));
         L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, ge, dx, a->tokens, N));

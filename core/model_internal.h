@@ -109,6 +109,16 @@ typedef struct l3d_acts {
     // write, possibly again for the same group (a tied head and the embedding); may block
     // (ZeRO-2 waits for a free window). Shares grad_ready_arg.
     l3d_status (*grad_window)(void *arg, size_t lo, size_t hi, float **g);
+    // Optional (NULL: the parameters are m->params): where the forward (backward 0) or the
+    // backward (1) of these activations' chunk reads parameter group [lo, hi)
+    // (l3d_model_grad_group). *w receives the address of arena float lo, valid until
+    // param_release of the same range; may block (ZeRO-3 gathers the group over dp) and may
+    // start gathering the groups the pass reads next. Every param_window is followed by its
+    // param_release before the pass asks for another group. Share param_arg.
+    l3d_status (*param_window)(void *arg, const struct l3d_acts *a, int backward, size_t lo,
+                               size_t hi, const float **w);
+    l3d_status (*param_release)(void *arg, size_t lo, size_t hi);
+    void *param_arg;
 } l3d_acts_t;
 
 #define L3D_MAX_CHUNKS 64  // parallel.virtual_stages at most
@@ -191,10 +201,13 @@ l3d_status l3d_tp_allreduce(l3d_model_t *m, float *x, size_t n);
 // Start of a row-parallel output: dst = residual on tp rank 0, 0 on the others (the GEMM then
 // accumulates each rank's partial product and l3d_tp_allreduce completes dst).
 l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residual, size_t n);
-// out(N,C) = embedding of tokens (vocabulary-parallel: each rank looks up its rows, summed).
-l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *tokens, int N);
+// out(N,C) = embedding of tokens in table (this rank's rows of embed_tokens: m->params +
+// m->embed unless gathered; vocabulary-parallel: each rank looks up its rows, summed).
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const float *table,
+                                const int32_t *tokens, int N);
 // This rank's vocabulary rows only (0 for other tokens), not summed: (N,C).
-l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const int32_t *tokens, int N);
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const float *table,
+                                        const int32_t *tokens, int N);
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
                                 const int32_t *tokens, int N);
 // Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
@@ -255,9 +268,11 @@ void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 // One layer forward. x_out (N,C) receives the residual stream leaving the layer.
 // pos0/Tk: the new rows sit at positions pos0.. of a sequence of Tk keys (training: 0 and T;
 // then B may be > 1). a->k and a->v point at position 0 of the key/value rows; kv_bstride as
-// in l3d_attn_dims_t (0 = contiguous). sw is (N,F) scratch.
-l3d_status l3d_layer_forward(l3d_model_t *m, int l, const l3d_layer_acts_t *a, float *x_out,
-                             float *sw, int B, int T, int pos0, int Tk, size_t kv_bstride);
+// in l3d_attn_dims_t (0 = contiguous). sw is (N,F) scratch. Wl: the layer's parameter group
+// (its first float is input_layernorm's; m->params + m->layer[l].ln1 unless gathered).
+l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_layer_acts_t *a,
+                             float *x_out, float *sw, int B, int T, int pos0, int Tk,
+                             size_t kv_bstride);
 
 // Training forward + loss + backward of one micro-batch whose tokens/targets are already in
 // a->tokens / a->targets. Gradients are accumulated (+=) into grads (same layout as params),

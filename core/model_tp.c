@@ -36,8 +36,8 @@ l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residua
     return l3d_dev_memset(m->dev, dst, 0, n * sizeof(float));
 }
 
-l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *tokens, int N) {
-    const float *table = m->params + m->embed;
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const float *table,
+                                const int32_t *tokens, int N) {
     if (m->tp.size == 1)
         return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V);
     L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
@@ -45,9 +45,9 @@ l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const int32_t *token
     return allreduce(m, m->tp.comm, out, (size_t)N * m->C, L3D_SUM, "embedding");
 }
 
-l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const int32_t *tokens,
-                                        int N) {
-    return l3d_dev_embedding_fwd_vp(m->dev, out, tokens, m->params + m->embed, N, m->C, m->tp.v0,
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const float *table,
+                                        const int32_t *tokens, int N) {
+    return l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
                                     m->V, m->cfg.vocab_size);
 }
 
