@@ -416,7 +416,18 @@ static l3d_status pp_collect(l3d_trainer_t *t, ckpt_state_t *cs, const stage_arr
     return st;
 }
 
+static l3d_status save(l3d_trainer_t *t, const char *dir);
+
+// ZeRO-3 keeps 1/dp of the parameters: a save (and a resume) works on them whole again for its
+// duration (collective over dp), then they are partitioned back.
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
+    L3D_CHECK(t->ctx, l3d_zero3_materialize(t));
+    l3d_status st = save(t, dir);
+    l3d_status pst = l3d_zero3_partition(t);
+    return st < 0 ? st : pst;
+}
+
+static l3d_status save(l3d_trainer_t *t, const char *dir) {
     l3d_comm_t *w = t->mesh->world;
     if (w && l3d_comm_size(w) > 1 && !t->cfg.save_consolidated) {
         L3D_CHECK(t->ctx, l3d_ckpt_dist_save(t, dir));
@@ -488,7 +499,10 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir);
 // Every rank resumes or none does: a rank that cannot read the checkpoint must not leave the
 // others waiting in their first step.
 l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
-    l3d_status st = resume(t, dir);
+    l3d_status st = l3d_zero3_materialize(t);
+    if (st >= 0) st = resume(t, dir);
+    l3d_status pst = l3d_zero3_partition(t);
+    if (st >= 0) st = pst;
     l3d_comm_t *world = t->mesh->world;
     if (!world || l3d_comm_size(world) == 1) return st;
     int32_t ok = st >= 0, all_ok = 0;

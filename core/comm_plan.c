@@ -78,11 +78,20 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);
         if (zero2) {
             size_t shard = 0;
-            uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, cfg->reduce_bucket_size, dp, NULL,
+            uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, l3d_zero_bucket_size(cfg), dp, NULL,
                                                        &shard);
             uint64_t all = (uint64_t)shard * (uint64_t)dp * f;
             add(s, A * nb2, A * all);      // every micro-batch: reduce-scatter of each bucket
-            add(s, nb2, all);              // all-gather of the updated parameters
+            if (cfg->zero_stage >= 3) {
+                // ZeRO-3: each micro-batch gathers the groups its passes read; after the
+                // update only the persistent groups are gathered (trainer_zero3.c)
+                uint64_t gc, gf, pc, pf;
+                l3d_zero3_gathers(&m0, cfg, dp, &gc, &gf, &pc, &pf);
+                add(s, A * gc, A * gf * f);
+                add(s, pc, pf * f);
+            } else {
+                add(s, nb2, all);          // all-gather of the updated parameters
+            }
             add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
         } else if (cfg->zero_stage >= 1) {
             add(s, nb, Ppad * f);          // reduce-scatter of every bucket

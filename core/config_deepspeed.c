@@ -376,11 +376,11 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
         {"contiguous_gradients", 'b', NULL}, {"allgather_bucket_size", 'n', NULL},
         {"reduce_scatter", 'b', NULL}, {"allgather_partitions", 'b', NULL},
         {"sub_group_size", 'n', NULL}, {"round_robin_gradients", 'b', NULL},
-        {"stage3_max_live_parameters", 'n', NULL}, {"stage3_max_reuse_distance", 'n', NULL},
-        {"stage3_prefetch_bucket_size", 'n', NULL},
-        {"stage3_param_persistence_threshold", 'n', NULL},
-        {"stage3_gather_16bit_weights_on_model_save", 'b', NULL},
-        {"stage3_gather_fp16_weights_on_model_save", 'b', NULL},
+        {"stage3_max_live_parameters", '*', NULL}, {"stage3_max_reuse_distance", 'n', NULL},
+        {"stage3_prefetch_bucket_size", '*', NULL},
+        {"stage3_param_persistence_threshold", '*', NULL},
+        {"stage3_gather_16bit_weights_on_model_save", '*', NULL},
+        {"stage3_gather_fp16_weights_on_model_save", '*', NULL},
         {"elastic_checkpoint", 'b', NULL}, {"load_from_fp32_weights", 'b', NULL},
         {"ignore_unused_parameters", 'b', NULL}};
     l3d_train_config_t *cfg = p->cfg;
@@ -396,9 +396,27 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx,
               l3d_cfgjson_get_num(j, z, zp, "reduce_bucket_size", L3D_NUM_GT0, &rbs, &have));
     if (have) cfg->reduce_bucket_size = rbs;
-    if (cfg->zero_stage == 3)
-        note(cfg, "zero_optimization.stage 3: accepted, not yet effective (parameters are not "
-                  "sharded yet; stage3_* keys have no effect)");
+    // ZeRO-3's keys, DeepSpeed's meanings (core/trainer_zero3.c): element counts.
+    double v;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, z, zp, "stage3_prefetch_bucket_size", L3D_NUM_GE0,
+                                          &v, &have));
+    if (have) cfg->stage3_prefetch_bucket_size = v;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, z, zp, "stage3_param_persistence_threshold",
+                                          L3D_NUM_GE0, &v, &have));
+    if (have) cfg->stage3_param_persistence_threshold = v;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, z, zp, "stage3_max_live_parameters", L3D_NUM_GT0,
+                                          &v, &have));
+    if (have) cfg->stage3_max_live_parameters = v;
+    // The fp16 spelling is DeepSpeed's older name for the same switch.
+    int g16 = 0, gfp16 = 0;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, z, zp, "stage3_gather_16bit_weights_on_model_save",
+                                           &g16, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, z, zp, "stage3_gather_fp16_weights_on_model_save",
+                                           &gfp16, NULL));
+    cfg->stage3_gather_16bit_weights_on_model_save = g16 || gfp16;
+    if (cfg->stage3_gather_16bit_weights_on_model_save)
+        note(cfg, "zero_optimization.stage3_gather_16bit_weights_on_model_save: accepted, not yet "
+                  "effective (saves write float32)");
     L3D_CHECK(j->ctx, parse_offload(p, z, "offload_optimizer"));
     L3D_CHECK(j->ctx, parse_offload(p, z, "offload_param"));
     return L3D_OK;

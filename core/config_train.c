@@ -55,6 +55,9 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->warmup_min_ratio = 0.0f;
     cfg->cos_min_ratio = 1e-4f;
     cfg->reduce_bucket_size = 5e8;  // DeepSpeed's default
+    cfg->stage3_prefetch_bucket_size = 5e7;  // DeepSpeed's defaults (zero/config.py)
+    cfg->stage3_param_persistence_threshold = 1e5;
+    cfg->stage3_max_live_parameters = 1e9;
     // DeepSpeed's fp16 defaults (runtime/fp16 constants).
     cfg->fp16_initial_scale_power = 16;
     cfg->fp16_loss_scale_window = 1000;

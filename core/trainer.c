@@ -114,6 +114,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, obytes), st, err);
     L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_v, 0, obytes), st, err);
     L3D_CHECK_GOTO(ctx, l3d_pp_init(t), st, err);
+    if (t->dp.zero3) L3D_CHECK_GOTO(ctx, l3d_zero3_init(t), st, err);
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
     t->h_tokens = l3d_malloc(ctx, n * sizeof(int32_t), "data");
     t->h_targets = l3d_malloc(ctx, n * sizeof(int32_t), "data");
@@ -287,10 +288,14 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     if (n > 1 && cfg->zero_stage >= 2) {
         size_t wlen[L3D_ZERO2_MAX_WIN];
         int nwin, nshared, reserved;
-        l3d_zero2_buckets(&m, cfg->reduce_bucket_size, (int)n, NULL, &shard);
-        mem->grads = l3d_zero2_windows(&m, cfg->reduce_bucket_size, (int)n, wlen, &nwin,
-                                       &nshared, &reserved) * sizeof(float);
+        double rbs = l3d_zero_bucket_size(cfg);
+        l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
+        mem->grads = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved) *
+                     sizeof(float);
     }
+    // ZeRO-3: this rank's pieces, the persistent groups and the gather pool
+    if (n > 1 && cfg->zero_stage >= 3)
+        mem->params = l3d_zero3_sizes(&m, cfg, (int)n, NULL, NULL, NULL) * sizeof(float);
     mem->optim = 2 * shard * sizeof(float);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
     l3d_pp_kind kind = L3D_PP_1F1B;
@@ -308,6 +313,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     mem->params = t->model->n_params * sizeof(float);
     const l3d_dp_t *d = &t->dp;
+    if (d->zero3)
+        mem->params = l3d_zero3_sizes(t->model, &t->cfg, d->n, NULL, NULL, NULL) * sizeof(float);
     size_t g = d->Ppad;
     if (d->zero2) {
         g = d->shard_len;

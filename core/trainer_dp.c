@@ -40,6 +40,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->rank = comm ? l3d_comm_rank(comm) : 0;
     d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
     d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
+    d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (set up after the pipeline's slots)
     d->P = t->model->n_params;
     if (d->zero2) return l3d_zero2_init(t);
     size_t n = (size_t)d->n;
@@ -72,6 +73,7 @@ void l3d_dp_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     for (int i = 0; d->b && i < d->nb; i++)
         if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
+    if (d->zero3) l3d_zero3_fini(t);
     if (d->zero2) l3d_zero2_fini(t);
     size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
     l3d_free(t->ctx, d->b, nalloc * sizeof(*d->b), "other");
@@ -199,7 +201,8 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
 }
 
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
-// pieces into every rank's parameters.
+// pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
+// persistent groups are gathered).
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
@@ -221,13 +224,15 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
             size_t a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
             size_t s = b->sh + (a0 - lo);
-            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, m->params + a0, piece_grad(t, b, a0),
+            float *param = d->zero3 ? l3d_zero3_piece(t, b, a0) : m->params + a0;
+            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, param, piece_grad(t, b, a0),
                                             t->adam_m + s,
                                             t->adam_v + s, a1 - a0, lr, cfg->beta1, cfg->beta2,
                                             cfg->eps, wd, bc1, bc2, gscale));
         }
     }
     if (!d->sharded) return L3D_OK;
+    if (d->zero3) return l3d_zero3_gather_persistent(t);
     if (d->zero2) return l3d_zero2_gather_params(t);
     // Gather through the gradient arena (it is padded to Ppad; the parameters are not).
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));

@@ -46,6 +46,10 @@ typedef struct l3d_dp {
     size_t win_len[L3D_ZERO2_MAX_WIN];  // floats of each window
     int win_reserved;  // a bucket with a window of its own (the embedding that a tied head on
                        // the same stage writes first and completes last; -1: none)
+    // ZeRO-3 (core/trainer_zero3.c; stage 3 with dp > 1, zero2 set too): the parameters are
+    // sharded like the gradients, one bucket per gradient group.
+    int zero3;
+    struct l3d_zero3 *z3;
 } l3d_dp_t;
 
 // Pipeline state (core/trainer_pp.c). With pp 1 there is one slot and no communicator.
@@ -144,6 +148,36 @@ void l3d_zero2_arm(l3d_trainer_t *t, l3d_acts_t *a);
 l3d_status l3d_zero2_finish(l3d_trainer_t *t);
 // After AdamW updated this rank's pieces: all-gathers every bucket into the parameters.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
+
+// The reduce_bucket_size the ZeRO-2 bucketing uses: stage 3 puts every gradient group in a
+// bucket of its own (the unit its parameters are gathered in; 1 element merges nothing).
+static inline double l3d_zero_bucket_size(const l3d_train_config_t *cfg) {
+    return cfg->zero_stage >= 3 ? 1.0 : cfg->reduce_bucket_size;
+}
+
+// core/trainer_zero3.c: ZeRO stage 3 over the ZeRO-2 buckets (one per gradient group).
+// sizes: for model part m (dims set) and the config's stage3_* keys, the floats this rank
+// keeps for parameters: its pieces (*shard), the persistent groups whole (*persist), the
+// gather pool (*pool); returns their sum. No allocation.
+size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
+                       size_t *shard, size_t *persist, size_t *pool);
+// The dp all-gathers on model part m: of one micro-batch's forward and backward (*calls,
+// *floats) and of the persistent groups once per step (*pcalls, *pfloats); floats of each
+// group padded to a multiple of dp.
+void l3d_zero3_gathers(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
+                       uint64_t *calls, uint64_t *floats, uint64_t *pcalls, uint64_t *pfloats);
+// After l3d_zero2_init and l3d_pp_init: allocates the shard, the persistent groups and the
+// pool, arms every activation slot's parameter hooks, and partitions (frees m->params).
+l3d_status l3d_zero3_init(l3d_trainer_t *t);
+void l3d_zero3_fini(l3d_trainer_t *t);
+// This rank's parameter piece of bucket k at arena float a0 (in the shard).
+float *l3d_zero3_piece(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0);
+// After AdamW updated the pieces: all-gathers the persistent groups.
+l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t);
+// Checkpoints: materialize gives m->params the whole stage again (collective over dp);
+// partition copies this rank's pieces back out of it and frees it. Both no-ops without ZeRO-3.
+l3d_status l3d_zero3_materialize(l3d_trainer_t *t);
+l3d_status l3d_zero3_partition(l3d_trainer_t *t);
 
 // core/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
 // off data.eval_fraction's tail; load_batch fills this rank's micro-batch j of step `step` from

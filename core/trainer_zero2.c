@@ -131,8 +131,9 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
     int G = l3d_model_grad_groups(m);
     d->b = l3d_calloc(t->ctx, (size_t)G, sizeof(*d->b), "other");
     if (!d->b) return L3D_ERR_NOMEM;
-    d->nb = l3d_zero2_buckets(m, t->cfg.reduce_bucket_size, d->n, d->b, &d->shard_len);
-    (void)l3d_zero2_windows(m, t->cfg.reduce_bucket_size, d->n, d->win_len, &d->nwin,
+    double rbs = l3d_zero_bucket_size(&t->cfg);
+    d->nb = l3d_zero2_buckets(m, rbs, d->n, d->b, &d->shard_len);
+    (void)l3d_zero2_windows(m, rbs, d->n, d->win_len, &d->nwin,
                             &d->nshared, &d->win_reserved);
     // The full-arena views (checkpoints' optimizer gather) reach the last bucket's padding.
     d->Ppad = d->b[0].off + d->b[0].len;

@@ -377,7 +377,12 @@ Test(config, seed_file) {
     cr_assert_eq(c.reduce_bucket_size, 1e8);
     cr_assert_eq(c.wall_clock_breakdown, 0);
     cr_assert(has_note(&c, "fp16"));
-    cr_assert(has_note(&c, "stage 3"));
+    cr_assert(!has_note(&c, "stage 3"));  // effective: parameters sharded (trainer_zero3.c)
+    cr_assert_eq(c.stage3_prefetch_bucket_size, 1e8);
+    cr_assert_eq(c.stage3_param_persistence_threshold, 1e4);
+    cr_assert_eq(c.stage3_max_live_parameters, 1e9);
+    cr_assert_eq(c.stage3_gather_16bit_weights_on_model_save, 1);
+    cr_assert(has_note(&c, "stage3_gather_16bit_weights_on_model_save"));
     cr_assert(has_note(&c, "offload_optimizer"));
     cr_assert(has_note(&c, "offload_param"));
     // The monitors are honoured: no note, DeepSpeed's output_path/job_name directory.
@@ -759,12 +764,20 @@ Test(config, notes) {
                  L3D_OK, "%s", err());
     cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
     cr_assert_eq(c.zero_stage, 1);
-    // Stage 2 is effective (gradients sharded): no note. Stage 3 is not yet: said, not silent.
+    // Stages 2 and 3 are effective (gradients, then parameters sharded): no note. DeepSpeed's
+    // stage-3 defaults unless given; bad values name the key.
     cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 2}}", &c), L3D_OK, "%s", err());
     cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
     cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 3}}", &c), L3D_OK, "%s", err());
-    cr_assert_eq(c.n_notes, 1);
-    cr_assert(strstr(c.notes[0], "stage 3: accepted, not yet effective"), "%s", c.notes[0]);
+    cr_assert_eq(c.n_notes, 0, "unexpected: %s", c.notes[0]);
+    cr_assert_eq(c.stage3_prefetch_bucket_size, 5e7);
+    cr_assert_eq(c.stage3_param_persistence_threshold, 1e5);
+    cr_assert_eq(c.stage3_max_live_parameters, 1e9);
+    cr_assert_eq(c.stage3_gather_16bit_weights_on_model_save, 0);
+    ASSERT_ERR_HAS(ds_fresh("{\"zero_optimization\": {\"stage3_max_live_parameters\": 0}}", &c),
+                   L3D_ERR_CONFIG, "stage3_max_live_parameters");
+    ASSERT_ERR_HAS(ds_fresh("{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": -1}}",
+                            &c), L3D_ERR_CONFIG, "stage3_prefetch_bucket_size");
     cr_assert_eq(ds_fresh("{\"bf16\": {\"enabled\": true}, \"wall_clock_breakdown\": true,"
                           " \"activation_checkpointing\": {}, \"wandb\": {\"enabled\": false},"
                           " \"communication_data_type\": \"bf16\", \"prescale_gradients\": true}",

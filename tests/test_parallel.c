@@ -28,6 +28,14 @@ typedef struct layout {
     int sp;         // sequence parallelism
 } layout_t;
 
+// ZeRO-3's keys for the layouts run while g_z3 is set: stage3_param_persistence_threshold,
+// stage3_prefetch_bucket_size (0: DeepSpeed's 5e7, -1: none), stage3_max_live_parameters (0:
+// DeepSpeed's 1e9). Unset: persistence 0 (every group gathered), the other two DeepSpeed's.
+typedef struct z3_knobs {
+    double persist, prefetch, live;
+} z3_knobs_t;
+static const z3_knobs_t *g_z3;
+
 static char g_data[64];
 static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 static int g_layers;      // num_hidden_layers while set (else 3)
@@ -76,6 +84,10 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
         cfg->n_layers_per_stage = L->pp;
         memcpy(cfg->layers_per_stage, g_lps, (size_t)L->pp * sizeof(int));
     }
+    cfg->stage3_param_persistence_threshold = g_z3 ? g_z3->persist : 0;
+    if (g_z3 && g_z3->prefetch)
+        cfg->stage3_prefetch_bucket_size = g_z3->prefetch < 0 ? 0 : g_z3->prefetch;
+    if (g_z3 && g_z3->live > 0) cfg->stage3_max_live_parameters = g_z3->live;
     cfg->save_consolidated = g_consolidated;
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
@@ -94,6 +106,7 @@ typedef struct result {
     l3d_param_t *tensors[MAXR];
     int nt[MAXR];
     size_t grads_in_use[MAXR];                   // every rank's "grads" allocations
+    size_t params_in_use[MAXR];                  // and "params" (rope tables included)
     l3d_mem_breakdown_t mem[MAXR], estimate;     // l3d_trainer_memory; rank 0's prediction
     // single-rank references only (reference_run): the float64 trajectory's final weights in
     // params[0]'s layout, losses and gradient norms, and the spread of float32 runs around it
@@ -142,6 +155,10 @@ static void *rank_main(void *p) {
         }
     }
     if (st == L3D_OK && a->save_dir) st = l3d_trainer_save(t, a->save_dir);
+    if (st == L3D_OK && a->res) {
+        a->res->params_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "params");
+        st = l3d_zero3_materialize(t);  // ZeRO-3 keeps a 1/dp piece: the weights whole again
+    }
     if (st == L3D_OK && a->res) {
         if (a->r == 0) l3d_train_config_comm(&cfg, a->res->plan);
         l3d_model_t *m = l3d_trainer_model(t);
@@ -391,10 +408,14 @@ static void compare(const layout_t *L) {
 static void compare_to(const layout_t *L, const result_t *ref) {
     result_t got = {0};
     run_layout(L, &got);
-    char name[96];
-    snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g%s%s%s",
-             L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket, L->gpipe == 1 ? " gpipe" : "",
-             L->gpipe >= 2 ? " interleaved" : "", L->sp ? " sp" : "");
+    char name[160];
+    int n = snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g"
+                     "%s%s%s", L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket,
+                     L->gpipe == 1 ? " gpipe" : "", L->gpipe >= 2 ? " interleaved" : "",
+                     L->sp ? " sp" : "");
+    if (L->zero == 3 && g_z3)
+        snprintf(name + n, sizeof(name) - (size_t)n, " persist %g prefetch %g live %g",
+                 g_z3->persist, g_z3->prefetch, g_z3->live);
     cr_assert(ref->loss[STEPS - 1] < ref->loss[0] - 0.1, "the reference run does not learn");
     check_run(name, &got, ref, 0);
     // The counted communication of a step equals the analytic prediction, per group.
@@ -448,12 +469,40 @@ static layout_t k_layouts[] = {
     {1, 2, 1, 0, 0, 8, 0, 0.25f, 0, 1},  {1, 4, 1, 0, 1, 8, 0, 0.25f, 0, 1},
     {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 1},  {1, 2, 2, 0, 0, 8, 0, 0.25f, 0, 1},
     {2, 2, 2, 1, 1, 8, 3000, 0.25f, 0, 1}, {1, 2, 3, 0, 0, 8, 0, 0.25f, 1, 1},
+    // ZeRO-3 with every group gathered (persistence 0) and DeepSpeed's prefetch: tp with
+    // recompute, pp (a tied embedding over two stages), GPipe with SP, three stages with
+    // recompute; zero3_knobs varies the keys
+    {2, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0},     {2, 2, 1, 3, 1, 8, 0, 0.25f, 0, 0},
+    {2, 1, 2, 3, 0, 8, 0, 0.25f, 0, 0},     {2, 2, 2, 3, 0, 8, 0, 0.25f, 1, 1},
+    {2, 1, 3, 3, 1, 8, 0, 0.25f, 0, 0},
 };
 
 ParameterizedTestParameters(parallel, layout_equivalence) {
     return cr_make_param_array(layout_t, k_layouts, sizeof(k_layouts) / sizeof(k_layouts[0]));
 }
 ParameterizedTest(layout_t *L, parallel, layout_equivalence, .timeout = 240) { compare(L); }
+
+// ZeRO-3's keys (embedding 16896 floats, a layer 43136, a norm 64): the norm persistent and
+// nothing gathered ahead; embedding and norm persistent and one layer ahead; at most two
+// layers live with everything ahead allowed; every group persistent (ZeRO-2 with the whole
+// parameters updated by gathers); dp 8 with one layer ahead.
+Test(parallel, zero3_knobs, .timeout = 240) {
+    static const struct {
+        layout_t L;
+        z3_knobs_t k;
+    } cases[] = {
+        {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {100, -1, 0}},
+        {{2, 2, 1, 3, 0, 8, 0, 0.25f, 0, 1}, {20000, 50000, 0}},
+        {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {0, 1e9, 100000}},
+        {{2, 1, 2, 3, 0, 8, 0, 0.25f, 1, 0}, {1e9, 0, 0}},
+        {{8, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {0, 50000, 0}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        g_z3 = &cases[i].k;
+        compare(&cases[i].L);
+    }
+    g_z3 = NULL;
+}
 
 // Shapes that do not split are refused naming the dimension; the vocabulary splits unevenly.
 Test(parallel, tp_shape_errors) {
@@ -555,6 +604,10 @@ Test(parallel, resume_across_pipeline_layouts, .timeout = 240) {
     layout_t z2 = {2, 2, 2, 2, 0, 8, 3000, 0.25f, 0, 0}, z2x4 = {4, 1, 1, 2, 0, 8, 777, 0.25f, 0, 0};
     resume_case(&z2, &one);       // ZeRO-2 (2,2,2) -> (1,1,1)
     resume_case(&d2t2p2, &z2x4);  // ZeRO-1 (2,2,2) -> ZeRO-2 (4,1,1)
+    layout_t z3 = {2, 2, 2, 3, 0, 8, 0, 0.25f, 0, 0}, z3x4 = {4, 1, 1, 3, 1, 8, 0, 0.25f, 0, 0};
+    resume_case(&z3, &z3x4);      // ZeRO-3 (2,2,2) -> ZeRO-3 (4,1,1) with recompute
+    resume_case(&z3x4, &d2t2p2);  // ZeRO-3 (4,1,1) -> ZeRO-1 (2,2,2)
+    resume_case(&one, &z3);       // (1,1,1) -> ZeRO-3 (2,2,2)
 }
 
 // ZeRO-2 holds the gradient as a 1/dp shard plus two windows of the longest bucket instead of
@@ -607,6 +660,53 @@ Test(parallel, zero2_memory) {
     l3d_ctx_destroy(ctx);
     free_result(&r1);
     free_result(&r2);
+}
+
+// ZeRO-3 keeps this rank's 1/dp piece of every group, the persistent groups whole and a pool
+// of the largest group plus what is gathered ahead -- not the parameters (ZeRO-2 keeps them
+// whole): the allocations say so (the rope tables are the rest of "params" in both) and the
+// estimate printed before training agrees.
+Test(parallel, zero3_memory) {
+    make_data();
+    layout_t z2 = {4, 1, 1, 2, 0, 8, 0, 0.25f, 0, 0}, z3 = z2;
+    z3.zero = 3;
+    static const z3_knobs_t none_ahead = {100, -1, 0};  // the norm persistent
+    result_t r2 = {0}, r3 = {0};
+    run_layout(&z2, &r2);
+    g_z3 = &none_ahead;
+    run_layout(&z3, &r3);
+    g_z3 = NULL;
+    size_t P = r2.mem[0].params / sizeof(float), f = sizeof(float);
+    size_t layer = 2 * 64 + 2 * 64 * 64 + 2 * 32 * 64 + 3 * 160 * 64, norm = 64;
+    for (int r = 0; r < 4; r++) {
+        size_t rope = r2.params_in_use[r] - r2.mem[r].params;
+        cr_assert_eq(r3.params_in_use[r] - rope, r3.mem[r].params, "rank %d: %zu in use, %zu "
+                     "reported", r, r3.params_in_use[r] - rope, r3.mem[r].params);
+        size_t shard = r3.mem[r].optim / 2 / f;
+        cr_assert_leq(shard, P / 4 + 5 * 4, "rank %d: shard %zu of %zu", r, shard, P);
+        cr_assert_eq(r3.mem[r].params, (shard + norm + layer) * f, "rank %d: %zu", r,
+                     r3.mem[r].params);
+    }
+    cr_assert_eq(r3.estimate.params, r3.mem[0].params);
+    // At 16 layers with one layer gathered ahead (nothing persistent): the shard and two
+    // layers, under half of ZeRO-2's whole parameters.
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    l3d_train_config_t cfg;
+    config(ctx, &z3, &cfg);
+    cfg.model.num_hidden_layers = 16;
+    cfg.stage3_prefetch_bucket_size = (double)layer;
+    l3d_mem_breakdown_t e2, e3;
+    l3d_train_config_memory(&cfg, &e3);
+    cfg.zero_stage = 2;
+    l3d_train_config_memory(&cfg, &e2);
+    cr_assert_eq(e3.params, (e3.optim / 2 / f + 2 * layer) * f, "16 layers: %zu",
+                 e3.params);
+    cr_assert_lt(2 * e3.params, e2.params, "ZeRO-3 %zu vs ZeRO-2 %zu bytes", e3.params,
+                 e2.params);
+    l3d_ctx_destroy(ctx);
+    free_result(&r2);
+    free_result(&r3);
 }
 
 // Parallel runs save sharded checkpoints: one file per rank, each element written once;

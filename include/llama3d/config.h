@@ -139,6 +139,13 @@ typedef struct l3d_train_config {
     int zero_stage;
     int overlap_comm;
     double reduce_bucket_size;
+    // ZeRO-3 (zero_optimization.stage3_*, DeepSpeed's defaults; core/trainer_zero3.c):
+    // parameters gathered ahead of their use (5e7), gradient groups smaller than this stay
+    // whole on every rank (1e5), parameters gathered at once (1e9) -- all in elements.
+    double stage3_prefetch_bucket_size;
+    double stage3_param_persistence_threshold;
+    double stage3_max_live_parameters;
+    int stage3_gather_16bit_weights_on_model_save;
     int activation_checkpointing;
 
     // llama3d's own sections
