@@ -503,6 +503,7 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
     if (st >= 0) st = resume(t, dir);
     l3d_status pst = l3d_zero3_partition(t);
     if (st >= 0) st = pst;
+    if (st >= 0) st = l3d_offload_pull(t);  // the offloaded master follows the weights read
     l3d_comm_t *world = t->mesh->world;
     if (!world || l3d_comm_size(world) == 1) return st;
     int32_t ok = st >= 0, all_ok = 0;

@@ -341,7 +341,8 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
 }
 
 // ---- zero_optimization -------------------------------------------------------------------
-static l3d_status parse_offload(const l3d_dsparser_t *p, json_t *zero, const char *key) {
+static l3d_status parse_offload(const l3d_dsparser_t *p, json_t *zero, const char *key,
+                                int *on, int *pin) {
     const l3d_cfgjson_t *j = &p->j;
     static const l3d_dskey_t k_off[] = {
         {"device", '*', NULL},       {"pin_memory", 'b', NULL},  {"nvme_path", 's', NULL},
@@ -360,9 +361,11 @@ static l3d_status parse_offload(const l3d_dsparser_t *p, json_t *zero, const cha
     if (strcmp(dev, "none") != 0 && strcmp(dev, "cpu") != 0 && strcmp(dev, "nvme") != 0)
         return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s.device: '%s' must be none, cpu or nvme",
                          j->origin, path, dev);
-    if (strcmp(dev, "none") != 0)
-        note(p->cfg, "%s: accepted, not yet effective (device %s; state stays where it trains)",
-             path, dev);
+    if (!strcmp(dev, "nvme"))
+        note(p->cfg, "%s: accepted, not yet effective (device nvme; state stays where it trains)",
+             path);
+    *on = !strcmp(dev, "cpu");
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, o, path, "pin_memory", pin, NULL));
     return L3D_OK;
 }
 
@@ -417,8 +420,26 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     if (cfg->stage3_gather_16bit_weights_on_model_save)
         note(cfg, "zero_optimization.stage3_gather_16bit_weights_on_model_save: accepted, not yet "
                   "effective (saves write float32)");
-    L3D_CHECK(j->ctx, parse_offload(p, z, "offload_optimizer"));
-    L3D_CHECK(j->ctx, parse_offload(p, z, "offload_param"));
+    L3D_CHECK(j->ctx, parse_offload(p, z, "offload_optimizer", &cfg->offload_optimizer,
+                                    &cfg->offload_optimizer_pin));
+    L3D_CHECK(j->ctx, parse_offload(p, z, "offload_param", &cfg->offload_param,
+                                    &cfg->offload_param_pin));
+    // DeepSpeed's rules: optimizer offload with a sharding stage, parameter offload with stage
+    // 3; outside them the key has no effect there either. The update runs where the master
+    // pieces live, so parameter offload takes the optimizer along.
+    if (cfg->offload_optimizer && cfg->zero_stage == 0) {
+        note(cfg, "zero_optimization.offload_optimizer: no effect at stage 0 (DeepSpeed: stages "
+                  "1-3)");
+        cfg->offload_optimizer = 0;
+    }
+    if (cfg->offload_param && cfg->zero_stage != 3) {
+        note(cfg, "zero_optimization.offload_param: no effect below stage 3 (as in DeepSpeed)");
+        cfg->offload_param = 0;
+    }
+    if (cfg->offload_param && !cfg->offload_optimizer)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: zero_optimization.offload_param needs "
+                         "offload_optimizer on the cpu too (the update runs where the parameter "
+                         "pieces live)", j->origin);
     return L3D_OK;
 }
 

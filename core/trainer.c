@@ -36,7 +36,9 @@ static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *c
                                      l3d_comm_t *world) {
     l3d_mem_breakdown_t m;
     l3d_train_config_memory(cfg, &m);
-    uint64_t one = (uint64_t)m.params + m.grads + m.optim + m.acts;
+    // (offloaded host bytes are this machine's memory too on the CPU device)
+    uint64_t one = (uint64_t)m.params + m.grads + m.optim + m.acts + m.host_params +
+                   m.host_grads + m.host_optim;
     int threads = world && !strcmp(l3d_comm_transport_name(world), "local") ? l3d_comm_size(world)
                                                                             : 1;
     char p[32], g[32], o[32], a[32], what[320];
@@ -104,17 +106,32 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_eval_init(t), st, err);
 
     L3D_CHECK_GOTO(ctx, l3d_dp_init(t, t->mesh->group[L3D_MESH_DP]), st, err);
+    // ZeRO-3 partitions the parameters now, before the optimizer state and the activations
+    // exist: the whole model and all of those would otherwise be the run's peak.
+    if (t->dp.zero3) L3D_CHECK_GOTO(ctx, l3d_zero3_init(t), st, err);
     // ZeRO-2 holds gradient shards and windows (l3d_zero2_init), no full arena.
     size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * sizeof(float);
     size_t obytes = t->dp.shard_len * sizeof(float);
     if (gbytes)
         L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", (void **)&t->grads), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_m), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_v), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_m, 0, obytes), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_dev_memset(t->dev, t->adam_v, 0, obytes), st, err);
+    // The optimizer state: on the device, or in host memory beside its master copy
+    // (offload_optimizer; core/trainer_offload.c).
+    L3D_CHECK_GOTO(ctx, l3d_offload_init(t), st, err);
+    l3d_device_t *odev = t->off.optim ? t->off.hdev : t->dev;
+    if (t->off.optim) {
+        int pin = cfg->offload_optimizer_pin;
+        L3D_CHECK_GOTO(ctx, l3d_dev_alloc_host(t->dev, obytes, pin, "host_optim",
+                                               (void **)&t->adam_m), st, err);
+        L3D_CHECK_GOTO(ctx, l3d_dev_alloc_host(t->dev, obytes, pin, "host_optim",
+                                               (void **)&t->adam_v), st, err);
+    } else {
+        L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_m), st, err);
+        L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, obytes, "optim", (void **)&t->adam_v), st, err);
+    }
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(odev, t->adam_m, 0, obytes), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(odev, t->adam_v, 0, obytes), st, err);
     L3D_CHECK_GOTO(ctx, l3d_pp_init(t), st, err);
-    if (t->dp.zero3) L3D_CHECK_GOTO(ctx, l3d_zero3_init(t), st, err);
+    if (t->dp.zero3) l3d_zero3_arm(t);
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
     t->h_tokens = l3d_malloc(ctx, n * sizeof(int32_t), "data");
     t->h_targets = l3d_malloc(ctx, n * sizeof(int32_t), "data");
@@ -144,8 +161,14 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
         size_t obytes = t->dp.shard_len * sizeof(float);
         l3d_dp_fini(t);
         l3d_pp_fini(t);
-        l3d_dev_free(t->dev, t->adam_v, obytes, "optim");
-        l3d_dev_free(t->dev, t->adam_m, obytes, "optim");
+        if (t->off.optim) {
+            l3d_dev_free_host(t->dev, t->adam_v, obytes, t->cfg.offload_optimizer_pin, "host_optim");
+            l3d_dev_free_host(t->dev, t->adam_m, obytes, t->cfg.offload_optimizer_pin, "host_optim");
+        } else {
+            l3d_dev_free(t->dev, t->adam_v, obytes, "optim");
+            l3d_dev_free(t->dev, t->adam_m, obytes, "optim");
+        }
+        l3d_offload_fini(t);
         l3d_dev_free(t->dev, t->grads, gbytes, "grads");
     }
     l3d_mesh_destroy(t->mesh);
@@ -297,6 +320,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     if (n > 1 && cfg->zero_stage >= 3)
         mem->params = l3d_zero3_sizes(&m, cfg, (int)n, NULL, NULL, NULL) * sizeof(float);
     mem->optim = 2 * shard * sizeof(float);
+    l3d_offload_memory(cfg, n > 1 && cfg->zero_stage >= 3, shard, mem);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
@@ -322,6 +346,7 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     }
     mem->grads = g * sizeof(float);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
+    l3d_offload_memory(&t->cfg, d->zero3, d->shard_len, mem);
     mem->acts = 0;
     for (int i = 0; i < t->pp.nslots; i++) mem->acts += t->pp.slots[i]->bytes;
 }

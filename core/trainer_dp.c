@@ -202,35 +202,40 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
 
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
 // pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
-// persistent groups are gathered).
+// persistent groups are gathered). With offload_optimizer the step runs on the host device
+// over host copies of the pieces (core/trainer_offload.c), which go back to the device first.
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     const l3d_train_config_t *cfg = &t->cfg;
+    int off = t->off.optim;
+    l3d_device_t *odev = off ? t->off.hdev : t->dev;
+    if (off) L3D_CHECK(t->ctx, l3d_offload_grads_to_host(t));
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i];
         float wd = p->decay ? cfg->weight_decay : 0.0f;
-        if (!d->sharded) {
-            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, m->params + p->offset, t->grads + p->offset,
-                                            t->adam_m + p->offset, t->adam_v + p->offset,
-                                            p->numel, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
-                                            bc1, bc2, gscale));
-            continue;
-        }
-        for (int k = 0; k < d->nb; k++) {  // this tensor's part of each of this rank's pieces
-            const l3d_dp_bucket_t *b = &d->b[k];
-            size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
+        // this tensor's part of each of this rank's pieces (one piece, the arena, unsharded)
+        for (int k = 0; k < l3d_dp_pieces(t); k++) {
+            size_t lo, hi, sh;
+            l3d_dp_piece(t, k, &lo, &hi, &sh);
             size_t a0 = lo > p->offset ? lo : p->offset;
             size_t a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
-            size_t s = b->sh + (a0 - lo);
-            float *param = d->zero3 ? l3d_zero3_piece(t, b, a0) : m->params + a0;
-            L3D_CHECK(t->ctx, l3d_dev_adamw(t->dev, param, piece_grad(t, b, a0),
-                                            t->adam_m + s,
-                                            t->adam_v + s, a1 - a0, lr, cfg->beta1, cfg->beta2,
-                                            cfg->eps, wd, bc1, bc2, gscale));
+            size_t s = sh + (a0 - lo);
+            float *param, *grad;
+            if (off) {
+                param = l3d_offload_master(t) + s;
+                grad = t->off.grad + s;
+            } else {
+                param = d->zero3 ? l3d_zero3_piece_at(t, s) : m->params + a0;
+                grad = d->sharded ? piece_grad(t, &d->b[k], a0) : t->grads + a0;
+            }
+            L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
+                                            a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
+                                            bc1, bc2, gscale));
         }
     }
+    if (off) L3D_CHECK(t->ctx, l3d_offload_params_to_device(t));
     if (!d->sharded) return L3D_OK;
     if (d->zero3) return l3d_zero3_gather_persistent(t);
     if (d->zero2) return l3d_zero2_gather_params(t);
@@ -299,8 +304,10 @@ l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shar
     if (!d->sharded) return L3D_OK;
     for (int k = 0; k < d->nb; k++) {
         const l3d_dp_bucket_t *b = &d->b[k];
+        // (an offloaded optimizer's shard is host memory)
         L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, shard + b->sh, full + b->off + (size_t)d->rank * b->q,
-                                       b->q * sizeof(float), L3D_COPY_D2D));
+                                       b->q * sizeof(float),
+                                       t->off.optim ? L3D_COPY_D2H : L3D_COPY_D2D));
     }
     return L3D_OK;
 }

@@ -65,6 +65,15 @@ typedef struct l3d_pp {
     int nops;
 } l3d_pp_t;
 
+// ZeRO offload (core/trainer_offload.c).
+typedef struct l3d_offload {
+    int optim, param;     // offload_optimizer; offload_param (ZeRO-3 with dp > 1 only)
+    l3d_device_t *hdev;   // a CPU device for the host's AdamW (NULL without optim)
+    float *master;        // shard floats in host memory: this rank's parameter pieces (NULL
+                          // with param: the host parameter shard is the master)
+    float *grad;          // shard floats in host memory: the reduced gradient pieces
+} l3d_offload_t;
+
 struct l3d_trainer {
     l3d_ctx_t *ctx;
     l3d_train_config_t cfg;
@@ -80,7 +89,9 @@ struct l3d_trainer {
     l3d_mesh_t *mesh;
     l3d_dp_t dp;
     float *grads;                    // Ppad floats, the parameters' layout
-    float *adam_m, *adam_v;          // dp.shard_len floats (the full layout unless sharded)
+    float *adam_m, *adam_v;          // dp.shard_len floats (the full layout unless sharded);
+                                     // host memory with offload_optimizer
+    l3d_offload_t off;
     l3d_acts_t *acts;               // == pp.slots[0]
     l3d_pp_t pp;
     int32_t *h_tokens, *h_targets;  // (micro, T) host staging
@@ -166,18 +177,35 @@ size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int 
 // group padded to a multiple of dp.
 void l3d_zero3_gathers(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
                        uint64_t *calls, uint64_t *floats, uint64_t *pcalls, uint64_t *pfloats);
-// After l3d_zero2_init and l3d_pp_init: allocates the shard, the persistent groups and the
-// pool, arms every activation slot's parameter hooks, and partitions (frees m->params).
+// After l3d_zero2_init: allocates the shard and the persistent groups, partitions (frees
+// m->params), then allocates the pool. arm (after l3d_pp_init) hooks every activation slot.
 l3d_status l3d_zero3_init(l3d_trainer_t *t);
+void l3d_zero3_arm(l3d_trainer_t *t);
 void l3d_zero3_fini(l3d_trainer_t *t);
-// This rank's parameter piece of bucket k at arena float a0 (in the shard).
-float *l3d_zero3_piece(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0);
+// This rank's parameter shard at offset sh (a piece's parameters, l3d_dp_piece).
+float *l3d_zero3_piece_at(l3d_trainer_t *t, size_t sh);
 // After AdamW updated the pieces: all-gathers the persistent groups.
 l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t);
 // Checkpoints: materialize gives m->params the whole stage again (collective over dp);
 // partition copies this rank's pieces back out of it and frees it. Both no-ops without ZeRO-3.
 l3d_status l3d_zero3_materialize(l3d_trainer_t *t);
 l3d_status l3d_zero3_partition(l3d_trainer_t *t);
+
+// core/trainer_offload.c: ZeRO offload. init (after l3d_zero3_init, before the update's first
+// use) creates the host device and the host arrays and pulls the master; pull refreshes the
+// master from the device's parameters (after a resume); grads_to_host copies the reduced
+// gradient pieces D2H; params_to_device copies the updated master pieces H2D. master: the
+// host array AdamW updates (shard layout).
+l3d_status l3d_offload_init(l3d_trainer_t *t);
+void l3d_offload_fini(l3d_trainer_t *t);
+l3d_status l3d_offload_pull(l3d_trainer_t *t);
+l3d_status l3d_offload_grads_to_host(l3d_trainer_t *t);
+l3d_status l3d_offload_params_to_device(l3d_trainer_t *t);
+float *l3d_offload_master(l3d_trainer_t *t);
+// Moves the bytes of `mem` (device figures of a shard of shard_len floats) that the offload
+// switches put in host memory into its host_* fields.
+void l3d_offload_memory(const l3d_train_config_t *cfg, int zero3, size_t shard_len,
+                        l3d_mem_breakdown_t *mem);
 
 // core/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
 // off data.eval_fraction's tail; load_batch fills this rank's micro-batch j of step `step` from

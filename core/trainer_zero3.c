@@ -95,6 +95,14 @@ size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int 
 }
 
 // ---- the pool --------------------------------------------------------------------------------
+// The parameter shard lives in host memory with offload_param (core/trainer_offload.c).
+static l3d_copy_kind shard_to_device(const l3d_trainer_t *t) {
+    return t->cfg.offload_param ? L3D_COPY_H2D : L3D_COPY_D2D;
+}
+static l3d_copy_kind device_to_shard(const l3d_trainer_t *t) {
+    return t->cfg.offload_param ? L3D_COPY_D2H : L3D_COPY_D2D;
+}
+
 static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
     return l3d_error(t->ctx, st, "ZeRO-3 %s: %s", what,
                      l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
@@ -155,7 +163,7 @@ static l3d_status gather_start(l3d_trainer_t *t, int k, size_t at) {
     l3d_dp_bucket_t *b = &d->b[k];
     float *dst = z->pool + at, *mine = dst + (size_t)d->rank * b->q;
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, z->pshard + b->sh, b->q * sizeof(float),
-                                   L3D_COPY_D2D));
+                                   shard_to_device(t)));
     // the device finishes the copy before a host-side transport reads it
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     live_t *e = &z->live[z->nlive];
@@ -336,22 +344,30 @@ l3d_status l3d_zero3_init(l3d_trainer_t *t) {
         l3d_model_grad_group(m, i, &lo, &n, NULL);
         z->grp_bucket[i] = bucket_of(d, lo, lo + n);
     }
-    L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "params",
-                                    (void **)&z->pshard));
-    L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, z->pshard, 0, d->shard_len * sizeof(float)));
+    if (t->cfg.offload_param)
+        L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, d->shard_len * sizeof(float),
+                                             t->cfg.offload_param_pin, "host_params",
+                                             (void **)&z->pshard));
+    else
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "params",
+                                        (void **)&z->pshard));
     if (z->pers_len)
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pers_len * sizeof(float), "params",
                                         (void **)&z->pers));
+    L3D_CHECK(t->ctx, l3d_zero3_partition(t));  // the whole parameters freed before the pool
     if (z->pool_len)
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pool_len * sizeof(float), "params",
                                         (void **)&z->pool));
+    return L3D_OK;
+}
+
+void l3d_zero3_arm(l3d_trainer_t *t) {
     for (int i = 0; i < t->pp.nslots; i++) {
         l3d_acts_t *a = t->pp.slots[i];
         a->param_window = z3_window;
         a->param_release = z3_release;
         a->param_arg = t;
     }
-    return l3d_zero3_partition(t);
 }
 
 void l3d_zero3_fini(l3d_trainer_t *t) {
@@ -362,7 +378,11 @@ void l3d_zero3_fini(l3d_trainer_t *t) {
     int G = l3d_model_grad_groups(t->model);
     l3d_dev_free(t->dev, z->pool, z->pool_len * sizeof(float), "params");
     l3d_dev_free(t->dev, z->pers, z->pers_len * sizeof(float), "params");
-    l3d_dev_free(t->dev, z->pshard, d->shard_len * sizeof(float), "params");
+    if (t->cfg.offload_param)
+        l3d_dev_free_host(t->dev, z->pshard, d->shard_len * sizeof(float),
+                          t->cfg.offload_param_pin, "host_params");
+    else
+        l3d_dev_free(t->dev, z->pshard, d->shard_len * sizeof(float), "params");
     l3d_free(t->ctx, z->live, (size_t)G * sizeof(live_t), "other");
     l3d_free(t->ctx, z->seq, ((size_t)G + 1) * sizeof(int), "other");
     l3d_free(t->ctx, z->grp_bucket, (size_t)G * sizeof(int), "other");
@@ -371,10 +391,7 @@ void l3d_zero3_fini(l3d_trainer_t *t) {
     d->z3 = NULL;
 }
 
-float *l3d_zero3_piece(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) {
-    size_t lo = b->off + (size_t)t->dp.rank * b->q;
-    return t->dp.z3->pshard + b->sh + (a0 - lo);
-}
+float *l3d_zero3_piece_at(l3d_trainer_t *t, size_t sh) { return t->dp.z3->pshard + sh; }
 
 l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
@@ -385,7 +402,8 @@ l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t) {
         l3d_dp_bucket_t *b = &d->b[k];
         if (z->pers_at[k] == SIZE_MAX) continue;
         float *dst = z->pers + z->pers_at[k], *mine = dst + (size_t)d->rank * b->q;
-        st = l3d_dev_copy(t->dev, mine, z->pshard + b->sh, b->q * sizeof(float), L3D_COPY_D2D);
+        st = l3d_dev_copy(t->dev, mine, z->pshard + b->sh, b->q * sizeof(float),
+                          shard_to_device(t));
         if (st >= 0) st = l3d_dev_sync(t->dev);
         if (st >= 0 && (st = l3d_comm_iallgather(d->comm, mine, dst, b->q, L3D_FLOAT32,
                                                  &b->req)) < 0)
@@ -441,10 +459,12 @@ l3d_status l3d_zero3_partition(l3d_trainer_t *t) {
         size_t hi = min_sz(lo + b->q, b->end), n = hi - lo;
         float *piece = z->pshard + b->sh;
         // the piece past the bucket's end is padding: zero, as every rank's gather expects
-        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, piece + n, 0, (b->q - n) * sizeof(float)));
+        // (host memory with offload_param: written through the host's own memset)
+        if (t->cfg.offload_param) memset(piece + n, 0, (b->q - n) * sizeof(float));
+        else L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, piece + n, 0, (b->q - n) * sizeof(float)));
         if (n)
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, piece, m->params + lo, n * sizeof(float),
-                                           L3D_COPY_D2D));
+                                           device_to_shard(t)));
         if (z->pers_at[k] == SIZE_MAX) continue;
         float *whole = z->pers + z->pers_at[k];
         size_t len = b->end - b->off;

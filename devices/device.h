@@ -20,14 +20,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "llama3d/comm.h"  // l3d_dtype
+#include "core/l3d_core.h"  // l3d_malloc (the host-memory wrappers' fallback)
+#include "llama3d/comm.h"    // l3d_dtype
 #include "llama3d/ctx.h"
 #include "llama3d/device.h"
 #include "llama3d/status.h"
 
 // 2: vocabulary-parallel embedding and cross-entropy entries (tensor parallelism).
 // 3: per-operand dtypes in gemm (float32 compute), and convert.
-#define L3D_DEVICE_ABI_VERSION 3
+// 4: host memory for offloading (alloc_host / free_host).
+#define L3D_DEVICE_ABI_VERSION 4
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -111,6 +113,16 @@ struct l3d_device_ops {
     l3d_status (*memset)(l3d_device_t *dev, void *dst, int value, size_t bytes);
     // Blocks until every op issued so far (on every stream) has finished.
     l3d_status (*sync)(l3d_device_t *dev);
+    // Host memory this device copies to and from (ZeRO offload keeps optimizer state and
+    // parameter pieces there): page-locked when `pinned` (asynchronous DMA; pin_memory),
+    // pageable otherwise; contents undefined, aligned to at least 64 bytes, `tag` as alloc.
+    // Optional: NULL on devices whose memory is host memory (the CPU), where the wrapper takes
+    // it from the context's allocator (pinning means nothing there).
+    l3d_status (*alloc_host)(l3d_device_t *dev, size_t bytes, int pinned, const char *tag,
+                             void **ptr_p);
+    // Frees what alloc_host returned (NULL: no-op); bytes, pinned and tag as given to it.
+    // Optional: NULL exactly when alloc_host is.
+    void (*free_host)(l3d_device_t *dev, void *ptr, size_t bytes, int pinned, const char *tag);
 
     // ---- streams (optional: NULL on devices that run every op in order, like the CPU) -------
     // Creates an independent queue of ops (CUDA stream). *stream_p is opaque.
@@ -236,6 +248,17 @@ static inline void l3d_dev_free(l3d_device_t *d, void *p, size_t bytes, const ch
     d->ops->free(d, p, bytes, tag);
 }
 static inline int l3d_dev_is_host(const l3d_device_t *d) { return d->ops->is_host(d); }
+static inline l3d_status l3d_dev_alloc_host(l3d_device_t *d, size_t bytes, int pinned,
+                                            const char *tag, void **p) {
+    if (d->ops->alloc_host) return d->ops->alloc_host(d, bytes, pinned, tag, p);
+    *p = l3d_malloc(d->ctx, bytes ? bytes : 1, tag);
+    return *p ? L3D_OK : L3D_ERR_NOMEM;
+}
+static inline void l3d_dev_free_host(l3d_device_t *d, void *p, size_t bytes, int pinned,
+                                     const char *tag) {
+    if (d->ops->free_host) d->ops->free_host(d, p, bytes, pinned, tag);
+    else if (p) l3d_free(d->ctx, p, bytes ? bytes : 1, tag);
+}
 static inline l3d_status l3d_dev_copy(l3d_device_t *d, void *dst, const void *src, size_t n,
                                       l3d_copy_kind k) {
     return d->ops->copy(d, dst, src, n, k);

@@ -383,8 +383,11 @@ Test(config, seed_file) {
     cr_assert_eq(c.stage3_max_live_parameters, 1e9);
     cr_assert_eq(c.stage3_gather_16bit_weights_on_model_save, 1);
     cr_assert(has_note(&c, "stage3_gather_16bit_weights_on_model_save"));
-    cr_assert(has_note(&c, "offload_optimizer"));
-    cr_assert(has_note(&c, "offload_param"));
+    // offload effective (core/trainer_offload.c): no note, both on the cpu, pinned
+    cr_assert(!has_note(&c, "offload_optimizer"));
+    cr_assert(!has_note(&c, "offload_param"));
+    cr_assert(c.offload_optimizer && c.offload_optimizer_pin && c.offload_param &&
+              c.offload_param_pin);
     // The monitors are honoured: no note, DeepSpeed's output_path/job_name directory.
     cr_assert(!has_note(&c, "tensorboard"));
     cr_assert_eq(c.tensorboard, 1);
@@ -774,6 +777,22 @@ Test(config, notes) {
     cr_assert_eq(c.stage3_param_persistence_threshold, 1e5);
     cr_assert_eq(c.stage3_max_live_parameters, 1e9);
     cr_assert_eq(c.stage3_gather_16bit_weights_on_model_save, 0);
+    // Offload: DeepSpeed's stage rules (no effect outside them, said), nvme noted, parameter
+    // offload only beside optimizer offload (the update runs where the pieces live).
+    cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 0, \"offload_optimizer\": "
+                          "{\"device\": \"cpu\"}}}", &c), L3D_OK, "%s", err());
+    cr_assert(c.offload_optimizer == 0 && has_note(&c, "no effect at stage 0"));
+    cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 2, \"offload_optimizer\": "
+                          "{\"device\": \"cpu\"}, \"offload_param\": {\"device\": \"cpu\"}}}",
+                          &c), L3D_OK, "%s", err());
+    cr_assert(c.offload_optimizer == 1 && c.offload_optimizer_pin == 0 && c.offload_param == 0);
+    cr_assert(has_note(&c, "offload_param: no effect below stage 3"));
+    cr_assert_eq(ds_fresh("{\"zero_optimization\": {\"stage\": 3, \"offload_optimizer\": "
+                          "{\"device\": \"nvme\"}}}", &c), L3D_OK, "%s", err());
+    cr_assert(c.offload_optimizer == 0 && has_note(&c, "device nvme"));
+    ASSERT_ERR_HAS(ds_fresh("{\"zero_optimization\": {\"stage\": 3, \"offload_param\": "
+                            "{\"device\": \"cpu\"}}}", &c), L3D_ERR_CONFIG,
+                   "offload_param needs offload_optimizer");
     ASSERT_ERR_HAS(ds_fresh("{\"zero_optimization\": {\"stage3_max_live_parameters\": 0}}", &c),
                    L3D_ERR_CONFIG, "stage3_max_live_parameters");
     ASSERT_ERR_HAS(ds_fresh("{\"zero_optimization\": {\"stage3_prefetch_bucket_size\": -1}}",

@@ -35,6 +35,11 @@ typedef struct z3_knobs {
     double persist, prefetch, live;
 } z3_knobs_t;
 static const z3_knobs_t *g_z3;
+// ZeRO offload for the layouts run while g_off is set: offload_optimizer, offload_param.
+typedef struct off_knobs {
+    int optim, param;
+} off_knobs_t;
+static const off_knobs_t *g_off;
 
 static char g_data[64];
 static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
@@ -88,6 +93,8 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     if (g_z3 && g_z3->prefetch)
         cfg->stage3_prefetch_bucket_size = g_z3->prefetch < 0 ? 0 : g_z3->prefetch;
     if (g_z3 && g_z3->live > 0) cfg->stage3_max_live_parameters = g_z3->live;
+    cfg->offload_optimizer = g_off ? g_off->optim : 0;
+    cfg->offload_param = g_off ? g_off->param : 0;
     cfg->save_consolidated = g_consolidated;
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
@@ -107,6 +114,7 @@ typedef struct result {
     int nt[MAXR];
     size_t grads_in_use[MAXR];                   // every rank's "grads" allocations
     size_t params_in_use[MAXR];                  // and "params" (rope tables included)
+    size_t optim_in_use[MAXR], host_in_use[MAXR][3];  // "optim"; "host_params/grads/optim"
     l3d_mem_breakdown_t mem[MAXR], estimate;     // l3d_trainer_memory; rank 0's prediction
     // single-rank references only (reference_run): the float64 trajectory's final weights in
     // params[0]'s layout, losses and gradient norms, and the spread of float32 runs around it
@@ -157,6 +165,9 @@ static void *rank_main(void *p) {
     if (st == L3D_OK && a->save_dir) st = l3d_trainer_save(t, a->save_dir);
     if (st == L3D_OK && a->res) {
         a->res->params_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "params");
+        a->res->optim_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "optim");
+        static const char *host[3] = {"host_params", "host_grads", "host_optim"};
+        for (int h = 0; h < 3; h++) a->res->host_in_use[a->r][h] = l3d_ctx_mem_in_use(ctx, host[h]);
         st = l3d_zero3_materialize(t);  // ZeRO-3 keeps a 1/dp piece: the weights whole again
     }
     if (st == L3D_OK && a->res) {
@@ -400,12 +411,16 @@ static void reference(void) {
 }
 
 static void compare_to(const layout_t *L, const result_t *ref);
+static void compare_keep(const layout_t *L, const result_t *ref, result_t *keep);
 static void compare(const layout_t *L) {
     reference();
     compare_to(L, &g_ref);
 }
 
-static void compare_to(const layout_t *L, const result_t *ref) {
+static void compare_to(const layout_t *L, const result_t *ref) { compare_keep(L, ref, NULL); }
+
+// compare_to, handing the run's result to *keep (NULL: freed).
+static void compare_keep(const layout_t *L, const result_t *ref, result_t *keep) {
     result_t got = {0};
     run_layout(L, &got);
     char name[160];
@@ -430,6 +445,9 @@ static void compare_to(const layout_t *L, const result_t *ref) {
     }
     // The memory estimate printed before training describes world rank 0 exactly.
     cr_expect_eq(got.estimate.params, got.mem[0].params, "%s: params", name);
+    cr_expect_eq(got.estimate.host_params, got.mem[0].host_params, "%s: host params", name);
+    cr_expect_eq(got.estimate.host_grads, got.mem[0].host_grads, "%s: host grads", name);
+    cr_expect_eq(got.estimate.host_optim, got.mem[0].host_optim, "%s: host optim", name);
     cr_expect_eq(got.estimate.grads, got.mem[0].grads, "%s: grads", name);
     cr_expect_eq(got.estimate.optim, got.mem[0].optim, "%s: optim", name);
     cr_expect_eq(got.estimate.acts, got.mem[0].acts, "%s: acts %zu, estimated %zu", name,
@@ -438,7 +456,8 @@ static void compare_to(const layout_t *L, const result_t *ref) {
     cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
     cr_log_info("%s: bytes tp %llu dp %llu", name, (unsigned long long)got.last.comm_bytes[0],
                 (unsigned long long)got.last.comm_bytes[1]);
-    free_result(&got);
+    if (keep) *keep = got;
+    else free_result(&got);
 }
 
 // The layouts this build trains; tp and pp join as they are built.
@@ -502,6 +521,67 @@ Test(parallel, zero3_knobs, .timeout = 240) {
         compare(&cases[i].L);
     }
     g_z3 = NULL;
+}
+
+// ZeRO offload: the optimizer state, its master pieces and the AdamW step on the host (the
+// update on host copies, then copied back), and with ZeRO-3 the parameter shard in host memory
+// too; every sharding stage, unsharded (dp 1), with tp, pp, SP and recompute. Each reproduces
+// the single-rank run; what is allocated where equals the report and its estimate: no device
+// optimizer state, the shard's master (or, offload_param, the shard itself), the gradient
+// pieces and both moments in host memory. Checkpoints move to and from offloaded layouts.
+Test(parallel, offload, .timeout = 240) {
+    static const off_knobs_t opt = {1, 0}, both = {1, 1};
+    static const struct {
+        layout_t L;
+        const off_knobs_t *k;
+    } cases[] = {
+        {{1, 1, 1, 1, 0, 8, 0, 0.25f, 0, 0}, &opt},  {{2, 1, 1, 1, 0, 8, 3000, 0.25f, 0, 0}, &opt},
+        {{2, 2, 1, 2, 1, 8, 0, 0.25f, 0, 1}, &opt},  {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, &opt},
+        {{2, 1, 2, 3, 0, 8, 0, 0.25f, 0, 0}, &both}, {{2, 2, 2, 3, 1, 8, 0, 0.25f, 1, 1}, &both},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        const layout_t *L = &cases[i].L;
+        g_off = cases[i].k;
+        reference();
+        result_t got = {0};
+        compare_keep(L, &g_ref, &got);
+        int n = L->dp * L->tp * L->pp;
+        for (int r = 0; r < n; r++) {
+            const l3d_mem_breakdown_t *mr = &got.mem[r];
+            cr_expect_eq(got.optim_in_use[r], 0, "case %zu rank %d: device optimizer state", i, r);
+            cr_expect_eq(got.host_in_use[r][0], mr->host_params, "case %zu rank %d", i, r);
+            cr_expect_eq(got.host_in_use[r][1], mr->host_grads, "case %zu rank %d", i, r);
+            cr_expect_eq(got.host_in_use[r][2], mr->host_optim, "case %zu rank %d", i, r);
+            size_t shard = mr->host_grads;  // one float per element of this rank's pieces
+            cr_expect_eq(mr->host_optim, 2 * shard, "case %zu rank %d", i, r);
+            cr_expect_eq(mr->host_params, shard, "case %zu rank %d", i, r);
+            cr_expect(shard > 0 && mr->optim == 0, "case %zu rank %d", i, r);
+        }
+        free_result(&got);
+    }
+    layout_t z3 = {2, 1, 2, 3, 0, 8, 0, 0.25f, 0, 0}, z1 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 0};
+    g_off = &both;
+    char dir[] = "/tmp/l3d_test_offload_XXXXXX", ck[64], cmd[128];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    result_t a = {0}, b = {0};
+    run_layout_ckpt(&z3, &a, ck, NULL);  // offloaded ZeRO-3 saves ...
+    g_off = NULL;
+    run_layout_ckpt(&z1, &b, NULL, ck);  // ... ZeRO-1 without offload resumes
+    check_run("offload (2,1,2) zero 3 -> (2,2,1) zero 1", &b, &g_ref, STEPS / 2);
+    free_result(&a);
+    free_result(&b);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s/ck", dir);
+    cr_assert_eq(system(cmd), 0);
+    run_layout_ckpt(&z1, &a, ck, NULL);  // and the other way
+    g_off = &opt;
+    run_layout_ckpt(&z3, &b, NULL, ck);
+    g_off = NULL;
+    check_run("(2,2,1) zero 1 -> offload (2,1,2) zero 3", &b, &g_ref, STEPS / 2);
+    free_result(&a);
+    free_result(&b);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 // Shapes that do not split are refused naming the dimension; the vocabulary splits unevenly.

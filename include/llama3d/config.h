@@ -146,6 +146,11 @@ typedef struct l3d_train_config {
     double stage3_param_persistence_threshold;
     double stage3_max_live_parameters;
     int stage3_gather_16bit_weights_on_model_save;
+    // ZeRO offload (zero_optimization.offload_optimizer / offload_param with device "cpu";
+    // core/trainer_offload.c): the optimizer state, fp32 master pieces and the AdamW step in
+    // host memory on host threads; ZeRO-3's parameter pieces in host memory. *_pin: pin_memory.
+    int offload_optimizer, offload_optimizer_pin;
+    int offload_param, offload_param_pin;
     int activation_checkpointing;
 
     // llama3d's own sections
