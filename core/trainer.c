@@ -197,8 +197,9 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     l3d_comm_t *groups[5] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
                              t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm};
     for (int g = 0; g < 5; g++) l3d_comm_reset_stats(groups[g]);
-    if (t->dp.zero2)
-        L3D_CHECK(ctx, l3d_dev_memset(dev, t->dp.gshard, 0, t->dp.shard_len * sizeof(float)));
+    if (t->dp.zero2)  // (in host memory when the optimizer is offloaded)
+        L3D_CHECK(ctx, l3d_dev_memset(t->dp.stage ? t->off.hdev : dev, t->dp.gshard, 0,
+                                      t->dp.shard_len * sizeof(float)));
     else
         L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
     // Loss = mean over every target token of the global batch, so each micro-batch's
@@ -320,7 +321,10 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     if (n > 1 && cfg->zero_stage >= 3)
         mem->params = l3d_zero3_sizes(&m, cfg, (int)n, NULL, NULL, NULL) * sizeof(float);
     mem->optim = 2 * shard * sizeof(float);
-    l3d_offload_memory(cfg, n > 1 && cfg->zero_stage >= 3, shard, mem);
+    int z2 = n > 1 && cfg->zero_stage >= 2;
+    size_t stage = z2 && cfg->offload_optimizer
+                       ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
+    l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, shard, stage, mem);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
@@ -346,7 +350,7 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     }
     mem->grads = g * sizeof(float);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
-    l3d_offload_memory(&t->cfg, d->zero3, d->shard_len, mem);
+    l3d_offload_memory(&t->cfg, d->zero2, d->zero3, d->shard_len, d->stage_len, mem);
     mem->acts = 0;
     for (int i = 0; i < t->pp.nslots; i++) mem->acts += t->pp.slots[i]->bytes;
 }

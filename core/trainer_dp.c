@@ -189,7 +189,8 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
             size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
             size_t a0 = lo > p->offset ? lo : p->offset, a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
-            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, piece_grad(t, b, a0), a1 - a0, &x));
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(d->stage ? t->off.hdev : t->dev, piece_grad(t, b, a0),
+                                            a1 - a0, &x));
             s += w * x;
         }
     }

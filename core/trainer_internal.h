@@ -46,6 +46,10 @@ typedef struct l3d_dp {
     size_t win_len[L3D_ZERO2_MAX_WIN];  // floats of each window
     int win_reserved;  // a bucket with a window of its own (the embedding that a tied head on
                        // the same stage writes first and completes last; -1: none)
+    // offload_optimizer: gshard is host memory; each reduced piece is copied through stage
+    // (stage_len floats, the longest piece) and added on the host (NULL: no offload)
+    float *stage;
+    size_t stage_len;
     // ZeRO-3 (core/trainer_zero3.c; stage 3 with dp > 1, zero2 set too): the parameters are
     // sharded like the gradients, one bucket per gradient group.
     int zero3;
@@ -150,6 +154,8 @@ int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
 size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
                          size_t win_len[L3D_ZERO2_MAX_WIN], int *nwin, int *nshared,
                          int *reserved);
+// The longest piece (bucket length / dp) of m's buckets.
+size_t l3d_zero2_max_piece(const l3d_model_t *m, double reduce_bucket_size, int dp);
 l3d_status l3d_zero2_init(l3d_trainer_t *t);
 void l3d_zero2_fini(l3d_trainer_t *t);
 // Hooks the windows into a micro-batch's backward (every micro-batch reduces its gradient).
@@ -203,9 +209,10 @@ l3d_status l3d_offload_grads_to_host(l3d_trainer_t *t);
 l3d_status l3d_offload_params_to_device(l3d_trainer_t *t);
 float *l3d_offload_master(l3d_trainer_t *t);
 // Moves the bytes of `mem` (device figures of a shard of shard_len floats) that the offload
-// switches put in host memory into its host_* fields.
-void l3d_offload_memory(const l3d_train_config_t *cfg, int zero3, size_t shard_len,
-                        l3d_mem_breakdown_t *mem);
+// switches put in host memory into its host_* fields (zero2: the gradient shard and a
+// staging buffer of stage_len floats too).
+void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, size_t shard_len,
+                        size_t stage_len, l3d_mem_breakdown_t *mem);
 
 // core/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
 // off data.eval_fraction's tail; load_batch fills this rank's micro-batch j of step `step` from

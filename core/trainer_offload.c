@@ -37,8 +37,13 @@ l3d_status l3d_offload_init(l3d_trainer_t *t) {
     L3D_CHECK(t->ctx, l3d_device_create(t->ctx, "cpu", &hp, &o->hdev));
     size_t bytes = t->dp.shard_len * sizeof(float);
     int pin = cfg->offload_optimizer_pin;
-    L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, bytes, pin, "host_grads", (void **)&o->grad));
-    L3D_CHECK(t->ctx, l3d_dev_memset(o->hdev, o->grad, 0, bytes));
+    if (t->dp.zero2) {  // ZeRO-2/3 accumulate the gradient shard in host memory already
+        o->grad = t->dp.gshard;
+    } else {
+        L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, bytes, pin, "host_grads",
+                                             (void **)&o->grad));
+        L3D_CHECK(t->ctx, l3d_dev_memset(o->hdev, o->grad, 0, bytes));
+    }
     if (!o->param) {
         L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, bytes, pin, "host_params",
                                              (void **)&o->master));
@@ -51,7 +56,8 @@ void l3d_offload_fini(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
     size_t bytes = t->dp.shard_len * sizeof(float);
     l3d_dev_free_host(t->dev, o->master, bytes, t->cfg.offload_optimizer_pin, "host_params");
-    l3d_dev_free_host(t->dev, o->grad, bytes, t->cfg.offload_optimizer_pin, "host_grads");
+    if (!t->dp.zero2)
+        l3d_dev_free_host(t->dev, o->grad, bytes, t->cfg.offload_optimizer_pin, "host_grads");
     o->master = o->grad = NULL;
     l3d_device_destroy(o->hdev);
     o->hdev = NULL;
@@ -77,6 +83,7 @@ l3d_status l3d_offload_pull(l3d_trainer_t *t) {
 l3d_status l3d_offload_grads_to_host(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
     const l3d_dp_t *d = &t->dp;
+    if (d->zero2) return L3D_OK;  // the shard is in host memory (trainer_zero2.c)
     for (int k = 0; k < l3d_dp_pieces(t); k++) {
         size_t lo, hi, sh;
         l3d_dp_piece(t, k, &lo, &hi, &sh);
@@ -101,16 +108,18 @@ l3d_status l3d_offload_params_to_device(l3d_trainer_t *t) {
     return l3d_dev_sync(t->dev);
 }
 
-// Bytes of each kind of memory a rank keeps for a shard of shard_len floats, moved by the
-// offload switches: params_dev is what the parameters take on the device without offload.
-void l3d_offload_memory(const l3d_train_config_t *cfg, int zero3, size_t shard_len,
-                        l3d_mem_breakdown_t *mem) {
+void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, size_t shard_len,
+                        size_t stage_len, l3d_mem_breakdown_t *mem) {
     size_t shard = shard_len * sizeof(float);
     mem->host_params = mem->host_grads = mem->host_optim = 0;
     if (!cfg->offload_optimizer) return;
     mem->host_optim = mem->optim;
     mem->optim = 0;
     mem->host_grads = shard;
+    if (zero2) {  // the gradient shard itself moves, plus the staging of one piece
+        mem->grads -= min_sz(mem->grads, shard);
+        mem->host_grads += stage_len * sizeof(float);
+    }
     if (cfg->offload_param && zero3) {
         mem->params -= min_sz(mem->params, shard);  // the shard moves to the host
         mem->host_params = shard;

@@ -82,6 +82,18 @@ int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
     return nb;
 }
 
+static void piece_max(void *arg, int k, size_t lo, size_t hi, size_t len) {
+    size_t *mx = arg;
+    (void)k, (void)lo, (void)hi;
+    if (len > mx[0]) mx[0] = len;
+}
+
+size_t l3d_zero2_max_piece(const l3d_model_t *m, double reduce_bucket_size, int dp) {
+    size_t mx = 0;
+    scan_buckets(m, reduce_bucket_size, dp, piece_max, &mx);
+    return mx / (size_t)dp;
+}
+
 typedef struct len_arg {
     size_t top[2], last;  // the two longest of all but the last bucket; the last
     int seen;
@@ -142,7 +154,17 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * sizeof(float), "grads",
                                         (void **)&d->win[w]));
     }
-    return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
+    if (!t->cfg.offload_optimizer)
+        return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
+    // Offloaded optimizer: the shard accumulates in host memory, each reduced piece copied
+    // there through a staging buffer of the longest piece (DeepSpeed keeps its fp32 gradient
+    // partitions on the CPU likewise); the host device adds it (core/trainer_offload.c).
+    int pin = t->cfg.offload_optimizer_pin;
+    d->stage_len = l3d_zero2_max_piece(m, rbs, d->n);
+    L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, d->stage_len * sizeof(float), pin, "host_grads",
+                                         (void **)&d->stage));
+    return l3d_dev_alloc_host(t->dev, d->shard_len * sizeof(float), pin, "host_grads",
+                              (void **)&d->gshard);
 }
 
 void l3d_zero2_fini(l3d_trainer_t *t) {
@@ -151,7 +173,14 @@ void l3d_zero2_fini(l3d_trainer_t *t) {
         l3d_dev_free(t->dev, d->win[w], d->win_len[w] * sizeof(float), "grads");
         d->win[w] = NULL;
     }
-    l3d_dev_free(t->dev, d->gshard, d->shard_len * sizeof(float), "grads");
+    if (t->cfg.offload_optimizer) {
+        int pin = t->cfg.offload_optimizer_pin;
+        l3d_dev_free_host(t->dev, d->gshard, d->shard_len * sizeof(float), pin, "host_grads");
+        l3d_dev_free_host(t->dev, d->stage, d->stage_len * sizeof(float), pin, "host_grads");
+        d->stage = NULL;
+    } else {
+        l3d_dev_free(t->dev, d->gshard, d->shard_len * sizeof(float), "grads");
+    }
     d->gshard = NULL;
 }
 
@@ -171,7 +200,11 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
     d->win_started[w] = 0;
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
     float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
-    return l3d_dev_add(t->dev, g, g, piece, b->q);
+    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q);
+    // offloaded: the piece goes to the host and is added there
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
+    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    return l3d_dev_add(t->off.hdev, g, g, d->stage, b->q);
 }
 
 // Starts window w's reduce-scatter (in place: piece r lands at its offset in the window).

@@ -36,7 +36,8 @@
 #
 # What runs today (about 50 s of CPU): the main job `./build/l3d train` (README set-up, the
 # last command of the main-job line; CI runs the install and build parts), the 3D example
-# over `l3d launch` and as threads, `l3d bench comm` on threads and over UCX, bench_gemm.
+# over `l3d launch` and as threads, `l3d bench comm` on threads and over UCX, bench_gemm,
+# bench/zero3_memory.sh (dry runs).
 # What is only checked: install-deps/cmake/ctest (CI), cmake --install and the pkg-config
 # line (install_consumer), bench/train_step.py, bench/compare_comm.sh and bench/layouts.sh
 # (minutes of timed runs), and the multi-node launcher examples of docs/launch.md.
@@ -256,9 +257,9 @@ CHECK_ONLY = [
      "install_consumer links examples/consumer with the same pkg-config flags", check_install),
     (r"/usr/bin/python3 bench/train_step\.py ", "trains llama3d and torch for minutes; "
      "checked: the script's --help takes the doc's flags", check_script),
-    (r"bash bench/(compare_comm|layouts)\.sh ", "minutes of timed runs on every core "
-     "(mpirun, gloo, ucx_perftest, fabtests, 20 layouts); checked: --help, the doc's arguments",
-     check_script),
+    (r"bash bench/(compare_comm|layouts|zero3)\.sh ", "minutes of timed runs on every core "
+     "(mpirun, gloo, ucx_perftest, fabtests, 20 layouts, ZeRO-2 against ZeRO-3); checked: "
+     "--help, the doc's arguments", check_script),
     (r"bash bench/generate_vs_llamacpp\.sh ", "needs a llama.cpp checkout built beside us (45 "
      "minutes to build); checked: --help, and its skip line without one", check_llamacpp_script),
 ]
@@ -305,7 +306,9 @@ def check_command(where, cmd, comment, lines, after):
     for seg in split_and(cmd):
         # CHECK_ONLY first: some l3d commands need what this machine lacks (a downloaded model).
         hit = next(((p, w, c) for p, w, c in CHECK_ONLY if re.match(p, seg)), None)
-        if hit is None and re.match(r"(\./)?(build/l3d|l3d|build/bench/)\b", seg):
+        # (bench scripts of dry runs only take seconds: they run like the programs)
+        if hit is None and re.match(r"(\./)?(build/l3d|l3d|build/bench/)\b|bash bench/zero3_memory\.sh ",
+                                    seg):
             # What a build may leave out (cmake options, transports not found) is skipped,
             # saying so; everything else runs.
             t = re.search(r"--transport[ =](\w+)", seg)
