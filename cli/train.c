@@ -47,7 +47,7 @@ void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown
     double MiB = 1024.0 * 1024.0;
     char who[32] = "";
     if (world > 1) snprintf(who, sizeof(who), " rank %d", rank);
-    size_t host = mem->host_params + mem->host_grads + mem->host_optim;
+    size_t host = mem->host_params + mem->host_grads + mem->host_optim + mem->host_acts;
     printf("memory%s%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
            "activations %.2f MiB, total %.2f MiB",
            who, estimate ? " (estimate, nothing allocated)" : "", mem->params / MiB,
@@ -56,8 +56,8 @@ void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown
     // ZeRO offload: what sits in host memory instead, on its own (device memory above)
     if (host)
         printf("; host (offload): parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
-               "total %.2f MiB", mem->host_params / MiB, mem->host_grads / MiB,
-               mem->host_optim / MiB, host / MiB);
+               "activations %.2f MiB, total %.2f MiB", mem->host_params / MiB,
+               mem->host_grads / MiB, mem->host_optim / MiB, mem->host_acts / MiB, host / MiB);
     printf("\n");
     fflush(stdout);
 }

@@ -48,6 +48,8 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         // backward: all (N,C); on the last stage the head gradient (N,C) and the
         // cross-entropy max (N) and sums (N,2)
         uint64_t nc = 1 + 2 * L * (cfg->activation_checkpointing ? 2 : 1) + 2 * L + last;
+        // partition_activations: each layer's kept input is all-gathered for its rebuild
+        if (l3d_train_config_ckpt(cfg) & L3D_CKPT_PARTITION) nc += L;
         add(s, A * (nc + 2 * last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
         // once per step: replicated kv heads sum their k and v gradients (kv_rep ranks)
         int K = mc->num_key_value_heads;

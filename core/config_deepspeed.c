@@ -492,10 +492,14 @@ static l3d_status parse_monitors(const l3d_dsparser_t *p, json_t *root) {
 static l3d_status parse_misc_sections(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
     static const char *const recompute = " (activations are recomputed per layer on the rank)";
+    // partition_activations and cpu_checkpointing are honoured (core/model_fwdbwd.c);
+    // contiguous_memory_optimization is what the activation arena always is (one allocation
+    // per activation set, the checkpoints side by side), and number_checkpoints only sizes
+    // that buffer in DeepSpeed, where llama3d sizes it from the model.
     static const l3d_dskey_t k_ac[] = {
-        {"partition_activations", 'b', recompute},
-        {"contiguous_memory_optimization", 'b', recompute},
-        {"cpu_checkpointing", 'b', recompute},
+        {"partition_activations", 'b', NULL},
+        {"contiguous_memory_optimization", 'b', NULL},
+        {"cpu_checkpointing", 'b', NULL},
         {"synchronize_checkpoint_boundary", 'b', recompute},
         {"profile", 'b', recompute}, {"number_checkpoints", '*', NULL}};
     // The monitors are honoured (parse_monitors), wandb.enabled refused.
@@ -536,9 +540,12 @@ static l3d_status parse_misc_sections(const l3d_dsparser_t *p, json_t *root) {
         int n;
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, ac, "activation_checkpointing",
                                               "number_checkpoints", 1, 1 << 30, &n, NULL));
-        note(p->cfg, "activation_checkpointing.number_checkpoints: accepted, not yet effective "
-                     "(every layer is a checkpoint)");
     }
+    const char *acp = "activation_checkpointing";
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, ac, acp, "partition_activations",
+                                           &p->cfg->partition_activations, NULL));
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, ac, acp, "cpu_checkpointing",
+                                           &p->cfg->cpu_checkpointing, NULL));
     return L3D_OK;
 }
 

@@ -146,6 +146,13 @@ l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg
                              "tokens of a micro-batch (train_micro_batch_size_per_gpu x seq_len) "
                              "over tp %d: make them divisible", N, cfg->tp);
     }
+    if (cfg->activation_checkpointing && cfg->partition_activations && cfg->tp > 1) {
+        long long N = (long long)cfg->micro_batch_size * cfg->seq_len;
+        if (N % cfg->tp)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "activation_checkpointing.partition_activations "
+                             "splits the %lld tokens of a micro-batch (train_micro_batch_size_per_gpu"
+                             " x seq_len) over tp %d: make them divisible", N, cfg->tp);
+    }
     if (!cfg->adam_w_mode && cfg->weight_decay != 0.0f)
         return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "optimizer: Adam with L2 weight decay "
                          "(adam_w_mode false) is not supported; use AdamW or weight_decay 0");

@@ -66,6 +66,29 @@ static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m
     la->up = take(ar, N * F * f);
 }
 
+// The rows of x_in a checkpoint keeps and where they sit in it: all N; 1/tp of them at this
+// rank's place (partition_activations); with sequence parallelism x_in holds this rank's rows
+// at its start.
+static int ckpt_partitioned(const l3d_model_t *m, const l3d_acts_t *a) {
+    return (a->recompute & L3D_CKPT_PARTITION) && m->tp.size > 1 && !m->tp.sp;
+}
+
+static void ckpt_span(const l3d_model_t *m, const l3d_acts_t *a, size_t *rows, size_t *off) {
+    size_t N = (size_t)a->B * (size_t)a->T, tp = (size_t)m->tp.size;
+    *rows = m->tp.sp || ckpt_partitioned(m, a) ? N / tp : N;
+    *off = ckpt_partitioned(m, a) ? (size_t)m->tp.rank * *rows : 0;
+}
+
+// The kept inputs in host memory (L3D_CKPT_CPU): a->L of them, side by side.
+static void layout_host_ckpt(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
+    size_t rows, off;
+    ckpt_span(m, a, &rows, &off);
+    for (int l = 0; l < a->L; l++) {
+        float *p = take(ar, rows * (size_t)m->C * sizeof(float));
+        if (a->layers) a->layers[l].ckpt = p;
+    }
+}
+
 // a->L layers (a->chunk's); the head's buffers only where the head runs.
 static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float);
@@ -74,7 +97,28 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     int L = a->L, head = m->has_head && a->chunk == m->nchunks - 1;
     // a->layers is NULL when only counting (l3d_acts_bytes).
     l3d_layer_acts_t dummy;
-    if (a->recompute) {
+    if (a->recompute & (L3D_CKPT_PARTITION | L3D_CKPT_CPU)) {
+        // Checkpoints apart from the working input: the layers' inputs pass through two
+        // buffers in turn (a layer reads one, writes its output to the other), and each
+        // layer's kept rows are copied out of it in the forward and back in for the rebuild.
+        float *w[2];
+        for (int i = 0; i < 2; i++) w[i] = take(ar, N * C * f);
+        size_t rows, off;
+        ckpt_span(m, a, &rows, &off);
+        for (int l = 0; l < L; l++) {
+            l3d_layer_acts_t *la = a->layers ? &a->layers[l] : &dummy;
+            la->x_in = w[l % 2];
+            la->ckpt = (a->recompute & L3D_CKPT_CPU) ? NULL : take(ar, rows * C * f);
+        }
+        l3d_layer_acts_t shared = {0};
+        layout_layer(ar, &shared, m, N, a->B, a->T, 0);
+        for (int l = 0; a->layers && l < L; l++) {
+            float *x_in = a->layers[l].x_in, *ckpt = a->layers[l].ckpt;
+            a->layers[l] = shared;
+            a->layers[l].x_in = x_in;
+            a->layers[l].ckpt = ckpt;
+        }
+    } else if (a->recompute) {
         // Checkpointing: only each layer's input survives the forward; the rest of a layer's
         // activations are rebuilt in one shared set during its backward.
         for (int l = 0; l < L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * f);
@@ -112,19 +156,23 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
-    return l3d_acts_bytes_part(cfg, 1, 1, 1, 0, NULL, 0, B, T, recompute);
+    return l3d_acts_bytes_part(cfg, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, NULL);
 }
 
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
-                           const int *lps, int chunk, int B, int T, int recompute) {
+                           const int *lps, int chunk, int B, int T, int recompute, int sp,
+                           size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, 0);
     l3d_model_set_stage(&m, pp, v, stage, lps);
+    m.tp.sp = sp && tp > 1;
     l3d_acts_t a = {.B = B, .T = T, .recompute = recompute, .chunk = chunk,
                     .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};
-    arena_t ar = {NULL, 0};
+    arena_t ar = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, &a, &m);
+    if (recompute & L3D_CKPT_CPU) layout_host_ckpt(&host, &a, &m);
+    if (host_bytes) *host_bytes = host.off;
     return ar.off;
 }
 
@@ -158,10 +206,16 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
     a->B = B;
     a->T = T;
     a->recompute = recompute;
-    arena_t ar = {NULL, 0};
+    arena_t ar = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, a, m);
     a->bytes = ar.off;
     l3d_status st = l3d_dev_alloc(m->dev, a->bytes, "acts", &a->mem);
+    if (st >= 0 && (recompute & L3D_CKPT_CPU)) {
+        layout_host_ckpt(&host, a, m);
+        a->host_bytes = host.off;
+        st = l3d_dev_alloc_host(m->dev, a->host_bytes, 0, "host_acts", &a->host_mem);
+        if (st < 0) l3d_dev_free(m->dev, a->mem, a->bytes, "acts");
+    }
     if (st < 0) {
         l3d_free(m->ctx, a->layers, (size_t)(a->L > 0 ? a->L : 1) * sizeof(l3d_layer_acts_t), "acts");
         l3d_free(m->ctx, a, sizeof(*a), "acts");
@@ -169,6 +223,10 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
     }
     ar = (arena_t){a->mem, 0};
     layout_acts(&ar, a, m);
+    if (a->host_mem) {  // (after layout_acts, which leaves host checkpoints unset)
+        host = (arena_t){a->host_mem, 0};
+        layout_host_ckpt(&host, a, m);
+    }
     *acts_p = a;
     return L3D_OK;
 }
@@ -176,6 +234,7 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
 void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a) {
     if (!a) return;
     l3d_dev_free(m->dev, a->mem, a->bytes, "acts");
+    l3d_dev_free_host(m->dev, a->host_mem, a->host_bytes, 0, "host_acts");
     l3d_free(m->ctx, a->layers, (size_t)(a->L > 0 ? a->L : 1) * sizeof(l3d_layer_acts_t), "acts");
     l3d_free(m->ctx, a, sizeof(*a), "acts");
 }
@@ -310,6 +369,31 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
 }
 #undef LW
 
+// ---- checkpoints kept apart (partition_activations, cpu_checkpointing) ----------------------
+// Layer l's input to its checkpoint: the rows ckpt_span keeps, to host memory with
+// L3D_CKPT_CPU. (Ordered on the device's stream before the next layer overwrites the buffer.)
+static l3d_status ckpt_save(l3d_model_t *m, l3d_acts_t *a, int l) {
+    const l3d_layer_acts_t *la = &a->layers[l];
+    if (!la->ckpt) return L3D_OK;
+    size_t rows, off, C = (size_t)m->C;
+    ckpt_span(m, a, &rows, &off);
+    return l3d_dev_copy(m->dev, la->ckpt, la->x_in + off * C, rows * C * sizeof(float),
+                        (a->recompute & L3D_CKPT_CPU) ? L3D_COPY_D2H : L3D_COPY_D2D);
+}
+
+// And back, before the layer is rebuilt: the kept rows to their place in x_in, then (partitioned)
+// every tp rank's rows gathered around them.
+static l3d_status ckpt_restore(l3d_model_t *m, l3d_acts_t *a, int l) {
+    const l3d_layer_acts_t *la = &a->layers[l];
+    if (!la->ckpt) return L3D_OK;
+    size_t rows, off, C = (size_t)m->C;
+    ckpt_span(m, a, &rows, &off);
+    L3D_CHECK(m->ctx, l3d_dev_copy(m->dev, la->x_in + off * C, la->ckpt, rows * C * sizeof(float),
+                                   (a->recompute & L3D_CKPT_CPU) ? L3D_COPY_H2D : L3D_COPY_D2D));
+    if (ckpt_partitioned(m, a)) L3D_CHECK(m->ctx, l3d_tp_gather_rows(m, la->x_in, rows));
+    return L3D_OK;
+}
+
 // ---- parameter groups ----------------------------------------------------------------------
 // The parameters of group i (l3d_model_grad_group) for a forward (backward 0) or backward pass
 // over a: m's arena, or where the param_window hook has them (ZeRO-3 gathers them over dp).
@@ -372,6 +456,7 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
         int g = group_of_layer(m, a->l_first + l);
+        L3D_CHECK(ctx, ckpt_save(m, a, l));
         L3D_CHECK(ctx, params_get(m, a, g, 0, &w));
         L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, w, &a->layers[l], x_out, a->sw, B, T,
                                          0, T, 0));
@@ -464,6 +549,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         if (a->recompute) {
             // Rebuild this layer's activations from its saved input. x_out is written to a
             // scratch that is free now (dln), not to the next layer's saved input.
+            L3D_CHECK(ctx, ckpt_restore(m, a, l));
             L3D_CHECK(ctx, l3d_layer_forward(m, lm, w, &a->layers[l], a->dln, a->sw, B, T, 0, T,
                                              0));
         }

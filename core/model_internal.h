@@ -78,16 +78,31 @@ typedef struct l3d_layer_acts {
     float *gate;   // (N,F)
     float *up;     // (N,F)
     float *sp_tmp; // (N,C) sequence-parallel scratch, shared by all layers (NULL: no SP)
+    // Checkpointing with partition_activations or cpu_checkpointing (L3D_CKPT_*): the saved
+    // input, x_in's rows this rank keeps, on the device or in host memory; x_in is then one of
+    // two buffers shared by the layers (NULL: x_in is the saved input itself).
+    float *ckpt;
 } l3d_layer_acts_t;
+
+// Activation checkpointing, the `recompute` of l3d_acts_create: 0 keeps every activation;
+// L3D_CKPT_ON keeps each layer's input and rebuilds the rest in its backward; with
+// L3D_CKPT_PARTITION each rank keeps 1/tp of the input's rows (all-gathered over tp for the
+// rebuild; tp > 1 without sequence parallelism, micro-batch tokens divisible by tp); with
+// L3D_CKPT_CPU the kept inputs live in host memory (copied there in the forward, back in the
+// backward).
+enum { L3D_CKPT_ON = 1, L3D_CKPT_PARTITION = 2, L3D_CKPT_CPU = 4 };
 
 // Training activations for micro-batches of B sequences of T tokens.
 typedef struct l3d_acts {
     int B, T;
     int chunk, L;   // the model chunk these are for, and its layer count (layers[L])
     int l_first;    // m's local index of layers[0]
-    int recompute;  // activation checkpointing: layers share one buffer set, x_in kept each
+    int recompute;  // activation checkpointing (L3D_CKPT_*): layers share one buffer set, each
+                    // layer's input kept
     void *mem;
     size_t bytes;
+    void *host_mem;     // L3D_CKPT_CPU: the kept inputs (host_bytes, from alloc_host)
+    size_t host_bytes;
     l3d_layer_acts_t *layers;  // L entries
     float *x_final, *rstdf, *lnf, *logits, *losses;
     float *sw;                 // (N,F) SwiGLU output scratch
@@ -250,9 +265,11 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
 void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
                           float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
-// The same for chunk `chunk` of tp rank 0 of `tp` on pipeline stage `stage` of `pp` (v chunks).
+// The same for chunk `chunk` of tp rank 0 of `tp` on pipeline stage `stage` of `pp` (v chunks),
+// sequence-parallel when sp; *host_bytes (may be NULL) gets the host part (L3D_CKPT_CPU).
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
-                           const int *layers_per_stage, int chunk, int B, int T, int recompute);
+                           const int *layers_per_stage, int chunk, int B, int T, int recompute,
+                           int sp, size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);

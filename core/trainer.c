@@ -38,7 +38,7 @@ static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *c
     l3d_train_config_memory(cfg, &m);
     // (offloaded host bytes are this machine's memory too on the CPU device)
     uint64_t one = (uint64_t)m.params + m.grads + m.optim + m.acts + m.host_params +
-                   m.host_grads + m.host_optim;
+                   m.host_grads + m.host_optim + m.host_acts;
     int threads = world && !strcmp(l3d_comm_transport_name(world), "local") ? l3d_comm_size(world)
                                                                             : 1;
     char p[32], g[32], o[32], a[32], what[320];
@@ -328,13 +328,16 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
-    mem->acts = 0;
+    mem->acts = mem->host_acts = 0;
     for (int c = 0; c < v; c++) {
         int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, cfg->grad_accum_steps, c) : 1;
+        size_t host = 0;
         mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->pp, v, 0,
                                                          l3d_train_config_lps(cfg), c,
                                                          cfg->micro_batch_size, cfg->seq_len,
-                                                         cfg->activation_checkpointing);
+                                                         l3d_train_config_ckpt(cfg),
+                                                         cfg->sequence_parallel, &host);
+        mem->host_acts += (size_t)slots * host;
     }
 }
 
@@ -351,6 +354,9 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     mem->grads = g * sizeof(float);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
     l3d_offload_memory(&t->cfg, d->zero2, d->zero3, d->shard_len, d->stage_len, mem);
-    mem->acts = 0;
-    for (int i = 0; i < t->pp.nslots; i++) mem->acts += t->pp.slots[i]->bytes;
+    mem->acts = mem->host_acts = 0;
+    for (int i = 0; i < t->pp.nslots; i++) {
+        mem->acts += t->pp.slots[i]->bytes;
+        mem->host_acts += t->pp.slots[i]->host_bytes;
+    }
 }

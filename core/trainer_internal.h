@@ -115,6 +115,16 @@ static inline int l3d_train_config_v(const l3d_train_config_t *cfg) {
     return !strcmp(cfg->pp_schedule, "interleaved") ? 2 : 1;
 }
 
+// The activation checkpointing the activation sets get (L3D_CKPT_*): partition_activations
+// only where it splits something (tp > 1 without sequence parallelism, which splits the rows
+// already).
+static inline int l3d_train_config_ckpt(const l3d_train_config_t *cfg) {
+    if (!cfg->activation_checkpointing) return 0;
+    int sp = cfg->sequence_parallel && cfg->tp > 1;
+    return L3D_CKPT_ON | (cfg->partition_activations && cfg->tp > 1 && !sp ? L3D_CKPT_PARTITION : 0) |
+           (cfg->cpu_checkpointing ? L3D_CKPT_CPU : 0);
+}
+
 // parallel.layers_per_stage when given for this pp, else NULL (balanced stages).
 static inline const int *l3d_train_config_lps(const l3d_train_config_t *cfg) {
     return cfg->pp > 1 && cfg->n_layers_per_stage == cfg->pp ? cfg->layers_per_stage : NULL;

@@ -393,8 +393,10 @@ Test(config, seed_file) {
     cr_assert_eq(c.tensorboard, 1);
     cr_assert_str_eq(c.tensorboard_dir, "./tensorboard/llama3_3d_tp");
     cr_assert_eq(c.csv_monitor, 0);
-    cr_assert(has_note(&c, "partition_activations"));
-    cr_assert(!has_note(&c, "contiguous_memory_optimization"));  // false: nothing asked for
+    // partition_activations honoured (split over tp where tp > 1 without SP)
+    cr_assert(!has_note(&c, "partition_activations"));
+    cr_assert(c.partition_activations == 1 && c.cpu_checkpointing == 0);
+    cr_assert(!has_note(&c, "contiguous_memory_optimization"));
     cr_assert(!has_note(&c, "wall_clock_breakdown"));
     for (int i = 0; i < c.n_notes; i++)
         cr_assert(strstr(c.notes[i], "not yet effective"), "%s", c.notes[i]);

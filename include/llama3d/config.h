@@ -152,6 +152,10 @@ typedef struct l3d_train_config {
     int offload_optimizer, offload_optimizer_pin;
     int offload_param, offload_param_pin;
     int activation_checkpointing;
+    // activation_checkpointing.partition_activations: each saved layer input keeps 1/tp of its
+    // rows, all-gathered over tp for the recompute (tp > 1 without SP; SP splits them already);
+    // cpu_checkpointing: the saved inputs live in host memory.
+    int partition_activations, cpu_checkpointing;
 
     // llama3d's own sections
     char data_path[512];         // "" = the default data set

@@ -46,8 +46,9 @@ typedef struct l3d_step_stats {
 typedef struct l3d_mem_breakdown {
     size_t params, grads, optim, acts;  // bytes of device memory, as allocated
     // bytes of host memory for ZeRO offload (zero without it): the master or parameter pieces,
-    // the gradient pieces the host's optimizer reads, its exp_avg and exp_avg_sq
-    size_t host_params, host_grads, host_optim;
+    // the gradient pieces the host's optimizer reads, its exp_avg and exp_avg_sq; and the
+    // activation checkpoints with activation_checkpointing.cpu_checkpointing
+    size_t host_params, host_grads, host_optim, host_acts;
 } l3d_mem_breakdown_t;
 
 // Builds everything the configuration asks for (device, model initialised from cfg->seed,
