@@ -429,7 +429,12 @@ l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
 
 static l3d_status save(l3d_trainer_t *t, const char *dir) {
     l3d_comm_t *w = t->mesh->world;
-    if (w && l3d_comm_size(w) > 1 && !t->cfg.save_consolidated) {
+    // ZeRO-3's stage3_gather_16bit_weights_on_model_save gathers the partitioned weights into
+    // one model directory on save, as train.save_consolidated does, in the weights' dtype
+    // (DeepSpeed saves the module's state dict: float32 while training runs in float32).
+    int consolidated = t->cfg.save_consolidated ||
+                       (t->cfg.zero_stage == 3 && t->cfg.stage3_gather_16bit_weights_on_model_save);
+    if (w && l3d_comm_size(w) > 1 && !consolidated) {
         L3D_CHECK(t->ctx, l3d_ckpt_dist_save(t, dir));
         l3d_log(t->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved sharded checkpoint at step %d to "
                 "%s (%d ranks)", t->step, dir, l3d_comm_size(w));

@@ -417,9 +417,6 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, z, zp, "stage3_gather_fp16_weights_on_model_save",
                                            &gfp16, NULL));
     cfg->stage3_gather_16bit_weights_on_model_save = g16 || gfp16;
-    if (cfg->stage3_gather_16bit_weights_on_model_save)
-        note(cfg, "zero_optimization.stage3_gather_16bit_weights_on_model_save: accepted, not yet "
-                  "effective (saves write float32)");
     L3D_CHECK(j->ctx, parse_offload(p, z, "offload_optimizer", &cfg->offload_optimizer,
                                     &cfg->offload_optimizer_pin));
     L3D_CHECK(j->ctx, parse_offload(p, z, "offload_param", &cfg->offload_param,

@@ -382,7 +382,7 @@ Test(config, seed_file) {
     cr_assert_eq(c.stage3_param_persistence_threshold, 1e4);
     cr_assert_eq(c.stage3_max_live_parameters, 1e9);
     cr_assert_eq(c.stage3_gather_16bit_weights_on_model_save, 1);
-    cr_assert(has_note(&c, "stage3_gather_16bit_weights_on_model_save"));
+    cr_assert(!has_note(&c, "stage3_gather_16bit_weights_on_model_save"));
     // offload effective (core/trainer_offload.c): no note, both on the cpu, pinned
     cr_assert(!has_note(&c, "offload_optimizer"));
     cr_assert(!has_note(&c, "offload_param"));

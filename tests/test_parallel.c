@@ -33,6 +33,7 @@ typedef struct layout {
 // DeepSpeed's 1e9). Unset: persistence 0 (every group gathered), the other two DeepSpeed's.
 typedef struct z3_knobs {
     double persist, prefetch, live;
+    int gather16;  // stage3_gather_16bit_weights_on_model_save
 } z3_knobs_t;
 static const z3_knobs_t *g_z3;
 // ZeRO offload for the layouts run while g_off is set: offload_optimizer, offload_param.
@@ -98,6 +99,7 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     if (g_z3 && g_z3->prefetch)
         cfg->stage3_prefetch_bucket_size = g_z3->prefetch < 0 ? 0 : g_z3->prefetch;
     if (g_z3 && g_z3->live > 0) cfg->stage3_max_live_parameters = g_z3->live;
+    cfg->stage3_gather_16bit_weights_on_model_save = g_z3 ? g_z3->gather16 : 0;
     cfg->offload_optimizer = g_off ? g_off->optim : 0;
     cfg->offload_param = g_off ? g_off->param : 0;
     cfg->partition_activations = g_ckpt ? g_ckpt->partition : 0;
@@ -521,17 +523,35 @@ Test(parallel, zero3_knobs, .timeout = 240) {
         layout_t L;
         z3_knobs_t k;
     } cases[] = {
-        {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {100, -1, 0}},
-        {{2, 2, 1, 3, 0, 8, 0, 0.25f, 0, 1}, {20000, 50000, 0}},
-        {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {0, 1e9, 100000}},
-        {{2, 1, 2, 3, 0, 8, 0, 0.25f, 1, 0}, {1e9, 0, 0}},
-        {{8, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {0, 50000, 0}},
+        {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {100, -1, 0, 0}},
+        {{2, 2, 1, 3, 0, 8, 0, 0.25f, 0, 1}, {20000, 50000, 0, 0}},
+        {{4, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {0, 1e9, 100000, 0}},
+        {{2, 1, 2, 3, 0, 8, 0, 0.25f, 1, 0}, {1e9, 0, 0, 0}},
+        {{8, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, {0, 50000, 0, 0}},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         g_z3 = &cases[i].k;
         compare(&cases[i].L);
     }
+    // stage3_gather_16bit_weights_on_model_save: a ZeRO-3 save is one model directory (no
+    // per-rank shards), from which one rank resumes the run.
+    static const z3_knobs_t gather = {0, 0, 0, 1};
+    layout_t z3 = {2, 2, 1, 3, 0, 8, 0, 0.25f, 0, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    char dir[] = "/tmp/l3d_test_gather16_XXXXXX", ck[64], cmd[192];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    result_t a = {0}, b = {0};
+    g_z3 = &gather;
+    run_layout_ckpt(&z3, &a, ck, NULL);
     g_z3 = NULL;
+    snprintf(cmd, sizeof(cmd), "test -f %s/model.safetensors -a ! -e %s/shards.json", ck, ck);
+    cr_assert_eq(system(cmd), 0, "a ZeRO-3 save with the gather switch is one model directory");
+    run_layout_ckpt(&one, &b, NULL, ck);
+    check_run("gathered ZeRO-3 save -> (1,1,1)", &b, &g_ref, STEPS / 2);
+    free_result(&a);
+    free_result(&b);
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 // ZeRO offload: the optimizer state, its master pieces and the AdamW step on the host (the
@@ -819,7 +839,7 @@ Test(parallel, zero3_memory) {
     make_data();
     layout_t z2 = {4, 1, 1, 2, 0, 8, 0, 0.25f, 0, 0}, z3 = z2;
     z3.zero = 3;
-    static const z3_knobs_t none_ahead = {100, -1, 0};  // the norm persistent
+    static const z3_knobs_t none_ahead = {100, -1, 0, 0};  // the norm persistent
     result_t r2 = {0}, r3 = {0};
     run_layout(&z2, &r2);
     g_z3 = &none_ahead;
