@@ -46,6 +46,14 @@ typedef struct ckpt_knobs {
     int partition, cpu;
 } ckpt_knobs_t;
 static const ckpt_knobs_t *g_ckpt;
+// The knob globals of one side of a resume case (NULL: unset).
+typedef struct knobs {
+    const z3_knobs_t *z3;
+    const off_knobs_t *off;
+} knobs_t;
+typedef struct result result_t;
+static void resume_knobs(const layout_t *from, knobs_t kf, const layout_t *to, knobs_t kt,
+                         const result_t *ref, const char *dir_test);
 
 static char g_data[64];
 static const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
@@ -537,21 +545,8 @@ Test(parallel, zero3_knobs, .timeout = 240) {
     // per-rank shards), from which one rank resumes the run.
     static const z3_knobs_t gather = {0, 0, 0, 1};
     layout_t z3 = {2, 2, 1, 3, 0, 8, 0, 0.25f, 0, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
-    char dir[] = "/tmp/l3d_test_gather16_XXXXXX", ck[64], cmd[192];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(ck, sizeof(ck), "%s/ck", dir);
-    result_t a = {0}, b = {0};
-    g_z3 = &gather;
-    run_layout_ckpt(&z3, &a, ck, NULL);
-    g_z3 = NULL;
-    snprintf(cmd, sizeof(cmd), "test -f %s/model.safetensors -a ! -e %s/shards.json", ck, ck);
-    cr_assert_eq(system(cmd), 0, "a ZeRO-3 save with the gather switch is one model directory");
-    run_layout_ckpt(&one, &b, NULL, ck);
-    check_run("gathered ZeRO-3 save -> (1,1,1)", &b, &g_ref, STEPS / 2);
-    free_result(&a);
-    free_result(&b);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    resume_knobs(&z3, (knobs_t){&gather, NULL}, &one, (knobs_t){NULL, NULL}, &g_ref,
+                 "test -f %s/model.safetensors -a ! -e %s/shards.json");
 }
 
 // ZeRO offload: the optimizer state, its master pieces and the AdamW step on the host (the
@@ -597,28 +592,9 @@ Test(parallel, offload, .timeout = 240) {
         free_result(&got);
     }
     layout_t z3 = {2, 1, 2, 3, 0, 8, 0, 0.25f, 0, 0}, z1 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 0};
-    g_off = &both;
-    char dir[] = "/tmp/l3d_test_offload_XXXXXX", ck[64], cmd[128];
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(ck, sizeof(ck), "%s/ck", dir);
-    result_t a = {0}, b = {0};
-    run_layout_ckpt(&z3, &a, ck, NULL);  // offloaded ZeRO-3 saves ...
     g_off = NULL;
-    run_layout_ckpt(&z1, &b, NULL, ck);  // ... ZeRO-1 without offload resumes
-    check_run("offload (2,1,2) zero 3 -> (2,2,1) zero 1", &b, &g_ref, STEPS / 2);
-    free_result(&a);
-    free_result(&b);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s/ck", dir);
-    cr_assert_eq(system(cmd), 0);
-    run_layout_ckpt(&z1, &a, ck, NULL);  // and the other way
-    g_off = &opt;
-    run_layout_ckpt(&z3, &b, NULL, ck);
-    g_off = NULL;
-    check_run("(2,2,1) zero 1 -> offload (2,1,2) zero 3", &b, &g_ref, STEPS / 2);
-    free_result(&a);
-    free_result(&b);
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    cr_assert_eq(system(cmd), 0);
+    resume_knobs(&z3, (knobs_t){NULL, &both}, &z1, (knobs_t){NULL, NULL}, &g_ref, NULL);
+    resume_knobs(&z1, (knobs_t){NULL, NULL}, &z3, (knobs_t){NULL, &opt}, &g_ref, NULL);
 }
 
 // activation_checkpointing's partition_activations (each saved layer input keeps 1/tp of its
@@ -722,23 +698,37 @@ Test(parallel, world_size_mismatch) {
 // Checkpoints across layouts: save at step 10 on one layout, resume on others; steps 11..20
 // continue as in the uninterrupted single-rank run (the checkpoint holds the single-rank
 // layout, ZeRO shards gathered).
-static void resume_case_to(const layout_t *from, const layout_t *to, const result_t *ref) {
+// Saves at step STEPS/2 on `from` under knobs kf, checks the saved directory with the shell
+// test `dir_test` (%s: the directory; NULL: none), resumes on `to` under kt.
+static void resume_knobs(const layout_t *from, knobs_t kf, const layout_t *to, knobs_t kt,
+                         const result_t *ref, const char *dir_test) {
     char dir[] = "/tmp/l3d_test_parallel_ckpt_XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
-    char ck[128];
+    char ck[128], cmd[512];
     snprintf(ck, sizeof(ck), "%s/ck", dir);
     result_t a = {0}, b = {0};
+    g_z3 = kf.z3, g_off = kf.off;
     run_layout_ckpt(from, &a, ck, NULL);
+    if (dir_test) {
+        snprintf(cmd, sizeof(cmd), dir_test, ck, ck);
+        cr_assert_eq(system(cmd), 0, "the saved directory fails: %s", cmd);
+    }
+    g_z3 = kt.z3, g_off = kt.off;
     run_layout_ckpt(to, &b, NULL, ck);
-    char name[96];
-    snprintf(name, sizeof(name), "(%d,%d,%d) zero %d -> (%d,%d,%d) zero %d", from->dp, from->tp,
-             from->pp, from->zero, to->dp, to->tp, to->pp, to->zero);
+    g_z3 = NULL, g_off = NULL;
+    char name[128];
+    snprintf(name, sizeof(name), "(%d,%d,%d) zero %d%s -> (%d,%d,%d) zero %d%s", from->dp,
+             from->tp, from->pp, from->zero, kf.off ? " offload" : "", to->dp, to->tp, to->pp,
+             to->zero, kt.off ? " offload" : "");
     check_run(name, &b, ref, STEPS / 2);
     free_result(&a);
     free_result(&b);
-    char cmd[160];
     snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+static void resume_case_to(const layout_t *from, const layout_t *to, const result_t *ref) {
+    resume_knobs(from, (knobs_t){NULL, NULL}, to, (knobs_t){NULL, NULL}, ref, NULL);
 }
 
 static void resume_case(const layout_t *from, const layout_t *to) {
