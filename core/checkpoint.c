@@ -145,6 +145,7 @@ l3d_status l3d_model_save(l3d_model_t *m, const char *dir) {
     if (!m || !dir)
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_save: NULL %s",
                          !m ? "model" : "dir");
+    L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_model_save"));
     L3D_CHECK(m->ctx, publish_dir(m->ctx, dir, fill_model, m));
     l3d_log(m->ctx, L3D_LOG_INFO, L3D_SUBSYS_CKPT, "saved model to %s", dir);
     return L3D_OK;
@@ -214,6 +215,7 @@ l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
     if (!m || !dir)
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_load: NULL %s",
                          !m ? "model" : "dir");
+    L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_model_load"));
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     l3d_model_config_t cfg;
     join(path, sizeof(path), dir, "config.json");

@@ -361,8 +361,15 @@ static float normal_at(uint64_t key, uint64_t i) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what) {
+    if (m->params) return L3D_OK;
+    return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model's parameters are partitioned "
+                     "over data-parallel ranks (ZeRO-3); save them with l3d_trainer_save", what);
+}
+
 l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
     if (!m) return l3d_error(NULL, L3D_ERR_INVALID_ARG, "l3d_model_init_weights: NULL model");
+    L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_model_init_weights"));
     l3d_device_t *dev = m->dev;
     size_t bytes = m->n_params * sizeof(float);
     int host = l3d_dev_is_host(dev);

@@ -73,6 +73,7 @@ l3d_status l3d_kv_cache_create_seqs(l3d_model_t *m, int n_seq, int capacity,
     if (!m || !cache_p)
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_kv_cache_create: NULL %s",
                          !m ? "model" : "cache_p");
+    L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_kv_cache_create"));
     l3d_ctx_t *ctx = m->ctx;
     if (n_seq < 1 || n_seq > L3D_KV_MAX_SEQS)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "kv cache: %d sequences, must be in [1, %d]",
@@ -198,6 +199,7 @@ int l3d_kv_cache_capacity(const l3d_kv_cache_t *c) { return c->cap; }
 // The public single-model entry points serve a whole model; a tensor- or pipeline-parallel
 // part is served by core/infer_parallel.c.
 static l3d_status whole_model(l3d_model_t *m, const char *what) {
+    L3D_CHECK(m->ctx, l3d_model_check_params(m, what));
     if (m->tp.size > 1 || m->pp_size > 1)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model is one part of a tensor- "
                          "or pipeline-parallel layout (tp %d, pp %d); decode it with "

@@ -250,6 +250,10 @@ void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, in
 // The model chunk whose backward writes group i (the embedding: 0, norm and head: the last).
 int l3d_model_grad_group_chunk(const l3d_model_t *m, int i);
 
+// L3D_ERR_INVALID_ARG naming `what` when m's parameters are not in m->params: a ZeRO-3 trainer
+// keeps 1/dp of them (core/trainer_zero3.c) and saves through l3d_trainer_save.
+l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what);
+
 // Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
 // only counts m->n_params). n_tensors restarts at 0.
 void l3d_model_layout(l3d_model_t *m);

@@ -131,6 +131,7 @@ typedef struct result {
     int nt[MAXR];
     size_t grads_in_use[MAXR];                   // every rank's "grads" allocations
     size_t params_in_use[MAXR];                  // and "params" (rope tables included)
+    int refused[MAXR];  // l3d_model_save of the trainer's model refused (ZeRO-3 partitioned)
     size_t optim_in_use[MAXR], host_in_use[MAXR][3];  // "optim"; "host_params/grads/optim"
     size_t acts_in_use[MAXR], host_acts_in_use[MAXR];  // "acts", "host_acts"
     l3d_mem_breakdown_t mem[MAXR], estimate;     // l3d_trainer_memory; rank 0's prediction
@@ -183,6 +184,13 @@ static void *rank_main(void *p) {
     if (st == L3D_OK && a->save_dir) st = l3d_trainer_save(t, a->save_dir);
     if (st == L3D_OK && a->res) {
         a->res->params_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "params");
+        // ZeRO-3 keeps a piece: the model's own entry points refuse, naming why (before
+        // writing anything)
+        if (a->L->zero == 3 && a->L->dp > 1)
+            a->res->refused[a->r] =
+                l3d_model_save(l3d_trainer_model(t), "/tmp/l3d_test_never_written") ==
+                    L3D_ERR_INVALID_ARG &&
+                strstr(l3d_ctx_last_error(ctx), "ZeRO-3") != NULL;
         a->res->optim_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "optim");
         static const char *host[3] = {"host_params", "host_grads", "host_optim"};
         for (int h = 0; h < 3; h++) a->res->host_in_use[a->r][h] = l3d_ctx_mem_in_use(ctx, host[h]);
@@ -845,6 +853,7 @@ Test(parallel, zero3_memory) {
         cr_assert_leq(shard, P / 4 + 5 * 4, "rank %d: shard %zu of %zu", r, shard, P);
         cr_assert_eq(r3.mem[r].params, (shard + norm + layer) * f, "rank %d: %zu", r,
                      r3.mem[r].params);
+        cr_assert(r3.refused[r], "rank %d: l3d_model_save of a partitioned model is refused", r);
     }
     cr_assert_eq(r3.estimate.params, r3.mem[0].params);
     // At 16 layers with one layer gathered ahead (nothing persistent): the shard and two
