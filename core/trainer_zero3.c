@@ -286,7 +286,12 @@ static l3d_status z3_window(void *arg, const l3d_acts_t *a, int backward, size_t
             // Not gathered ahead: the ring holds only buckets gathered for a pass that went
             // elsewhere (none, when the pass asks in its order); they make room.
             size_t at;
-            while (!ring_alloc(z, b->len, &at)) L3D_CHECK(t->ctx, live_drop(t, 0));
+            while (!ring_alloc(z, b->len, &at)) {
+                if (z->nlive == 0)  // (the pool holds the largest group: never)
+                    return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-3: a group of %zu floats "
+                                     "exceeds the %zu-float pool", b->len, z->pool_len);
+                L3D_CHECK(t->ctx, live_drop(t, 0));
+            }
             L3D_CHECK(t->ctx, gather_start(t, k, at));
             e = z->nlive - 1;
         }
