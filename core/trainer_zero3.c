@@ -27,8 +27,10 @@
 // and at most all the non-persistent groups together. Every dp rank of a stage makes the same
 // decisions, so the collectives are issued in the same order everywhere.
 //
-// A pass ahead of its gathers reads from the pool; the pipeline's chunks run one pass at a time
-// per rank, and a pass never prefetches past its own chunk, so a pass starts with an empty pool.
+// Each pass starts with an empty pool: a rank runs one pass at a time (pipeline chunks too),
+// releases every group it asked for, and never gathers ahead past its own chunk.
+// With offload_param the shard lives in host memory (core/trainer_offload.c): each gather
+// copies this rank's piece to the device first.
 #include <stdint.h>
 #include <string.h>
 
