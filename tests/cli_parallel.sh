@@ -6,7 +6,8 @@
 # the numbers.
 # Usage: cli_parallel.sh /path/to/l3d
 set -u
-L3D=$1
+L3D=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")  # (some runs start in $tmp)
+here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fails=0; passes=0
@@ -101,18 +102,24 @@ for tp in $built; do
   else
     fail "$tp: 3d example (exit $rc)" "$tmp/out" "$tmp/out2"
   fi
-  # The seed batch (32 = 4 x 8, dp 1) runs when tp * pp = 8.
-  cat >"$tmp/seed8.json" <<'EOF2'
-{"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8,
- "train": {"threads": 1}, "data": {"seq_len": 32}}
-EOF2
-  "$L3D" launch -n 8 --transport "$tp" -- "$L3D" train --config "$tmp/seed8.json" --tp 2 --pp 4 \
-    --steps 1 >"$tmp/out" 2>&1
+  # The seed user's file (batch 32 = 4 x 8, dp 1) runs when tp * pp = 8, and every key it sets
+  # is effective but fp16's arithmetic: ZeRO-3 and its keys, both offloads and
+  # partition_activations leave no "not yet effective" note (its tensorboard section writes
+  # into the working directory: $tmp).
+  (cd "$tmp" && "$L3D" launch -n 8 --transport "$tp" -- "$L3D" train \
+    --config "$here/data/ds_config_seed.json" --tp 2 --pp 4 --steps 1 --seq-len 32 --threads 1) \
+    >"$tmp/out" 2>&1
   rc=$?
   if [ $rc -eq 0 ] && grep -q "parallel dp 1 x tp 2 x pp 4" "$tmp/out"; then
-    ok "$tp: the seed batch runs on 8 ranks with tp 2 x pp 4"
+    ok "$tp: the seed file runs on 8 ranks with tp 2 x pp 4"
   else
-    fail "$tp: seed batch tp 2 pp 4 (exit $rc)" "$tmp/out"
+    fail "$tp: seed file tp 2 pp 4 (exit $rc)" "$tmp/out"
+  fi
+  if [ "$(grep -c 'not yet effective' "$tmp/out")" = 1 ] &&
+     grep -q 'not yet effective.*fp16 arithmetic\|fp16 arithmetic not yet effective' "$tmp/out"; then
+    ok "$tp: the seed file's one remaining note is fp16 arithmetic"
+  else
+    fail "$tp: the seed file's notes" "$tmp/out"
   fi
 
   # ZeRO-1 shards the optimizer state: each rank of 2 holds half of it
