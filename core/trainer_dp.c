@@ -40,7 +40,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->rank = comm ? l3d_comm_rank(comm) : 0;
     d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
     d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
-    d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (set up after the pipeline's slots)
+    d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (l3d_zero3_init, after this)
     d->P = t->model->n_params;
     if (d->zero2) return l3d_zero2_init(t);
     size_t n = (size_t)d->n;
