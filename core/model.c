@@ -131,6 +131,12 @@ void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, in
     if (alone) *alone = is_alone;
 }
 
+int l3d_model_group_layer(const l3d_model_t *m, int l) { return m->has_embed + l; }
+int l3d_model_group_norm(const l3d_model_t *m) { return m->has_embed + m->L; }
+int l3d_model_group_head(const l3d_model_t *m) {
+    return m->cfg.tie_word_embeddings && m->has_embed ? 0 : l3d_model_group_norm(m) + 1;
+}
+
 int l3d_model_grad_group_chunk(const l3d_model_t *m, int i) {
     if (m->has_embed && i == 0) return 0;
     int l = i - m->has_embed;

@@ -416,13 +416,6 @@ static l3d_status params_done(l3d_model_t *m, l3d_acts_t *a, int i) {
     return a->param_release(a->param_arg, lo, lo + n);
 }
 
-// Group indices in arena order: [embed] layers.. [norm [head]]; a tied head on the first stage
-// is the embedding's group 0.
-static int group_of_layer(const l3d_model_t *m, int lm) { return m->has_embed + lm; }
-static int group_of_norm(const l3d_model_t *m) { return m->has_embed + m->L; }
-static int group_of_head(const l3d_model_t *m) {
-    return m->cfg.tie_word_embeddings && m->has_embed ? 0 : group_of_norm(m) + 1;
-}
 
 // ---- a micro-batch -----------------------------------------------------------------------
 // A pipeline stage runs its part: the first stage embeds a->tokens, the others start from the
@@ -455,7 +448,7 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     }
     for (int l = 0; l < L; l++) {
         float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
-        int g = group_of_layer(m, a->l_first + l);
+        int g = l3d_model_group_layer(m, a->l_first + l);
         L3D_CHECK(ctx, ckpt_save(m, a, l));
         L3D_CHECK(ctx, params_get(m, a, g, 0, &w));
         L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, w, &a->layers[l], x_out, a->sw, B, T,
@@ -463,14 +456,14 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
         L3D_CHECK(ctx, params_done(m, a, g));
     }
     if (!head) return l3d_dev_sync(dev);
-    L3D_CHECK(ctx, params_get(m, a, group_of_norm(m), 0, &w));
+    L3D_CHECK(ctx, params_get(m, a, l3d_model_group_norm(m), 0, &w));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, w, (int)rows, C,
                                        eps));
-    L3D_CHECK(ctx, params_done(m, a, group_of_norm(m)));
+    L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows));
-    L3D_CHECK(ctx, params_get(m, a, group_of_head(m), 0, &w));
+    L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
     L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, w, N, C, V, 0.0f));
-    L3D_CHECK(ctx, params_done(m, a, group_of_head(m)));
+    L3D_CHECK(ctx, params_done(m, a, l3d_model_group_head(m)));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
     // The loss is summed on the host in double, in row order: deterministic for any layout.
@@ -522,7 +515,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
         // first stage is the embedding: its group, which completes last.
         float *gh, *gn;
-        int gi_head = group_of_head(m), gi_norm = group_of_norm(m);
+        int gi_head = l3d_model_group_head(m), gi_norm = l3d_model_group_norm(m);
         L3D_CHECK(ctx, group_grads(m, a, G, gi_head, &gh));
         L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
         L3D_CHECK(ctx, linear_bwd_w(dev, gh, a->logits, a->lnf, N, C, V));
@@ -544,7 +537,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     }
     for (int l = L - 1; l >= 0; l--) {
         int lm = a->l_first + l;  // the model's local layer
-        int g = group_of_layer(m, lm);
+        int g = l3d_model_group_layer(m, lm);
         L3D_CHECK(ctx, params_get(m, a, g, 1, &w));
         if (a->recompute) {
             // Rebuild this layer's activations from its saved input. x_out is written to a

@@ -247,6 +247,11 @@ l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out,
 // keeps in buckets of their own (a tied pair on two stages must split the same way).
 int l3d_model_grad_groups(const l3d_model_t *m);
 void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone);
+// The group of local layer l, of the final norm, of the head (last stage; a tied head on the
+// first stage is the embedding's group 0).
+int l3d_model_group_layer(const l3d_model_t *m, int l);
+int l3d_model_group_norm(const l3d_model_t *m);
+int l3d_model_group_head(const l3d_model_t *m);
 // The model chunk whose backward writes group i (the embedding: 0, norm and head: the last).
 int l3d_model_grad_group_chunk(const l3d_model_t *m, int i);
 

@@ -190,8 +190,8 @@ static int bucket_of(const l3d_dp_t *d, size_t lo, size_t hi) {
 // last (the embedding's backward is a scatter-add that reads no parameter).
 static int pass_groups(const l3d_model_t *m, int chunk, int backward, int *seq) {
     int l_first = m->chunk_start[chunk], L = m->chunk_start[chunk + 1] - l_first;
-    int n = 0, gl0 = m->has_embed + l_first, gn = m->has_embed + m->L;
-    int gh = m->cfg.tie_word_embeddings && m->has_embed ? 0 : gn + 1;
+    int n = 0, gl0 = l3d_model_group_layer(m, l_first), gn = l3d_model_group_norm(m);
+    int gh = l3d_model_group_head(m);
     int embed = m->has_embed && chunk == 0, head = m->has_head && chunk == m->nchunks - 1;
     if (!backward) {
         if (embed) seq[n++] = 0;
@@ -220,7 +220,7 @@ static void count_gather(const l3d_model_t *m, const l3d_train_config_t *cfg, si
 void l3d_zero3_gathers(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
                        uint64_t *calls, uint64_t *floats, uint64_t *pcalls, uint64_t *pfloats) {
     size_t n = (size_t)dp;
-    int gn = m->has_embed + m->L, gh = m->cfg.tie_word_embeddings && m->has_embed ? 0 : gn + 1;
+    int gn = l3d_model_group_norm(m), gh = l3d_model_group_head(m);
     *calls = *floats = *pcalls = *pfloats = 0;
     for (int i = 0; i < l3d_model_grad_groups(m); i++) {
         size_t lo, len;
@@ -232,7 +232,7 @@ void l3d_zero3_gathers(const l3d_model_t *m, const l3d_train_config_t *cfg, int 
     if (m->has_embed) count_gather(m, cfg, n, 0, calls, floats);
     for (int l = 0; l < m->L; l++)
         for (int pass = 0; pass < 2; pass++)
-            count_gather(m, cfg, n, m->has_embed + l, calls, floats);
+            count_gather(m, cfg, n, l3d_model_group_layer(m, l), calls, floats);
     for (int pass = 0; m->has_head && pass < 2; pass++) {
         count_gather(m, cfg, n, gn, calls, floats);
         count_gather(m, cfg, n, gh, calls, floats);
