@@ -259,38 +259,41 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_l
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1 + roff, a->rstd1, a->x_in, LW(ln1),
-                                       (int)rows, C, eps));
+                                       (int)rows, C, eps, L3D_FLOAT32, L3D_FLOAT32));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows));
     L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f));
-    L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0));
-    L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0,
+                                L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0,
+                                L3D_FLOAT32));
     l3d_attn_dims_t dims = {B, T, Tk, m->H, m->KVH, m->D, kv_bstride};
-    L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims));
+    L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims,
+                                         L3D_FLOAT32));
     // h = x_in + att Wo^T. Row-parallel o_proj: each tp rank's heads give a partial sum; rank
     // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g). With
     // sequence parallelism the partial sums are reduce-scattered and added to this rank's rows.
     if (sp) {
         L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows));
-        L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C));
+        L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C, L3D_FLOAT32));
     } else {
         L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C));
         L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, LW(wo), N, HD, C, 1.0f));
         L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C));
     }
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2 + roff, a->rstd2, a->h, LW(ln2), (int)rows,
-                                       C, eps));
+                                       C, eps, L3D_FLOAT32, L3D_FLOAT32));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows));
     L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f));
     L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f));
-    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F));
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F, L3D_FLOAT32));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
     if (sp) {
         L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows));
-        return l3d_dev_add(dev, x_out, x_out, a->h, rows * C);
+        return l3d_dev_add(dev, x_out, x_out, a->h, rows * C, L3D_FLOAT32);
     }
     L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C));
     L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, LW(wd), N, F, C, 1.0f));
@@ -327,10 +330,11 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
 
     // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
     GATHER_D();
-    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF));
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF, L3D_FLOAT32));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wd), D, sw, N, F, C));
     L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, LW(wd), N, F, C, 0.0f));  // sw <- dsw
-    L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF));
+    L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF,
+                                      L3D_FLOAT32));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wg), acts->dgate, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wu), acts->dup, a->ln2, N, C, F));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f));
@@ -338,16 +342,18 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln2), dln, a->h, LW(ln2), a->rstd2,
-                                       (int)rows, C));
+                                       (int)rows, C, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32));
     // attention: h = x_in + att Wo^T
     GATHER_D();
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wo), D, a->att, N, HD, C));
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, LW(wo), N, HD, C, 0.0f));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
-                                         a->k, a->v, a->att, a->lse, &dims));
-    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1));
-    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1));
+                                         a->k, a->v, a->att, a->lse, &dims, L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1,
+                                L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1,
+                                L3D_FLOAT32));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wq), acts->dq, a->ln1, N, C, HD));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wk), acts->dk, a->ln1, N, C, KD));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wv), acts->dv, a->ln1, N, C, KD));
@@ -356,7 +362,8 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
     L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f));
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, LW(ln1),
-                                       a->rstd1, (int)rows, C));
+                                       a->rstd1, (int)rows, C,
+                                       L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32));
     if (acts->tp_sync_grads) {  // replicated kv heads, and the norms' partial rows with SP
         L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, GW(wk), GW(wv)));
         L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, GW(ln1)));
@@ -458,7 +465,7 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     if (!head) return l3d_dev_sync(dev);
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_norm(m), 0, &w));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, w, (int)rows, C,
-                                       eps));
+                                       eps, L3D_FLOAT32, L3D_FLOAT32));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows));
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
@@ -528,7 +535,8 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * sizeof(float)));
         L3D_CHECK(ctx, params_get(m, a, gi_norm, 1, &w));
         L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, a->dln + roff, a->x_final, w,
-                                           a->rstdf, (int)rows, C));
+                                           a->rstdf, (int)rows, C,
+                                           L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32));
         L3D_CHECK(ctx, params_done(m, a, gi_norm));
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, gn));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the

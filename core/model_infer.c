@@ -174,7 +174,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
     for (int r0 = first_row; r0 < n; r0 += c->logit_rows) {
         int rows = L3D_MIN(c->logit_rows, n - r0);
         L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)r0 * C, W + m->norm,
-                                           rows, C, m->cfg.rms_norm_eps));
+                                           rows, C, m->cfg.rms_norm_eps, L3D_FLOAT32, L3D_FLOAT32));
         l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
                         .beta = 0.0f, .A = c->lnf, .lda = C, .B = W + m->head, .ldb = C,
                         .C = c->logits, .ldc = V};
@@ -280,7 +280,8 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
                                                    .beta = (beta_), .A = (in_), .lda = (k_),   \
                                                    .B = (w_), .ldb = (k_), .C = (out_),        \
                                                    .ldc = (ldo_)}))
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, x, W + lp->ln1, n, C, eps));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, x, W + lp->ln1, n, C, eps,
+                                       L3D_FLOAT32, L3D_FLOAT32));
     GEMM(a->q, HD, a->ln1, W + lp->wq, C, HD, 0.0f);
     GEMM(c->kt, KD, a->ln1, W + lp->wk, C, KD, 0.0f);
     GEMM(c->vt, KD, a->ln1, W + lp->wv, C, KD, 0.0f);
@@ -288,25 +289,28 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
         int s = seqs[i], pos = c->lens[s];
         size_t base = ((size_t)s * (size_t)m->L + (size_t)l) * (size_t)c->cap * (size_t)KD;
         float *q = a->q + (size_t)i * HD, *kc = c->k + base, *vc = c->v + base;
-        L3D_CHECK(ctx, l3d_dev_rope(dev, q, m->cos_tab, m->sin_tab, 1, 1, m->H, m->D, pos, 0));
+        L3D_CHECK(ctx, l3d_dev_rope(dev, q, m->cos_tab, m->sin_tab, 1, 1, m->H, m->D, pos, 0,
+                                    L3D_FLOAT32));
         L3D_CHECK(ctx, l3d_dev_rope(dev, c->kt + (size_t)i * KD, m->cos_tab, m->sin_tab, 1, 1,
-                                    m->KVH, m->D, pos, 0));
+                                    m->KVH, m->D, pos, 0, L3D_FLOAT32));
         L3D_CHECK(ctx, l3d_dev_copy(dev, kc + (size_t)pos * KD, c->kt + (size_t)i * KD,
                                     (size_t)KD * sizeof(float), L3D_COPY_D2D));
         L3D_CHECK(ctx, l3d_dev_copy(dev, vc + (size_t)pos * KD, c->vt + (size_t)i * KD,
                                     (size_t)KD * sizeof(float), L3D_COPY_D2D));
         l3d_attn_dims_t dims = {1, 1, pos + 1, m->H, m->KVH, m->D, 0};
-        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att + (size_t)i * HD, NULL, q, kc, vc, &dims));
+        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att + (size_t)i * HD, NULL, q, kc, vc, &dims,
+                                             L3D_FLOAT32));
     }
     // h = x + att Wo^T, x_out = h + swiglu(ln2 Wg^T, ln2 Wu^T) Wd^T (row-parallel under tp:
     // rank 0 adds the residual, the all-reduce completes the sums).
     L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, x, (size_t)n * C));
     GEMM(a->h, C, a->att, W + lp->wo, HD, C, 1.0f);
     L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)n * C));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, n, C, eps));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, n, C, eps,
+                                       L3D_FLOAT32, L3D_FLOAT32));
     GEMM(a->gate, F, a->ln2, W + lp->wg, C, F, 0.0f);
     GEMM(a->up, F, a->ln2, W + lp->wu, C, F, 0.0f);
-    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, c->sw, a->gate, a->up, (size_t)n * F));
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, c->sw, a->gate, a->up, (size_t)n * F, L3D_FLOAT32));
     L3D_CHECK(ctx, l3d_tp_residual_init(m, y, a->h, (size_t)n * C));
     GEMM(y, C, c->sw, W + lp->wd, F, C, 1.0f);
 #undef GEMM
@@ -353,7 +357,8 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
         for (int h0 = 0; h0 < k; h0 += c->logit_rows) {
             int rows = L3D_MIN(c->logit_rows, k - h0);
             L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)h0 * C,
-                                               m->params + m->norm, rows, C, m->cfg.rms_norm_eps));
+                                               m->params + m->norm, rows, C, m->cfg.rms_norm_eps,
+                                               L3D_FLOAT32, L3D_FLOAT32));
             l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
                             .beta = 0.0f, .A = c->lnf, .lda = C, .B = m->params + m->head,
                             .ldb = C, .C = c->logits, .ldc = V};

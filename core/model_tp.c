@@ -39,38 +39,41 @@ l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residua
 l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const float *table,
                                 const int32_t *tokens, int N) {
     if (m->tp.size == 1)
-        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V);
+        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V, L3D_FLOAT32,
+                                     L3D_FLOAT32);
     L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
-                                               m->V, m->cfg.vocab_size));
+                                               m->V, m->cfg.vocab_size, L3D_FLOAT32, L3D_FLOAT32));
     return allreduce(m, m->tp.comm, out, (size_t)N * m->C, L3D_SUM, "embedding");
 }
 
 l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const float *table,
                                         const int32_t *tokens, int N) {
     return l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
-                                    m->V, m->cfg.vocab_size);
+                                    m->V, m->cfg.vocab_size, L3D_FLOAT32, L3D_FLOAT32);
 }
 
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
                                 const int32_t *tokens, int N) {
-    if (m->tp.size == 1) return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C);
-    return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V);
+    if (m->tp.size == 1) return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C,
+                                                      L3D_FLOAT32, L3D_FLOAT32);
+    return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V,
+                                    L3D_FLOAT32, L3D_FLOAT32);
 }
 
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
     if (m->tp.size == 1)
         return l3d_dev_xent_fwd_bwd(m->dev, a->logits, a->losses, a->targets, N, m->V,
-                                    grad_scale);
+                                    grad_scale, L3D_FLOAT32);
     l3d_device_t *dev = m->dev;
     int Vl = m->V, v0 = m->tp.v0;
-    L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl));
+    L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl, L3D_FLOAT32));
     L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_max, (size_t)N, L3D_MAX, "cross-entropy max"));
     L3D_CHECK(m->ctx, l3d_dev_xent_vp_stats(dev, a->logits, a->vp_max, a->targets, N, Vl, v0,
-                                            a->vp_stats));
+                                            a->vp_stats, L3D_FLOAT32));
     L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_stats, 2 * (size_t)N, L3D_SUM,
                                 "cross-entropy sums"));
     return l3d_dev_xent_vp_grad(dev, a->logits, a->losses, a->vp_max, a->vp_stats, a->targets, N,
-                                Vl, v0, grad_scale);
+                                Vl, v0, grad_scale, L3D_FLOAT32);
 }
 
 l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {

@@ -180,7 +180,8 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
         double w = p->pp_copy ? 0.0 : 1.0 / (p->repl > 0 ? p->repl : 1), x = 0;
         if (w == 0.0) continue;  // the first stage counts a tied embedding
         if (!d->sharded) {
-            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + p->offset, p->numel, &x));
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + p->offset, p->numel, &x,
+                                            L3D_FLOAT32));
             s += w * x;
             continue;
         }
@@ -190,7 +191,7 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
             size_t a0 = lo > p->offset ? lo : p->offset, a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
             L3D_CHECK(t->ctx, l3d_dev_sumsq(d->stage ? t->off.hdev : t->dev, piece_grad(t, b, a0),
-                                            a1 - a0, &x));
+                                            a1 - a0, &x, L3D_FLOAT32));
             s += w * x;
         }
     }
@@ -233,7 +234,7 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
             }
             L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
                                             a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
-                                            bc1, bc2, gscale));
+                                            bc1, bc2, gscale, L3D_FLOAT32));
         }
     }
     if (off) L3D_CHECK(t->ctx, l3d_offload_params_to_device(t));

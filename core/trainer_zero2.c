@@ -200,11 +200,11 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
     d->win_started[w] = 0;
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
     float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
-    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q);
+    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
     // offloaded: the piece goes to the host and is added there
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-    return l3d_dev_add(t->off.hdev, g, g, d->stage, b->q);
+    return l3d_dev_add(t->off.hdev, g, g, d->stage, b->q, L3D_FLOAT32);
 }
 
 // Starts window w's reduce-scatter (in place: piece r lands at its offset in the window).

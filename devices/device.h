@@ -14,6 +14,17 @@
 //   and thread count (reductions have a fixed order that does not depend on scheduling).
 // - "+=" in a contract means the op accumulates into the output; otherwise it overwrites.
 // - Token ids and targets are int32 in device memory. A target < 0 is ignored.
+// - Dtypes (ABI 5): an op's tensors are stored in the dtypes it is given, each one of
+//   L3D_FLOAT32, L3D_BFLOAT16 or L3D_FLOAT16 (any other is L3D_ERR_INVALID_ARG):
+//     at  activations and their gradients: x, out, dout, dx, q/k/v, gate/up, logits
+//     wt  a parameter the op reads: the norm weight, the embedding table
+//     gt  a parameter's gradient the op writes: dw, dtable; AdamW's grad
+//   Pointers to such tensors are void *. The row statistics (rstd, lse, rowmax, stats, losses),
+//   the RoPE tables and AdamW's parameter and moments are always float32 (float *). Every op
+//   reads 16-bit values exactly (widening is exact), does all its arithmetic in float32, and
+//   rounds each 16-bit output element once, to nearest even, when it stores it; a "+=" output
+//   is read, added to in float32 and rounded once. So a 16-bit op's result is its float32
+//   result on the same (16-bit) inputs, rounded once.
 #ifndef L3D_DEVICE_H
 #define L3D_DEVICE_H
 
@@ -29,7 +40,8 @@
 // 2: vocabulary-parallel embedding and cross-entropy entries (tensor parallelism).
 // 3: per-operand dtypes in gemm (float32 compute), and convert.
 // 4: host memory for offloading (alloc_host / free_host).
-#define L3D_DEVICE_ABI_VERSION 4
+// 5: every op takes the dtypes of its tensors (16-bit storage, float32 arithmetic).
+#define L3D_DEVICE_ABI_VERSION 5
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -142,97 +154,118 @@ struct l3d_device_ops {
                           l3d_dtype src_type, size_t n);
 
     // out(N,C) = table(V,C)[tokens(N)]. A token outside [0,V) is L3D_ERR_INVALID_ARG.
-    l3d_status (*embedding_fwd)(l3d_device_t *dev, float *out, const int32_t *tokens,
-                                const float *table, int N, int C, int V);
-    // dtable(V,C) += dout(N,C) scattered by tokens(N).
-    l3d_status (*embedding_bwd)(l3d_device_t *dev, float *dtable, const float *dout,
-                                const int32_t *tokens, int N, int C);
+    // out: at; table: wt (a 16-bit row copied to a 16-bit out of the other kind is rounded).
+    l3d_status (*embedding_fwd)(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                const void *table, int N, int C, int V, l3d_dtype at,
+                                l3d_dtype wt);
+    // dtable(V,C) += dout(N,C) scattered by tokens(N). dout: at; dtable: gt (each touched
+    // element is summed in float32 over every occurrence of its token, then rounded once).
+    l3d_status (*embedding_bwd)(l3d_device_t *dev, void *dtable, const void *dout,
+                                const int32_t *tokens, int N, int C, l3d_dtype at, l3d_dtype gt);
 
     // out(N,C) = x / sqrt(mean(x^2) + eps) * w(C); rstd(N) = that 1/sqrt (rstd may be NULL).
-    l3d_status (*rmsnorm_fwd)(l3d_device_t *dev, float *out, float *rstd, const float *x,
-                              const float *w, int N, int C, float eps);
+    // out, x: at; w: wt.
+    l3d_status (*rmsnorm_fwd)(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                              const void *w, int N, int C, float eps, l3d_dtype at, l3d_dtype wt);
     // dx(N,C) += d/dx, dw(C) += d/dw, given dout(N,C), x, w and rstd from the forward.
-    l3d_status (*rmsnorm_bwd)(l3d_device_t *dev, float *dx, float *dw, const float *dout,
-                              const float *x, const float *w, const float *rstd, int N, int C);
+    // dx, dout, x: at; w: wt; dw: gt.
+    l3d_status (*rmsnorm_bwd)(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                              const void *x, const void *w, const float *rstd, int N, int C,
+                              l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
 
-    // In place on x(B,T,NH,D), Hugging Face rotate-half convention: for i < D/2,
+    // In place on x(B,T,NH,D) (at), Hugging Face rotate-half convention: for i < D/2,
     // (x_i, x_{i+D/2}) is rotated by angle pos*inv_freq_i where pos = pos0 + t. cos/sin are
-    // tables (Tmax, D/2) with Tmax >= pos0 + T. inverse != 0 rotates by -angle (that is the
-    // backward: the rotation is orthogonal).
-    l3d_status (*rope)(l3d_device_t *dev, float *x, const float *cos_tab, const float *sin_tab,
-                       int B, int T, int NH, int D, int pos0, int inverse);
+    // float32 tables (Tmax, D/2) with Tmax >= pos0 + T. inverse != 0 rotates by -angle (that
+    // is the backward: the rotation is orthogonal).
+    l3d_status (*rope)(l3d_device_t *dev, void *x, const float *cos_tab, const float *sin_tab,
+                       int B, int T, int NH, int D, int pos0, int inverse, l3d_dtype at);
 
     // out(B,Tq,H,D) = softmax(q k^T / sqrt(D), causal) v, computed in O(Tq) extra memory
     // (online softmax). q (B,Tq,H,D), k and v (B,Tk,KVH,D) with batch stride kv_bstride.
     // lse(B,H,Tq) receives the log-sum-exp of each score row (scaled scores); may be NULL.
-    l3d_status (*attention_fwd)(l3d_device_t *dev, float *out, float *lse, const float *q,
-                                const float *k, const float *v, const l3d_attn_dims_t *d);
+    // out, q, k, v: at; lse float32.
+    l3d_status (*attention_fwd)(l3d_device_t *dev, void *out, float *lse, const void *q,
+                                const void *k, const void *v, const l3d_attn_dims_t *d,
+                                l3d_dtype at);
     // dq (B,Tq,H,D), dk and dv (B,Tk,KVH,D, contiguous) are overwritten, given dout, the
-    // forward's inputs, its out and lse. Scores are recomputed from lse, not stored.
-    l3d_status (*attention_bwd)(l3d_device_t *dev, float *dq, float *dk, float *dv,
-                                const float *dout, const float *q, const float *k,
-                                const float *v, const float *out, const float *lse,
-                                const l3d_attn_dims_t *d);
+    // forward's inputs, its out and lse. Scores are recomputed from lse, not stored. Every
+    // tensor but lse: at.
+    l3d_status (*attention_bwd)(l3d_device_t *dev, void *dq, void *dk, void *dv,
+                                const void *dout, const void *q, const void *k, const void *v,
+                                const void *out, const float *lse, const l3d_attn_dims_t *d,
+                                l3d_dtype at);
 
-    // out(n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)). out may alias gate or up.
-    l3d_status (*swiglu_fwd)(l3d_device_t *dev, float *out, const float *gate, const float *up,
-                             size_t n);
-    // dgate(n), dup(n) overwritten from dout(n). They may alias gate and up respectively.
-    l3d_status (*swiglu_bwd)(l3d_device_t *dev, float *dgate, float *dup, const float *dout,
-                             const float *gate, const float *up, size_t n);
+    // out(n) = silu(gate) * up, silu(x) = x / (1 + exp(-x)). out may alias gate or up. All at.
+    l3d_status (*swiglu_fwd)(l3d_device_t *dev, void *out, const void *gate, const void *up,
+                             size_t n, l3d_dtype at);
+    // dgate(n), dup(n) overwritten from dout(n). They may alias gate and up respectively. All at.
+    l3d_status (*swiglu_bwd)(l3d_device_t *dev, void *dgate, void *dup, const void *dout,
+                             const void *gate, const void *up, size_t n, l3d_dtype at);
 
-    // out(n) = a + b. out may alias a or b.
-    l3d_status (*add)(l3d_device_t *dev, float *out, const float *a, const float *b, size_t n);
-    // x(n) *= s.
-    l3d_status (*scale)(l3d_device_t *dev, float *x, float s, size_t n);
+    // out(n) = a + b. out may alias a or b. All at.
+    l3d_status (*add)(l3d_device_t *dev, void *out, const void *a, const void *b, size_t n,
+                      l3d_dtype at);
+    // x(n) *= s; x: at.
+    l3d_status (*scale)(l3d_device_t *dev, void *x, float s, size_t n, l3d_dtype at);
 
-    // Fused softmax + cross-entropy over logits(N,V), in place: on return logits holds
-    // grad_scale * (softmax - onehot(target)) and losses(N) the per-row -log p(target)
-    // (0 and a zero gradient row where target < 0). No second copy of the logits is made.
+    // Fused softmax + cross-entropy over logits(N,V) (at), in place: on return logits holds
+    // grad_scale * (softmax - onehot(target)) and losses(N) (float32) the per-row
+    // -log p(target) (0 and a zero gradient row where target < 0). No second copy of the
+    // logits is made in float32; a 16-bit row is widened one row at a time at most.
     // A target >= V is L3D_ERR_INVALID_ARG. losses may be NULL (gradient only).
-    l3d_status (*xent_fwd_bwd)(l3d_device_t *dev, float *logits, float *losses,
-                               const int32_t *targets, int N, int V, float grad_scale);
+    l3d_status (*xent_fwd_bwd)(l3d_device_t *dev, void *logits, float *losses,
+                               const int32_t *targets, int N, int V, float grad_scale,
+                               l3d_dtype at);
 
     // ---- vocabulary-parallel forms (tensor parallelism, Megatron) ----------------------------
     // This rank holds rows [v0, v0+Vl) of a vocabulary of V: of the embedding table (Vl,C)
     // and of the head, so its logits are the columns [v0, v0+Vl) (N,Vl). The tp group sums
     // or maxes the partial results in between (core/model_tp.c); nothing here communicates.
+    // Dtypes as in the one-rank forms above.
     //
     // out(N,C) = table[tokens - v0] for tokens in [v0, v0+Vl), 0 for the others. A token
     // outside [0, V) is L3D_ERR_INVALID_ARG.
-    l3d_status (*embedding_fwd_vp)(l3d_device_t *dev, float *out, const int32_t *tokens,
-                                   const float *table, int N, int C, int v0, int Vl, int V);
+    l3d_status (*embedding_fwd_vp)(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                   const void *table, int N, int C, int v0, int Vl, int V,
+                                   l3d_dtype at, l3d_dtype wt);
     // dtable(Vl,C) += dout(N,C) rows scattered by tokens in [v0, v0+Vl); others ignored.
-    l3d_status (*embedding_bwd_vp)(l3d_device_t *dev, float *dtable, const float *dout,
-                                   const int32_t *tokens, int N, int C, int v0, int Vl);
-    // Cross-entropy over logits split by columns, in three passes around two all-reduces:
+    l3d_status (*embedding_bwd_vp)(l3d_device_t *dev, void *dtable, const void *dout,
+                                   const int32_t *tokens, int N, int C, int v0, int Vl,
+                                   l3d_dtype at, l3d_dtype gt);
+    // Cross-entropy over logits split by columns, in three passes around two all-reduces
+    // (rowmax, gmax, stats, gstats and losses float32; logits at):
     // 1. rowmax(N) = max of each row of this rank's logits(N,Vl).        -> all-reduce MAX
-    l3d_status (*xent_vp_max)(l3d_device_t *dev, const float *logits, float *rowmax, int N,
-                              int Vl);
+    l3d_status (*xent_vp_max)(l3d_device_t *dev, const void *logits, float *rowmax, int N,
+                              int Vl, l3d_dtype at);
     // 2. stats(N,2): [n][0] = sum_j exp(logits[n][j] - gmax[n]); [n][1] = logits[n][target-v0]
     //    if this rank owns target[n] (v0 <= target < v0+Vl), else 0.  -> all-reduce SUM
     //    (targets < 0 give 0, 0). gmax is the all-reduced rowmax.
-    l3d_status (*xent_vp_stats)(l3d_device_t *dev, const float *logits, const float *gmax,
-                                const int32_t *targets, int N, int Vl, int v0, float *stats);
+    l3d_status (*xent_vp_stats)(l3d_device_t *dev, const void *logits, const float *gmax,
+                                const int32_t *targets, int N, int Vl, int v0, float *stats,
+                                l3d_dtype at);
     // 3. In place: logits <- grad_scale * (exp(logits - gmax) / gstats[n][0] - onehot(target -
     //    v0)), and losses(N) = log(gstats[n][0]) + gmax[n] - gstats[n][1] (every rank computes
     //    the same losses; may be NULL). A row with target < 0 gets loss 0 and a zero gradient.
     //    With one rank (v0 = 0, Vl = V) the three passes equal xent_fwd_bwd.
-    l3d_status (*xent_vp_grad)(l3d_device_t *dev, float *logits, float *losses, const float *gmax,
+    l3d_status (*xent_vp_grad)(l3d_device_t *dev, void *logits, float *losses, const float *gmax,
                                const float *gstats, const int32_t *targets, int N, int Vl, int v0,
-                               float grad_scale);
+                               float grad_scale, l3d_dtype at);
 
-    // *out_host = sum of x(n)^2, accumulated in double. Blocking (the result is on the host).
-    l3d_status (*sumsq)(l3d_device_t *dev, const float *x, size_t n, double *out_host);
+    // *out_host = sum of x(n)^2 (x: at), accumulated in double. Blocking (the result is on the
+    // host).
+    l3d_status (*sumsq)(l3d_device_t *dev, const void *x, size_t n, double *out_host,
+                        l3d_dtype at);
 
     // AdamW with torch.optim.AdamW semantics, one step over n elements:
     //   g = grad * grad_scale;  p *= 1 - lr * weight_decay
     //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
     //   p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
-    // where bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are given by the caller.
-    l3d_status (*adamw)(l3d_device_t *dev, float *param, const float *grad, float *m, float *v,
+    // where bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are given by the caller. param, m and v
+    // are float32 (the master weights and moments); grad: gt (a 16-bit model's gradients).
+    l3d_status (*adamw)(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                         size_t n, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, float bc1, float bc2, float grad_scale);
+                        float weight_decay, float bc1, float bc2, float grad_scale,
+                        l3d_dtype gt);
 };
 
 // ---- registry (core/device.c, table generated by CMake) ---------------------------------
@@ -287,93 +320,101 @@ static inline l3d_status l3d_dev_convert(l3d_device_t *d, void *dst, l3d_dtype d
 static inline l3d_status l3d_dev_gemm(l3d_device_t *d, const l3d_gemm_t *g) {
     return d->ops->gemm(d, g);
 }
-static inline l3d_status l3d_dev_embedding_fwd(l3d_device_t *d, float *out, const int32_t *tok,
-                                               const float *table, int N, int C, int V) {
-    return d->ops->embedding_fwd(d, out, tok, table, N, C, V);
+static inline l3d_status l3d_dev_embedding_fwd(l3d_device_t *d, void *out, const int32_t *tok,
+                                               const void *table, int N, int C, int V,
+                                               l3d_dtype at, l3d_dtype wt) {
+    return d->ops->embedding_fwd(d, out, tok, table, N, C, V, at, wt);
 }
-static inline l3d_status l3d_dev_embedding_bwd(l3d_device_t *d, float *dtable, const float *dout,
-                                               const int32_t *tok, int N, int C) {
-    return d->ops->embedding_bwd(d, dtable, dout, tok, N, C);
+static inline l3d_status l3d_dev_embedding_bwd(l3d_device_t *d, void *dtable, const void *dout,
+                                               const int32_t *tok, int N, int C, l3d_dtype at,
+                                               l3d_dtype gt) {
+    return d->ops->embedding_bwd(d, dtable, dout, tok, N, C, at, gt);
 }
-static inline l3d_status l3d_dev_rmsnorm_fwd(l3d_device_t *d, float *out, float *rstd,
-                                             const float *x, const float *w, int N, int C,
-                                             float eps) {
-    return d->ops->rmsnorm_fwd(d, out, rstd, x, w, N, C, eps);
+static inline l3d_status l3d_dev_rmsnorm_fwd(l3d_device_t *d, void *out, float *rstd,
+                                             const void *x, const void *w, int N, int C,
+                                             float eps, l3d_dtype at, l3d_dtype wt) {
+    return d->ops->rmsnorm_fwd(d, out, rstd, x, w, N, C, eps, at, wt);
 }
-static inline l3d_status l3d_dev_rmsnorm_bwd(l3d_device_t *d, float *dx, float *dw,
-                                             const float *dout, const float *x, const float *w,
-                                             const float *rstd, int N, int C) {
-    return d->ops->rmsnorm_bwd(d, dx, dw, dout, x, w, rstd, N, C);
+static inline l3d_status l3d_dev_rmsnorm_bwd(l3d_device_t *d, void *dx, void *dw,
+                                             const void *dout, const void *x, const void *w,
+                                             const float *rstd, int N, int C, l3d_dtype at,
+                                             l3d_dtype wt, l3d_dtype gt) {
+    return d->ops->rmsnorm_bwd(d, dx, dw, dout, x, w, rstd, N, C, at, wt, gt);
 }
-static inline l3d_status l3d_dev_rope(l3d_device_t *d, float *x, const float *cos_tab,
+static inline l3d_status l3d_dev_rope(l3d_device_t *d, void *x, const float *cos_tab,
                                       const float *sin_tab, int B, int T, int NH, int D, int pos0,
-                                      int inverse) {
-    return d->ops->rope(d, x, cos_tab, sin_tab, B, T, NH, D, pos0, inverse);
+                                      int inverse, l3d_dtype at) {
+    return d->ops->rope(d, x, cos_tab, sin_tab, B, T, NH, D, pos0, inverse, at);
 }
-static inline l3d_status l3d_dev_attention_fwd(l3d_device_t *d, float *out, float *lse,
-                                               const float *q, const float *k, const float *v,
-                                               const l3d_attn_dims_t *dims) {
-    return d->ops->attention_fwd(d, out, lse, q, k, v, dims);
+static inline l3d_status l3d_dev_attention_fwd(l3d_device_t *d, void *out, float *lse,
+                                               const void *q, const void *k, const void *v,
+                                               const l3d_attn_dims_t *dims, l3d_dtype at) {
+    return d->ops->attention_fwd(d, out, lse, q, k, v, dims, at);
 }
-static inline l3d_status l3d_dev_attention_bwd(l3d_device_t *d, float *dq, float *dk, float *dv,
-                                               const float *dout, const float *q, const float *k,
-                                               const float *v, const float *out,
-                                               const float *lse, const l3d_attn_dims_t *dims) {
-    return d->ops->attention_bwd(d, dq, dk, dv, dout, q, k, v, out, lse, dims);
+static inline l3d_status l3d_dev_attention_bwd(l3d_device_t *d, void *dq, void *dk, void *dv,
+                                               const void *dout, const void *q, const void *k,
+                                               const void *v, const void *out, const float *lse,
+                                               const l3d_attn_dims_t *dims, l3d_dtype at) {
+    return d->ops->attention_bwd(d, dq, dk, dv, dout, q, k, v, out, lse, dims, at);
 }
-static inline l3d_status l3d_dev_swiglu_fwd(l3d_device_t *d, float *out, const float *gate,
-                                            const float *up, size_t n) {
-    return d->ops->swiglu_fwd(d, out, gate, up, n);
+static inline l3d_status l3d_dev_swiglu_fwd(l3d_device_t *d, void *out, const void *gate,
+                                            const void *up, size_t n, l3d_dtype at) {
+    return d->ops->swiglu_fwd(d, out, gate, up, n, at);
 }
-static inline l3d_status l3d_dev_swiglu_bwd(l3d_device_t *d, float *dgate, float *dup,
-                                            const float *dout, const float *gate,
-                                            const float *up, size_t n) {
-    return d->ops->swiglu_bwd(d, dgate, dup, dout, gate, up, n);
+static inline l3d_status l3d_dev_swiglu_bwd(l3d_device_t *d, void *dgate, void *dup,
+                                            const void *dout, const void *gate, const void *up,
+                                            size_t n, l3d_dtype at) {
+    return d->ops->swiglu_bwd(d, dgate, dup, dout, gate, up, n, at);
 }
-static inline l3d_status l3d_dev_add(l3d_device_t *d, float *out, const float *a, const float *b,
-                                     size_t n) {
-    return d->ops->add(d, out, a, b, n);
+static inline l3d_status l3d_dev_add(l3d_device_t *d, void *out, const void *a, const void *b,
+                                     size_t n, l3d_dtype at) {
+    return d->ops->add(d, out, a, b, n, at);
 }
-static inline l3d_status l3d_dev_scale(l3d_device_t *d, float *x, float s, size_t n) {
-    return d->ops->scale(d, x, s, n);
+static inline l3d_status l3d_dev_scale(l3d_device_t *d, void *x, float s, size_t n,
+                                       l3d_dtype at) {
+    return d->ops->scale(d, x, s, n, at);
 }
-static inline l3d_status l3d_dev_embedding_fwd_vp(l3d_device_t *d, float *out,
-                                                  const int32_t *tok, const float *table, int N,
-                                                  int C, int v0, int Vl, int V) {
-    return d->ops->embedding_fwd_vp(d, out, tok, table, N, C, v0, Vl, V);
+static inline l3d_status l3d_dev_embedding_fwd_vp(l3d_device_t *d, void *out, const int32_t *tok,
+                                                  const void *table, int N, int C, int v0, int Vl,
+                                                  int V, l3d_dtype at, l3d_dtype wt) {
+    return d->ops->embedding_fwd_vp(d, out, tok, table, N, C, v0, Vl, V, at, wt);
 }
-static inline l3d_status l3d_dev_embedding_bwd_vp(l3d_device_t *d, float *dtable,
-                                                  const float *dout, const int32_t *tok, int N,
-                                                  int C, int v0, int Vl) {
-    return d->ops->embedding_bwd_vp(d, dtable, dout, tok, N, C, v0, Vl);
+static inline l3d_status l3d_dev_embedding_bwd_vp(l3d_device_t *d, void *dtable,
+                                                  const void *dout, const int32_t *tok, int N,
+                                                  int C, int v0, int Vl, l3d_dtype at,
+                                                  l3d_dtype gt) {
+    return d->ops->embedding_bwd_vp(d, dtable, dout, tok, N, C, v0, Vl, at, gt);
 }
-static inline l3d_status l3d_dev_xent_vp_max(l3d_device_t *d, const float *logits, float *rowmax,
-                                             int N, int Vl) {
-    return d->ops->xent_vp_max(d, logits, rowmax, N, Vl);
+static inline l3d_status l3d_dev_xent_vp_max(l3d_device_t *d, const void *logits, float *rowmax,
+                                             int N, int Vl, l3d_dtype at) {
+    return d->ops->xent_vp_max(d, logits, rowmax, N, Vl, at);
 }
-static inline l3d_status l3d_dev_xent_vp_stats(l3d_device_t *d, const float *logits,
+static inline l3d_status l3d_dev_xent_vp_stats(l3d_device_t *d, const void *logits,
                                                const float *gmax, const int32_t *targets, int N,
-                                               int Vl, int v0, float *stats) {
-    return d->ops->xent_vp_stats(d, logits, gmax, targets, N, Vl, v0, stats);
+                                               int Vl, int v0, float *stats, l3d_dtype at) {
+    return d->ops->xent_vp_stats(d, logits, gmax, targets, N, Vl, v0, stats, at);
 }
-static inline l3d_status l3d_dev_xent_vp_grad(l3d_device_t *d, float *logits, float *losses,
+static inline l3d_status l3d_dev_xent_vp_grad(l3d_device_t *d, void *logits, float *losses,
                                               const float *gmax, const float *gstats,
                                               const int32_t *targets, int N, int Vl, int v0,
-                                              float grad_scale) {
-    return d->ops->xent_vp_grad(d, logits, losses, gmax, gstats, targets, N, Vl, v0, grad_scale);
+                                              float grad_scale, l3d_dtype at) {
+    return d->ops->xent_vp_grad(d, logits, losses, gmax, gstats, targets, N, Vl, v0, grad_scale,
+                                at);
 }
-static inline l3d_status l3d_dev_xent_fwd_bwd(l3d_device_t *d, float *logits, float *losses,
+static inline l3d_status l3d_dev_xent_fwd_bwd(l3d_device_t *d, void *logits, float *losses,
                                               const int32_t *targets, int N, int V,
-                                              float grad_scale) {
-    return d->ops->xent_fwd_bwd(d, logits, losses, targets, N, V, grad_scale);
+                                              float grad_scale, l3d_dtype at) {
+    return d->ops->xent_fwd_bwd(d, logits, losses, targets, N, V, grad_scale, at);
 }
-static inline l3d_status l3d_dev_sumsq(l3d_device_t *d, const float *x, size_t n, double *out) {
-    return d->ops->sumsq(d, x, n, out);
+static inline l3d_status l3d_dev_sumsq(l3d_device_t *d, const void *x, size_t n, double *out,
+                                       l3d_dtype at) {
+    return d->ops->sumsq(d, x, n, out, at);
 }
-static inline l3d_status l3d_dev_adamw(l3d_device_t *d, float *p, const float *g, float *m,
+static inline l3d_status l3d_dev_adamw(l3d_device_t *d, float *p, const void *g, float *m,
                                        float *v, size_t n, float lr, float b1, float b2,
-                                       float eps, float wd, float bc1, float bc2, float gscale) {
-    return d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale);
+                                       float eps, float wd, float bc1, float bc2, float gscale,
+                                       l3d_dtype gt) {
+    return d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, gt);
 }
 
 #endif

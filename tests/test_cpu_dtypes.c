@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "devices/device.h"
+#include "tests/harness/ref_attention.h"
 
 static l3d_ctx_t *ctx;
 static l3d_device_t *dev;
@@ -238,4 +239,430 @@ Test(cpu_dtypes, gemv_reads_bfloat16_weights_as_stored) {
             cr_assert(memcmp(C[0], C[1], sizeof(float) * M * N) == 0, "K %d M %d: bits differ", K, M);
             free(vb), free(va), free(Bh), free(Bf), free(A), free(C[0]), free(C[1]);
         }
+}
+
+// ---- every op x dtype (device ABI 5) ----------------------------------------------------------
+// Each op runs on 16-bit operands and is checked twice:
+// 1. its contract, bit for bit: the outputs are the float32 op's outputs on the widened inputs,
+//    rounded once (widening and rounding are the conversions proven above);
+// 2. against float64 math on the exact input values (the references of test_cpu_ops), within
+//    the float32 kernel's bound from test_cpu_ops (rtol32, relative to the output's largest
+//    magnitude) plus the one rounding of a 16-bit output: half an ulp, u|ref| with u = 2^-8
+//    (bfloat16) or 2^-11 (float16), and for float16 half its smallest subnormal, 2^-25. Each
+//    term is taken with a factor 2 of slack for the float32 result sitting on either side.
+static double unit(l3d_dtype t) {
+    return t == L3D_BFLOAT16 ? 0x1p-8 : t == L3D_FLOAT16 ? 0x1p-11 : 0.0;
+}
+
+// A tensor stored as t (`h`, what the op sees) with its exact values widened to float32 (`f`).
+typedef struct {
+    l3d_dtype t;
+    size_t n;
+    void *h;
+    float *f;
+} tens_t;
+
+static tens_t tens(l3d_dtype t, size_t n, float amp) {
+    tens_t x = {t, n, malloc(n * esize(t) + 4), malloc(n * 4 + 4)};
+    for (size_t i = 0; i < n; i++) x.f[i] = amp * frand();
+    cr_assert_eq(l3d_dev_convert(dev, x.h, t, x.f, L3D_FLOAT32, n), L3D_OK);
+    cr_assert_eq(l3d_dev_convert(dev, x.f, L3D_FLOAT32, x.h, t, n), L3D_OK);
+    return x;
+}
+static float *fcopy(const tens_t *x) {  // the float32 run's own copy of the widened values
+    float *f = malloc(x->n * 4 + 4);
+    memcpy(f, x->f, x->n * 4);
+    return f;
+}
+static void tens_free(tens_t *x) { free(x->h), free(x->f); }
+
+// 1. got (stored as t) == f32 rounded to t, bit for bit.
+static void same_as_rounded(const char *what, l3d_dtype t, const void *got, const float *f32,
+                            size_t n) {
+    char *want = malloc(n * esize(t) + 4);
+    cr_assert_eq(l3d_dev_convert(dev, want, t, f32, L3D_FLOAT32, n), L3D_OK);
+    for (size_t i = 0; i < n; i++)
+        cr_assert(!memcmp(want + i * esize(t), (const char *)got + i * esize(t), esize(t)),
+                  "%s (%s) [%zu]: %.9g, the float32 op rounded once gives %.9g", what,
+                  l3d_dtype_name(t), i, value_at(t, got, i), (double)f32[i]);
+    free(want);
+}
+
+// 2. |got - ref| <= 2 u |ref| + 2 rtol32 max|ref| + 2^-25 (float16).
+static void close64(const char *what, l3d_dtype t, const void *got, const double *ref, size_t n,
+                    double rtol32) {
+    double scale = 0.0;
+    for (size_t i = 0; i < n; i++) scale = fmax(scale, fabs(ref[i]));
+    double tiny = t == L3D_FLOAT16 ? 0x1p-25 : 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double g = value_at(t, got, i);
+        double bound = 2 * unit(t) * fabs(ref[i]) + 2 * rtol32 * scale + tiny;
+        cr_assert(fabs(g - ref[i]) <= bound, "%s (%s) [%zu]: %.9g vs float64 %.9g (bound %.3g)",
+                  what, l3d_dtype_name(t), i, g, ref[i], bound);
+    }
+}
+
+// Operand dtypes (activations, parameter, parameter gradient) each op is run with: all 16-bit
+// of one kind, 16-bit activations with float32 or mixed parameters, float32 activations with
+// 16-bit parameters.
+typedef struct {
+    l3d_dtype at, wt, gt;
+} mix_t;
+static const mix_t mixes[] = {{L3D_BFLOAT16, L3D_BFLOAT16, L3D_BFLOAT16},
+                              {L3D_FLOAT16, L3D_FLOAT16, L3D_FLOAT16},
+                              {L3D_BFLOAT16, L3D_FLOAT32, L3D_FLOAT32},
+                              {L3D_FLOAT16, L3D_BFLOAT16, L3D_FLOAT32},
+                              {L3D_FLOAT32, L3D_BFLOAT16, L3D_FLOAT16}};
+#define NMIX (sizeof(mixes) / sizeof(mixes[0]))
+static const l3d_dtype F32 = L3D_FLOAT32;
+
+// Embedding: forward copies (or rounds) rows, exactly (rtol32 0); backward sums each token's
+// rows, at most 5 occurrences here: 5 float32 additions, 5 u32 of terms up to 2 x the scale
+// (rtol32 1e-6 > 10 * 2^-24). The vocabulary-parallel forms over two shards likewise.
+Test(cpu_dtypes, embedding_every_dtype) {
+    const int V = 50, C = 37, N = 64;
+    int32_t tok[64];
+    for (int n = 0; n < N; n++) tok[n] = (int32_t)((n * 7) % 13 + (n % 3) * 17);  // repeats
+    for (size_t m = 0; m < NMIX; m++) {
+        mix_t x = mixes[m];
+        tens_t table = tens(x.wt, (size_t)V * C, 1.0f), dout = tens(x.at, (size_t)N * C, 1.0f);
+        tens_t out = tens(x.at, (size_t)N * C, 1.0f), dt = tens(x.gt, (size_t)V * C, 1.0f);
+        float *out32 = fcopy(&out), *dt32 = fcopy(&dt);
+        double *ref = calloc((size_t)V * C + (size_t)N * C, sizeof(double));
+        cr_assert_eq(l3d_dev_embedding_fwd(dev, out.h, tok, table.h, N, C, V, x.at, x.wt), L3D_OK);
+        cr_assert_eq(l3d_dev_embedding_fwd(dev, out32, tok, table.f, N, C, V, F32, F32), L3D_OK);
+        same_as_rounded("embedding_fwd", x.at, out.h, out32, (size_t)N * C);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) ref[n * C + c] = table.f[tok[n] * C + c];
+        close64("embedding_fwd", x.at, out.h, ref, (size_t)N * C, 0.0);
+        cr_assert_eq(l3d_dev_embedding_bwd(dev, dt.h, dout.h, tok, N, C, x.at, x.gt), L3D_OK);
+        cr_assert_eq(l3d_dev_embedding_bwd(dev, dt32, dout.f, tok, N, C, F32, F32), L3D_OK);
+        same_as_rounded("embedding_bwd", x.gt, dt.h, dt32, (size_t)V * C);
+        for (size_t i = 0; i < (size_t)V * C; i++) ref[i] = dt.f[i];
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) ref[tok[n] * C + c] += dout.f[n * C + c];
+        close64("embedding_bwd", x.gt, dt.h, ref, (size_t)V * C, 1e-6);
+        // Two vocabulary shards [0, 20) and [20, 50), each its own table and gradient.
+        const int b[3] = {0, 20, 50};
+        for (int s = 0; s < 2; s++) {
+            int v0 = b[s], Vl = b[s + 1] - b[s];
+            size_t es = esize(x.wt);
+            tens_t dts = tens(x.gt, (size_t)Vl * C, 1.0f);
+            float *dts32 = fcopy(&dts);
+            cr_assert_eq(l3d_dev_embedding_fwd_vp(dev, out.h, tok, (char *)table.h + v0 * C * es,
+                                                  N, C, v0, Vl, V, x.at, x.wt), L3D_OK);
+            cr_assert_eq(l3d_dev_embedding_fwd_vp(dev, out32, tok, table.f + v0 * C, N, C, v0, Vl,
+                                                  V, F32, F32), L3D_OK);
+            same_as_rounded("embedding_fwd_vp", x.at, out.h, out32, (size_t)N * C);
+            cr_assert_eq(l3d_dev_embedding_bwd_vp(dev, dts.h, dout.h, tok, N, C, v0, Vl, x.at,
+                                                  x.gt), L3D_OK);
+            cr_assert_eq(l3d_dev_embedding_bwd_vp(dev, dts32, dout.f, tok, N, C, v0, Vl, F32, F32),
+                         L3D_OK);
+            same_as_rounded("embedding_bwd_vp", x.gt, dts.h, dts32, (size_t)Vl * C);
+            tens_free(&dts), free(dts32);
+        }
+        tens_free(&table), tens_free(&dout), tens_free(&out), tens_free(&dt);
+        free(out32), free(dt32), free(ref);
+    }
+}
+
+// RMSNorm forward and backward ("+=" into 16-bit dx and dw), rtol32 1e-5 as test_cpu_ops;
+// rstd stays float32 and equals the float32 run's.
+Test(cpu_dtypes, rmsnorm_every_dtype) {
+    const int N = 37, C = 100;
+    const float eps = 1e-5f;
+    const size_t nx = (size_t)N * C;
+    for (size_t m = 0; m < NMIX; m++) {
+        mix_t t = mixes[m];
+        tens_t x = tens(t.at, nx, 2.0f), w = tens(t.wt, C, 1.0f), g = tens(t.at, nx, 1.0f);
+        tens_t out = tens(t.at, nx, 1.0f), dx = tens(t.at, nx, 1.0f), dw = tens(t.gt, C, 1.0f);
+        float *out32 = fcopy(&out), *dx32 = fcopy(&dx), *dw32 = fcopy(&dw);
+        float rstd[37], rstd32[37];
+        double *rout = calloc(nx, 8), *rdx = calloc(nx, 8), *rdw = calloc(C, 8);
+        cr_assert_eq(l3d_dev_rmsnorm_fwd(dev, out.h, rstd, x.h, w.h, N, C, eps, t.at, t.wt),
+                     L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_fwd(dev, out32, rstd32, x.f, w.f, N, C, eps, F32, F32),
+                     L3D_OK);
+        same_as_rounded("rmsnorm out", t.at, out.h, out32, nx);
+        cr_assert(!memcmp(rstd, rstd32, sizeof(rstd)), "rstd differs from the float32 run");
+        cr_assert_eq(l3d_dev_rmsnorm_bwd(dev, dx.h, dw.h, g.h, x.h, w.h, rstd, N, C, t.at, t.wt,
+                                         t.gt), L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_bwd(dev, dx32, dw32, g.f, x.f, w.f, rstd32, N, C, F32, F32,
+                                         F32), L3D_OK);
+        same_as_rounded("rmsnorm dx", t.at, dx.h, dx32, nx);
+        same_as_rounded("rmsnorm dw", t.gt, dw.h, dw32, C);
+        for (int c = 0; c < C; c++) rdw[c] = dw.f[c];
+        for (int n = 0; n < N; n++) {
+            const float *xr = x.f + (size_t)n * C, *gr = g.f + (size_t)n * C;
+            double ss = 0.0, dot = 0.0;
+            for (int c = 0; c < C; c++) ss += (double)xr[c] * xr[c];
+            double r = 1.0 / sqrt(ss / C + eps);
+            for (int c = 0; c < C; c++) {
+                rout[(size_t)n * C + c] = xr[c] * r * w.f[c];
+                dot += (double)gr[c] * w.f[c] * xr[c];
+                rdw[c] += (double)gr[c] * xr[c] * r;
+            }
+            for (int c = 0; c < C; c++)
+                rdx[(size_t)n * C + c] =
+                    dx.f[(size_t)n * C + c] + r * gr[c] * w.f[c] - r * r * r / C * dot * xr[c];
+        }
+        close64("rmsnorm out", t.at, out.h, rout, nx, 1e-5);
+        close64("rmsnorm dx", t.at, dx.h, rdx, nx, 1e-5);
+        close64("rmsnorm dw", t.gt, dw.h, rdw, C, 1e-5);
+        tens_free(&x), tens_free(&w), tens_free(&g), tens_free(&out), tens_free(&dx);
+        tens_free(&dw), free(out32), free(dx32), free(dw32), free(rout), free(rdx), free(rdw);
+    }
+}
+
+// RoPE in place, forward then inverse: two products and a sum per element in float32
+// (rtol32 1e-6 > 3 * 2^-24 with |cos|, |sin| <= 1).
+Test(cpu_dtypes, rope_every_dtype) {
+    const int B = 2, T = 5, NH = 3, D = 8, pos0 = 3, Tmax = 16, half = D / 2;
+    const size_t n = (size_t)B * T * NH * D;
+    float cs[16 * 4], sn[16 * 4];
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double a = p * pow(500000.0, -2.0 * i / D);
+            cs[p * half + i] = (float)cos(a), sn[p * half + i] = (float)sin(a);
+        }
+    for (size_t m = 0; m < NMIX; m++)
+        for (int inv = 0; inv < 2; inv++) {
+            l3d_dtype at = mixes[m].at;
+            tens_t x = tens(at, n, 2.0f);
+            float *x32 = fcopy(&x);
+            double *ref = calloc(n, 8);
+            for (int bt = 0; bt < B * T; bt++)
+                for (int h = 0; h < NH; h++)
+                    for (int i = 0; i < half; i++) {
+                        size_t o = ((size_t)bt * NH + h) * D;
+                        int p = pos0 + bt % T;
+                        double c = cs[p * half + i], s = (inv ? -1.0 : 1.0) * sn[p * half + i];
+                        ref[o + i] = x.f[o + i] * c - (double)x.f[o + i + half] * s;
+                        ref[o + i + half] = x.f[o + i + half] * c + (double)x.f[o + i] * s;
+                    }
+            cr_assert_eq(l3d_dev_rope(dev, x.h, cs, sn, B, T, NH, D, pos0, inv, at), L3D_OK);
+            cr_assert_eq(l3d_dev_rope(dev, x32, cs, sn, B, T, NH, D, pos0, inv, F32), L3D_OK);
+            same_as_rounded("rope", at, x.h, x32, n);
+            close64("rope", at, x.h, ref, n, 1e-6);
+            tens_free(&x), free(x32), free(ref);
+        }
+}
+
+// Attention forward and backward, GQA with a strided KV cache (decode: Tq < Tk) and a square
+// causal case; rtol32 2e-5 as test_cpu_ops for these sizes. lse stays float32.
+static void attention_dtype_case(l3d_dtype at, shape_t s) {
+    size_t nq = (size_t)s.B * s.Tq * s.H * s.D, nkv = (size_t)s.B * s.Tmax * s.KVH * s.D;
+    size_t ndk = (size_t)s.B * s.Tk * s.KVH * s.D, nl = (size_t)s.B * s.H * s.Tq;
+    tens_t q = tens(at, nq, 1.5f), k = tens(at, nkv, 1.5f), v = tens(at, nkv, 1.0f);
+    tens_t go = tens(at, nq, 1.0f), out = tens(at, nq, 1.0f);
+    tens_t dq = tens(at, nq, 1.0f), dk = tens(at, ndk, 1.0f), dv = tens(at, ndk, 1.0f);
+    float *out32 = fcopy(&out), *dq32 = fcopy(&dq), *dk32 = fcopy(&dk), *dv32 = fcopy(&dv);
+    float *lse = malloc(nl * 4), *lse32 = malloc(nl * 4);
+    double *rout = calloc(nq, 8), *rlse = calloc(nl, 8), *rdq = calloc(nq, 8);
+    double *rdk = calloc(ndk, 8), *rdv = calloc(ndk, 8);
+    l3d_attn_dims_t d = {s.B, s.Tq, s.Tk, s.H, s.KVH, s.D,
+                         s.Tmax == s.Tk ? 0 : (size_t)s.Tmax * s.KVH * s.D};
+    cr_assert_eq(l3d_dev_attention_fwd(dev, out.h, lse, q.h, k.h, v.h, &d, at), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_fwd(dev, out32, lse32, q.f, k.f, v.f, &d, F32), L3D_OK);
+    same_as_rounded("attention out", at, out.h, out32, nq);
+    cr_assert(!memcmp(lse, lse32, nl * 4), "lse differs from the float32 run");
+    // The backward reads the 16-bit out, as a 16-bit model keeps it.
+    float *outw = malloc(nq * 4);
+    cr_assert_eq(l3d_dev_convert(dev, outw, F32, out.h, at, nq), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_bwd(dev, dq.h, dk.h, dv.h, go.h, q.h, k.h, v.h, out.h, lse, &d,
+                                       at), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_bwd(dev, dq32, dk32, dv32, go.f, q.f, k.f, v.f, outw, lse32,
+                                       &d, F32), L3D_OK);
+    same_as_rounded("attention dq", at, dq.h, dq32, nq);
+    same_as_rounded("attention dk", at, dk.h, dk32, ndk);
+    same_as_rounded("attention dv", at, dv.h, dv32, ndk);
+    l3d_ref_attention(&s, q.f, k.f, v.f, go.f, rout, rlse, rdq, rdk, rdv);
+    close64("attention out", at, out.h, rout, nq, 2e-5);
+    // The backward's D_i = sum(dout * out) uses the rounded out: that costs u |out| |dout| per
+    // term, D of them; rtol32 takes 2e-5 plus D u (relative to the gradients' scale, which is
+    // of the order of dout's here).
+    double rt = 2e-5 + s.D * unit(at);
+    close64("attention dq", at, dq.h, rdq, nq, rt);
+    close64("attention dk", at, dk.h, rdk, ndk, rt);
+    close64("attention dv", at, dv.h, rdv, ndk, 2e-5);
+    tens_free(&q), tens_free(&k), tens_free(&v), tens_free(&go), tens_free(&out);
+    tens_free(&dq), tens_free(&dk), tens_free(&dv), free(out32), free(dq32), free(dk32);
+    free(dv32), free(lse), free(lse32), free(outw), free(rout), free(rlse), free(rdq), free(rdk);
+    free(rdv);
+}
+
+Test(cpu_dtypes, attention_every_dtype) {
+    for (size_t m = 0; m < NMIX; m++) {
+        attention_dtype_case(mixes[m].at, (shape_t){2, 37, 37, 4, 2, 16, 37});
+        attention_dtype_case(mixes[m].at, (shape_t){2, 3, 70, 4, 2, 16, 81});
+    }
+}
+
+static double sig(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+// SwiGLU (out aliasing gate; the backward in place), add (out aliasing a) and scale over
+// several chunks and a tail; rtol32 1e-6 (swiglu) and 1e-7 (add, scale) as test_cpu_ops.
+Test(cpu_dtypes, elementwise_every_dtype) {
+    const size_t n = 40000;
+    for (size_t m = 0; m < NMIX; m++) {
+        l3d_dtype at = mixes[m].at;
+        tens_t g = tens(at, n, 6.0f), u = tens(at, n, 2.0f), d = tens(at, n, 1.0f);
+        float *g32 = fcopy(&g), *u32 = fcopy(&u);
+        double *r = calloc(n, 8), *rg = calloc(n, 8), *ru = calloc(n, 8);
+        char *gh = malloc(n * esize(at)), *uh = malloc(n * esize(at));
+        for (size_t i = 0; i < n; i++) {
+            double s = sig(g.f[i]);
+            r[i] = g.f[i] * s * u.f[i];
+            rg[i] = d.f[i] * u.f[i] * s * (1.0 + g.f[i] * (1.0 - s));
+            ru[i] = d.f[i] * g.f[i] * s;
+        }
+        memcpy(gh, g.h, n * esize(at));
+        cr_assert_eq(l3d_dev_swiglu_fwd(dev, gh, gh, u.h, n, at), L3D_OK);  // out aliases gate
+        cr_assert_eq(l3d_dev_swiglu_fwd(dev, g32, g32, u32, n, F32), L3D_OK);
+        same_as_rounded("swiglu", at, gh, g32, n);
+        close64("swiglu", at, gh, r, n, 1e-6);
+        memcpy(gh, g.h, n * esize(at)), memcpy(uh, u.h, n * esize(at));
+        memcpy(g32, g.f, n * 4);
+        cr_assert_eq(l3d_dev_swiglu_bwd(dev, gh, uh, d.h, gh, uh, n, at), L3D_OK);  // in place
+        cr_assert_eq(l3d_dev_swiglu_bwd(dev, g32, u32, d.f, g32, u32, n, F32), L3D_OK);
+        same_as_rounded("swiglu dgate", at, gh, g32, n);
+        same_as_rounded("swiglu dup", at, uh, u32, n);
+        close64("swiglu dgate", at, gh, rg, n, 1e-6);
+        close64("swiglu dup", at, uh, ru, n, 1e-6);
+
+        memcpy(gh, g.h, n * esize(at)), memcpy(g32, g.f, n * 4);
+        for (size_t i = 0; i < n; i++) r[i] = (double)g.f[i] + u.f[i];
+        cr_assert_eq(l3d_dev_add(dev, gh, gh, u.h, n, at), L3D_OK);  // out aliases a
+        cr_assert_eq(l3d_dev_add(dev, g32, g32, u.f, n, F32), L3D_OK);
+        same_as_rounded("add", at, gh, g32, n);
+        close64("add", at, gh, r, n, 1e-7);
+        memcpy(gh, g.h, n * esize(at)), memcpy(g32, g.f, n * 4);
+        for (size_t i = 0; i < n; i++) r[i] = (double)g.f[i] * 0.37f;
+        cr_assert_eq(l3d_dev_scale(dev, gh, 0.37f, n, at), L3D_OK);
+        cr_assert_eq(l3d_dev_scale(dev, g32, 0.37f, n, F32), L3D_OK);
+        same_as_rounded("scale", at, gh, g32, n);
+        close64("scale", at, gh, r, n, 1e-7);
+        tens_free(&g), tens_free(&u), tens_free(&d), free(g32), free(u32), free(r), free(rg);
+        free(ru), free(gh), free(uh);
+    }
+}
+
+// The sum of squares of a 16-bit gradient (clipping): the float32 run's double on the widened
+// values exactly, and the float64 sum within double rounding (1e-12 as test_cpu_ops). AdamW
+// with a 16-bit gradient: widening is exact, so master weights and moments are bit for bit
+// the float32 step's on the widened gradient (test_cpu_ops checks that step against torch's
+// arithmetic by hand).
+Test(cpu_dtypes, sumsq_and_adamw_every_dtype) {
+    const size_t n = 100003;
+    for (size_t m = 0; m < NMIX; m++) {
+        l3d_dtype gt = mixes[m].gt;
+        tens_t g = tens(gt, n, 3.0f);
+        double got = -1, got32 = -2, ref = 0;
+        for (size_t i = 0; i < n; i++) ref += (double)g.f[i] * g.f[i];
+        cr_assert_eq(l3d_dev_sumsq(dev, g.h, n, &got, gt), L3D_OK);
+        cr_assert_eq(l3d_dev_sumsq(dev, g.f, n, &got32, F32), L3D_OK);
+        cr_assert_eq(got, got32, "sumsq %s: %.17g vs float32 run %.17g", l3d_dtype_name(gt), got,
+                     got32);
+        cr_assert(fabs(got - ref) <= 1e-12 * ref, "sumsq %.17g vs %.17g", got, ref);
+        float *p[2], *mo[2], *v[2];
+        for (int r = 0; r < 2; r++) {
+            p[r] = malloc(n * 4), mo[r] = calloc(n, 4), v[r] = calloc(n, 4);
+            for (size_t i = 0; i < n; i++) p[r][i] = (float)i / (float)n - 0.5f;
+            for (int step = 1; step <= 2; step++)
+                cr_assert_eq(l3d_dev_adamw(dev, p[r], r ? g.h : (void *)g.f, mo[r], v[r], n, 1e-2f,
+                                           0.9f, 0.95f, 1e-8f, 0.1f, 1.0f - powf(0.9f, step),
+                                           1.0f - powf(0.95f, step), 0.5f, r ? gt : F32),
+                             L3D_OK);
+        }
+        cr_assert(!memcmp(p[0], p[1], n * 4) && !memcmp(mo[0], mo[1], n * 4) &&
+                  !memcmp(v[0], v[1], n * 4), "adamw with a %s gradient", l3d_dtype_name(gt));
+        for (int r = 0; r < 2; r++) free(p[r]), free(mo[r]), free(v[r]);
+        tens_free(&g);
+    }
+}
+
+// Cross-entropy over 16-bit logits, fused and vocabulary-parallel over two shards (the tp
+// group's max and sum done here): more rows than one widened block (4 per thread, 3 threads),
+// ignored rows; rtol32 1e-6 as test_cpu_ops. Losses are float32 and equal the float32 run's.
+Test(cpu_dtypes, xent_every_dtype) {
+    const int N = 23, V = 3001, b[3] = {0, 1200, 3001};
+    const float gs = 0.125f;
+    int32_t t[23];
+    for (int n = 0; n < N; n++) t[n] = n % 5 == 3 ? -1 : (int32_t)((n * 7919u) % (unsigned)V);
+    for (size_t m = 0; m < NMIX; m++) {
+        l3d_dtype at = mixes[m].at;
+        size_t nz = (size_t)N * V, es = esize(at);
+        tens_t z = tens(at, nz, 8.0f);
+        float *z32 = fcopy(&z), loss[23], loss32[23];
+        double *rg = calloc(nz, 8), rl[23] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *zr = z.f + (size_t)n * V;
+            if (t[n] < 0) continue;
+            double mx = -INFINITY, s = 0;
+            for (int i = 0; i < V; i++) mx = fmax(mx, zr[i]);
+            for (int i = 0; i < V; i++) s += exp(zr[i] - mx);
+            rl[n] = log(s) + mx - zr[t[n]];
+            for (int i = 0; i < V; i++)
+                rg[(size_t)n * V + i] = gs * (exp(zr[i] - mx) / s - (i == t[n] ? 1.0 : 0.0));
+        }
+        char *zh = malloc(nz * es);
+        memcpy(zh, z.h, nz * es);
+        cr_assert_eq(l3d_dev_xent_fwd_bwd(dev, zh, loss, t, N, V, gs, at), L3D_OK);
+        cr_assert_eq(l3d_dev_xent_fwd_bwd(dev, z32, loss32, t, N, V, gs, F32), L3D_OK);
+        same_as_rounded("xent grad", at, zh, z32, nz);
+        cr_assert(!memcmp(loss, loss32, sizeof(loss)), "xent losses differ from float32's");
+        close64("xent grad", at, zh, rg, nz, 1e-6);
+        for (int n = 0; n < N; n++)
+            cr_assert(fabs(loss[n] - rl[n]) <= 1e-6 * fmax(1.0, fabs(rl[n])), "loss %d", n);
+        // Vocabulary-parallel: each shard's columns in a (N, Vl) matrix of its own.
+        char *sh[2];
+        float mx[2][23], st[2][46], gmax[23], gst[46], vl[23];
+        for (int s = 0; s < 2; s++) {
+            int Vl = b[s + 1] - b[s];
+            sh[s] = malloc((size_t)N * Vl * es);
+            for (int n = 0; n < N; n++)
+                memcpy(sh[s] + (size_t)n * Vl * es, (char *)z.h + ((size_t)n * V + b[s]) * es,
+                       (size_t)Vl * es);
+            cr_assert_eq(l3d_dev_xent_vp_max(dev, sh[s], mx[s], N, Vl, at), L3D_OK);
+        }
+        for (int n = 0; n < N; n++) gmax[n] = fmaxf(mx[0][n], mx[1][n]);
+        for (int s = 0; s < 2; s++)
+            cr_assert_eq(l3d_dev_xent_vp_stats(dev, sh[s], gmax, t, N, b[s + 1] - b[s], b[s],
+                                               st[s], at), L3D_OK);
+        for (int i = 0; i < 2 * N; i++) gst[i] = st[0][i] + st[1][i];
+        for (int s = 0; s < 2; s++) {
+            int Vl = b[s + 1] - b[s];
+            cr_assert_eq(l3d_dev_xent_vp_grad(dev, sh[s], vl, gmax, gst, t, N, Vl, b[s], gs, at),
+                         L3D_OK);
+            double *rs = calloc((size_t)N * Vl, 8);
+            for (int n = 0; n < N; n++)
+                for (int i = 0; i < Vl; i++) rs[(size_t)n * Vl + i] = rg[(size_t)n * V + b[s] + i];
+            close64("xent_vp grad", at, sh[s], rs, (size_t)N * Vl, 1e-6);
+            free(rs), free(sh[s]);
+        }
+        for (int n = 0; n < N; n++)
+            cr_assert(fabs(vl[n] - rl[n]) <= 1e-6 * fmax(1.0, fabs(rl[n])), "vp loss %d", n);
+        tens_free(&z), free(z32), free(rg), free(zh);
+    }
+}
+
+// A dtype an op does not store is refused, naming the op, the operand and the dtype, and
+// nothing is written.
+Test(cpu_dtypes, other_dtypes_are_refused_by_every_op) {
+    float x[64] = {0}, r[8];
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(dev, x, r, x, x, 2, 4, 1e-5f, L3D_INT32, F32),
+                 L3D_ERR_INVALID_ARG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "rmsnorm_fwd") &&
+              strstr(l3d_ctx_last_error(ctx), "int32"), "%s", l3d_ctx_last_error(ctx));
+    cr_assert_eq(l3d_dev_swiglu_fwd(dev, x, x, x, 8, L3D_INT64), L3D_ERR_INVALID_ARG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "swiglu_fwd"), "%s", l3d_ctx_last_error(ctx));
+    int32_t tok[2] = {0, 1};
+    cr_assert_eq(l3d_dev_embedding_bwd(dev, x, x, tok, 2, 4, F32, L3D_INT32), L3D_ERR_INVALID_ARG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "dtable"), "%s", l3d_ctx_last_error(ctx));
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(dev, x, r, tok, 2, 4, 1.0f, L3D_INT32), L3D_ERR_INVALID_ARG);
+    double s;
+    cr_assert_eq(l3d_dev_sumsq(dev, x, 8, &s, L3D_INT64), L3D_ERR_INVALID_ARG);
+    l3d_attn_dims_t d = {1, 2, 2, 2, 2, 4, 0};
+    cr_assert_eq(l3d_dev_attention_fwd(dev, x, NULL, x, x, x, &d, L3D_INT32), L3D_ERR_INVALID_ARG);
+    for (int i = 0; i < 64; i++) cr_assert_eq(x[i], 0.0f);
 }

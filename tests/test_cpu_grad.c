@@ -101,7 +101,7 @@ Test(cpu_grad, embedding) {
     for (int n = 0; n < N; n++) tok[n] = (n * 5 + 1) % V;
     float *table = fvec((size_t)V * C, 1), *R = fvec((size_t)N * C, 1);
     float *dt = calloc((size_t)V * C, sizeof(float));
-    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dt, R, tok, N, C), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dt, R, tok, N, C, L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
     emb_t ec = {tok, todouble(table, (size_t)V * C), R, N, C};
     check_fd("embedding dtable", emb_loss, &ec, ec.table, (size_t)V * C, dt, 1, 1e-4);
     free(table), free(R), free(dt), free(ec.table);
@@ -139,8 +139,10 @@ Test(cpu_grad, rmsnorm) {
         float *x = fvec(n, 2), *w = fvec(C, 1), *R = fvec(n, 1), *out = malloc(sizeof(float) * n);
         float *rstd = malloc(sizeof(float) * N), *dx = calloc(n, sizeof(float));
         float *dw = calloc(C, sizeof(float));
-        cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, rstd, x, w, N, C, 1e-5f), L3D_OK);
-        cr_assert_eq(l3d_dev_rmsnorm_bwd(e.dev, dx, dw, R, x, w, rstd, N, C), L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, rstd, x, w, N, C, 1e-5f, L3D_FLOAT32,
+                                         L3D_FLOAT32), L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_bwd(e.dev, dx, dw, R, x, w, rstd, N, C, L3D_FLOAT32,
+                                         L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
         rms_t rc = {todouble(x, n), todouble(w, C), R, N, C, 1e-5};
         check_fd("rmsnorm dx", rms_loss, &rc, rc.x, n, dx, 1, 1e-3);
         check_fd("rmsnorm dw", rms_loss, &rc, rc.w, C, dw, 1, 1e-3);
@@ -188,7 +190,7 @@ Test(cpu_grad, rope_inverse_is_backward) {
         }
     float *x = fvec(n, 1), *R = fvec(n, 1), *dx = malloc(sizeof(float) * n);
     memcpy(dx, R, sizeof(float) * n);
-    cr_assert_eq(l3d_dev_rope(e.dev, dx, cs, sn, B, T, NH, D, pos0, 1), L3D_OK);
+    cr_assert_eq(l3d_dev_rope(e.dev, dx, cs, sn, B, T, NH, D, pos0, 1, L3D_FLOAT32), L3D_OK);
     rope_t rc = {todouble(x, n), R, cs, sn, B, T, NH, D, pos0};
     check_fd("rope dx", rope_loss, &rc, rc.x, n, dx, 1, 1e-4);
     free(cs), free(sn), free(x), free(R), free(dx), free(rc.x);
@@ -251,8 +253,9 @@ static void att_case(env_t e, int B, int Tq, int Tk, int H, int KVH, int D, int 
     float *dq = malloc(sizeof(float) * nq), *dk = malloc(sizeof(float) * ndk);
     float *dv = malloc(sizeof(float) * ndk);
     l3d_attn_dims_t d = {B, Tq, Tk, H, KVH, D, Tmax == Tk ? 0 : (size_t)Tmax * KVH * D};
-    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out, lse, q, k, v, &d), L3D_OK);
-    cr_assert_eq(l3d_dev_attention_bwd(e.dev, dq, dk, dv, R, q, k, v, out, lse, &d), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out, lse, q, k, v, &d, L3D_FLOAT32), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_bwd(e.dev, dq, dk, dv, R, q, k, v, out, lse, &d, L3D_FLOAT32),
+                 L3D_OK);
     att_t a = {todouble(q, nq), todouble(k, nkv), todouble(v, nkv), R, B, Tq, Tk, H, KVH, D, Tmax};
     float *dks = spread_kv(dk, &a), *dvs = spread_kv(dv, &a);
     char w[96];
@@ -296,7 +299,7 @@ Test(cpu_grad, swiglu) {
     size_t n = 300;
     float *g = fvec(n, 6), *u = fvec(n, 2), *R = fvec(n, 1);
     float *dg = malloc(sizeof(float) * n), *du = malloc(sizeof(float) * n);
-    cr_assert_eq(l3d_dev_swiglu_bwd(e.dev, dg, du, R, g, u, n), L3D_OK);
+    cr_assert_eq(l3d_dev_swiglu_bwd(e.dev, dg, du, R, g, u, n, L3D_FLOAT32), L3D_OK);
     swi_t s = {todouble(g, n), todouble(u, n), R, n};
     check_fd("swiglu dgate", swi_loss, &s, s.g, n, dg, 1, 1e-4);
     check_fd("swiglu dup", swi_loss, &s, s.u, n, du, 1, 1e-4);
@@ -334,7 +337,7 @@ Test(cpu_grad, xent) {
     int32_t t[6] = {3, -1, 49, 0, 17, -5};
     float *z = fvec((size_t)N * V, 4), *loss = malloc(sizeof(float) * N);
     xent_t x = {todouble(z, (size_t)N * V), t, N, V, 0.25};
-    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, N, V, 0.25f), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, N, V, 0.25f, L3D_FLOAT32), L3D_OK);
     check_fd("xent dlogits", xent_loss, &x, x.z, (size_t)N * V, z, 1, 1e-4);
     free(z), free(loss), free(x.z);
     env_close(e);

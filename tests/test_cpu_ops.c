@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "devices/device.h"
+#include "tests/harness/ref_attention.h"
 
 // ---- helpers ------------------------------------------------------------------------------------
 typedef struct {
@@ -305,7 +306,8 @@ Test(cpu_embedding, fwd_bwd_and_bad_tokens) {
     float *table = fvec((size_t)V * C, 1.0f), *out = fvec((size_t)N * C, 1.0f);
     int32_t tok[45];
     for (int n = 0; n < N; n++) tok[n] = (n * 7 + n / 3) % V;  // repeats: scatter must add
-    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_OK);
     for (int n = 0; n < N; n++)
         cr_assert_eq(memcmp(out + (size_t)n * C, table + (size_t)tok[n] * C, sizeof(float) * C), 0);
 
@@ -314,16 +316,20 @@ Test(cpu_embedding, fwd_bwd_and_bad_tokens) {
     for (size_t i = 0; i < (size_t)V * C; i++) ref[i] = dtab[i];
     for (int n = 0; n < N; n++)
         for (int c = 0; c < C; c++) ref[(size_t)tok[n] * C + c] += dout[(size_t)n * C + c];
-    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dtab, dout, tok, N, C), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dtab, dout, tok, N, C, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_OK);
     check_close("embedding_bwd", dtab, ref, (size_t)V * C, 1e-6);
 
     tok[17] = V;
-    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     const char *msg = l3d_ctx_last_error(e.ctx);
     cr_assert(strstr(msg, "embedding") && strstr(msg, "17") && strstr(msg, "11"), "%s", msg);
     tok[17] = -1;
-    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V), L3D_ERR_INVALID_ARG);
-    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dtab, dout, tok, N, C), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, tok, table, N, C, V, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_embedding_bwd(e.dev, dtab, dout, tok, N, C, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     free(table), free(out), free(dout), free(dtab), free(ref);
     env_close(e);
 }
@@ -352,11 +358,14 @@ static void rmsnorm_case(env_t e, int N, int C) {
             rdx[(size_t)n * C + c] =
                 dx[(size_t)n * C + c] + r * g[c] * w[c] - r * r * r / C * dot * xr[c];
     }
-    cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, rstd, x, w, N, C, eps), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, rstd, x, w, N, C, eps, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_OK);
     check_close("rmsnorm out", out, rout, (size_t)N * C, 1e-5);
     check_close("rmsnorm rstd", rstd, rrstd, N, 1e-5);
-    cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, NULL, x, w, N, C, eps), L3D_OK);
-    cr_assert_eq(l3d_dev_rmsnorm_bwd(e.dev, dx, dw, dout, x, w, rstd, N, C), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(e.dev, out, NULL, x, w, N, C, eps, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_bwd(e.dev, dx, dw, dout, x, w, rstd, N, C, L3D_FLOAT32,
+                                     L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
     check_close("rmsnorm dx", dx, rdx, (size_t)N * C, 1e-5);
     check_close("rmsnorm dw", dw, rdw, C, 1e-5);
     free(x), free(w), free(out), free(rstd), free(dout), free(dx), free(dw);
@@ -407,79 +416,19 @@ Test(cpu_rope, rotate_half_and_inverse) {
                     ref[o + i] = x0[o + i] * c + rot * s;
                 }
             }
-    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, D, pos0, 0), L3D_OK);
+    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, D, pos0, 0, L3D_FLOAT32), L3D_OK);
     check_close("rope", x, ref, n, 1e-6);
-    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, D, pos0, 1), L3D_OK);
+    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, D, pos0, 1, L3D_FLOAT32), L3D_OK);
     double *orig = dvec(n);
     for (size_t i = 0; i < n; i++) orig[i] = x0[i];
     check_close("rope inverse", x, orig, n, 1e-6);
-    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, 7, pos0, 0), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_rope(e.dev, x, cs, sn, B, T, NH, 7, pos0, 0, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     free(cs), free(sn), free(x), free(x0), free(ref), free(orig);
     env_close(e);
 }
 
 // ---- attention ----------------------------------------------------------------------------------
-// Materialised reference: for every (b, h, i) the full score row, an explicit softmax, and the
-// backward through it (dS = P * (dP - sum(P dP))).
-typedef struct {
-    int B, Tq, Tk, H, KVH, D, Tmax;  // Tmax: the kv capacity (kv_bstride = Tmax*KVH*D)
-} shape_t;
-
-static size_t qi(const shape_t *s, int b, int i, int h) {
-    return (((size_t)b * s->Tq + i) * s->H + h) * s->D;
-}
-static size_t ki(const shape_t *s, int b, int j, int g) {
-    return (size_t)b * s->Tmax * s->KVH * s->D + ((size_t)j * s->KVH + g) * s->D;
-}
-static size_t dki(const shape_t *s, int b, int j, int g) {
-    return (((size_t)b * s->Tk + j) * s->KVH + g) * s->D;
-}
-
-static void ref_attention(const shape_t *s, const float *q, const float *k, const float *v,
-                          const float *dout, double *out, double *lse, double *dq, double *dk,
-                          double *dv) {
-    int off = s->Tk - s->Tq, grp = s->H / s->KVH, D = s->D;
-    double scale = 1.0 / sqrt((double)D);
-    double *p = dvec(s->Tk), *dp = dvec(s->Tk);
-    for (int b = 0; b < s->B; b++)
-        for (int h = 0; h < s->H; h++)
-            for (int i = 0; i < s->Tq; i++) {
-                int g = h / grp, nj = i + off + 1;
-                const float *qr = q + qi(s, b, i, h), *gr = dout + qi(s, b, i, h);
-                double mx = -INFINITY, sum = 0.0;
-                for (int j = 0; j < nj; j++) {
-                    double d = 0;
-                    for (int c = 0; c < D; c++) d += (double)qr[c] * k[ki(s, b, j, g) + c];
-                    p[j] = d * scale;
-                    mx = fmax(mx, p[j]);
-                }
-                for (int j = 0; j < nj; j++) sum += exp(p[j] - mx);
-                lse[((size_t)b * s->H + h) * s->Tq + i] = mx + log(sum);
-                for (int j = 0; j < nj; j++) p[j] = exp(p[j] - mx) / sum;
-                double *o = out + qi(s, b, i, h);
-                for (int c = 0; c < D; c++) {
-                    o[c] = 0;
-                    for (int j = 0; j < nj; j++) o[c] += p[j] * v[ki(s, b, j, g) + c];
-                }
-                if (!dq) continue;
-                double pdp = 0.0;
-                for (int j = 0; j < nj; j++) {
-                    dp[j] = 0;
-                    for (int c = 0; c < D; c++) dp[j] += (double)gr[c] * v[ki(s, b, j, g) + c];
-                    pdp += p[j] * dp[j];
-                }
-                for (int j = 0; j < nj; j++) {
-                    double ds = p[j] * (dp[j] - pdp) * scale;
-                    for (int c = 0; c < D; c++) {
-                        dq[qi(s, b, i, h) + c] += ds * k[ki(s, b, j, g) + c];
-                        dk[dki(s, b, j, g) + c] += ds * qr[c];
-                        dv[dki(s, b, j, g) + c] += p[j] * gr[c];
-                    }
-                }
-            }
-    free(p), free(dp);
-}
-
 static void attention_case(env_t e, shape_t s, double tol) {
     size_t nq = (size_t)s.B * s.Tq * s.H * s.D, nkv = (size_t)s.B * s.Tmax * s.KVH * s.D;
     size_t ndk = (size_t)s.B * s.Tk * s.KVH * s.D, nl = (size_t)s.B * s.H * s.Tq;
@@ -487,19 +436,21 @@ static void attention_case(env_t e, shape_t s, double tol) {
     float *out = fvec(nq, 1.0f), *lse = fvec(nl, 1.0f);
     float *dq = fvec(nq, 1.0f), *dk = fvec(ndk, 1.0f), *dv = fvec(ndk, 1.0f);
     double *rout = dvec(nq), *rlse = dvec(nl), *rdq = dvec(nq), *rdk = dvec(ndk), *rdv = dvec(ndk);
-    ref_attention(&s, q, k, v, go, rout, rlse, rdq, rdk, rdv);
+    l3d_ref_attention(&s, q, k, v, go, rout, rlse, rdq, rdk, rdv);
     l3d_attn_dims_t d = {s.B, s.Tq, s.Tk, s.H, s.KVH, s.D,
                          s.Tmax == s.Tk ? 0 : (size_t)s.Tmax * s.KVH * s.D};
     char what[128];
     snprintf(what, sizeof(what), "attention B%d Tq%d Tk%d H%d KVH%d D%d Tmax%d", s.B, s.Tq, s.Tk,
              s.H, s.KVH, s.D, s.Tmax);
-    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out, lse, q, k, v, &d), L3D_OK, "%s", what);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out, lse, q, k, v, &d, L3D_FLOAT32), L3D_OK, "%s",
+                 what);
     check_close(what, out, rout, nq, tol);
     check_close(what, lse, rlse, nl, tol);
     float *out2 = fvec(nq, 1.0f);
-    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out2, NULL, q, k, v, &d), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, out2, NULL, q, k, v, &d, L3D_FLOAT32), L3D_OK);
     cr_assert_eq(memcmp(out, out2, sizeof(float) * nq), 0, "lse NULL changes out");
-    cr_assert_eq(l3d_dev_attention_bwd(e.dev, dq, dk, dv, go, q, k, v, out, lse, &d), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_bwd(e.dev, dq, dk, dv, go, q, k, v, out, lse, &d, L3D_FLOAT32),
+                 L3D_OK);
     check_close("attention dq", dq, rdq, nq, tol);
     check_close("attention dk", dk, rdk, ndk, tol);
     check_close("attention dv", dv, rdv, ndk, tol);
@@ -523,11 +474,14 @@ Test(cpu_attention, bad_dims) {
     env_t e = env_open(1);
     float x[64] = {0};
     l3d_attn_dims_t d = {1, 2, 2, 3, 2, 4, 0};  // H % KVH != 0
-    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     d = (l3d_attn_dims_t){1, 3, 2, 2, 2, 4, 0};  // Tq > Tk
-    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     d = (l3d_attn_dims_t){1, 2, 2, 2, 2, 4, 8};  // kv_bstride < Tk*KVH*D
-    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_attention_fwd(e.dev, x, NULL, x, x, x, &d, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     env_close(e);
 }
 
@@ -546,24 +500,25 @@ Test(cpu_elementwise, swiglu_add_scale) {
         rg[i] = d[i] * u[i] * s * (1.0 + g[i] * (1.0 - s));
         ru[i] = d[i] * g[i] * s;
     }
-    cr_assert_eq(l3d_dev_swiglu_fwd(e.dev, out, g, u, n), L3D_OK);
+    cr_assert_eq(l3d_dev_swiglu_fwd(e.dev, out, g, u, n, L3D_FLOAT32), L3D_OK);
     check_close("swiglu", out, r, n, 1e-6);
     float *g2 = fdup(g, n), *u2 = fdup(u, n);
-    cr_assert_eq(l3d_dev_swiglu_fwd(e.dev, g2, g2, u2, n), L3D_OK);  // out aliases gate
+    cr_assert_eq(l3d_dev_swiglu_fwd(e.dev, g2, g2, u2, n, L3D_FLOAT32),
+                 L3D_OK);  // out aliases gate
     cr_assert_eq(memcmp(g2, out, sizeof(float) * n), 0);
     memcpy(g2, g, sizeof(float) * n);
-    cr_assert_eq(l3d_dev_swiglu_bwd(e.dev, g2, u2, d, g2, u2, n), L3D_OK);  // in place
+    cr_assert_eq(l3d_dev_swiglu_bwd(e.dev, g2, u2, d, g2, u2, n, L3D_FLOAT32), L3D_OK);  // in place
     check_close("swiglu dgate", g2, rg, n, 1e-6);
     check_close("swiglu dup", u2, ru, n, 1e-6);
 
     for (size_t i = 0; i < n; i++) r[i] = (double)g[i] + u[i];
-    cr_assert_eq(l3d_dev_add(e.dev, out, g, u, n), L3D_OK);
+    cr_assert_eq(l3d_dev_add(e.dev, out, g, u, n, L3D_FLOAT32), L3D_OK);
     check_close("add", out, r, n, 1e-7);
     memcpy(g2, g, sizeof(float) * n);
-    cr_assert_eq(l3d_dev_add(e.dev, g2, g2, u, n), L3D_OK);
+    cr_assert_eq(l3d_dev_add(e.dev, g2, g2, u, n, L3D_FLOAT32), L3D_OK);
     cr_assert_eq(memcmp(g2, out, sizeof(float) * n), 0);
     for (size_t i = 0; i < n; i++) r[i] = (double)g[i] * 0.37f;
-    cr_assert_eq(l3d_dev_scale(e.dev, g, 0.37f, n), L3D_OK);
+    cr_assert_eq(l3d_dev_scale(e.dev, g, 0.37f, n, L3D_FLOAT32), L3D_OK);
     check_close("scale", g, r, n, 1e-7);
     free(g), free(u), free(d), free(out), free(r), free(rg), free(ru), free(g2), free(u2);
     env_close(e);
@@ -578,7 +533,7 @@ Test(cpu_elementwise, sumsq) {
         float *x = fvec(n, 3.0f);
         double ref = 0.0, got = -1.0;
         for (size_t i = 0; i < n; i++) ref += (double)x[i] * x[i];
-        cr_assert_eq(l3d_dev_sumsq(e.dev, x, n, &got), L3D_OK);
+        cr_assert_eq(l3d_dev_sumsq(e.dev, x, n, &got, L3D_FLOAT32), L3D_OK);
         cr_assert(fabs(got - ref) <= 1e-12 * fmax(ref, 1.0), "n %zu got %.17g ref %.17g", n, got,
                   ref);
         free(x);
@@ -602,7 +557,7 @@ static void xent_case(env_t e, int N, int V, float gs) {
         for (int i = 0; i < V; i++)
             rg[(size_t)n * V + i] = gs * (exp(zr[i] - mx) / s - (i == t[n] ? 1.0 : 0.0));
     }
-    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, N, V, gs), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, N, V, gs, L3D_FLOAT32), L3D_OK);
     check_close("xent grad", z, rg, (size_t)N * V, 1e-6);
     check_close("xent loss", loss, rl, N, 1e-6);
     for (int n = 0; n < N; n++)
@@ -624,8 +579,8 @@ Test(cpu_xent, matches_reference_and_ignores) {
     for (int i = 0; i < 12; i++) z[i] = z2[i] = frand();
     int32_t t[2] = {1, 4};
     float loss[2];
-    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, 2, 6, 0.5f), L3D_OK);
-    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z2, NULL, t, 2, 6, 0.5f), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, 2, 6, 0.5f, L3D_FLOAT32), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z2, NULL, t, 2, 6, 0.5f, L3D_FLOAT32), L3D_OK);
     cr_assert_eq(memcmp(z, z2, sizeof(z)), 0);
     env_close(e);
 }
@@ -634,7 +589,8 @@ Test(cpu_xent, target_out_of_range) {
     env_t e = env_open(1);
     float z[12] = {0}, loss[2];
     int32_t t[2] = {1, 6};
-    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, 2, 6, 1.0f), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, 2, 6, 1.0f, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     const char *msg = l3d_ctx_last_error(e.ctx);
     cr_assert(strstr(msg, "xent") && strstr(msg, "target[1]") && strstr(msg, "6"), "%s", msg);
     for (int i = 0; i < 12; i++) cr_assert_eq(z[i], 0.0f);  // untouched
@@ -663,7 +619,7 @@ Test(cpu_adamw, three_steps_by_hand) {
         }
         cr_assert_eq(l3d_dev_adamw(e.dev, p, grads[t - 1], m, v, 4, (float)lr, (float)b1,
                                    (float)b2, (float)eps, (float)wd, (float)bc1, (float)bc2,
-                                   (float)gs),
+                                   (float)gs, L3D_FLOAT32),
                      L3D_OK);
         for (int i = 0; i < 4; i++) {
             cr_assert(fabs(p[i] - ep[i]) <= 1e-6 * fmax(1.0, fabs(ep[i])),
@@ -676,7 +632,7 @@ Test(cpu_adamw, three_steps_by_hand) {
     // m/bc1 = 0.05, sqrt(v/bc2) = 0.05, so p = 0.4995 - 0.01 * 1 = 0.4895 (up to eps).
     float p1[1] = {0.5f}, m1[1] = {0}, v1[1] = {0}, g1[1] = {0.1f};
     cr_assert_eq(l3d_dev_adamw(e.dev, p1, g1, m1, v1, 1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f,
-                               0.05f, 0.5f),
+                               0.05f, 0.5f, L3D_FLOAT32),
                  L3D_OK);
     cr_assert(fabsf(p1[0] - 0.4895f) < 1e-6f, "%.9g", (double)p1[0]);
     cr_assert(fabsf(m1[0] - 0.005f) < 1e-8f && fabsf(v1[0] - 1.25e-4f) < 1e-10f);
@@ -718,13 +674,17 @@ Test(cpu_determinism, one_vs_three_threads) {
             dx[r] = calloc((size_t)N * C, sizeof(float));
             dw[r] = calloc(C, sizeof(float));
             dt[r] = calloc((size_t)V * C, sizeof(float));
-            cr_assert_eq(l3d_dev_rmsnorm_fwd(es[r].dev, o, rs, x, w, N, C, 1e-5f), L3D_OK);
-            cr_assert_eq(l3d_dev_rmsnorm_bwd(es[r].dev, dx[r], dw[r], g, x, w, rs, N, C), L3D_OK);
-            cr_assert_eq(l3d_dev_embedding_bwd(es[r].dev, dt[r], g, tok, N, C), L3D_OK);
-            cr_assert_eq(l3d_dev_sumsq(es[r].dev, g, (size_t)N * C, &ss[r]), L3D_OK);
+            cr_assert_eq(l3d_dev_rmsnorm_fwd(es[r].dev, o, rs, x, w, N, C, 1e-5f, L3D_FLOAT32,
+                                             L3D_FLOAT32), L3D_OK);
+            cr_assert_eq(l3d_dev_rmsnorm_bwd(es[r].dev, dx[r], dw[r], g, x, w, rs, N, C,
+                                             L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
+            cr_assert_eq(l3d_dev_embedding_bwd(es[r].dev, dt[r], g, tok, N, C, L3D_FLOAT32,
+                                               L3D_FLOAT32), L3D_OK);
+            cr_assert_eq(l3d_dev_sumsq(es[r].dev, g, (size_t)N * C, &ss[r], L3D_FLOAT32), L3D_OK);
             z[r] = fdup(g, (size_t)N * C);
             loss[r] = malloc(sizeof(float) * N);
-            cr_assert_eq(l3d_dev_xent_fwd_bwd(es[r].dev, z[r], loss[r], tok, N, C, 0.1f), L3D_OK);
+            cr_assert_eq(l3d_dev_xent_fwd_bwd(es[r].dev, z[r], loss[r], tok, N, C, 0.1f,
+                                              L3D_FLOAT32), L3D_OK);
         }
         same("rmsnorm dx", dx[0], dx[1], sizeof(float) * N * C);
         same("rmsnorm dw", dw[0], dw[1], sizeof(float) * C);
@@ -746,9 +706,10 @@ Test(cpu_determinism, one_vs_three_threads) {
             out[r] = malloc(sizeof(float) * nq), lse[r] = malloc(sizeof(float) * nl);
             dq[r] = malloc(sizeof(float) * nq), dk[r] = malloc(sizeof(float) * nk);
             dv[r] = malloc(sizeof(float) * nk);
-            cr_assert_eq(l3d_dev_attention_fwd(es[r].dev, out[r], lse[r], q, k, v, &d), L3D_OK);
+            cr_assert_eq(l3d_dev_attention_fwd(es[r].dev, out[r], lse[r], q, k, v, &d,
+                                               L3D_FLOAT32), L3D_OK);
             cr_assert_eq(l3d_dev_attention_bwd(es[r].dev, dq[r], dk[r], dv[r], go, q, k, v, out[r],
-                                               lse[r], &d),
+                                               lse[r], &d, L3D_FLOAT32),
                          L3D_OK);
         }
         same("attention out", out[0], out[1], sizeof(float) * nq);
@@ -798,7 +759,8 @@ Test(cpu_embedding_vp, fwd_bwd_per_shard) {
             int v0 = b[s], Vl = b[s + 1] - b[s];
             const float *tab = table + (size_t)v0 * C;  // this rank's rows (Vl,C)
             for (size_t i = 0; i < (size_t)N * C; i++) out[i] = 99.0f;
-            cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, tab, N, C, v0, Vl, V), L3D_OK);
+            cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, tab, N, C, v0, Vl, V,
+                                                  L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
             for (int n = 0; n < N; n++) {
                 const float *row = out + (size_t)n * C;
                 if (tok[n] >= v0 && tok[n] < v0 + Vl)
@@ -817,7 +779,8 @@ Test(cpu_embedding_vp, fwd_bwd_per_shard) {
                 if (btok[n] >= v0 && btok[n] < v0 + Vl)
                     for (int c = 0; c < C; c++)
                         ref[(size_t)(btok[n] - v0) * C + c] += dout[(size_t)n * C + c];
-            cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, btok, N, C, v0, Vl), L3D_OK);
+            cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, btok, N, C, v0, Vl,
+                                                  L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
             check_close("embedding_bwd_vp", dtab, ref, (size_t)Vl * C, 1e-6);
             free(dtab), free(ref);
         }
@@ -836,34 +799,43 @@ Test(cpu_embedding_vp, bad_tokens_and_shapes) {
     float table[4 * 3] = {0}, out[5 * 3], dtab[4 * 3] = {0}, dout[5 * 3];
     for (int i = 0; i < N * C; i++) out[i] = 7.0f, dout[i] = 1.0f;
     int32_t tok[5] = {0, 5, 10, 4, 7};
-    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, v0, Vl, V), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, v0, Vl, V, L3D_FLOAT32,
+                                          L3D_FLOAT32), L3D_OK);
     tok[3] = V;  // outside the vocabulary, not merely outside the shard
     for (int i = 0; i < N * C; i++) out[i] = 7.0f;
-    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, v0, Vl, V),
+    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, v0, Vl, V, L3D_FLOAT32,
+                                          L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
     const char *msg = l3d_ctx_last_error(e.ctx);
     cr_assert(strstr(msg, "embedding") && strstr(msg, "token[3]") && strstr(msg, "11"), "%s",
               msg);
     for (int i = 0; i < N * C; i++) cr_assert_eq(out[i], 7.0f);  // untouched
     tok[3] = -1;
-    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, v0, Vl, V),
+    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, v0, Vl, V, L3D_FLOAT32,
+                                          L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
     // The backward ignores every token it does not own, -1 and V included.
-    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, N, C, v0, Vl), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, N, C, v0, Vl, L3D_FLOAT32,
+                                          L3D_FLOAT32), L3D_OK);
     tok[3] = V;
-    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, N, C, v0, Vl), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, N, C, v0, Vl, L3D_FLOAT32,
+                                          L3D_FLOAT32), L3D_OK);
     for (int i = 0; i < Vl * C; i++)  // only token 5 (row 1) and 7 (row 3) landed, twice each
         cr_assert_eq(dtab[i], i / C == 1 || i / C == 3 ? 2.0f : 0.0f, "dtable[%d]", i);
     // The shard must lie inside the vocabulary.
     tok[3] = 4;
-    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, 8, 4, V),
+    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, 8, 4, V, L3D_FLOAT32,
+                                          L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(e.ctx), "embedding_fwd_vp"));
-    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, -1, 4, V),
+    cr_assert_eq(l3d_dev_embedding_fwd_vp(e.dev, out, tok, table, N, C, -1, 4, V, L3D_FLOAT32,
+                                          L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
-    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, N, C, 0, -1),
+    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, N, C, 0, -1, L3D_FLOAT32,
+                                          L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
-    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, -1, C, 0, 4),
+    cr_assert_eq(l3d_dev_embedding_bwd_vp(e.dev, dtab, dout, tok, -1, C, 0, 4, L3D_FLOAT32,
+                                          L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
     env_close(e);
 }
@@ -895,12 +867,13 @@ static void xent_vp_split(env_t e, const float *z, const int32_t *t, int N, int 
         part[s] = malloc(sizeof(float) * ((size_t)N * Vl + 1));
         for (int n = 0; n < N; n++)
             memcpy(part[s] + (size_t)n * Vl, z + (size_t)n * V + b[s], sizeof(float) * Vl);
-        cr_assert_eq(l3d_dev_xent_vp_max(e.dev, part[s], mx, N, Vl), L3D_OK);
+        cr_assert_eq(l3d_dev_xent_vp_max(e.dev, part[s], mx, N, Vl, L3D_FLOAT32), L3D_OK);
         for (int n = 0; n < N; n++) gmax[n] = fmaxf(gmax[n], mx[n]);
     }
     for (int s = 0; s < k; s++) {
         int Vl = b[s + 1] - b[s];
-        cr_assert_eq(l3d_dev_xent_vp_stats(e.dev, part[s], gmax, t, N, Vl, b[s], st), L3D_OK);
+        cr_assert_eq(l3d_dev_xent_vp_stats(e.dev, part[s], gmax, t, N, Vl, b[s], st, L3D_FLOAT32),
+                     L3D_OK);
         for (int n = 0; n < N; n++) {
             if (t[n] < 0) cr_assert(st[2 * n] == 0.0f && st[2 * n + 1] == 0.0f, "row %d", n);
             if (t[n] >= 0 && (t[n] < b[s] || t[n] >= b[s + 1]))
@@ -910,7 +883,8 @@ static void xent_vp_split(env_t e, const float *z, const int32_t *t, int N, int 
     }
     for (int s = 0; s < k; s++) {
         int Vl = b[s + 1] - b[s];
-        cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, part[s], ls, gmax, gst, t, N, Vl, b[s], gs),
+        cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, part[s], ls, gmax, gst, t, N, Vl, b[s], gs,
+                                          L3D_FLOAT32),
                      L3D_OK);
         for (int n = 0; n < N; n++) {
             memcpy(grad + (size_t)n * V + b[s], part[s] + (size_t)n * Vl, sizeof(float) * Vl);
@@ -928,7 +902,7 @@ static void xent_vp_split(env_t e, const float *z, const int32_t *t, int N, int 
 static void xent_fused(env_t e, const float *z, const int32_t *t, int N, int V, float gs,
                        double *rg, double *rl) {
     float *g = fdup(z, (size_t)N * V), *l = malloc(sizeof(float) * N);
-    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, g, l, t, N, V, gs), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, g, l, t, N, V, gs, L3D_FLOAT32), L3D_OK);
     for (size_t i = 0; i < (size_t)N * V; i++) rg[i] = g[i];
     for (int n = 0; n < N; n++) rl[n] = l[n];
     free(g), free(l);
@@ -1017,18 +991,21 @@ Test(cpu_xent_vp, null_losses_and_bad_shapes) {
     float z[12], z2[12], gmax[2] = {1.0f, 1.0f}, gst[4] = {3.0f, 0.5f, 2.0f, 0.0f}, loss[2];
     for (int i = 0; i < 12; i++) z[i] = z2[i] = frand();
     int32_t t[2] = {7, 2};  // v0 = 4: row 0 owned here, row 1 elsewhere
-    cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, z, loss, gmax, gst, t, 2, 6, 4, 0.5f), L3D_OK);
-    cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, z2, NULL, gmax, gst, t, 2, 6, 4, 0.5f), L3D_OK);
+    cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, z, loss, gmax, gst, t, 2, 6, 4, 0.5f, L3D_FLOAT32),
+                 L3D_OK);
+    cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, z2, NULL, gmax, gst, t, 2, 6, 4, 0.5f, L3D_FLOAT32),
+                 L3D_OK);
     cr_assert_eq(memcmp(z, z2, sizeof(z)), 0);
     cr_assert(fabsf(loss[0] - (float)(log(3.0) + 0.5)) < 1e-6f, "%.9g", (double)loss[0]);
     cr_assert(fabsf(loss[1] - (float)(log(2.0) + 1.0)) < 1e-6f, "%.9g", (double)loss[1]);
     float st[4];
-    cr_assert_eq(l3d_dev_xent_vp_max(e.dev, z, gmax, -1, 6), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_xent_vp_max(e.dev, z, gmax, -1, 6, L3D_FLOAT32), L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(e.ctx), "xent_vp_max"));
-    cr_assert_eq(l3d_dev_xent_vp_max(e.dev, z, gmax, 2, -6), L3D_ERR_INVALID_ARG);
-    cr_assert_eq(l3d_dev_xent_vp_stats(e.dev, z, gmax, t, 2, 6, -4, st), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_xent_vp_max(e.dev, z, gmax, 2, -6, L3D_FLOAT32), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_xent_vp_stats(e.dev, z, gmax, t, 2, 6, -4, st, L3D_FLOAT32),
+                 L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(e.ctx), "xent_vp_stats"));
-    cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, z, loss, gmax, gst, t, 2, -1, 0, 1.0f),
+    cr_assert_eq(l3d_dev_xent_vp_grad(e.dev, z, loss, gmax, gst, t, 2, -1, 0, 1.0f, L3D_FLOAT32),
                  L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(e.ctx), "xent_vp_grad"));
     env_close(e);
@@ -1047,7 +1024,8 @@ Test(cpu_determinism, vocab_parallel_one_vs_three_threads) {
         grad[r] = malloc(sizeof(float) * N * V), loss[r] = malloc(sizeof(float) * N);
         dt[r] = calloc((size_t)500 * C, sizeof(float));
         xent_vp_split(es[r], z, t, N, V, 3, b, 0.1f, grad[r], loss[r]);
-        cr_assert_eq(l3d_dev_embedding_bwd_vp(es[r].dev, dt[r], dout, t, N, C, 600, 500), L3D_OK);
+        cr_assert_eq(l3d_dev_embedding_bwd_vp(es[r].dev, dt[r], dout, t, N, C, 600, 500,
+                                              L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
     }
     same("xent_vp grad", grad[0], grad[1], sizeof(float) * N * V);
     same("xent_vp loss", loss[0], loss[1], sizeof(float) * N);

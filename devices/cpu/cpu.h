@@ -252,44 +252,110 @@ void l3d_cpu_gemv(l3d_device_t *dev, const l3d_gemm_t *g);
 // Whether the matrix-vector kernel reads these dtypes directly: A and C float32, B float32
 // or bfloat16 (a bfloat16 weight streams at half the bytes). Others go through widened copies.
 int l3d_cpu_gemv_takes(const l3d_gemm_t *g);
-l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *tokens,
-                                 const float *table, int N, int C, int V);
-l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *dout,
-                                 const int32_t *tokens, int N, int C);
-l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, float *out, float *rstd, const float *x,
-                               const float *w, int N, int C, float eps);
-l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const float *dout,
-                               const float *x, const float *w, const float *rstd, int N, int C);
-l3d_status l3d_cpu_rope(l3d_device_t *dev, float *x, const float *cos_tab, const float *sin_tab,
-                        int B, int T, int NH, int D, int pos0, int inverse);
-l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, float *out, float *lse, const float *q,
-                                 const float *k, const float *v, const l3d_attn_dims_t *d);
-l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, float *dq, float *dk, float *dv,
-                                 const float *dout, const float *q, const float *k,
-                                 const float *v, const float *out, const float *lse,
-                                 const l3d_attn_dims_t *d);
-l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, float *out, const float *gate, const float *up,
-                              size_t n);
-l3d_status l3d_cpu_swiglu_bwd(l3d_device_t *dev, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n);
-l3d_status l3d_cpu_add(l3d_device_t *dev, float *out, const float *a, const float *b, size_t n);
-l3d_status l3d_cpu_scale(l3d_device_t *dev, float *x, float s, size_t n);
-l3d_status l3d_cpu_xent_fwd_bwd(l3d_device_t *dev, float *logits, float *losses,
-                                const int32_t *targets, int N, int V, float grad_scale);
-l3d_status l3d_cpu_embedding_fwd_vp(l3d_device_t *dev, float *out, const int32_t *tokens,
-                                    const float *table, int N, int C, int v0, int Vl, int V);
-l3d_status l3d_cpu_embedding_bwd_vp(l3d_device_t *dev, float *dtable, const float *dout,
-                                    const int32_t *tokens, int N, int C, int v0, int Vl);
-l3d_status l3d_cpu_xent_vp_max(l3d_device_t *dev, const float *logits, float *rowmax, int N,
-                               int Vl);
-l3d_status l3d_cpu_xent_vp_stats(l3d_device_t *dev, const float *logits, const float *gmax,
-                                 const int32_t *targets, int N, int Vl, int v0, float *stats);
-l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, float *logits, float *losses,
+// The entries below take the dtypes of devices/device.h (ABI 5). Each float32 kernel is the
+// arithmetic; a 16-bit tensor reaches it widened (exact) and leaves it rounded once, by one of
+// three means, chosen per op so no op makes a float32 copy of something model-sized:
+// - elementwise ops (swiglu, add, scale, sumsq, adamw) widen each L3D_CPU_CHUNK of their
+//   operands into the running thread's scratch slot (the chunks are the tasks' own);
+// - cross-entropy widens blocks of logit rows (the rows are independent), the embedding
+//   converts the rows it copies and, backward, widens only the table rows its tokens touch;
+// - norms, rope and attention widen their (activation-sized) operands whole for the op's
+//   duration (l3d_cpu_args_widen below), as gemm does its 16-bit operands.
+// Every path gives the bits of the float32 kernel on the widened inputs, rounded once.
+l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                 const void *table, int N, int C, int V, l3d_dtype at,
+                                 l3d_dtype wt);
+l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, void *dtable, const void *dout,
+                                 const int32_t *tokens, int N, int C, l3d_dtype at, l3d_dtype gt);
+l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                               const void *w, int N, int C, float eps, l3d_dtype at,
+                               l3d_dtype wt);
+l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                               const void *x, const void *w, const float *rstd, int N, int C,
+                               l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
+l3d_status l3d_cpu_rope(l3d_device_t *dev, void *x, const float *cos_tab, const float *sin_tab,
+                        int B, int T, int NH, int D, int pos0, int inverse, l3d_dtype at);
+l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, void *out, float *lse, const void *q,
+                                 const void *k, const void *v, const l3d_attn_dims_t *d,
+                                 l3d_dtype at);
+l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, void *dq, void *dk, void *dv,
+                                 const void *dout, const void *q, const void *k, const void *v,
+                                 const void *out, const float *lse, const l3d_attn_dims_t *d,
+                                 l3d_dtype at);
+l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, void *out, const void *gate, const void *up,
+                              size_t n, l3d_dtype at);
+l3d_status l3d_cpu_swiglu_bwd(l3d_device_t *dev, void *dgate, void *dup, const void *dout,
+                              const void *gate, const void *up, size_t n, l3d_dtype at);
+l3d_status l3d_cpu_add(l3d_device_t *dev, void *out, const void *a, const void *b, size_t n,
+                       l3d_dtype at);
+l3d_status l3d_cpu_scale(l3d_device_t *dev, void *x, float s, size_t n, l3d_dtype at);
+l3d_status l3d_cpu_xent_fwd_bwd(l3d_device_t *dev, void *logits, float *losses,
+                                const int32_t *targets, int N, int V, float grad_scale,
+                                l3d_dtype at);
+l3d_status l3d_cpu_embedding_fwd_vp(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                    const void *table, int N, int C, int v0, int Vl, int V,
+                                    l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_cpu_embedding_bwd_vp(l3d_device_t *dev, void *dtable, const void *dout,
+                                    const int32_t *tokens, int N, int C, int v0, int Vl,
+                                    l3d_dtype at, l3d_dtype gt);
+l3d_status l3d_cpu_xent_vp_max(l3d_device_t *dev, const void *logits, float *rowmax, int N,
+                               int Vl, l3d_dtype at);
+l3d_status l3d_cpu_xent_vp_stats(l3d_device_t *dev, const void *logits, const float *gmax,
+                                 const int32_t *targets, int N, int Vl, int v0, float *stats,
+                                 l3d_dtype at);
+l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses,
                                 const float *gmax, const float *gstats, const int32_t *targets,
-                                int N, int Vl, int v0, float grad_scale);
-l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const float *x, size_t n, double *out_host);
-l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const float *grad, float *m, float *v,
+                                int N, int Vl, int v0, float grad_scale, l3d_dtype at);
+l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out_host,
+                         l3d_dtype at);
+l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, float bc1, float bc2, float grad_scale);
+                         float weight_decay, float bc1, float bc2, float grad_scale,
+                         l3d_dtype gt);
+
+// ---- 16-bit operands (cpu_convert.c) --------------------------------------------------------
+// Elements [0, n) converted from src_type to dst_type on the calling thread (for use inside a
+// task; l3d_cpu_convert_run spreads big conversions over the pool and must not be nested).
+void l3d_cpu_convert_serial(void *dst, l3d_dtype dst_type, const void *src, l3d_dtype src_type,
+                            size_t n);
+// Nonzero (and an error naming op and arg recorded) unless t is float32, bfloat16 or float16.
+int l3d_cpu_dtype_bad(l3d_device_t *dev, const char *op, const char *arg, l3d_dtype t);
+
+// One tensor operand of an op, seen as float32: `f` is `p` itself for a float32 tensor, else a
+// float32 copy of its n elements, converted in when it is read (L3D_CPU_IN) and rounded back
+// once when it is written (L3D_CPU_OUT) and the op succeeded. Two operands with the same p
+// (an output aliasing an input) share one copy. p NULL: an absent operand, f NULL.
+#define L3D_CPU_IN 1
+#define L3D_CPU_OUT 2
+typedef struct l3d_cpu_arg {
+    const char *name;  // for the dtype error
+    const void *p;
+    l3d_dtype t;
+    size_t n;
+    int io;
+    float *f;
+    int owner;  // this entry allocated f (the first of the operands sharing it)
+} l3d_cpu_arg_t;
+static inline l3d_cpu_arg_t l3d_cpu_arg(const char *name, const void *p, l3d_dtype t, size_t n,
+                                        int io) {
+    l3d_cpu_arg_t a = {name, p, t, n, io, NULL, 0};
+    return a;
+}
+l3d_status l3d_cpu_args_widen(l3d_device_t *dev, const char *op, l3d_cpu_arg_t *a, int n);
+// Rounds the written operands back when `store`, then frees every copy.
+void l3d_cpu_args_narrow(l3d_device_t *dev, l3d_cpu_arg_t *a, int n, int store);
+// A row kernel over a 16-bit (N,V) matrix m: rows are widened R at a time (R a few per
+// thread), fn runs on the float32 block (rows [r0, r0+nrows) of m), and, when `write`, the
+// block is rounded back. The caller checks what would make fn fail part way (targets) first,
+// so an error leaves m untouched. N <= 0 or V <= 0: fn(dev, m, 0, N) alone, for the kernel's
+// own shape checks (or its rows with no element).
+typedef l3d_status (*l3d_cpu_rows_fn)(l3d_device_t *dev, float *rows, int r0, int nrows,
+                                      void *arg);
+l3d_status l3d_cpu_rows_widened(l3d_device_t *dev, const char *op, void *m, l3d_dtype t, int N,
+                                int V, int write, l3d_cpu_rows_fn fn, void *arg);
+// Element count of a (rows, cols) operand; 0 for a negative dimension (the kernel rejects it).
+static inline size_t l3d_cpu_elems(long long rows, long long cols) {
+    return rows > 0 && cols > 0 ? (size_t)rows * (size_t)cols : 0;
+}
 
 #endif

@@ -150,8 +150,8 @@ L3D_CPU_SIMD static void attn_fwd_task(void *arg, int task, int ntasks) {
 }
 
 // out(B,Tq,H,D) = softmax(q k^T / sqrt(D), causal) v; lse(B,H,Tq) may be NULL
-l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, float *out, float *lse, const float *q,
-                                 const float *k, const float *v, const l3d_attn_dims_t *d) {
+static l3d_status attention_fwd_f32(l3d_device_t *dev, float *out, float *lse, const float *q,
+                                    const float *k, const float *v, const l3d_attn_dims_t *d) {
     attn_t a = {.out = out, .lse = lse, .q = q, .k = k, .v = v, .cpu = l3d_cpu_priv(dev)};
     L3D_CHECK(dev->ctx, attn_setup(dev, "attention_fwd", d, &a));
     if (a.B == 0 || a.Tq == 0) return L3D_OK;
@@ -223,10 +223,10 @@ L3D_CPU_SIMD static void attn_bwd_task(void *arg, int task, int ntasks) {
 }
 
 // dq (B,Tq,H,D), dk, dv (B,Tk,KVH,D dense) overwritten
-l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, float *dq, float *dk, float *dv,
-                                 const float *dout, const float *q, const float *k,
-                                 const float *v, const float *out, const float *lse,
-                                 const l3d_attn_dims_t *d) {
+static l3d_status attention_bwd_f32(l3d_device_t *dev, float *dq, float *dk, float *dv,
+                                    const float *dout, const float *q, const float *k,
+                                    const float *v, const float *out, const float *lse,
+                                    const l3d_attn_dims_t *d) {
     attn_t a = {.dq = dq, .dk = dk, .dv = dv, .dout = dout, .q = q, .k = k, .v = v, .o = out,
                 .lse_in = lse, .cpu = l3d_cpu_priv(dev)};
     L3D_CHECK(dev->ctx, attn_setup(dev, "attention_bwd", d, &a));
@@ -235,4 +235,50 @@ l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, float *dq, float *dk, float 
     L3D_CHECK(dev->ctx, l3d_cpu_scratch_reserve(dev, 2 * BQ * BK + BQ));
     l3d_cpu_run(dev, attn_bwd_task, &a, a.B * a.KVH);
     return L3D_OK;
+}
+
+// ---- the entries: 16-bit operands widened whole (cpu.h) -----------------------------------------
+// Elements of q-shaped (B,Tq,H,D), k/v as passed (batch stride kv_bstride) and dk/dv (dense).
+static void attn_sizes(const l3d_attn_dims_t *d, size_t *nq, size_t *nkv, size_t *ndkv) {
+    size_t dense = l3d_cpu_elems(d->Tk, l3d_cpu_elems(d->KVH, d->D));
+    size_t bs = d->kv_bstride ? d->kv_bstride : dense;
+    *nq = l3d_cpu_elems(l3d_cpu_elems(d->B, d->Tq), l3d_cpu_elems(d->H, d->D));
+    *nkv = d->B > 0 && dense ? (size_t)(d->B - 1) * bs + dense : 0;
+    *ndkv = l3d_cpu_elems(d->B, dense);
+}
+
+l3d_status l3d_cpu_attention_fwd(l3d_device_t *dev, void *out, float *lse, const void *q,
+                                 const void *k, const void *v, const l3d_attn_dims_t *d,
+                                 l3d_dtype at) {
+    size_t nq, nkv, ndkv;
+    attn_sizes(d, &nq, &nkv, &ndkv);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("out", out, at, nq, L3D_CPU_OUT),
+                         l3d_cpu_arg("q", q, at, nq, L3D_CPU_IN),
+                         l3d_cpu_arg("k", k, at, nkv, L3D_CPU_IN),
+                         l3d_cpu_arg("v", v, at, nkv, L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "attention_fwd", a, 4));
+    l3d_status st = attention_fwd_f32(dev, a[0].f, lse, a[1].f, a[2].f, a[3].f, d);
+    l3d_cpu_args_narrow(dev, a, 4, st >= 0);
+    return st;
+}
+
+l3d_status l3d_cpu_attention_bwd(l3d_device_t *dev, void *dq, void *dk, void *dv,
+                                 const void *dout, const void *q, const void *k, const void *v,
+                                 const void *out, const float *lse, const l3d_attn_dims_t *d,
+                                 l3d_dtype at) {
+    size_t nq, nkv, ndkv;
+    attn_sizes(d, &nq, &nkv, &ndkv);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("dq", dq, at, nq, L3D_CPU_OUT),
+                         l3d_cpu_arg("dk", dk, at, ndkv, L3D_CPU_OUT),
+                         l3d_cpu_arg("dv", dv, at, ndkv, L3D_CPU_OUT),
+                         l3d_cpu_arg("dout", dout, at, nq, L3D_CPU_IN),
+                         l3d_cpu_arg("q", q, at, nq, L3D_CPU_IN),
+                         l3d_cpu_arg("k", k, at, nkv, L3D_CPU_IN),
+                         l3d_cpu_arg("v", v, at, nkv, L3D_CPU_IN),
+                         l3d_cpu_arg("out", out, at, nq, L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "attention_bwd", a, 8));
+    l3d_status st = attention_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, a[5].f,
+                                      a[6].f, a[7].f, lse, d);
+    l3d_cpu_args_narrow(dev, a, 8, st >= 0);
+    return st;
 }

@@ -1,7 +1,8 @@
 // Dtype conversion between float32, bfloat16 and float16, on the pool in fixed chunks, with
 // core's conversions (core/reduce.c: the rules the collectives already round by, tested
 // exhaustively in test_safetensors and test_cpu_ops). Also the 16-bit operands of gemm.
-// defines: l3d_cpu_convert, l3d_cpu_convert_run, l3d_cpu_dtype_ok
+// defines: l3d_cpu_convert, l3d_cpu_convert_run, l3d_cpu_convert_serial, l3d_cpu_dtype_ok,
+//          l3d_cpu_dtype_bad, l3d_cpu_args_widen/narrow, l3d_cpu_rows_widened
 #include <string.h>
 
 #include "core/reduce.h"
@@ -62,4 +63,101 @@ l3d_status l3d_cpu_convert(l3d_device_t *dev, void *dst, l3d_dtype dst_type, con
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "convert: NULL %s", !dst ? "dst" : "src");
     l3d_cpu_convert_run(dev, dst, dst_type, src, src_type, n);
     return L3D_OK;
+}
+
+void l3d_cpu_convert_serial(void *dst, l3d_dtype dst_type, const void *src, l3d_dtype src_type,
+                            size_t n) {
+    if (dst_type == src_type) {
+        if (n && dst != src) memmove(dst, src, n * l3d_dtype_size(dst_type));
+        return;
+    }
+    conv_t c = {dst, src, dst_type, src_type, n};
+    conv_range(&c, 0, n);
+}
+
+int l3d_cpu_dtype_bad(l3d_device_t *dev, const char *op, const char *arg, l3d_dtype t) {
+    if (l3d_cpu_dtype_ok(t)) return 0;
+    l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "%s: %s is %s (float32, bfloat16 and float16 only)",
+              op, arg, l3d_dtype_name(t));
+    return 1;
+}
+
+// ---- whole operands widened for an op -----------------------------------------------------------
+l3d_status l3d_cpu_args_widen(l3d_device_t *dev, const char *op, l3d_cpu_arg_t *a, int n) {
+    for (int i = 0; i < n; i++) {
+        a[i].f = NULL;
+        a[i].owner = 0;
+        if (l3d_cpu_dtype_bad(dev, op, a[i].name, a[i].t)) return L3D_ERR_INVALID_ARG;
+    }
+    // Operands with the same 16-bit tensor (an output aliasing an input) share the first one's
+    // copy, read in if any of them is read: its reads and writes come first.
+    for (int i = 0; i < n; i++) {
+        if (!a[i].p || a[i].t == L3D_FLOAT32) continue;
+        int j = 0;
+        while (j < i && !(a[j].p == a[i].p && a[j].t == a[i].t)) j++;
+        if (j == i) {
+            a[i].owner = 1;
+            continue;
+        }
+        while (!a[j].owner) j++;  // the first of the group
+        if (a[i].n != a[j].n)
+            return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "%s: %s and %s share memory but not "
+                             "their size", op, a[i].name, a[j].name);
+        a[j].io |= a[i].io;
+    }
+    for (int i = 0; i < n; i++) {
+        l3d_cpu_arg_t *x = &a[i];
+        if (x->t == L3D_FLOAT32) x->f = (float *)x->p;  // written only where the op may
+        if (!x->owner || !x->n) continue;
+        if (!(x->f = l3d_malloc(dev->ctx, x->n * sizeof(float), "scratch"))) {
+            l3d_cpu_args_narrow(dev, a, i, 0);
+            return L3D_ERR_NOMEM;
+        }
+        if (x->io & L3D_CPU_IN) l3d_cpu_convert_run(dev, x->f, L3D_FLOAT32, x->p, x->t, x->n);
+    }
+    for (int i = 0; i < n; i++)  // the sharers take the owner's copy
+        if (!a[i].owner && a[i].p && a[i].t != L3D_FLOAT32)
+            for (int j = 0; j < i; j++)
+                if (a[j].owner && a[j].p == a[i].p && a[j].t == a[i].t) a[i].f = a[j].f;
+    return L3D_OK;
+}
+
+void l3d_cpu_args_narrow(l3d_device_t *dev, l3d_cpu_arg_t *a, int n, int store) {
+    for (int i = 0; i < n; i++) {
+        l3d_cpu_arg_t *x = &a[i];
+        if (!x->owner) continue;
+        x->owner = 0;
+        if (!x->f) continue;  // an empty operand
+        if (store && (x->io & L3D_CPU_OUT))
+            l3d_cpu_convert_run(dev, (void *)x->p, x->t, x->f, L3D_FLOAT32, x->n);
+        l3d_free(dev->ctx, x->f, x->n * sizeof(float), "scratch");
+        x->f = NULL;
+    }
+}
+
+// ---- rows widened a block at a time -------------------------------------------------------------
+// Blocks of 4 rows per thread: each task of the row kernels (cpu_xent.c, cpu_vocab.c) takes 4
+// rows, so a block keeps every thread busy, and a (N, 128k) logit matrix costs a few MiB.
+#define ROWS_PER_BLOCK_PER_THREAD 4
+
+l3d_status l3d_cpu_rows_widened(l3d_device_t *dev, const char *op, void *m, l3d_dtype t, int N,
+                                int V, int write, l3d_cpu_rows_fn fn, void *arg) {
+    if (l3d_cpu_dtype_bad(dev, op, "logits", t)) return L3D_ERR_INVALID_ARG;
+    // Nothing to widen: the kernel checks the shape, or has no element to read (Vl 0).
+    if (N <= 0 || V <= 0) return fn(dev, (float *)m, 0, N, arg);
+    int R = L3D_MIN(N, ROWS_PER_BLOCK_PER_THREAD * l3d_cpu_priv(dev)->nthreads);
+    size_t bytes = (size_t)R * (size_t)V * sizeof(float), es = l3d_dtype_size(t);
+    float *buf = l3d_malloc(dev->ctx, bytes, "scratch");
+    if (!buf) return L3D_ERR_NOMEM;
+    l3d_status st = L3D_OK;
+    for (int r0 = 0; r0 < N && st >= 0; r0 += R) {
+        int r = L3D_MIN(R, N - r0);
+        char *rows = (char *)m + (size_t)r0 * (size_t)V * es;
+        l3d_cpu_convert_run(dev, buf, L3D_FLOAT32, rows, t, (size_t)r * (size_t)V);
+        st = fn(dev, buf, r0, r, arg);
+        if (st >= 0 && write)
+            l3d_cpu_convert_run(dev, rows, t, buf, L3D_FLOAT32, (size_t)r * (size_t)V);
+    }
+    l3d_free(dev->ctx, buf, bytes, "scratch");
+    return st;
 }

@@ -1,5 +1,7 @@
 // Elementwise kernels over flat arrays: SwiGLU, add, scale, the sum of squares (gradient
-// clipping) and the AdamW step. Work is cut into fixed chunks of L3D_CPU_CHUNK elements.
+// clipping) and the AdamW step. Work is cut into fixed chunks of L3D_CPU_CHUNK elements; with
+// 16-bit operands each task widens its chunk into its scratch slot, runs the same float32
+// body on it and rounds its outputs back, so the results are the float32 ones rounded once.
 // defines: l3d_cpu_swiglu_fwd/bwd, l3d_cpu_add, l3d_cpu_scale, l3d_cpu_sumsq, l3d_cpu_adamw
 #include <math.h>
 
@@ -7,6 +9,9 @@
 
 L3D_CPU_VECTORIZE
 
+// The operands: a, b, c are read; out, out2 are written (out is also read by scale). Those
+// named in `typed` hold the op's dtype `t` (the caller's pointers, cast); p, m, v, partials are
+// always float32 (AdamW's master weights and moments, sumsq's partial sums).
 typedef struct {
     float *out, *out2, *p, *m, *v;
     const float *a, *b, *c;
@@ -15,40 +20,101 @@ typedef struct {
     float s, lr, beta1, beta2, eps, decay, step, bc2_sqrt, gscale;
 } ew_t;
 
+enum { EW_A = 1, EW_B = 2, EW_C = 4, EW_OUT = 8, EW_OUT2 = 16 };
+
+// A body runs elements [0, len) of its operands (already offset to the chunk); `task` is
+// the chunk's index (sumsq's partial).
+typedef void (*ew_body_fn)(const ew_t *e, size_t len, int task);
+
+typedef struct {
+    ew_t e;
+    ew_body_fn body;
+    l3d_dtype t;
+    unsigned typed;
+    int out_read;  // out is read before it is written (scale)
+    l3d_cpu_t *cpu;
+} ew_job_t;
+
 static int ew_tasks(size_t n) { return (int)((n + L3D_CPU_CHUNK - 1) / L3D_CPU_CHUNK); }
-static void ew_range(const ew_t *e, int task, size_t *i0, size_t *i1) {
-    *i0 = (size_t)task * L3D_CPU_CHUNK;
-    *i1 = *i0 + L3D_CPU_CHUNK < e->n ? *i0 + L3D_CPU_CHUNK : e->n;
+
+// A typed operand's chunk [i0, i0+len) widened into the slot buffer *s (advanced past it).
+static const float *ew_in(const void *p, l3d_dtype t, size_t i0, size_t len, float **s) {
+    float *f = *s;
+    *s += L3D_CPU_CHUNK;
+    l3d_cpu_convert_serial(f, L3D_FLOAT32, (const char *)p + i0 * l3d_dtype_size(t), t, len);
+    return f;
+}
+
+static void ew_task(void *arg, int task, int ntasks) {
+    const ew_job_t *j = arg;
+    const ew_t *e = &j->e;
+    size_t i0 = (size_t)task * L3D_CPU_CHUNK, len = L3D_MIN(e->n - i0, (size_t)L3D_CPU_CHUNK);
+    ew_t l = *e;  // the chunk's view
+    if (l.p) l.p += i0;
+    if (l.m) l.m += i0;
+    if (l.v) l.v += i0;
+    if (!j->typed) {
+        if (l.a) l.a += i0;
+        if (l.b) l.b += i0;
+        if (l.c) l.c += i0;
+        if (l.out) l.out += i0;
+        if (l.out2) l.out2 += i0;
+        j->body(&l, len, task);
+        return;
+    }
+    int slot;
+    float *s = l3d_cpu_scratch_acquire(j->cpu, &slot);
+    size_t es = l3d_dtype_size(j->t);
+    if (j->typed & EW_A) l.a = ew_in(e->a, j->t, i0, len, &s);
+    else if (l.a) l.a += i0;
+    if (j->typed & EW_B) l.b = ew_in(e->b, j->t, i0, len, &s);
+    if (j->typed & EW_C) l.c = ew_in(e->c, j->t, i0, len, &s);
+    // Outputs get buffers of their own: an input they alias is fully read before the store.
+    if (j->typed & EW_OUT) {
+        l.out = s;
+        if (j->out_read) ew_in(e->out, j->t, i0, len, &s);
+        else s += L3D_CPU_CHUNK;
+    }
+    if (j->typed & EW_OUT2) l.out2 = s;
+    j->body(&l, len, task);
+    if (j->typed & EW_OUT)
+        l3d_cpu_convert_serial((char *)e->out + i0 * es, j->t, l.out, L3D_FLOAT32, len);
+    if (j->typed & EW_OUT2)
+        l3d_cpu_convert_serial((char *)e->out2 + i0 * es, j->t, l.out2, L3D_FLOAT32, len);
+    l3d_cpu_scratch_release(j->cpu, slot);
+}
+
+// Runs body over every chunk; `typed` names the operands stored in t (none for float32).
+static l3d_status ew_run(l3d_device_t *dev, const char *op, const ew_t *e, ew_body_fn body,
+                         l3d_dtype t, unsigned typed, int out_read) {
+    if (l3d_cpu_dtype_bad(dev, op, "dtype", t)) return L3D_ERR_INVALID_ARG;
+    ew_job_t j = {*e, body, t, t == L3D_FLOAT32 ? 0u : typed, out_read, l3d_cpu_priv(dev)};
+    if (j.typed) L3D_CHECK(dev->ctx, l3d_cpu_scratch_reserve(dev, 5 * (size_t)L3D_CPU_CHUNK));
+    l3d_cpu_run(dev, ew_task, &j, ew_tasks(e->n));
+    return L3D_OK;
 }
 
 L3D_CPU_INLINE float sigmoidf(float x) { return 1.0f / (1.0f + l3d_cpu_expf(-x)); }
 
 // ---- swiglu -------------------------------------------------------------------------------------
 // out may alias gate or up, so no restrict: each element is read before it is written.
-L3D_CPU_SIMD static void swiglu_fwd_task(void *arg, int task, int ntasks) {
-    const ew_t *e = arg;
-    size_t i0, i1;
-    ew_range(e, task, &i0, &i1);
-    for (size_t i = i0; i < i1; i++) {
+L3D_CPU_SIMD static void swiglu_fwd_body(const ew_t *e, size_t len, int task) {
+    for (size_t i = 0; i < len; i++) {
         float g = e->a[i], u = e->b[i];
         e->out[i] = g * sigmoidf(g) * u;
     }
 }
 
 // out(n) = silu(gate) * up
-l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, float *out, const float *gate, const float *up,
-                              size_t n) {
+l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, void *out, const void *gate, const void *up,
+                              size_t n, l3d_dtype at) {
     ew_t e = {.out = out, .a = gate, .b = up, .n = n};
-    l3d_cpu_run(dev, swiglu_fwd_task, &e, ew_tasks(n));
-    return L3D_OK;
+    return ew_run(dev, "swiglu_fwd", &e, swiglu_fwd_body, at, EW_A | EW_B | EW_OUT, 0);
 }
 
 // d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
-L3D_CPU_SIMD static void swiglu_bwd_task(void *arg, int task, int ntasks) {
-    const ew_t *e = arg;
-    size_t i0, i1;
-    ew_range(e, task, &i0, &i1);
-    for (size_t i = i0; i < i1; i++) {
+L3D_CPU_SIMD static void swiglu_bwd_body(const ew_t *e, size_t len, int task) {
+    for (size_t i = 0; i < len; i++) {
         float g = e->a[i], u = e->b[i], d = e->c[i];
         float sg = sigmoidf(g);
         float dg = d * u * sg * (1.0f + g * (1.0f - sg));
@@ -59,67 +125,59 @@ L3D_CPU_SIMD static void swiglu_bwd_task(void *arg, int task, int ntasks) {
 }
 
 // dgate(n), dup(n) from dout(n); dgate may alias gate, dup may alias up
-l3d_status l3d_cpu_swiglu_bwd(l3d_device_t *dev, float *dgate, float *dup, const float *dout,
-                              const float *gate, const float *up, size_t n) {
+l3d_status l3d_cpu_swiglu_bwd(l3d_device_t *dev, void *dgate, void *dup, const void *dout,
+                              const void *gate, const void *up, size_t n, l3d_dtype at) {
     ew_t e = {.out = dgate, .out2 = dup, .a = gate, .b = up, .c = dout, .n = n};
-    l3d_cpu_run(dev, swiglu_bwd_task, &e, ew_tasks(n));
-    return L3D_OK;
+    return ew_run(dev, "swiglu_bwd", &e, swiglu_bwd_body, at,
+                  EW_A | EW_B | EW_C | EW_OUT | EW_OUT2, 0);
 }
 
 // ---- add, scale ---------------------------------------------------------------------------------
-L3D_CPU_SIMD static void add_task(void *arg, int task, int ntasks) {
-    const ew_t *e = arg;
-    size_t i0, i1;
-    ew_range(e, task, &i0, &i1);
+L3D_CPU_SIMD static void add_body(const ew_t *e, size_t len, int task) {
     float *out = e->out;
     const float *a = e->a, *b = e->b;
-    for (size_t i = i0; i < i1; i++) out[i] = a[i] + b[i];
+    for (size_t i = 0; i < len; i++) out[i] = a[i] + b[i];
 }
 
 // out(n) = a + b; out may alias a or b
-l3d_status l3d_cpu_add(l3d_device_t *dev, float *out, const float *a, const float *b, size_t n) {
+l3d_status l3d_cpu_add(l3d_device_t *dev, void *out, const void *a, const void *b, size_t n,
+                       l3d_dtype at) {
     ew_t e = {.out = out, .a = a, .b = b, .n = n};
-    l3d_cpu_run(dev, add_task, &e, ew_tasks(n));
-    return L3D_OK;
+    return ew_run(dev, "add", &e, add_body, at, EW_A | EW_B | EW_OUT, 0);
 }
 
-L3D_CPU_SIMD static void scale_task(void *arg, int task, int ntasks) {
-    const ew_t *e = arg;
-    size_t i0, i1;
-    ew_range(e, task, &i0, &i1);
+L3D_CPU_SIMD static void scale_body(const ew_t *e, size_t len, int task) {
     float *restrict x = e->out;
     float s = e->s;
-    for (size_t i = i0; i < i1; i++) x[i] *= s;
+    for (size_t i = 0; i < len; i++) x[i] *= s;
 }
 
 // x(n) *= s
-l3d_status l3d_cpu_scale(l3d_device_t *dev, float *x, float s, size_t n) {
+l3d_status l3d_cpu_scale(l3d_device_t *dev, void *x, float s, size_t n, l3d_dtype at) {
     ew_t e = {.out = x, .s = s, .n = n};
-    l3d_cpu_run(dev, scale_task, &e, ew_tasks(n));
-    return L3D_OK;
+    return ew_run(dev, "scale", &e, scale_body, at, EW_OUT, 1);
 }
 
 // ---- sumsq --------------------------------------------------------------------------------------
 // Each chunk's partial is 8 interleaved double sums folded pairwise; the partials are then
 // added in chunk order on the caller, so the result depends on n alone.
-L3D_CPU_SIMD static void sumsq_task(void *arg, int task, int ntasks) {
-    const ew_t *e = arg;
-    size_t i0, i1;
-    ew_range(e, task, &i0, &i1);
+L3D_CPU_SIMD static void sumsq_body(const ew_t *e, size_t len, int task) {
     const float *restrict x = e->a;
     double acc[8] = {0};
-    size_t i = i0;
-    for (; i + 8 <= i1; i += 8)
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8)
         for (int k = 0; k < 8; k++) acc[k] += (double)x[i + k] * (double)x[i + k];
-    for (; i < i1; i++) acc[0] += (double)x[i] * (double)x[i];
+    for (; i < len; i++) acc[0] += (double)x[i] * (double)x[i];
     for (int w = 4; w >= 1; w /= 2)
         for (int k = 0; k < w; k++) acc[k] += acc[k + w];
     e->partials[task] = acc[0];
 }
 
 // *out_host = sum of x(n)^2 in double
-l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const float *x, size_t n, double *out_host) {
+l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out_host,
+                         l3d_dtype at) {
     int nt = ew_tasks(n);
+    if (l3d_cpu_dtype_bad(dev, "sumsq", "x", at)) return L3D_ERR_INVALID_ARG;
     if (nt == 0) {
         *out_host = 0.0;
         return L3D_OK;
@@ -128,24 +186,21 @@ l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const float *x, size_t n, double *ou
     double *part = l3d_malloc(dev->ctx, bytes, "scratch");
     if (!part) return L3D_ERR_NOMEM;
     ew_t e = {.a = x, .partials = part, .n = n};
-    l3d_cpu_run(dev, sumsq_task, &e, nt);
+    l3d_status st = ew_run(dev, "sumsq", &e, sumsq_body, at, EW_A, 0);
     double s = 0.0;
     for (int t = 0; t < nt; t++) s += part[t];
     l3d_free(dev->ctx, part, bytes, "scratch");
-    *out_host = s;
-    return L3D_OK;
+    if (st >= 0) *out_host = s;
+    return st;
 }
 
 // ---- adamw --------------------------------------------------------------------------------------
-L3D_CPU_SIMD static void adamw_task(void *arg, int task, int ntasks) {
-    const ew_t *e = arg;
-    size_t i0, i1;
-    ew_range(e, task, &i0, &i1);
+L3D_CPU_SIMD static void adamw_body(const ew_t *e, size_t len, int task) {
     float *restrict p = e->p, *restrict m = e->m, *restrict v = e->v;
     const float *restrict grad = e->a;
     float b1 = e->beta1, b2 = e->beta2, ob1 = 1.0f - e->beta1, ob2 = 1.0f - e->beta2;
     float decay = e->decay, nstep = -e->step, bc2s = e->bc2_sqrt, eps = e->eps, gs = e->gscale;
-    for (size_t i = i0; i < i1; i++) {
+    for (size_t i = 0; i < len; i++) {
         float g = grad[i] * gs;
         float pi = p[i] * decay;
         float mi = b1 * m[i] + ob1 * g;
@@ -157,9 +212,10 @@ L3D_CPU_SIMD static void adamw_task(void *arg, int task, int ntasks) {
 }
 
 // torch.optim.AdamW (decoupled decay first, then the moments, then the update)
-l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const float *grad, float *m, float *v,
+l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, float bc1, float bc2, float grad_scale) {
+                         float weight_decay, float bc1, float bc2, float grad_scale,
+                         l3d_dtype gt) {
     if (!(bc1 > 0.0f) || !(bc2 > 0.0f))
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)bc1,
@@ -170,6 +226,5 @@ l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const float *grad, flo
               .decay = (float)(1.0 - (double)lr * (double)weight_decay),
               .step = (float)((double)lr / (double)bc1),
               .bc2_sqrt = (float)sqrt((double)bc2)};
-    l3d_cpu_run(dev, adamw_task, &e, ew_tasks(n));
-    return L3D_OK;
+    return ew_run(dev, "adamw", &e, adamw_body, gt, EW_A, 0);
 }

@@ -74,47 +74,32 @@ static size_t span(int rows, int cols, int ld) {
     return rows > 0 && cols > 0 ? (size_t)(rows - 1) * (size_t)ld + (size_t)cols : 0;
 }
 
-// bfloat16/float16 operands are widened to float32 copies (exact), the float32 product runs as
-// for float32 operands, and a 16-bit C is rounded once as each of its rows is stored back (the
-// padding between rows is not touched). Correct first: the copies cost memory traffic a
-// kernel reading 16-bit operands directly would not.
-// A float32 copy of n elements of a 16-bit operand (read: convert them in; otherwise the
-// copy is only written, as beta 0's C). *out stays NULL for a float32 or empty operand.
-static l3d_status widened(l3d_device_t *dev, l3d_dtype t, const void *src, size_t n, int read,
-                          float **out) {
-    *out = NULL;
-    if (t == L3D_FLOAT32 || !n) return L3D_OK;
-    if (!(*out = l3d_malloc(dev->ctx, n * sizeof(float), "scratch"))) return L3D_ERR_NOMEM;
-    if (read) l3d_cpu_convert_run(dev, *out, L3D_FLOAT32, src, t, n);
-    return L3D_OK;
-}
-
+// bfloat16/float16 operands are widened to float32 copies (exact, l3d_cpu_args_widen), the
+// float32 product runs as for float32 operands, and a 16-bit C is rounded once as each of its
+// rows is stored back (the padding between rows is not touched). Correct first: the copies
+// cost memory traffic a kernel reading 16-bit operands directly would not.
 static l3d_status gemm_widened(l3d_device_t *dev, const l3d_gemm_t *g) {
-    l3d_ctx_t *ctx = dev->ctx;
     size_t na = g->trans_a ? span(g->K, g->M, g->lda) : span(g->M, g->K, g->lda);
     size_t nb = g->trans_b ? span(g->N, g->K, g->ldb) : span(g->K, g->N, g->ldb);
     size_t nc = span(g->M, g->N, g->ldc);
-    float *a = NULL, *b = NULL, *c = NULL;
-    l3d_status st = widened(dev, g->a_type, g->A, na, 1, &a);
-    if (st >= 0) st = widened(dev, g->b_type, g->B, nb, 1, &b);
-    if (st >= 0) st = widened(dev, g->c_type, g->C, nc, g->beta != 0.0f, &c);
-    if (st >= 0) {
-        l3d_gemm_t f = *g;
-        f.a_type = f.b_type = f.c_type = L3D_FLOAT32;
-        if (a) f.A = a;
-        if (b) f.B = b;
-        if (c) f.C = c;
-        st = gemm_one(dev, &f);
-    }
-    if (st >= 0 && c) {
+    // C is read only for beta != 0 (beta 0 never reads it); its rows are stored below.
+    l3d_cpu_arg_t x[] = {l3d_cpu_arg("A", g->A, g->a_type, na, L3D_CPU_IN),
+                         l3d_cpu_arg("B", g->B, g->b_type, nb, L3D_CPU_IN),
+                         l3d_cpu_arg("C", g->C, g->c_type, nc, g->beta != 0.0f ? L3D_CPU_IN : 0)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "gemm", x, 3));
+    l3d_gemm_t f = *g;
+    f.a_type = f.b_type = f.c_type = L3D_FLOAT32;
+    f.A = x[0].f;
+    f.B = x[1].f;
+    f.C = x[2].f;
+    l3d_status st = gemm_one(dev, &f);
+    if (st >= 0 && g->c_type != L3D_FLOAT32) {
         size_t es = l3d_dtype_size(g->c_type);
         for (int i = 0; i < g->M; i++)
             l3d_cpu_convert_run(dev, (char *)g->C + (size_t)i * (size_t)g->ldc * es, g->c_type,
-                                c + (size_t)i * (size_t)g->ldc, L3D_FLOAT32, (size_t)g->N);
+                                x[2].f + (size_t)i * (size_t)g->ldc, L3D_FLOAT32, (size_t)g->N);
     }
-    if (a) l3d_free(ctx, a, na * sizeof(float), "scratch");
-    if (b) l3d_free(ctx, b, nb * sizeof(float), "scratch");
-    if (c) l3d_free(ctx, c, nc * sizeof(float), "scratch");
+    l3d_cpu_args_narrow(dev, x, 3, 0);
     return st;
 }
 

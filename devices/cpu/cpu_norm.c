@@ -1,5 +1,6 @@
 // Row-wise kernels: token embedding, RMSNorm and rotary position embedding (RoPE).
 // defines: l3d_cpu_embedding_fwd/bwd, l3d_cpu_rmsnorm_fwd/bwd, l3d_cpu_rope
+#include <limits.h>
 #include <math.h>
 #include <string.h>
 
@@ -17,23 +18,30 @@ static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 // ---- embedding ----------------------------------------------------------------------------------
 typedef struct {
-    float *out;
+    void *out;
     const int32_t *tokens;
-    const float *table;
+    const void *table;
     int N, C;
+    l3d_dtype at, wt;
 } emb_fwd_t;
 
+// Each row is copied, or converted when the table's dtype is not the output's.
 static void emb_fwd_task(void *arg, int task, int ntasks) {
     const emb_fwd_t *e = arg;
+    size_t C = (size_t)e->C, ea = l3d_dtype_size(e->at), ew = l3d_dtype_size(e->wt);
     int n1 = L3D_MIN(e->N, (task + 1) * ROWS_PER_TASK);
     for (int n = task * ROWS_PER_TASK; n < n1; n++)
-        memcpy(e->out + (size_t)n * (size_t)e->C, e->table + (size_t)e->tokens[n] * (size_t)e->C,
-               sizeof(float) * (size_t)e->C);
+        l3d_cpu_convert_serial((char *)e->out + (size_t)n * C * ea, e->at,
+                               (const char *)e->table + (size_t)e->tokens[n] * C * ew, e->wt, C);
 }
 
 // out(N,C) = table(V,C)[tokens(N)]
-l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *tokens,
-                                 const float *table, int N, int C, int V) {
+l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                 const void *table, int N, int C, int V, l3d_dtype at,
+                                 l3d_dtype wt) {
+    if (l3d_cpu_dtype_bad(dev, "embedding_fwd", "out", at) ||
+        l3d_cpu_dtype_bad(dev, "embedding_fwd", "table", wt))
+        return L3D_ERR_INVALID_ARG;
     if (N < 0 || C < 0 || V < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "embedding_fwd: bad shape N %d C %d V %d",
                          N, C, V);
@@ -41,7 +49,7 @@ l3d_status l3d_cpu_embedding_fwd(l3d_device_t *dev, float *out, const int32_t *t
         if (tokens[n] < 0 || tokens[n] >= V)
             return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                              "embedding_fwd: token[%d] = %d is outside [0, %d)", n, tokens[n], V);
-    emb_fwd_t e = {out, tokens, table, N, C};
+    emb_fwd_t e = {out, tokens, table, N, C, at, wt};
     l3d_cpu_run(dev, emb_fwd_task, &e, ceil_div(N, ROWS_PER_TASK));
     return L3D_OK;
 }
@@ -65,9 +73,14 @@ L3D_CPU_SIMD static void emb_bwd_task(void *arg, int task, int ntasks) {
     }
 }
 
-// dtable(V,C) += dout(N,C) scattered by tokens(N)
-l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *dout,
-                                 const int32_t *tokens, int N, int C) {
+// dtable(V,C) += dout(N,C) scattered by tokens(N). With 16-bit operands it is the
+// vocabulary-parallel form over the whole vocabulary (v0 0, every id owned), which adds in
+// the same order and widens only the table rows the tokens touch.
+l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, void *dtable, const void *dout,
+                                 const int32_t *tokens, int N, int C, l3d_dtype at, l3d_dtype gt) {
+    if (l3d_cpu_dtype_bad(dev, "embedding_bwd", "dout", at) ||
+        l3d_cpu_dtype_bad(dev, "embedding_bwd", "dtable", gt))
+        return L3D_ERR_INVALID_ARG;
     if (N < 0 || C < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "embedding_bwd: bad shape N %d C %d", N,
                          C);
@@ -77,6 +90,8 @@ l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, float *dtable, const float *
         if (tokens[n] < 0)
             return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                              "embedding_bwd: token[%d] = %d is negative", n, tokens[n]);
+    if (at != L3D_FLOAT32 || gt != L3D_FLOAT32)
+        return l3d_cpu_embedding_bwd_vp(dev, dtable, dout, tokens, N, C, 0, INT_MAX, at, gt);
     emb_bwd_t e = {dtable, dout, tokens, N, C};
     l3d_cpu_run(dev, emb_bwd_task, &e, ceil_div(C, COLS_PER_TASK));
     return L3D_OK;
@@ -104,8 +119,8 @@ L3D_CPU_SIMD static void rms_fwd_task(void *arg, int task, int ntasks) {
 }
 
 // out(N,C) = x / sqrt(mean(x^2) + eps) * w(C); rstd(N)
-l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, float *out, float *rstd, const float *x,
-                               const float *w, int N, int C, float eps) {
+static l3d_status rmsnorm_fwd_f32(l3d_device_t *dev, float *out, float *rstd, const float *x,
+                                  const float *w, int N, int C, float eps) {
     if (N < 0 || C <= 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_fwd: bad shape N %d C %d", N, C);
     rms_t r = {.out = out, .rstd = rstd, .x = x, .w = w, .N = N, .C = C, .eps = eps};
@@ -148,8 +163,9 @@ L3D_CPU_SIMD static void rms_bwd_dw_task(void *arg, int task, int ntasks) {
 }
 
 // dx(N,C) += d/dx, dw(C) += d/dw
-l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, float *dx, float *dw, const float *dout,
-                               const float *x, const float *w, const float *rstd, int N, int C) {
+static l3d_status rmsnorm_bwd_f32(l3d_device_t *dev, float *dx, float *dw, const float *dout,
+                                  const float *x, const float *w, const float *rstd, int N,
+                                  int C) {
     if (N < 0 || C <= 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_bwd: bad shape N %d C %d", N, C);
     if (N == 0) return L3D_OK;
@@ -195,8 +211,9 @@ L3D_CPU_SIMD static void rope_task(void *arg, int task, int ntasks) {
 }
 
 // In place on x(B,T,NH,D), rotate-half convention; cos/sin (Tmax, D/2)
-l3d_status l3d_cpu_rope(l3d_device_t *dev, float *x, const float *cos_tab, const float *sin_tab,
-                        int B, int T, int NH, int D, int pos0, int inverse) {
+static l3d_status rope_f32(l3d_device_t *dev, float *x, const float *cos_tab,
+                           const float *sin_tab, int B, int T, int NH, int D, int pos0,
+                           int inverse) {
     if (B < 0 || T < 0 || NH < 0 || D <= 0 || (D & 1) || pos0 < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "rope: bad shape B %d T %d NH %d D %d pos0 %d (D must be even)", B, T, NH,
@@ -204,4 +221,43 @@ l3d_status l3d_cpu_rope(l3d_device_t *dev, float *x, const float *cos_tab, const
     rope_t r = {x, cos_tab, sin_tab, B * T, T, NH, D, pos0, inverse ? -1.0f : 1.0f};
     l3d_cpu_run(dev, rope_task, &r, ceil_div(B * T, ROWS_PER_TASK));
     return L3D_OK;
+}
+
+// ---- the entries: 16-bit operands widened whole (cpu.h) -----------------------------------------
+l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                               const void *w, int N, int C, float eps, l3d_dtype at,
+                               l3d_dtype wt) {
+    size_t nx = l3d_cpu_elems(N, C);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("out", out, at, nx, L3D_CPU_OUT),
+                         l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("w", w, wt, l3d_cpu_elems(1, C), L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_fwd", a, 3));
+    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, N, C, eps);
+    l3d_cpu_args_narrow(dev, a, 3, st >= 0);
+    return st;
+}
+
+l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                               const void *x, const void *w, const float *rstd, int N, int C,
+                               l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
+    size_t nx = l3d_cpu_elems(N, C), nw = l3d_cpu_elems(1, C);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("dx", dx, at, nx, L3D_CPU_IN | L3D_CPU_OUT),
+                         l3d_cpu_arg("dw", dw, gt, nw, L3D_CPU_IN | L3D_CPU_OUT),
+                         l3d_cpu_arg("dout", dout, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("w", w, wt, nw, L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_bwd", a, 5));
+    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, N, C);
+    l3d_cpu_args_narrow(dev, a, 5, st >= 0);
+    return st;
+}
+
+l3d_status l3d_cpu_rope(l3d_device_t *dev, void *x, const float *cos_tab, const float *sin_tab,
+                        int B, int T, int NH, int D, int pos0, int inverse, l3d_dtype at) {
+    size_t n = l3d_cpu_elems(l3d_cpu_elems(B, T), l3d_cpu_elems(NH, D));
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("x", x, at, n, L3D_CPU_IN | L3D_CPU_OUT)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rope", a, 1));
+    l3d_status st = rope_f32(dev, a[0].f, cos_tab, sin_tab, B, T, NH, D, pos0, inverse);
+    l3d_cpu_args_narrow(dev, a, 1, st >= 0);
+    return st;
 }

@@ -8,6 +8,7 @@
 // with one rank (v0 = 0, Vl = V) they give xent_fwd_bwd's numbers; the only extra rounding
 // is the exp sum stored as float in stats(N,2), which the contract's float buffer imposes.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "devices/cpu/cpu.h"
@@ -26,28 +27,38 @@ static inline int owns(int32_t t, int v0, int Vl) { return t >= v0 && t - v0 < V
 
 // ---- embedding ----------------------------------------------------------------------------------
 typedef struct {
-    float *out, *dtable;
+    void *out;
+    float *dtable;
     const int32_t *tokens;
-    const float *table, *dout;
+    const void *table;
+    const float *dout;
     int N, C, v0, Vl;
+    l3d_dtype at, wt;
 } emb_vp_t;
 
 static void emb_fwd_vp_task(void *arg, int task, int ntasks) {
     const emb_vp_t *e = arg;
-    size_t C = (size_t)e->C;
+    size_t C = (size_t)e->C, ea = l3d_dtype_size(e->at), ew = l3d_dtype_size(e->wt);
     int n1 = L3D_MIN(e->N, (task + 1) * EMB_ROWS_PER_TASK);
     for (int n = task * EMB_ROWS_PER_TASK; n < n1; n++) {
         int32_t t = e->tokens[n];
+        char *row = (char *)e->out + (size_t)n * C * ea;
         if (owns(t, e->v0, e->Vl))
-            memcpy(e->out + (size_t)n * C, e->table + (size_t)(t - e->v0) * C, sizeof(float) * C);
-        else  // another rank's row: the sum over the group puts it here
-            memset(e->out + (size_t)n * C, 0, sizeof(float) * C);
+            l3d_cpu_convert_serial(row, e->at,
+                                   (const char *)e->table + (size_t)(t - e->v0) * C * ew,
+                                   e->wt, C);
+        else  // another rank's row: the sum over the group puts it here (0 in every dtype)
+            memset(row, 0, C * ea);
     }
 }
 
 // out(N,C) = table(Vl,C)[tokens - v0] for tokens in [v0, v0+Vl), else 0
-l3d_status l3d_cpu_embedding_fwd_vp(l3d_device_t *dev, float *out, const int32_t *tokens,
-                                    const float *table, int N, int C, int v0, int Vl, int V) {
+l3d_status l3d_cpu_embedding_fwd_vp(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                    const void *table, int N, int C, int v0, int Vl, int V,
+                                    l3d_dtype at, l3d_dtype wt) {
+    if (l3d_cpu_dtype_bad(dev, "embedding_fwd_vp", "out", at) ||
+        l3d_cpu_dtype_bad(dev, "embedding_fwd_vp", "table", wt))
+        return L3D_ERR_INVALID_ARG;
     if (N < 0 || C < 0 || v0 < 0 || Vl < 0 || V < 0 || (long long)v0 + Vl > V)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "embedding_fwd_vp: bad shape N %d C %d v0 %d Vl %d V %d", N, C, v0, Vl,
@@ -58,7 +69,7 @@ l3d_status l3d_cpu_embedding_fwd_vp(l3d_device_t *dev, float *out, const int32_t
                              "embedding_fwd_vp: token[%d] = %d is outside [0, %d)", n, tokens[n],
                              V);
     emb_vp_t e = {.out = out, .tokens = tokens, .table = table, .N = N, .C = C, .v0 = v0,
-                  .Vl = Vl};
+                  .Vl = Vl, .at = at, .wt = wt};
     l3d_cpu_run(dev, emb_fwd_vp_task, &e, ceil_div(N, EMB_ROWS_PER_TASK));
     return L3D_OK;
 }
@@ -79,15 +90,76 @@ L3D_CPU_SIMD static void emb_bwd_vp_task(void *arg, int task, int ntasks) {
 
 // dtable(Vl,C) += dout(N,C) scattered by tokens in [v0, v0+Vl); other tokens are ignored
 // (the contract: they belong to other ranks, or were rejected by the forward).
-l3d_status l3d_cpu_embedding_bwd_vp(l3d_device_t *dev, float *dtable, const float *dout,
-                                    const int32_t *tokens, int N, int C, int v0, int Vl) {
-    if (N < 0 || C < 0 || v0 < 0 || Vl < 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
-                         "embedding_bwd_vp: bad shape N %d C %d v0 %d Vl %d", N, C, v0, Vl);
+static void emb_bwd_vp_f32(l3d_device_t *dev, float *dtable, const float *dout,
+                           const int32_t *tokens, int N, int C, int v0, int Vl) {
     emb_vp_t e = {.dtable = dtable, .dout = dout, .tokens = tokens, .N = N, .C = C, .v0 = v0,
                   .Vl = Vl};
     l3d_cpu_run(dev, emb_bwd_vp_task, &e, ceil_div(C, EMB_COLS_PER_TASK));
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+// A 16-bit table gradient: the U distinct rows the tokens touch are widened into a (U,C)
+// block, the float32 kernel adds into it with the tokens renumbered 0..U-1 (the same sums in
+// the same order), and those rows alone are rounded back, once each.
+static l3d_status emb_bwd_vp_rows(l3d_device_t *dev, void *dtable, const float *dout,
+                                  const int32_t *tokens, int N, int C, int v0, int Vl,
+                                  l3d_dtype gt) {
+    size_t ibytes = sizeof(int32_t) * (size_t)(N ? N : 1), es = l3d_dtype_size(gt);
+    int32_t *rows = l3d_malloc(dev->ctx, 2 * ibytes, "scratch");
+    if (!rows) return L3D_ERR_NOMEM;
+    int32_t *renum = rows + (N ? N : 1);
+    int U = 0;
+    for (int n = 0; n < N; n++)
+        if (owns(tokens[n], v0, Vl)) rows[U++] = tokens[n] - v0;
+    qsort(rows, (size_t)U, sizeof(int32_t), cmp_i32);
+    int u = 0;
+    for (int i = 0; i < U; i++)
+        if (!u || rows[i] != rows[u - 1]) rows[u++] = rows[i];
+    U = u;
+    for (int n = 0; n < N; n++) {
+        renum[n] = -1;  // not this rank's: the kernel ignores it
+        if (!owns(tokens[n], v0, Vl)) continue;
+        int32_t key = tokens[n] - v0, *hit = bsearch(&key, rows, (size_t)U, sizeof(int32_t),
+                                                      cmp_i32);
+        renum[n] = (int32_t)(hit - rows);
+    }
+    size_t bbytes = sizeof(float) * l3d_cpu_elems(U, C);
+    float *blk = l3d_malloc(dev->ctx, bbytes ? bbytes : 1, "scratch");
+    if (!blk) {
+        l3d_free(dev->ctx, rows, 2 * ibytes, "scratch");
+        return L3D_ERR_NOMEM;
+    }
+    for (int i = 0; i < U; i++)
+        l3d_cpu_convert_run(dev, blk + (size_t)i * (size_t)C, L3D_FLOAT32,
+                            (const char *)dtable + (size_t)rows[i] * (size_t)C * es, gt,
+                            (size_t)C);
+    emb_bwd_vp_f32(dev, blk, dout, renum, N, C, 0, U);
+    for (int i = 0; i < U; i++)
+        l3d_cpu_convert_run(dev, (char *)dtable + (size_t)rows[i] * (size_t)C * es, gt,
+                            blk + (size_t)i * (size_t)C, L3D_FLOAT32, (size_t)C);
+    l3d_free(dev->ctx, blk, bbytes ? bbytes : 1, "scratch");
+    l3d_free(dev->ctx, rows, 2 * ibytes, "scratch");
     return L3D_OK;
+}
+
+l3d_status l3d_cpu_embedding_bwd_vp(l3d_device_t *dev, void *dtable, const void *dout,
+                                    const int32_t *tokens, int N, int C, int v0, int Vl,
+                                    l3d_dtype at, l3d_dtype gt) {
+    if (N < 0 || C < 0 || v0 < 0 || Vl < 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "embedding_bwd_vp: bad shape N %d C %d v0 %d Vl %d", N, C, v0, Vl);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("dout", dout, at, l3d_cpu_elems(N, C), L3D_CPU_IN)};
+    if (l3d_cpu_dtype_bad(dev, "embedding_bwd_vp", "dtable", gt)) return L3D_ERR_INVALID_ARG;
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "embedding_bwd_vp", a, 1));
+    l3d_status st = L3D_OK;
+    if (gt == L3D_FLOAT32) emb_bwd_vp_f32(dev, dtable, a[0].f, tokens, N, C, v0, Vl);
+    else st = emb_bwd_vp_rows(dev, dtable, a[0].f, tokens, N, C, v0, Vl, gt);
+    l3d_cpu_args_narrow(dev, a, 1, 0);
+    return st;
 }
 
 // ---- cross-entropy ------------------------------------------------------------------------------
@@ -121,8 +193,8 @@ L3D_CPU_SIMD static void xvp_max_task(void *arg, int task, int ntasks) {
 }
 
 // rowmax(N) = max over this rank's logits(N,Vl) of each row (-inf when Vl == 0)
-l3d_status l3d_cpu_xent_vp_max(l3d_device_t *dev, const float *logits, float *rowmax, int N,
-                               int Vl) {
+static l3d_status xent_vp_max_f32(l3d_device_t *dev, const float *logits, float *rowmax, int N,
+                                  int Vl) {
     if (N < 0 || Vl < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "xent_vp_max: bad shape N %d Vl %d", N,
                          Vl);
@@ -148,8 +220,9 @@ L3D_CPU_SIMD static void xvp_stats_task(void *arg, int task, int ntasks) {
 }
 
 // stats(N,2) = [sum_j exp(logits - gmax), owned target logit or 0]; (0, 0) for target < 0
-l3d_status l3d_cpu_xent_vp_stats(l3d_device_t *dev, const float *logits, const float *gmax,
-                                 const int32_t *targets, int N, int Vl, int v0, float *stats) {
+static l3d_status xent_vp_stats_f32(l3d_device_t *dev, const float *logits, const float *gmax,
+                                    const int32_t *targets, int N, int Vl, int v0,
+                                    float *stats) {
     if (N < 0 || Vl < 0 || v0 < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "xent_vp_stats: bad shape N %d Vl %d v0 %d", N, Vl, v0);
@@ -184,9 +257,10 @@ L3D_CPU_SIMD static void xvp_grad_task(void *arg, int task, int ntasks) {
 
 // In place: logits(N,Vl) <- grad_scale * (softmax - onehot(target - v0)); losses(N) (or NULL)
 // = log(gstats[n][0]) + gmax[n] - gstats[n][1]; rows with target < 0 get 0 and 0.
-l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, float *logits, float *losses,
-                                const float *gmax, const float *gstats, const int32_t *targets,
-                                int N, int Vl, int v0, float grad_scale) {
+static l3d_status xent_vp_grad_f32(l3d_device_t *dev, float *logits, float *losses,
+                                   const float *gmax, const float *gstats,
+                                   const int32_t *targets, int N, int Vl, int v0,
+                                   float grad_scale) {
     if (N < 0 || Vl < 0 || v0 < 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "xent_vp_grad: bad shape N %d Vl %d v0 %d", N, Vl, v0);
@@ -194,4 +268,60 @@ l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, float *logits, float *losses,
                .targets = targets, .N = N, .Vl = Vl, .v0 = v0, .grad_scale = grad_scale};
     l3d_cpu_run(dev, xvp_grad_task, &x, ceil_div(N, XENT_ROWS_PER_TASK));
     return L3D_OK;
+}
+
+// ---- the cross-entropy entries: 16-bit logits a block of rows at a time (cpu.h) -----------------
+typedef struct {
+    float *out, *losses;  // rowmax or stats; losses
+    const float *gmax, *gstats;
+    const int32_t *targets;
+    int Vl, v0;
+    float grad_scale;
+} xvp_rows_t;
+
+static l3d_status vp_max_rows(l3d_device_t *dev, float *rows, int r0, int nrows, void *arg) {
+    const xvp_rows_t *r = arg;
+    return xent_vp_max_f32(dev, rows, r->out + r0, nrows, r->Vl);
+}
+static l3d_status vp_stats_rows(l3d_device_t *dev, float *rows, int r0, int nrows, void *arg) {
+    const xvp_rows_t *r = arg;
+    return xent_vp_stats_f32(dev, rows, r->gmax + r0, r->targets + r0, nrows, r->Vl, r->v0,
+                             r->out + 2 * (size_t)r0);
+}
+static l3d_status vp_grad_rows(l3d_device_t *dev, float *rows, int r0, int nrows, void *arg) {
+    const xvp_rows_t *r = arg;
+    return xent_vp_grad_f32(dev, rows, r->losses ? r->losses + r0 : NULL, r->gmax + r0,
+                            r->gstats + 2 * (size_t)r0, r->targets + r0, nrows, r->Vl, r->v0,
+                            r->grad_scale);
+}
+
+l3d_status l3d_cpu_xent_vp_max(l3d_device_t *dev, const void *logits, float *rowmax, int N,
+                               int Vl, l3d_dtype at) {
+    if (at == L3D_FLOAT32) return xent_vp_max_f32(dev, logits, rowmax, N, Vl);
+    xvp_rows_t r = {.out = rowmax, .Vl = Vl};
+    return l3d_cpu_rows_widened(dev, "xent_vp_max", (void *)logits, at, N, Vl, 0, vp_max_rows, &r);
+}
+
+l3d_status l3d_cpu_xent_vp_stats(l3d_device_t *dev, const void *logits, const float *gmax,
+                                 const int32_t *targets, int N, int Vl, int v0, float *stats,
+                                 l3d_dtype at) {
+    if (at == L3D_FLOAT32) return xent_vp_stats_f32(dev, logits, gmax, targets, N, Vl, v0, stats);
+    if (v0 < 0)  // the only failure, checked before any block
+        return xent_vp_stats_f32(dev, NULL, gmax, targets, N, Vl, v0, stats);
+    xvp_rows_t r = {.out = stats, .gmax = gmax, .targets = targets, .Vl = Vl, .v0 = v0};
+    return l3d_cpu_rows_widened(dev, "xent_vp_stats", (void *)logits, at, N, Vl, 0, vp_stats_rows,
+                                &r);
+}
+
+l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses,
+                                const float *gmax, const float *gstats, const int32_t *targets,
+                                int N, int Vl, int v0, float grad_scale, l3d_dtype at) {
+    if (at == L3D_FLOAT32)
+        return xent_vp_grad_f32(dev, logits, losses, gmax, gstats, targets, N, Vl, v0,
+                                grad_scale);
+    if (v0 < 0)  // the only failure, checked before any block
+        return xent_vp_grad_f32(dev, NULL, losses, gmax, gstats, targets, N, Vl, v0, grad_scale);
+    xvp_rows_t r = {.losses = losses, .gmax = gmax, .gstats = gstats, .targets = targets,
+                    .Vl = Vl, .v0 = v0, .grad_scale = grad_scale};
+    return l3d_cpu_rows_widened(dev, "xent_vp_grad", logits, at, N, Vl, 1, vp_grad_rows, &r);
 }

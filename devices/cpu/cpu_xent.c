@@ -47,16 +47,40 @@ static void xent_task(void *arg, int task, int ntasks) {
     for (int n = task * XENT_ROWS_PER_TASK; n < n1; n++) xent_row(&j->x, n);
 }
 
-// logits(N,V) -> grad_scale * (softmax - onehot(target)); losses(N) = -log p(target)
-l3d_status l3d_cpu_xent_fwd_bwd(l3d_device_t *dev, float *logits, float *losses,
-                                const int32_t *targets, int N, int V, float grad_scale) {
+static l3d_status xent_check(l3d_device_t *dev, const int32_t *targets, int N, int V) {
     if (N < 0 || V <= 0)
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "xent: bad shape N %d V %d", N, V);
     for (int n = 0; n < N; n++)  // checked up front: an error leaves the logits untouched
         if (targets[n] >= V)
             return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                              "xent: target[%d] = %d is outside [0, %d)", n, targets[n], V);
-    xent_job_t j = {{logits, losses, targets, V, grad_scale}, N};
-    l3d_cpu_run(dev, xent_task, &j, (N + XENT_ROWS_PER_TASK - 1) / XENT_ROWS_PER_TASK);
     return L3D_OK;
+}
+
+typedef struct {
+    float *losses;
+    const int32_t *targets;
+    int V;
+    float grad_scale;
+} xent_rows_t;
+
+// Rows [r0, r0+nrows) of the logits, in float32 at `rows` (the kernel itself).
+static l3d_status xent_rows(l3d_device_t *dev, float *rows, int r0, int nrows, void *arg) {
+    const xent_rows_t *r = arg;
+    xent_job_t j = {{rows, r->losses ? r->losses + r0 : NULL, r->targets + r0, r->V,
+                     r->grad_scale}, nrows};
+    l3d_cpu_run(dev, xent_task, &j, (nrows + XENT_ROWS_PER_TASK - 1) / XENT_ROWS_PER_TASK);
+    return L3D_OK;
+}
+
+// logits(N,V) -> grad_scale * (softmax - onehot(target)); losses(N) = -log p(target).
+// 16-bit logits: a block of rows at a time in float32, each row rounded once at the end.
+l3d_status l3d_cpu_xent_fwd_bwd(l3d_device_t *dev, void *logits, float *losses,
+                                const int32_t *targets, int N, int V, float grad_scale,
+                                l3d_dtype at) {
+    if (l3d_cpu_dtype_bad(dev, "xent", "logits", at)) return L3D_ERR_INVALID_ARG;
+    L3D_CHECK(dev->ctx, xent_check(dev, targets, N, V));
+    xent_rows_t r = {losses, targets, V, grad_scale};
+    if (at == L3D_FLOAT32) return xent_rows(dev, logits, 0, N, &r);
+    return l3d_cpu_rows_widened(dev, "xent", logits, at, N, V, 1, xent_rows, &r);
 }
