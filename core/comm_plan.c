@@ -78,12 +78,14 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);
+        // Gradients are reduced in communication_data_type (else float32).
+        uint64_t gb = l3d_dtype_size(l3d_dp_comm_dtype(cfg));  // bytes per element
         if (zero2) {
             size_t shard = 0;
             uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, l3d_zero_bucket_size(cfg), dp, NULL,
                                                        &shard);
             uint64_t all = (uint64_t)shard * (uint64_t)dp * f;
-            add(s, A * nb2, A * all);      // every micro-batch: reduce-scatter of each bucket
+            add(s, A * nb2, A * all / f * gb);  // every micro-batch: reduce-scatter of each bucket
             if (cfg->zero_stage >= 3) {
                 // ZeRO-3: each micro-batch gathers the groups its passes read; after the
                 // update only the persistent groups are gathered (trainer_zero3.c)
@@ -96,11 +98,11 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
             }
             add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
         } else if (cfg->zero_stage >= 1) {
-            add(s, nb, Ppad * f);          // reduce-scatter of every bucket
+            add(s, nb, Ppad * gb);         // reduce-scatter of every bucket
             add(s, nb, Ppad * f);          // all-gather of the updated parameters
             add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
         } else {
-            add(s, nb, Ppad * f);          // all-reduce of every bucket
+            add(s, nb, Ppad * gb);         // all-reduce of every bucket
         }
         add(s, 1, 8 * (uint64_t)dp);       // the loss
     }

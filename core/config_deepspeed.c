@@ -13,6 +13,7 @@
 #include "core/config_json.h"
 #include "core/config_train_internal.h"
 #include "core/l3d_core.h"
+#include "llama3d/comm.h"
 #include "llama3d/config.h"
 
 // ---- notes -------------------------------------------------------------------------------
@@ -82,19 +83,24 @@ static l3d_status parse_scalars(const l3d_dsparser_t *p, json_t *root) {
     if (f != 1.0)
         note(cfg, "gradient_predivide_factor: accepted, not yet effective (gradients are "
                   "averaged in fp32 after the reduction)");
+    // communication_data_type (null: the gradients' dtype) and fp32_allreduce: the dtype
+    // data parallelism reduces gradients in (l3d_dp_comm_dtype, core/trainer_dp.c).
     json_t *cdt = json_object_get(root, "communication_data_type");
+    if (cdt && json_is_null(cdt)) cfg->comm_dtype = -1;
     if (cdt && !json_is_null(cdt)) {
         char s[16];
         L3D_CHECK(j->ctx,
                   l3d_cfgjson_get_str(j, root, "", "communication_data_type", s, sizeof(s), NULL));
-        if (strcmp(s, "fp32") != 0 && strcmp(s, "fp16") != 0 && strcmp(s, "bf16") != 0)
+        if (!strcmp(s, "fp32")) cfg->comm_dtype = L3D_FLOAT32;
+        else if (!strcmp(s, "bf16")) cfg->comm_dtype = L3D_BFLOAT16;
+        else if (!strcmp(s, "fp16")) cfg->comm_dtype = L3D_FLOAT16;
+        else
             return l3d_error(j->ctx, L3D_ERR_CONFIG,
                              "%s: communication_data_type: '%s' must be fp32, fp16 or bf16",
                              j->origin, s);
-        if (strcmp(s, "fp32") != 0)
-            note(cfg, "communication_data_type %s: accepted, not yet effective (gradients are "
-                      "reduced in fp32)", s);
     }
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, root, "", "fp32_allreduce", &cfg->fp32_allreduce,
+                                           NULL));
     return L3D_OK;
 }
 

@@ -295,7 +295,8 @@ int64_t l3d_trainer_eval_tokens(const l3d_trainer_t *t) {
 
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);
-// ZeRO-2 keeps the gradient as that shard plus its windows.
+// ZeRO-2 keeps the gradient as that shard plus its windows; a 16-bit communication_data_type
+// adds a 16-bit copy of the arena (stages 0-1) or of each window.
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
     l3d_model_t m;
@@ -309,14 +310,19 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
     mem->params = P * sizeof(float);
     mem->grads = Ppad * sizeof(float);
+    size_t reduced = Ppad;  // elements reduced out of float32 buffers: the arena, or the windows
     if (n > 1 && cfg->zero_stage >= 2) {
         size_t wlen[L3D_ZERO2_MAX_WIN];
         int nwin, nshared, reserved;
         double rbs = l3d_zero_bucket_size(cfg);
         l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
-        mem->grads = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved) *
-                     sizeof(float);
+        size_t all = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved);
+        mem->grads = all * sizeof(float);
+        reduced = all - shard;
     }
+    // communication_data_type: each has a 16-bit copy to be reduced in.
+    l3d_dtype cdt = l3d_dp_comm_dtype(cfg);
+    if (n > 1 && cdt != L3D_FLOAT32) mem->grads += reduced * l3d_dtype_size(cdt);
     // ZeRO-3: this rank's pieces, the persistent groups and the gather pool
     if (n > 1 && cfg->zero_stage >= 3)
         mem->params = l3d_zero3_sizes(&m, cfg, (int)n, NULL, NULL, NULL) * sizeof(float);
@@ -346,12 +352,12 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     const l3d_dp_t *d = &t->dp;
     if (d->zero3)
         mem->params = l3d_zero3_sizes(t->model, &t->cfg, d->n, NULL, NULL, NULL) * sizeof(float);
-    size_t g = d->Ppad;
+    size_t g = d->Ppad, c = d->cstage ? d->Ppad : 0;  // c: elements of 16-bit copies
     if (d->zero2) {
         g = d->shard_len;
-        for (int w = 0; w < d->nwin; w++) g += d->win_len[w];
+        for (int w = 0; w < d->nwin; w++) g += d->win_len[w], c += d->cwin[w] ? d->win_len[w] : 0;
     }
-    mem->grads = g * sizeof(float);
+    mem->grads = g * sizeof(float) + c * l3d_dtype_size(d->cdt);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
     l3d_offload_memory(&t->cfg, d->zero2, d->zero3, d->shard_len, d->stage_len, mem);
     mem->acts = mem->host_acts = 0;

@@ -15,6 +15,10 @@
 //
 // The gradients are scaled by 1 / (global batch tokens) in the backward, so the reduction is a
 // sum: the update equals the single-rank one up to float summation order.
+// communication_data_type bf16/fp16: each bucket is rounded into a 16-bit copy (cstage) when it
+// starts, reduced there (the comm core adds in float32 and rounds once), and the part this
+// rank uses (all of it at stage 0, its piece at stage 1) widened back into the arena, as
+// DeepSpeed's allreduce_bucket casts to communication_data_type and copies back.
 // Reductions start on the last micro-batch of a step only (gradient accumulation boundary),
 // as in DeepSpeed stage 0/1. Stage 2 has buckets of its own and no gradient arena
 // (core/trainer_zero2.c); the optimizer below serves both sharded stages.
@@ -42,6 +46,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
     d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (l3d_zero3_init, after this)
     d->P = t->model->n_params;
+    d->cdt = l3d_dp_comm_dtype(&t->cfg);
     if (d->zero2) return l3d_zero2_init(t);
     size_t n = (size_t)d->n;
     d->Ppad = (d->P + n - 1) / n * n;
@@ -66,6 +71,9 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
         sh += d->b[i].q;
     }
     d->shard_len = d->sharded ? sh : d->P;
+    if (d->n > 1 && d->cdt != L3D_FLOAT32)
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->Ppad * l3d_dtype_size(d->cdt), "grads",
+                                        &d->cstage));
     return L3D_OK;
 }
 
@@ -75,6 +83,8 @@ void l3d_dp_fini(l3d_trainer_t *t) {
         if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
     if (d->zero3) l3d_zero3_fini(t);
     if (d->zero2) l3d_zero2_fini(t);
+    if (d->cstage) l3d_dev_free(t->dev, d->cstage, d->Ppad * l3d_dtype_size(d->cdt), "grads");
+    d->cstage = NULL;
     size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
     l3d_free(t->ctx, d->b, nalloc * sizeof(*d->b), "other");
     d->b = NULL;
@@ -83,6 +93,16 @@ void l3d_dp_fini(l3d_trainer_t *t) {
 static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
     l3d_dp_t *d = &t->dp;
     float *g = t->grads + b->off;
+    if (d->cstage) {  // reduced in cdt: the bucket rounded into its 16-bit copy
+        size_t es = l3d_dtype_size(d->cdt);
+        char *c = (char *)d->cstage + b->off * es;
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, c, d->cdt, g, L3D_FLOAT32, b->len));
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        if (d->sharded)
+            return l3d_comm_ireduce_scatter(d->comm, c, c + (size_t)d->rank * b->q * es, b->q,
+                                            d->cdt, L3D_SUM, &b->req);
+        return l3d_comm_iallreduce(d->comm, c, c, b->len, d->cdt, L3D_SUM, &b->req);
+    }
     if (d->sharded)
         return l3d_comm_ireduce_scatter(d->comm, g, g + (size_t)d->rank * b->q, b->q,
                                         L3D_FLOAT32, L3D_SUM, &b->req);
@@ -138,6 +158,13 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
     if (st < 0)
         return l3d_error(t->ctx, st, "data-parallel gradient reduction: %s",
                          l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    for (int i = 0; d->cstage && i < d->nb; i++) {  // the reduced part back into float32
+        const l3d_dp_bucket_t *b = &d->b[i];
+        size_t a0 = b->off + (d->sharded ? (size_t)d->rank * b->q : 0);
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, t->grads + a0, L3D_FLOAT32,
+                                          (char *)d->cstage + a0 * l3d_dtype_size(d->cdt), d->cdt,
+                                          d->sharded ? b->q : b->len));
+    }
     return L3D_OK;
 }
 

@@ -54,6 +54,13 @@ typedef struct l3d_dp {
     // sharded like the gradients, one bucket per gradient group.
     int zero3;
     struct l3d_zero3 *z3;
+    // The dtype gradients travel in (l3d_dp_comm_dtype). Other than float32, a bucket is
+    // converted into a 16-bit copy before its reduction, and the reduced part this rank uses
+    // back into float32 after it: cstage (stages 0-1: Ppad elements, a bucket at its arena
+    // offset), cwin[w] (stages 2-3: window w's length). NULL when float32.
+    l3d_dtype cdt;
+    void *cstage;
+    void *cwin[L3D_ZERO2_MAX_WIN];
 } l3d_dp_t;
 
 // Pipeline state (core/trainer_pp.c). With pp 1 there is one slot and no communicator.
@@ -175,6 +182,14 @@ void l3d_zero2_arm(l3d_trainer_t *t, l3d_acts_t *a);
 l3d_status l3d_zero2_finish(l3d_trainer_t *t);
 // After AdamW updated this rank's pieces: all-gathers every bucket into the parameters.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
+
+// The dtype data parallelism reduces gradients in: float32 under fp32_allreduce, else
+// communication_data_type when set, else the gradients' dtype (float32: the model computes in
+// float32 under fp16/bf16.enabled too, so far).
+static inline l3d_dtype l3d_dp_comm_dtype(const l3d_train_config_t *cfg) {
+    if (cfg->fp32_allreduce || cfg->comm_dtype < 0) return L3D_FLOAT32;
+    return (l3d_dtype)cfg->comm_dtype;
+}
 
 // The reduce_bucket_size the ZeRO-2 bucketing uses: stage 3 puts every gradient group in a
 // bucket of its own (the unit its parameters are gathered in; 1 element merges nothing).

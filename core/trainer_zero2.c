@@ -22,6 +22,10 @@
 // bucket holds the whole stage); a tied head on a single stage writes the embedding's bucket
 // at the start of the backward and it completes last, so that case keeps one more, of the
 // embedding's size.
+//
+// communication_data_type bf16/fp16: a window is rounded into a 16-bit copy of its own (cwin)
+// when it starts and reduce-scattered there; this rank's piece is widened back into the window
+// before it is added to the shard.
 #include <string.h>
 
 #include "core/trainer_internal.h"
@@ -153,6 +157,9 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
         d->win_bucket[w] = -1;
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * sizeof(float), "grads",
                                         (void **)&d->win[w]));
+        if (d->cdt != L3D_FLOAT32)  // the window's 16-bit copy, reduced in its place
+            L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * l3d_dtype_size(d->cdt),
+                                            "grads", &d->cwin[w]));
     }
     if (!t->cfg.offload_optimizer)
         return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
@@ -171,7 +178,10 @@ void l3d_zero2_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     for (int w = 0; w < d->nwin; w++) {
         l3d_dev_free(t->dev, d->win[w], d->win_len[w] * sizeof(float), "grads");
+        if (d->cwin[w])
+            l3d_dev_free(t->dev, d->cwin[w], d->win_len[w] * l3d_dtype_size(d->cdt), "grads");
         d->win[w] = NULL;
+        d->cwin[w] = NULL;
     }
     if (t->cfg.offload_optimizer) {
         int pin = t->cfg.offload_optimizer_pin;
@@ -200,6 +210,11 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
     d->win_started[w] = 0;
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
     float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
+    if (d->cwin[w])  // reduced in cdt: this rank's piece widened back into the window
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, piece, L3D_FLOAT32,
+                                          (char *)d->cwin[w] + (size_t)d->rank * b->q *
+                                                                   l3d_dtype_size(d->cdt),
+                                          d->cdt, b->q));
     if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
     // offloaded: the piece goes to the host and is added there
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
@@ -211,10 +226,17 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
 static l3d_status win_start(l3d_trainer_t *t, int w) {
     l3d_dp_t *d = &t->dp;
     l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
-    float *buf = d->win[w];
+    void *buf = d->win[w];
+    size_t es = l3d_dtype_size(d->cdt);
+    if (d->cwin[w]) {  // communication_data_type: the window rounded into its 16-bit copy
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, d->cwin[w], d->cdt, buf, L3D_FLOAT32, b->len));
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        buf = d->cwin[w];
+    }
     d->win_started[w] = ++d->win_seq;
-    l3d_status st = l3d_comm_ireduce_scatter(d->comm, buf, buf + (size_t)d->rank * b->q, b->q,
-                                             L3D_FLOAT32, L3D_SUM, &b->req);
+    l3d_status st = l3d_comm_ireduce_scatter(d->comm, buf,
+                                             (char *)buf + (size_t)d->rank * b->q * es,
+                                             b->q, d->cdt, L3D_SUM, &b->req);
     return st < 0 ? comm_fail(t, st, "gradient reduce-scatter") : L3D_OK;
 }
 

@@ -10,6 +10,7 @@
 #include <criterion/criterion.h>
 #include <jansson.h>
 
+#include "llama3d/comm.h"
 #include "llama3d/config.h"
 #include "llama3d/ctx.h"
 
@@ -809,9 +810,20 @@ Test(config, notes) {
     cr_assert_eq(c.activation_checkpointing, 1);
     cr_assert(has_note(&c, "bf16.enabled: accepted, not yet effective on the cpu device"));
     cr_assert(has_note(&c, "wall_clock_breakdown"));
-    cr_assert(has_note(&c, "communication_data_type"));
     cr_assert(has_note(&c, "prescale_gradients"));
-    cr_assert_eq(c.n_notes, 4);
+    cr_assert_eq(c.n_notes, 3);
+    // communication_data_type is effective (trainer_dp.c): recorded, no note; null unsets it;
+    // fp32_allreduce is read beside it (it wins, l3d_dp_comm_dtype).
+    cr_assert_eq(c.comm_dtype, L3D_BFLOAT16);
+    cr_assert_eq(c.fp32_allreduce, 0);
+    cr_assert_eq(ds_fresh("{\"communication_data_type\": \"fp16\", \"fp32_allreduce\": true}", &c),
+                 L3D_OK, "%s", err());
+    cr_assert(c.comm_dtype == L3D_FLOAT16 && c.fp32_allreduce == 1 && c.n_notes == 0);
+    cr_assert_eq(ds_fresh("{\"communication_data_type\": null}", &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.comm_dtype, -1);
+    cr_assert_eq(ds_fresh("{\"communication_data_type\": \"fp32\"}", &c), L3D_OK, "%s", err());
+    cr_assert_eq(c.comm_dtype, L3D_FLOAT32);
+    ASSERT_ERR_HAS(ds_fresh("{\"fp32_allreduce\": 1}", &c), L3D_ERR_CONFIG, "fp32_allreduce");
 }
 
 // ---- learning-rate schedules -------------------------------------------------------------

@@ -139,6 +139,11 @@ typedef struct l3d_train_config {
     int zero_stage;
     int overlap_comm;
     double reduce_bucket_size;
+    // The dtype data parallelism reduces gradients in (DeepSpeed's communication_data_type,
+    // an l3d_dtype of llama3d/comm.h: L3D_FLOAT32, L3D_BFLOAT16 or L3D_FLOAT16; -1 unset: the
+    // gradients' own dtype), and fp32_allreduce (reduce in float32 whatever else says).
+    int comm_dtype;
+    int fp32_allreduce;
     // ZeRO-3 (zero_optimization.stage3_*, DeepSpeed's defaults; core/trainer_zero3.c):
     // parameters gathered ahead of their use (5e7), gradient groups smaller than this stay
     // whole on every rank (1e5), parameters gathered at once (1e9) -- all in elements.
