@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "devices/device.h"
-#include "tests/harness/ref_attention.h"
+#include "tests/harness/ref_ops.h"
 
 // ---- helpers ------------------------------------------------------------------------------------
 typedef struct {
@@ -546,17 +546,8 @@ static void xent_case(env_t e, int N, int V, float gs) {
     float *z = fvec((size_t)N * V, 8.0f), *loss = fvec(N, 1.0f);
     int32_t *t = malloc(sizeof(int32_t) * N);
     for (int n = 0; n < N; n++) t[n] = n % 5 == 3 ? -1 : (int32_t)((n * 7919u) % (unsigned)V);
-    double *rg = dvec((size_t)N * V), *rl = dvec(N);
-    for (int n = 0; n < N; n++) {
-        const float *zr = z + (size_t)n * V;
-        if (t[n] < 0) continue;  // zero loss, zero gradient
-        double mx = -INFINITY, s = 0;
-        for (int i = 0; i < V; i++) mx = fmax(mx, zr[i]);
-        for (int i = 0; i < V; i++) s += exp(zr[i] - mx);
-        rl[n] = log(s) + mx - zr[t[n]];
-        for (int i = 0; i < V; i++)
-            rg[(size_t)n * V + i] = gs * (exp(zr[i] - mx) / s - (i == t[n] ? 1.0 : 0.0));
-    }
+    double *rg = dvec((size_t)N * V), *rl = dvec(N);  // ignored rows stay 0
+    l3d_ref_xent(z, t, N, V, gs, rg, rl);
     cr_assert_eq(l3d_dev_xent_fwd_bwd(e.dev, z, loss, t, N, V, gs, L3D_FLOAT32), L3D_OK);
     check_close("xent grad", z, rg, (size_t)N * V, 1e-6);
     check_close("xent loss", loss, rl, N, 1e-6);
@@ -963,16 +954,7 @@ Test(cpu_xent_vp, split_matches_fused) {
             double *rg = dvec((size_t)N * V), *rl = dvec(N), *dg = dvec((size_t)N * V),
                    *dl = dvec(N);
             vp_targets(t, N, V, k, b);
-            for (int n = 0; n < N; n++) {  // textbook softmax in double
-                const float *zr = z + (size_t)n * V;
-                if (t[n] < 0) continue;
-                double m = -INFINITY, s = 0;
-                for (int i = 0; i < V; i++) m = fmax(m, zr[i]);
-                for (int i = 0; i < V; i++) s += exp(zr[i] - m);
-                dl[n] = log(s) + m - zr[t[n]];
-                for (int i = 0; i < V; i++)
-                    dg[(size_t)n * V + i] = gs * (exp(zr[i] - m) / s - (i == t[n] ? 1.0 : 0.0));
-            }
+            l3d_ref_xent(z, t, N, V, gs, dg, dl);  // textbook softmax in double
             xent_fused(e, z, t, N, V, gs, rg, rl);
             xent_vp_split(e, z, t, N, V, k, b, gs, grad, loss);
             char what[64];

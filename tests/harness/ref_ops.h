@@ -1,9 +1,18 @@
-// A materialised float64 attention reference for the device tests: for every (b, h, i) the
-// full score row, an explicit softmax, and the backward through it (dS = P * (dP - sum(P dP))).
-#ifndef L3D_TESTS_REF_ATTENTION_H
-#define L3D_TESTS_REF_ATTENTION_H
+// Float64 references the device tests share (test_cpu_ops, test_cpu_dtypes), written from the
+// textbook definitions.
+#ifndef L3D_TESTS_REF_OPS_H
+#define L3D_TESTS_REF_OPS_H
 
 #include <stddef.h>
+#include <stdint.h>
+
+// Softmax cross-entropy of logits z(N,V): rg(N,V) = gs * (softmax - onehot(t)) and rl(N) =
+// -log p(t); rows with t < 0 are left untouched (the caller zeroes them).
+void l3d_ref_xent(const float *z, const int32_t *t, int N, int V, double gs, double *rg,
+                  double *rl);
+
+// Attention, materialised: for every (b, h, i) the full score row, an explicit softmax, and
+// the backward through it (dS = P * (dP - sum(P dP))).
 
 typedef struct {
     int B, Tq, Tk, H, KVH, D, Tmax;  // Tmax: the kv capacity (kv_bstride = Tmax*KVH*D)

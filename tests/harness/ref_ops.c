@@ -1,8 +1,22 @@
-// The attention reference the CPU device's tests share (test_cpu_ops, test_cpu_dtypes).
-#include "tests/harness/ref_attention.h"
+// Float64 references the CPU device's tests share (test_cpu_ops, test_cpu_dtypes).
+#include "tests/harness/ref_ops.h"
 
 #include <math.h>
 #include <stdlib.h>
+
+void l3d_ref_xent(const float *z, const int32_t *t, int N, int V, double gs, double *rg,
+                  double *rl) {
+    for (int n = 0; n < N; n++) {
+        const float *zr = z + (size_t)n * V;
+        if (t[n] < 0) continue;
+        double mx = -INFINITY, s = 0;
+        for (int i = 0; i < V; i++) mx = fmax(mx, zr[i]);
+        for (int i = 0; i < V; i++) s += exp(zr[i] - mx);
+        rl[n] = log(s) + mx - zr[t[n]];
+        for (int i = 0; i < V; i++)
+            rg[(size_t)n * V + i] = gs * (exp(zr[i] - mx) / s - (i == t[n] ? 1.0 : 0.0));
+    }
+}
 
 size_t l3d_ref_qi(const shape_t *s, int b, int i, int h) {
     return (((size_t)b * s->Tq + i) * s->H + h) * s->D;
