@@ -81,8 +81,9 @@ static l3d_status parse_scalars(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx,
               l3d_cfgjson_get_num(j, root, "", "gradient_predivide_factor", L3D_NUM_GT0, &f, NULL));
     if (f != 1.0)
-        note(cfg, "gradient_predivide_factor: accepted, not yet effective (gradients are "
-                  "averaged in fp32 after the reduction)");
+        note(cfg, "gradient_predivide_factor %g: without effect (each rank's gradient is "
+                  "divided by the global batch's tokens before the reduction, as under "
+                  "prescale_gradients)", f);
     // communication_data_type (null: the gradients' dtype) and fp32_allreduce: the dtype
     // data parallelism reduces gradients in (l3d_dp_comm_dtype, core/trainer_dp.c).
     json_t *cdt = json_object_get(root, "communication_data_type");

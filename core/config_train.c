@@ -104,7 +104,9 @@ static const l3d_dskey_t k_top[] = {
     {"train_batch_size", '*', NULL}, {"train_micro_batch_size_per_gpu", '*', NULL},
     {"gradient_accumulation_steps", '*', NULL}, {"gradient_clipping", '*', NULL},
     {"steps_per_print", '*', NULL}, {"wall_clock_breakdown", '*', NULL},
-    {"prescale_gradients", 'b', " (gradients are averaged in fp32 after the reduction)"},
+    // Gradients are always divided before the reduction (by the global batch's tokens): what
+    // prescale_gradients true asks for, so the key needs nothing.
+    {"prescale_gradients", 'b', NULL},
     {"gradient_predivide_factor", '*', NULL}, {"communication_data_type", '*', NULL},
     {"fp32_allreduce", '*', NULL},
     // llama3d only has Adam/AdamW, which DeepSpeed supports with ZeRO: nothing to allow.

@@ -810,8 +810,7 @@ Test(config, notes) {
     cr_assert_eq(c.activation_checkpointing, 1);
     cr_assert(has_note(&c, "bf16.enabled: accepted, not yet effective on the cpu device"));
     cr_assert(has_note(&c, "wall_clock_breakdown"));
-    cr_assert(has_note(&c, "prescale_gradients"));
-    cr_assert_eq(c.n_notes, 3);
+    cr_assert_eq(c.n_notes, 2);  // prescale_gradients is what llama3d always does
     // communication_data_type is effective (trainer_dp.c): recorded, no note; null unsets it;
     // fp32_allreduce is read beside it (it wins, l3d_dp_comm_dtype).
     cr_assert_eq(c.comm_dtype, L3D_BFLOAT16);
@@ -824,6 +823,8 @@ Test(config, notes) {
     cr_assert_eq(ds_fresh("{\"communication_data_type\": \"fp32\"}", &c), L3D_OK, "%s", err());
     cr_assert_eq(c.comm_dtype, L3D_FLOAT32);
     ASSERT_ERR_HAS(ds_fresh("{\"fp32_allreduce\": 1}", &c), L3D_ERR_CONFIG, "fp32_allreduce");
+    cr_assert_eq(ds_fresh("{\"gradient_predivide_factor\": 8}", &c), L3D_OK, "%s", err());
+    cr_assert(has_note(&c, "gradient_predivide_factor 8: without effect"));
 }
 
 // ---- learning-rate schedules -------------------------------------------------------------
