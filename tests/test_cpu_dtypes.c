@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/reduce.h"
 #include "devices/device.h"
 #include "tests/harness/ref_ops.h"
 
@@ -141,6 +142,33 @@ static double value_at(l3d_dtype t, const void *p, size_t i) {
     float f;
     cr_assert_eq(l3d_dev_convert(dev, &f, L3D_FLOAT32, (const char *)p + i * esize(t), t, 1), L3D_OK);
     return f;
+}
+
+// The device's (vectorised, branch-free) narrowing against core's (core/reduce.c, what the
+// collectives round by) on 2^22 random float32 bit patterns: NaNs with payloads, infinities,
+// float32 subnormals, the float16 subnormal range and overflow all occur.
+Test(cpu_dtypes, narrowing_matches_the_collectives_on_random_bits) {
+    const size_t n = (size_t)1 << 22;
+    uint32_t *u = malloc(n * 4);
+    uint16_t *h = malloc(n * 2);
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (size_t i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        uint32_t r = (uint32_t)(x >> 32);
+        // a quarter near float16's range (exponents 100..150), the rest anywhere
+        u[i] = (i & 3) ? r : (r & 0x807fffffu) | ((100u + (r >> 8) % 51u) << 23);
+    }
+    for (int k = 0; k < 2; k++) {
+        l3d_dtype t = k ? L3D_FLOAT16 : L3D_BFLOAT16;
+        cr_assert_eq(l3d_dev_convert(dev, h, t, u, L3D_FLOAT32, n), L3D_OK);
+        for (size_t i = 0; i < n; i++) {
+            float f = u2f(u[i]);
+            uint16_t want = k ? l3d_f32_to_f16(f) : l3d_f32_to_bf16(f);
+            cr_assert_eq(h[i], want, "%s of %08x: %04x, the collectives give %04x",
+                         l3d_dtype_name(t), u[i], h[i], want);
+        }
+    }
+    free(u), free(h);
 }
 
 // C = alpha op(A) op(B) + beta C for each dtype mix, transposes, strides, the gemv shape

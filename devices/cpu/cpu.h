@@ -29,6 +29,10 @@ typedef struct l3d_cpu {
     float *scratch;         // (nthreads, scratch_slot_floats)
     size_t scratch_bytes;   // allocated size of `scratch`
     size_t scratch_slot_floats;
+    // The float32 copies of one op's 16-bit operands (l3d_cpu_wide): grown to the largest an
+    // op has needed, kept until fini. Ops run one after another, so one serves them all.
+    float *wide;
+    size_t wide_bytes;
 } l3d_cpu_t;
 
 static inline l3d_cpu_t *l3d_cpu_priv(const l3d_device_t *dev) { return (l3d_cpu_t *)dev->priv; }
@@ -321,6 +325,10 @@ void l3d_cpu_convert_serial(void *dst, l3d_dtype dst_type, const void *src, l3d_
 // Nonzero (and an error naming op and arg recorded) unless t is float32, bfloat16 or float16.
 int l3d_cpu_dtype_bad(l3d_device_t *dev, const char *op, const char *arg, l3d_dtype t);
 
+// At least `floats` floats of the device's workspace (64-byte aligned; NULL and an error
+// recorded when it cannot grow). Valid until the next call: one op's operands at a time.
+float *l3d_cpu_wide(l3d_device_t *dev, size_t floats);
+
 // One tensor operand of an op, seen as float32: `f` is `p` itself for a float32 tensor, else a
 // float32 copy of its n elements, converted in when it is read (L3D_CPU_IN) and rounded back
 // once when it is written (L3D_CPU_OUT) and the op succeeded. Two operands with the same p
@@ -342,7 +350,7 @@ static inline l3d_cpu_arg_t l3d_cpu_arg(const char *name, const void *p, l3d_dty
     return a;
 }
 l3d_status l3d_cpu_args_widen(l3d_device_t *dev, const char *op, l3d_cpu_arg_t *a, int n);
-// Rounds the written operands back when `store`, then frees every copy.
+// Rounds the written operands back when `store`; the copies were the workspace's.
 void l3d_cpu_args_narrow(l3d_device_t *dev, l3d_cpu_arg_t *a, int n, int store);
 // A row kernel over a 16-bit (N,V) matrix m: rows are widened R at a time (R a few per
 // thread), fn runs on the float32 block (rows [r0, r0+nrows) of m), and, when `write`, the

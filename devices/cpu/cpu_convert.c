@@ -1,12 +1,16 @@
 // Dtype conversion between float32, bfloat16 and float16, on the pool in fixed chunks, with
-// core's conversions (core/reduce.c: the rules the collectives already round by, tested
-// exhaustively in test_safetensors and test_cpu_ops). Also the 16-bit operands of gemm.
+// the rules of core's conversions (core/reduce.c, which the collectives round by) written
+// without branches so the loops vectorise: the same bits for every input (tests/
+// test_cpu_dtypes.c checks every 16-bit value, every midpoint and the floats beside them, and
+// random float32 bit patterns against core's functions). Also the 16-bit operands of gemm and
+// of every other op (l3d_cpu_args_widen, l3d_cpu_rows_widened).
 // defines: l3d_cpu_convert, l3d_cpu_convert_run, l3d_cpu_convert_serial, l3d_cpu_dtype_ok,
 //          l3d_cpu_dtype_bad, l3d_cpu_args_widen/narrow, l3d_cpu_rows_widened
 #include <string.h>
 
-#include "core/reduce.h"
 #include "devices/cpu/cpu.h"
+
+L3D_CPU_VECTORIZE
 
 typedef struct {
     void *dst;
@@ -19,20 +23,73 @@ int l3d_cpu_dtype_ok(l3d_dtype t) {
     return t == L3D_FLOAT32 || t == L3D_BFLOAT16 || t == L3D_FLOAT16;
 }
 
-// Elements [i0, i1): through float32, so every pair of types is one widening and one narrowing.
-static void conv_range(const conv_t *c, size_t i0, size_t i1) {
-    const float *sf = c->src;
-    const uint16_t *sh = c->src;
-    float *df = c->dst;
-    uint16_t *dh = c->dst;
-    for (size_t i = i0; i < i1; i++) {
-        float x = c->st == L3D_FLOAT32    ? sf[i]
-                  : c->st == L3D_BFLOAT16 ? l3d_bf16_to_f32(sh[i])
-                                          : l3d_f16_to_f32(sh[i]);
-        if (c->dt == L3D_FLOAT32) df[i] = x;
-        else dh[i] = c->dt == L3D_BFLOAT16 ? l3d_f32_to_bf16(x) : l3d_f32_to_f16(x);
-    }
+L3D_CPU_INLINE uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
 }
+L3D_CPU_INLINE float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// bfloat16 is float32's top half: widening shifts; narrowing adds half an ulp minus one, plus
+// the kept lowest bit (ties to even), and keeps a NaN's top bits with the quiet bit set.
+L3D_CPU_INLINE float bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
+L3D_CPU_INLINE uint16_t f32_to_bf16(float f) {
+    uint32_t x = f2u(f);
+    uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, q = (x >> 16) | 0x40u;
+    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
+}
+
+// float16 -> float32: the exponent rebiased (+112); inf/NaN get 112 more (255); zero and
+// subnormals are renormalised by subtracting 2^-14 from a value built with exponent -14 (exact).
+L3D_CPU_INLINE float f16_to_f32(uint16_t h) {
+    uint32_t em = (uint32_t)(h & 0x7fffu) << 13, e = em & 0x0f800000u;
+    uint32_t o = em + (112u << 23);
+    uint32_t big = o + (112u << 23);
+    float sub = u2f(o + (1u << 23)) - 6.103515625e-05f;  // 2^-14
+    uint32_t r = e == 0x0f800000u ? big : e == 0 ? f2u(sub) : o;
+    return u2f(r | (uint32_t)(h & 0x8000u) << 16);
+}
+
+// float32 -> float16, to nearest, ties to even: |x| >= 65536 is inf (65520 up to it rounds to
+// inf through the normal path's carry); below 2^-14 (subnormal or zero) adding 0.5 aligns the
+// 10 kept bits at the bottom and float addition rounds them (to nearest even); otherwise the
+// exponent is rebiased and the mantissa rounded as bfloat16's is. NaN keeps its top 10
+// mantissa bits with the quiet bit set, as core's l3d_f32_to_f16.
+L3D_CPU_INLINE uint16_t f32_to_f16(float f) {
+    uint32_t x = f2u(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
+    uint32_t nan = 0x7e00u | ((a & 0x7fffffu) >> 13), inf = 0x7c00u;
+    uint32_t sub = f2u(u2f(a) + 0.5f) - 0x3f000000u;
+    uint32_t nrm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // (15 - 127) << 23, wrapped
+    uint32_t r = a > 0x7f800000u ? nan : a >= 0x47800000u ? inf : a < 0x38800000u ? sub : nrm;
+    return (uint16_t)(sign | r);
+}
+
+// One loop per (source, destination) pair, each vectorised for the clone's ISA.
+L3D_CPU_SIMD static void conv_loops(const conv_t *c, size_t i0, size_t i1) {
+    const float *restrict sf = c->src;
+    const uint16_t *restrict sh = c->src;
+    float *restrict df = c->dst;
+    uint16_t *restrict dh = c->dst;
+    if (c->st == L3D_FLOAT32 && c->dt == L3D_BFLOAT16)
+        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_bf16(sf[i]);
+    else if (c->st == L3D_FLOAT32)  // to float16
+        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_f16(sf[i]);
+    else if (c->st == L3D_BFLOAT16 && c->dt == L3D_FLOAT32)
+        for (size_t i = i0; i < i1; i++) df[i] = bf16_to_f32(sh[i]);
+    else if (c->st == L3D_FLOAT16 && c->dt == L3D_FLOAT32)
+        for (size_t i = i0; i < i1; i++) df[i] = f16_to_f32(sh[i]);
+    else if (c->st == L3D_BFLOAT16)  // to float16, through float32 (exact)
+        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_f16(bf16_to_f32(sh[i]));
+    else  // float16 to bfloat16
+        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_bf16(f16_to_f32(sh[i]));
+}
+
+// Elements [i0, i1): every pair of distinct types is one widening and one narrowing.
+static void conv_range(const conv_t *c, size_t i0, size_t i1) { conv_loops(c, i0, i1); }
 
 static void conv_task(void *arg, int task, int ntasks) {
     const conv_t *c = arg;
@@ -105,14 +162,18 @@ l3d_status l3d_cpu_args_widen(l3d_device_t *dev, const char *op, l3d_cpu_arg_t *
                              "their size", op, a[i].name, a[j].name);
         a[j].io |= a[i].io;
     }
+    // The owners' copies side by side in the device's workspace, each 64-byte aligned.
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (a[i].owner) total += (a[i].n + 15) & ~(size_t)15;
+    float *w = total ? l3d_cpu_wide(dev, total) : NULL;
+    if (total && !w) return L3D_ERR_NOMEM;
     for (int i = 0; i < n; i++) {
         l3d_cpu_arg_t *x = &a[i];
         if (x->t == L3D_FLOAT32) x->f = (float *)x->p;  // written only where the op may
         if (!x->owner || !x->n) continue;
-        if (!(x->f = l3d_malloc(dev->ctx, x->n * sizeof(float), "scratch"))) {
-            l3d_cpu_args_narrow(dev, a, i, 0);
-            return L3D_ERR_NOMEM;
-        }
+        x->f = w;
+        w += (x->n + 15) & ~(size_t)15;
         if (x->io & L3D_CPU_IN) l3d_cpu_convert_run(dev, x->f, L3D_FLOAT32, x->p, x->t, x->n);
     }
     for (int i = 0; i < n; i++)  // the sharers take the owner's copy
@@ -130,8 +191,7 @@ void l3d_cpu_args_narrow(l3d_device_t *dev, l3d_cpu_arg_t *a, int n, int store) 
         if (!x->f) continue;  // an empty operand
         if (store && (x->io & L3D_CPU_OUT))
             l3d_cpu_convert_run(dev, (void *)x->p, x->t, x->f, L3D_FLOAT32, x->n);
-        l3d_free(dev->ctx, x->f, x->n * sizeof(float), "scratch");
-        x->f = NULL;
+        x->f = NULL;  // the workspace stays the device's
     }
 }
 
@@ -146,8 +206,8 @@ l3d_status l3d_cpu_rows_widened(l3d_device_t *dev, const char *op, void *m, l3d_
     // Nothing to widen: the kernel checks the shape, or has no element to read (Vl 0).
     if (N <= 0 || V <= 0) return fn(dev, (float *)m, 0, N, arg);
     int R = L3D_MIN(N, ROWS_PER_BLOCK_PER_THREAD * l3d_cpu_priv(dev)->nthreads);
-    size_t bytes = (size_t)R * (size_t)V * sizeof(float), es = l3d_dtype_size(t);
-    float *buf = l3d_malloc(dev->ctx, bytes, "scratch");
+    size_t es = l3d_dtype_size(t);
+    float *buf = l3d_cpu_wide(dev, (size_t)R * (size_t)V);
     if (!buf) return L3D_ERR_NOMEM;
     l3d_status st = L3D_OK;
     for (int r0 = 0; r0 < N && st >= 0; r0 += R) {
@@ -158,6 +218,5 @@ l3d_status l3d_cpu_rows_widened(l3d_device_t *dev, const char *op, void *m, l3d_
         if (st >= 0 && write)
             l3d_cpu_convert_run(dev, rows, t, buf, L3D_FLOAT32, (size_t)r * (size_t)V);
     }
-    l3d_free(dev->ctx, buf, bytes, "scratch");
     return st;
 }

@@ -38,6 +38,18 @@ l3d_status l3d_cpu_scratch_reserve(l3d_device_t *dev, size_t slot_floats) {
     return L3D_OK;
 }
 
+float *l3d_cpu_wide(l3d_device_t *dev, size_t floats) {
+    l3d_cpu_t *cpu = l3d_cpu_priv(dev);
+    size_t bytes = (floats ? floats : 1) * sizeof(float);
+    if (bytes > cpu->wide_bytes) {
+        l3d_free(dev->ctx, cpu->wide, cpu->wide_bytes, "scratch");
+        cpu->wide_bytes = 0;
+        if (!(cpu->wide = l3d_malloc(dev->ctx, bytes, "scratch"))) return NULL;
+        cpu->wide_bytes = bytes;
+    }
+    return cpu->wide;
+}
+
 float *l3d_cpu_scratch_acquire(l3d_cpu_t *cpu, int *slot_p) {
     // No more than nthreads tasks run at once, so one pass always finds a free slot; the
     // loop only guards against a stale read.
@@ -89,6 +101,7 @@ static void cpu_fini(l3d_device_t *dev) {
     if (!cpu) return;
     l3d_pool_destroy(cpu->pool);
     l3d_free(dev->ctx, cpu->scratch, cpu->scratch_bytes, "scratch");
+    l3d_free(dev->ctx, cpu->wide, cpu->wide_bytes, "scratch");
     l3d_free(dev->ctx, cpu->slot_busy, sizeof(atomic_int) * (size_t)cpu->nthreads, "other");
     l3d_free(dev->ctx, cpu, sizeof(*cpu), "other");
     dev->priv = NULL;

@@ -65,17 +65,23 @@ static void ew_task(void *arg, int task, int ntasks) {
     int slot;
     float *s = l3d_cpu_scratch_acquire(j->cpu, &slot);
     size_t es = l3d_dtype_size(j->t);
+    // An operand not named in `typed` is float32 and only offset (as above).
     if (j->typed & EW_A) l.a = ew_in(e->a, j->t, i0, len, &s);
     else if (l.a) l.a += i0;
     if (j->typed & EW_B) l.b = ew_in(e->b, j->t, i0, len, &s);
+    else if (l.b) l.b += i0;
     if (j->typed & EW_C) l.c = ew_in(e->c, j->t, i0, len, &s);
+    else if (l.c) l.c += i0;
     // Outputs get buffers of their own: an input they alias is fully read before the store.
     if (j->typed & EW_OUT) {
         l.out = s;
         if (j->out_read) ew_in(e->out, j->t, i0, len, &s);
         else s += L3D_CPU_CHUNK;
+    } else if (l.out) {
+        l.out += i0;
     }
     if (j->typed & EW_OUT2) l.out2 = s;
+    else if (l.out2) l.out2 += i0;
     j->body(&l, len, task);
     if (j->typed & EW_OUT)
         l3d_cpu_convert_serial((char *)e->out + i0 * es, j->t, l.out, L3D_FLOAT32, len);
