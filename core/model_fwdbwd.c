@@ -13,25 +13,29 @@
 #include "core/model_internal.h"
 
 // ---- linear layers: y = x W^T with W (out,in) as Hugging Face stores it -------------------
+// Activations (x, y, dy, dx) in at; weights and their gradients float32.
 // y(N,O) = x(N,I) W(O,I)^T, beta = 0 overwrites, 1 accumulates. ldy lets k/v land in a cache.
-static l3d_status linear_fwd(l3d_device_t *dev, float *y, int ldy, const float *x,
-                             const float *W, int N, int I, int O, float beta) {
+static l3d_status linear_fwd(l3d_device_t *dev, void *y, int ldy, const void *x,
+                             const float *W, int N, int I, int O, float beta, l3d_dtype at) {
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
-                    .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy};
+                    .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy,
+                    .a_type = at, .c_type = at};
     return l3d_dev_gemm(dev, &g);
 }
 // dx(N,I) = dy(N,O) W(O,I)  (beta as above)
-static l3d_status linear_bwd_x(l3d_device_t *dev, float *dx, const float *dy, const float *W,
-                               int N, int I, int O, float beta) {
+static l3d_status linear_bwd_x(l3d_device_t *dev, void *dx, const void *dy, const float *W,
+                               int N, int I, int O, float beta, l3d_dtype at) {
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 0, .M = N, .N = I, .K = O, .alpha = 1.0f,
-                    .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I};
+                    .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I,
+                    .a_type = at, .c_type = at};
     return l3d_dev_gemm(dev, &g);
 }
 // dW(O,I) += dy(N,O)^T x(N,I)
-static l3d_status linear_bwd_w(l3d_device_t *dev, float *dW, const float *dy, const float *x,
-                               int N, int I, int O) {
+static l3d_status linear_bwd_w(l3d_device_t *dev, float *dW, const void *dy, const void *x,
+                               int N, int I, int O, l3d_dtype at) {
     l3d_gemm_t g = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
-                    .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I};
+                    .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I,
+                    .a_type = at, .b_type = at};
     return l3d_dev_gemm(dev, &g);
 }
 
@@ -47,23 +51,24 @@ static void *take(arena_t *a, size_t bytes) {
     return p;
 }
 
+// Activations take es bytes an element (their dtype), row statistics f.
 static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m, size_t N,
-                         int B, int T, int with_x_in) {
+                         int B, int T, int with_x_in, size_t es) {
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, f = sizeof(float);
-    if (with_x_in) la->x_in = take(ar, N * C * f);
+    if (with_x_in) la->x_in = take(ar, N * C * es);
     la->rstd1 = take(ar, N * f);
-    la->ln1 = take(ar, N * C * f);
-    la->q = take(ar, N * HD * f);
-    la->k = take(ar, N * KD * f);
-    la->v = take(ar, N * KD * f);
-    la->att = take(ar, N * HD * f);
+    la->ln1 = take(ar, N * C * es);
+    la->q = take(ar, N * HD * es);
+    la->k = take(ar, N * KD * es);
+    la->v = take(ar, N * KD * es);
+    la->att = take(ar, N * HD * es);
     la->lse = take(ar, (size_t)B * (size_t)m->H * (size_t)T * f);
-    la->h = take(ar, N * C * f);
+    la->h = take(ar, N * C * es);
     la->rstd2 = take(ar, N * f);
-    la->ln2 = take(ar, N * C * f);
-    la->gate = take(ar, N * F * f);
-    la->up = take(ar, N * F * f);
+    la->ln2 = take(ar, N * C * es);
+    la->gate = take(ar, N * F * es);
+    la->up = take(ar, N * F * es);
 }
 
 // The rows of x_in a checkpoint keeps and where they sit in it: all N; 1/tp of them at this
@@ -84,14 +89,14 @@ static void layout_host_ckpt(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     size_t rows, off;
     ckpt_span(m, a, &rows, &off);
     for (int l = 0; l < a->L; l++) {
-        float *p = take(ar, rows * (size_t)m->C * sizeof(float));
+        void *p = take(ar, rows * (size_t)m->C * l3d_dtype_size(a->at));
         if (a->layers) a->layers[l].ckpt = p;
     }
 }
 
 // a->L layers (a->chunk's); the head's buffers only where the head runs.
 static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
-    size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float);
+    size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float), es = l3d_dtype_size(a->at);
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, V = (size_t)m->V;
     int L = a->L, head = m->has_head && a->chunk == m->nchunks - 1;
@@ -101,19 +106,19 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
         // Checkpoints apart from the working input: the layers' inputs pass through two
         // buffers in turn (a layer reads one, writes its output to the other), and each
         // layer's kept rows are copied out of it in the forward and back in for the rebuild.
-        float *w[2];
-        for (int i = 0; i < 2; i++) w[i] = take(ar, N * C * f);
+        void *w[2];
+        for (int i = 0; i < 2; i++) w[i] = take(ar, N * C * es);
         size_t rows, off;
         ckpt_span(m, a, &rows, &off);
         for (int l = 0; l < L; l++) {
             l3d_layer_acts_t *la = a->layers ? &a->layers[l] : &dummy;
             la->x_in = w[l % 2];
-            la->ckpt = (a->recompute & L3D_CKPT_CPU) ? NULL : take(ar, rows * C * f);
+            la->ckpt = (a->recompute & L3D_CKPT_CPU) ? NULL : take(ar, rows * C * es);
         }
         l3d_layer_acts_t shared = {0};
-        layout_layer(ar, &shared, m, N, a->B, a->T, 0);
+        layout_layer(ar, &shared, m, N, a->B, a->T, 0, es);
         for (int l = 0; a->layers && l < L; l++) {
-            float *x_in = a->layers[l].x_in, *ckpt = a->layers[l].ckpt;
+            void *x_in = a->layers[l].x_in, *ckpt = a->layers[l].ckpt;
             a->layers[l] = shared;
             a->layers[l].x_in = x_in;
             a->layers[l].ckpt = ckpt;
@@ -121,36 +126,36 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     } else if (a->recompute) {
         // Checkpointing: only each layer's input survives the forward; the rest of a layer's
         // activations are rebuilt in one shared set during its backward.
-        for (int l = 0; l < L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * f);
+        for (int l = 0; l < L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * es);
         l3d_layer_acts_t shared = {0};
-        layout_layer(ar, &shared, m, N, a->B, a->T, 0);
+        layout_layer(ar, &shared, m, N, a->B, a->T, 0, es);
         for (int l = 0; a->layers && l < L; l++) {
-            float *x_in = a->layers[l].x_in;
+            void *x_in = a->layers[l].x_in;
             a->layers[l] = shared;
             a->layers[l].x_in = x_in;
         }
     } else {
         for (int l = 0; l < L; l++)
-            layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1);
+            layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1, es);
     }
-    a->x_final = take(ar, N * C * f);
+    a->x_final = take(ar, N * C * es);
     a->rstdf = take(ar, N * f);
-    a->lnf = take(ar, N * C * f);
-    a->logits = take(ar, (head ? N * V : 0) * f);  // last stage only
+    a->lnf = take(ar, N * C * es);
+    a->logits = take(ar, (head ? N * V : 0) * es);  // last stage only
     a->losses = take(ar, N * f);
     a->vp_max = take(ar, N * f);
     a->vp_stats = take(ar, 2 * N * f);
-    a->sw = take(ar, N * F * f);
-    a->dres = take(ar, N * C * f);
-    float *sp_tmp = take(ar, N * C * f);  // sequence parallelism's (N,C) partial sums
+    a->sw = take(ar, N * F * es);
+    a->dres = take(ar, N * C * es);
+    void *sp_tmp = take(ar, N * C * es);  // sequence parallelism's (N,C) partial sums
     for (int l = 0; a->layers && l < L; l++) a->layers[l].sp_tmp = sp_tmp;
-    a->dln = take(ar, N * C * f);
-    a->datt = take(ar, N * HD * f);
-    a->dq = take(ar, N * HD * f);
-    a->dk = take(ar, N * KD * f);
-    a->dv = take(ar, N * KD * f);
-    a->dgate = take(ar, N * F * f);
-    a->dup = take(ar, N * F * f);
+    a->dln = take(ar, N * C * es);
+    a->datt = take(ar, N * HD * es);
+    a->dq = take(ar, N * HD * es);
+    a->dk = take(ar, N * KD * es);
+    a->dv = take(ar, N * KD * es);
+    a->dgate = take(ar, N * F * es);
+    a->dup = take(ar, N * F * es);
     a->tokens = take(ar, N * sizeof(int32_t));
     a->targets = take(ar, N * sizeof(int32_t));
 }
@@ -167,7 +172,7 @@ size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v,
     l3d_model_set_dims_tp(&m, cfg, tp, 0);
     l3d_model_set_stage(&m, pp, v, stage, lps);
     m.tp.sp = sp && tp > 1;
-    l3d_acts_t a = {.B = B, .T = T, .recompute = recompute, .chunk = chunk,
+    l3d_acts_t a = {.B = B, .T = T, .at = L3D_FLOAT32, .recompute = recompute, .chunk = chunk,
                     .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};
     arena_t ar = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, &a, &m);
@@ -205,6 +210,7 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
     }
     a->B = B;
     a->T = T;
+    a->at = L3D_FLOAT32;  // the activations' dtype (every op and collective takes it)
     a->recompute = recompute;
     arena_t ar = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, a, m);
@@ -244,60 +250,58 @@ void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a) {
 #define LW(f) (Wl + (lp->f - lp->ln1))
 
 l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_layer_acts_t *a,
-                             float *x_out, float *sw, int B, int T, int pos0, int Tk,
-                             size_t kv_bstride) {
+                             void *x_out, void *sw, int B, int T, int pos0, int Tk,
+                             size_t kv_bstride, l3d_dtype at) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const l3d_layer_params_t *lp = &m->layer[l];
     int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
     float eps = m->cfg.rms_norm_eps;
-    float *k_new = a->k + (size_t)pos0 * KD, *v_new = a->v + (size_t)pos0 * KD;
+    void *k_new = l3d_elem(a->k, at, (size_t)pos0 * KD), *v_new = l3d_elem(a->v, at, (size_t)pos0 * KD);
 
     // Sequence parallelism: x_in, h, x_out and the norms are this rank's `rows` rows; ln1/ln2
     // are gathered to all N rows before the column-parallel GEMMs and the row-parallel
     // outputs reduce-scattered back to rows.
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1 + roff, a->rstd1, a->x_in, LW(ln1),
-                                       (int)rows, C, eps, L3D_FLOAT32, L3D_FLOAT32));
-    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows));
-    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f));
-    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f));
-    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f));
-    L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0,
-                                L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, l3d_elem(a->ln1, at, roff), a->rstd1, a->x_in,
+                                       LW(ln1), (int)rows, C, eps, at, L3D_FLOAT32));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows, at));
+    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f, at));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0,
-                                L3D_FLOAT32));
+                                at));
     l3d_attn_dims_t dims = {B, T, Tk, m->H, m->KVH, m->D, kv_bstride};
-    L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims,
-                                         L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att, a->lse, a->q, a->k, a->v, &dims, at));
     // h = x_in + att Wo^T. Row-parallel o_proj: each tp rank's heads give a partial sum; rank
     // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g). With
     // sequence parallelism the partial sums are reduce-scattered and added to this rank's rows.
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f));
-        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows));
-        L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C, L3D_FLOAT32));
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f, at));
+        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows, at));
+        L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C, at));
     } else {
-        L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C));
-        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, LW(wo), N, HD, C, 1.0f));
-        L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C));
+        L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C, at));
+        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, LW(wo), N, HD, C, 1.0f, at));
+        L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C, at));
     }
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2 + roff, a->rstd2, a->h, LW(ln2), (int)rows,
-                                       C, eps, L3D_FLOAT32, L3D_FLOAT32));
-    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows));
-    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f));
-    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f));
-    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F, L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, l3d_elem(a->ln2, at, roff), a->rstd2, a->h, LW(ln2),
+                                       (int)rows, C, eps, at, L3D_FLOAT32));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows, at));
+    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f, at));
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F, at));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f));
-        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows));
-        return l3d_dev_add(dev, x_out, x_out, a->h, rows * C, L3D_FLOAT32);
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f, at));
+        L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows, at));
+        return l3d_dev_add(dev, x_out, x_out, a->h, rows * C, at);
     }
-    L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C));
-    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, LW(wd), N, F, C, 1.0f));
-    L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C));
+    L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C, at));
+    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, LW(wd), N, F, C, 1.0f, at));
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C, at));
     return L3D_OK;
 }
 
@@ -312,58 +316,58 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
     int B = acts->B, T = acts->T;
     int N = B * T, C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
     size_t NF = (size_t)N * F;
-    float *dres = acts->dres, *sw = acts->sw;
+    l3d_dtype at = acts->at;
+    size_t es = l3d_dtype_size(at);
+    void *dres = acts->dres, *sw = acts->sw;
     // Sequence parallelism: dres is this rank's rows; D, the gradient the GEMMs need, is all N
     // rows gathered into sp_tmp, and dL/dln is reduce-scattered in place to this rank's rows.
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
-    float *D = sp ? a->sp_tmp : dres, *dln = acts->dln + roff;
+    void *D = sp ? a->sp_tmp : dres, *dln = l3d_elem(acts->dln, at, roff);
 #define GW(f) (Gl + (lp->f - lp->ln1))
 #define GATHER_D()                                                                             \
     if (sp) {                                                                                  \
-        L3D_CHECK(ctx, l3d_dev_copy(dev, D + roff, dres, rows * C * sizeof(float), L3D_COPY_D2D)); \
-        L3D_CHECK(ctx, l3d_tp_gather_rows(m, D, rows));                                        \
+        L3D_CHECK(ctx, l3d_dev_copy(dev, l3d_elem(D, at, roff), dres, rows * C * es,           \
+                                    L3D_COPY_D2D));                                            \
+        L3D_CHECK(ctx, l3d_tp_gather_rows(m, D, rows, at));                                    \
     }
 #define REDUCE_DLN()                                                                           \
-    if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, acts->dln, dln, rows));                      \
-    else L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C));
+    if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, acts->dln, dln, rows, at));                  \
+    else L3D_CHECK(ctx, l3d_tp_allreduce(m, acts->dln, (size_t)N * C, at));
 
     // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
     GATHER_D();
-    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF, L3D_FLOAT32));
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wd), D, sw, N, F, C));
-    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, LW(wd), N, F, C, 0.0f));  // sw <- dsw
-    L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF,
-                                      L3D_FLOAT32));
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wg), acts->dgate, a->ln2, N, C, F));
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wu), acts->dup, a->ln2, N, C, F));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, LW(wu), N, C, F, 1.0f));
+    L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF, at));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wd), D, sw, N, F, C, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, LW(wd), N, F, C, 0.0f, at));  // sw <- dsw
+    L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF, at));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wg), acts->dgate, a->ln2, N, C, F, at));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wu), acts->dup, a->ln2, N, C, F, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, LW(wu), N, C, F, 1.0f, at));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln2), dln, a->h, LW(ln2), a->rstd2,
-                                       (int)rows, C, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32));
+                                       (int)rows, C, at, L3D_FLOAT32, L3D_FLOAT32));
     // attention: h = x_in + att Wo^T
     GATHER_D();
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wo), D, a->att, N, HD, C));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, LW(wo), N, HD, C, 0.0f));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wo), D, a->att, N, HD, C, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, LW(wo), N, HD, C, 0.0f, at));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
-                                         a->k, a->v, a->att, a->lse, &dims, L3D_FLOAT32));
-    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1,
-                                L3D_FLOAT32));
+                                         a->k, a->v, a->att, a->lse, &dims, at));
+    L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1,
-                                L3D_FLOAT32));
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wq), acts->dq, a->ln1, N, C, HD));
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wk), acts->dk, a->ln1, N, C, KD));
-    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wv), acts->dv, a->ln1, N, C, KD));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, LW(wq), N, C, HD, 0.0f));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, LW(wk), N, C, KD, 1.0f));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f));
+                                at));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wq), acts->dq, a->ln1, N, C, HD, at));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wk), acts->dk, a->ln1, N, C, KD, at));
+    L3D_CHECK(ctx, linear_bwd_w(dev, GW(wv), acts->dv, a->ln1, N, C, KD, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, LW(wq), N, C, HD, 0.0f, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, LW(wk), N, C, KD, 1.0f, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f, at));
     REDUCE_DLN();
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, LW(ln1),
-                                       a->rstd1, (int)rows, C,
-                                       L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, LW(ln1), a->rstd1,
+                                       (int)rows, C, at, L3D_FLOAT32, L3D_FLOAT32));
     if (acts->tp_sync_grads) {  // replicated kv heads, and the norms' partial rows with SP
         L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, GW(wk), GW(wv)));
         L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, GW(ln1)));
@@ -384,7 +388,8 @@ static l3d_status ckpt_save(l3d_model_t *m, l3d_acts_t *a, int l) {
     if (!la->ckpt) return L3D_OK;
     size_t rows, off, C = (size_t)m->C;
     ckpt_span(m, a, &rows, &off);
-    return l3d_dev_copy(m->dev, la->ckpt, la->x_in + off * C, rows * C * sizeof(float),
+    return l3d_dev_copy(m->dev, la->ckpt, l3d_elem(la->x_in, a->at, off * C),
+                        rows * C * l3d_dtype_size(a->at),
                         (a->recompute & L3D_CKPT_CPU) ? L3D_COPY_D2H : L3D_COPY_D2D);
 }
 
@@ -395,9 +400,10 @@ static l3d_status ckpt_restore(l3d_model_t *m, l3d_acts_t *a, int l) {
     if (!la->ckpt) return L3D_OK;
     size_t rows, off, C = (size_t)m->C;
     ckpt_span(m, a, &rows, &off);
-    L3D_CHECK(m->ctx, l3d_dev_copy(m->dev, la->x_in + off * C, la->ckpt, rows * C * sizeof(float),
+    L3D_CHECK(m->ctx, l3d_dev_copy(m->dev, l3d_elem(la->x_in, a->at, off * C), la->ckpt,
+                                   rows * C * l3d_dtype_size(a->at),
                                    (a->recompute & L3D_CKPT_CPU) ? L3D_COPY_H2D : L3D_COPY_D2D));
-    if (ckpt_partitioned(m, a)) L3D_CHECK(m->ctx, l3d_tp_gather_rows(m, la->x_in, rows));
+    if (ckpt_partitioned(m, a)) L3D_CHECK(m->ctx, l3d_tp_gather_rows(m, la->x_in, rows, a->at));
     return L3D_OK;
 }
 
@@ -440,36 +446,37 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     *loss_sum_p = 0.0;
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
-    float *sp_tmp = a->layers[0].sp_tmp;
+    void *sp_tmp = a->layers[0].sp_tmp;
+    l3d_dtype at = a->at;
     const float *w;
 
     if (embed) {
         L3D_CHECK(ctx, params_get(m, a, 0, 0, &w));
         if (sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
-            L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, w, a->tokens, N));
-            L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows));
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, w, a->tokens, N, at));
+            L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows, at));
         } else {
-            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, w, a->tokens, N));
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, w, a->tokens, N, at));
         }
         L3D_CHECK(ctx, params_done(m, a, 0));
     }
     for (int l = 0; l < L; l++) {
-        float *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
+        void *x_out = l + 1 < L ? a->layers[l + 1].x_in : a->x_final;
         int g = l3d_model_group_layer(m, a->l_first + l);
         L3D_CHECK(ctx, ckpt_save(m, a, l));
         L3D_CHECK(ctx, params_get(m, a, g, 0, &w));
         L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, w, &a->layers[l], x_out, a->sw, B, T,
-                                         0, T, 0));
+                                         0, T, 0, at));
         L3D_CHECK(ctx, params_done(m, a, g));
     }
     if (!head) return l3d_dev_sync(dev);
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_norm(m), 0, &w));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->lnf + roff, a->rstdf, a->x_final, w, (int)rows, C,
-                                       eps, L3D_FLOAT32, L3D_FLOAT32));
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, l3d_elem(a->lnf, at, roff), a->rstdf, a->x_final, w,
+                                       (int)rows, C, eps, at, L3D_FLOAT32));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
-    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows, at));
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
-    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, w, N, C, V, 0.0f));
+    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, w, N, C, V, 0.0f, at));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_head(m)));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
@@ -516,7 +523,9 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     int embed = m->has_embed && a->chunk == 0, head = m->has_head && a->chunk == m->nchunks - 1;
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
-    float *sp_tmp = a->layers[0].sp_tmp;
+    void *sp_tmp = a->layers[0].sp_tmp;
+    l3d_dtype at = a->at;
+    size_t es = l3d_dtype_size(at);
     const float *w;
     if (head) {
         // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
@@ -525,18 +534,18 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         int gi_head = l3d_model_group_head(m), gi_norm = l3d_model_group_norm(m);
         L3D_CHECK(ctx, group_grads(m, a, G, gi_head, &gh));
         L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
-        L3D_CHECK(ctx, linear_bwd_w(dev, gh, a->logits, a->lnf, N, C, V));
+        L3D_CHECK(ctx, linear_bwd_w(dev, gh, a->logits, a->lnf, N, C, V, at));
         L3D_CHECK(ctx, params_get(m, a, gi_head, 1, &w));
-        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, w, N, C, V, 0.0f));
+        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, w, N, C, V, 0.0f, at));
         L3D_CHECK(ctx, params_done(m, a, gi_head));
         // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
-        if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->dln, a->dln + roff, rows));
-        else L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C));
-        L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * sizeof(float)));
+        void *dln = l3d_elem(a->dln, at, roff);
+        if (sp) L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->dln, dln, rows, at));
+        else L3D_CHECK(ctx, l3d_tp_allreduce(m, a->dln, (size_t)N * C, at));
+        L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * es));
         L3D_CHECK(ctx, params_get(m, a, gi_norm, 1, &w));
-        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, a->dln + roff, a->x_final, w,
-                                           a->rstdf, (int)rows, C,
-                                           L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, dln, a->x_final, w, a->rstdf,
+                                           (int)rows, C, at, L3D_FLOAT32, L3D_FLOAT32));
         L3D_CHECK(ctx, params_done(m, a, gi_norm));
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, gn));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the
@@ -552,7 +561,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             // scratch that is free now (dln), not to the next layer's saved input.
             L3D_CHECK(ctx, ckpt_restore(m, a, l));
             L3D_CHECK(ctx, l3d_layer_forward(m, lm, w, &a->layers[l], a->dln, a->sw, B, T, 0, T,
-                                             0));
+                                             0, at));
         }
         float *gl;
         L3D_CHECK(ctx, group_grads(m, a, G, g, &gl));
@@ -561,17 +570,17 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[lm].ln1));
     }
     if (embed) {
-        const float *dx = a->dres;
+        const void *dx = a->dres;
         if (sp) {  // every token's gradient, for this rank's vocabulary rows
-            L3D_CHECK(ctx, l3d_dev_copy(dev, sp_tmp + roff, a->dres, rows * C * sizeof(float),
+            L3D_CHECK(ctx, l3d_dev_copy(dev, l3d_elem(sp_tmp, at, roff), a->dres, rows * C * es,
                                         L3D_COPY_D2D));
-            L3D_CHECK(ctx, l3d_tp_gather_rows(m, sp_tmp, rows));
+            L3D_CHECK(ctx, l3d_tp_gather_rows(m, sp_tmp, rows, at));
             dx = sp_tmp;
         }
         // (the embedding's backward is a scatter-add of dx: it reads no parameter)
         float *ge;
         L3D_CHECK(ctx, group_grads(m, a, G, 0, &ge));
-        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, ge, dx, a->tokens, N));
+        L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, ge, dx, a->tokens, N, at));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, 0));
     }
     return l3d_dev_sync(dev);

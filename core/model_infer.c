@@ -145,7 +145,8 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)n * sizeof(int32_t),
                                     L3D_COPY_H2D));
         // (vocab-parallel under tp: each rank looks up its rows, an all-reduce sums them)
-        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, n));
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, n,
+                                            L3D_FLOAT32));
     } else {  // a later pipeline stage: the previous stage's output rows
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->xa, x_prev, (size_t)n * C * sizeof(float),
                                     L3D_COPY_D2D));
@@ -158,7 +159,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
         la.v = c->v + seq_off + (size_t)l * c->cap * KD;
         la.lse = NULL;
         L3D_CHECK(ctx, l3d_layer_forward(m, l, m->params + m->layer[l].ln1, &la, y, c->sw, 1, n,
-                                         pos0, pos0 + n, 0));
+                                         pos0, pos0 + n, 0, L3D_FLOAT32));
         float *t = x;
         x = y;
         y = t;
@@ -288,7 +289,7 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
     for (int i = 0; i < n; i++) {
         int s = seqs[i], pos = c->lens[s];
         size_t base = ((size_t)s * (size_t)m->L + (size_t)l) * (size_t)c->cap * (size_t)KD;
-        float *q = a->q + (size_t)i * HD, *kc = c->k + base, *vc = c->v + base;
+        float *q = (float *)a->q + (size_t)i * HD, *kc = c->k + base, *vc = c->v + base;
         L3D_CHECK(ctx, l3d_dev_rope(dev, q, m->cos_tab, m->sin_tab, 1, 1, m->H, m->D, pos, 0,
                                     L3D_FLOAT32));
         L3D_CHECK(ctx, l3d_dev_rope(dev, c->kt + (size_t)i * KD, m->cos_tab, m->sin_tab, 1, 1,
@@ -298,23 +299,23 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
         L3D_CHECK(ctx, l3d_dev_copy(dev, vc + (size_t)pos * KD, c->vt + (size_t)i * KD,
                                     (size_t)KD * sizeof(float), L3D_COPY_D2D));
         l3d_attn_dims_t dims = {1, 1, pos + 1, m->H, m->KVH, m->D, 0};
-        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, a->att + (size_t)i * HD, NULL, q, kc, vc, &dims,
+        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, (float *)a->att + (size_t)i * HD, NULL, q, kc, vc, &dims,
                                              L3D_FLOAT32));
     }
     // h = x + att Wo^T, x_out = h + swiglu(ln2 Wg^T, ln2 Wu^T) Wd^T (row-parallel under tp:
     // rank 0 adds the residual, the all-reduce completes the sums).
-    L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, x, (size_t)n * C));
+    L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, x, (size_t)n * C, L3D_FLOAT32));
     GEMM(a->h, C, a->att, W + lp->wo, HD, C, 1.0f);
-    L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)n * C));
+    L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)n * C, L3D_FLOAT32));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, n, C, eps,
                                        L3D_FLOAT32, L3D_FLOAT32));
     GEMM(a->gate, F, a->ln2, W + lp->wg, C, F, 0.0f);
     GEMM(a->up, F, a->ln2, W + lp->wu, C, F, 0.0f);
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, c->sw, a->gate, a->up, (size_t)n * F, L3D_FLOAT32));
-    L3D_CHECK(ctx, l3d_tp_residual_init(m, y, a->h, (size_t)n * C));
+    L3D_CHECK(ctx, l3d_tp_residual_init(m, y, a->h, (size_t)n * C, L3D_FLOAT32));
     GEMM(y, C, c->sw, W + lp->wd, F, C, 1.0f);
 #undef GEMM
-    return l3d_tp_allreduce(m, y, (size_t)n * C);
+    return l3d_tp_allreduce(m, y, (size_t)n * C, L3D_FLOAT32);
 }
 
 l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *seqs,
@@ -346,7 +347,8 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
         int k = L3D_MIN(c->rows, n - r0);
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens + r0, (size_t)k * sizeof(int32_t),
                                     L3D_COPY_H2D));
-        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, k));
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, k,
+                                            L3D_FLOAT32));
         float *x = c->xa, *y = c->xb;
         for (int l = 0; l < m->L; l++) {
             L3D_CHECK(ctx, batch_layer(c, l, seqs + r0, k, x, y));

@@ -63,26 +63,33 @@ typedef struct l3d_layer_params {
 } l3d_layer_params_t;
 
 // The activations one layer saves for its backward. // shapes with N = B*T rows
+// Activations are stored in the dtype of their l3d_acts_t (`at`; void *), the row statistics
+// (rstd, lse) in float32.
 typedef struct l3d_layer_acts {
-    float *x_in;   // (N,C) residual stream entering the layer
+    void *x_in;    // (N,C) residual stream entering the layer
     float *rstd1;  // (N)
-    float *ln1;    // (N,C)
-    float *q;      // (N,H*D) after rope
-    float *k;      // (N,KVH*D) after rope (or the KV cache)
-    float *v;      // (N,KVH*D)
-    float *att;    // (N,H*D) attention output before o_proj
+    void *ln1;     // (N,C)
+    void *q;       // (N,H*D) after rope
+    void *k;       // (N,KVH*D) after rope (or the KV cache)
+    void *v;       // (N,KVH*D)
+    void *att;     // (N,H*D) attention output before o_proj
     float *lse;    // (B,H,T)
-    float *h;      // (N,C) residual after attention
+    void *h;       // (N,C) residual after attention
     float *rstd2;  // (N)
-    float *ln2;    // (N,C)
-    float *gate;   // (N,F)
-    float *up;     // (N,F)
-    float *sp_tmp; // (N,C) sequence-parallel scratch, shared by all layers (NULL: no SP)
+    void *ln2;     // (N,C)
+    void *gate;    // (N,F)
+    void *up;      // (N,F)
+    void *sp_tmp;  // (N,C) sequence-parallel scratch, shared by all layers (NULL: no SP)
     // Checkpointing with partition_activations or cpu_checkpointing (L3D_CKPT_*): the saved
     // input, x_in's rows this rank keeps, on the device or in host memory; x_in is then one of
     // two buffers shared by the layers (NULL: x_in is the saved input itself).
-    float *ckpt;
+    void *ckpt;
 } l3d_layer_acts_t;
+
+// Element i of a tensor of dtype t at p (activations: the dtype of their l3d_acts_t).
+static inline void *l3d_elem(const void *p, l3d_dtype t, size_t i) {
+    return (char *)p + i * l3d_dtype_size(t);
+}
 
 // Activation checkpointing, the `recompute` of l3d_acts_create: 0 keeps every activation;
 // L3D_CKPT_ON keeps each layer's input and rebuilds the rest in its backward; with
@@ -95,6 +102,7 @@ enum { L3D_CKPT_ON = 1, L3D_CKPT_PARTITION = 2, L3D_CKPT_CPU = 4 };
 // Training activations for micro-batches of B sequences of T tokens.
 typedef struct l3d_acts {
     int B, T;
+    l3d_dtype at;   // the dtype activations and their gradients are stored in
     int chunk, L;   // the model chunk these are for, and its layer count (layers[L])
     int l_first;    // m's local index of layers[0]
     int recompute;  // activation checkpointing (L3D_CKPT_*): layers share one buffer set, each
@@ -104,12 +112,13 @@ typedef struct l3d_acts {
     void *host_mem;     // L3D_CKPT_CPU: the kept inputs (host_bytes, from alloc_host)
     size_t host_bytes;
     l3d_layer_acts_t *layers;  // L entries
-    float *x_final, *rstdf, *lnf, *logits, *losses;
-    float *sw;                 // (N,F) SwiGLU output scratch
+    void *x_final, *lnf, *logits;
+    float *rstdf, *losses;
+    void *sw;                  // (N,F) SwiGLU output scratch
     float *vp_max, *vp_stats;  // (N), (N,2): vocabulary-parallel cross-entropy reductions
     int tp_sync_grads;         // last micro-batch of a step: sum replicated kv-head gradients
     // backward scratch
-    float *dres, *dln, *datt, *dq, *dk, *dv, *dgate, *dup;
+    void *dres, *dln, *datt, *dq, *dk, *dv, *dgate, *dup;
     int32_t *tokens, *targets;  // (N) on the device
     // Optional hook (NULL: none), called during the backward each time the gradients of the
     // arena range [final_from, end) are complete for this micro-batch: final_from decreases
@@ -211,20 +220,22 @@ l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
 
 // ---- tensor-parallel steps of the forward/backward (core/model_tp.c) -----------------------
 // Each is the plain single-rank operation when m->tp.size is 1.
-// x(n) = sum over the tp group (blocking; syncs the device first).
-l3d_status l3d_tp_allreduce(l3d_model_t *m, float *x, size_t n);
+// x(n) (dtype t) = sum over the tp group (blocking; syncs the device first).
+l3d_status l3d_tp_allreduce(l3d_model_t *m, void *x, size_t n, l3d_dtype t);
 // Start of a row-parallel output: dst = residual on tp rank 0, 0 on the others (the GEMM then
 // accumulates each rank's partial product and l3d_tp_allreduce completes dst).
-l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residual, size_t n);
-// out(N,C) = embedding of tokens in table (this rank's rows of embed_tokens: m->params +
-// m->embed unless gathered; vocabulary-parallel: each rank looks up its rows, summed).
-l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const float *table,
-                                const int32_t *tokens, int N);
+l3d_status l3d_tp_residual_init(l3d_model_t *m, void *dst, const void *residual, size_t n,
+                                l3d_dtype t);
+// out(N,C) (dtype at) = embedding of tokens in table (this rank's rows of embed_tokens:
+// m->params + m->embed unless gathered; vocabulary-parallel: each rank looks up its rows,
+// summed).
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const float *table,
+                                const int32_t *tokens, int N, l3d_dtype at);
 // This rank's vocabulary rows only (0 for other tokens), not summed: (N,C).
-l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const float *table,
-                                        const int32_t *tokens, int N);
-l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
-                                const int32_t *tokens, int N);
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const float *table,
+                                        const int32_t *tokens, int N, l3d_dtype at);
+l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
+                                const int32_t *tokens, int N, l3d_dtype at);
 // Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
 // parallel over tp with two all-reduces of (N) and (N,2) floats; a->losses on every rank.
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
@@ -235,9 +246,10 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
 // is partial: sums it over tp.
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
 // full (N,C) <- every rank's rows (this rank's already at full + rank*rows*C): in place.
-l3d_status l3d_tp_gather_rows(l3d_model_t *m, float *full, size_t rows);
+l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t);
 // out (rows,C) = this rank's rows of the sum over tp of partial (N,C).
-l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out, size_t rows);
+l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const void *partial, void *out, size_t rows,
+                               l3d_dtype t);
 
 // Gradient groups: the arena ranges the backward completes one at a time, from the last:
 // in arena order the embedding (first stage), each layer, the final norm, and the head when
@@ -296,9 +308,10 @@ void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 // then B may be > 1). a->k and a->v point at position 0 of the key/value rows; kv_bstride as
 // in l3d_attn_dims_t (0 = contiguous). sw is (N,F) scratch. Wl: the layer's parameter group
 // (its first float is input_layernorm's; m->params + m->layer[l].ln1 unless gathered).
+// Activations (a's, x_out, sw) are stored in at.
 l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_layer_acts_t *a,
-                             float *x_out, float *sw, int B, int T, int pos0, int Tk,
-                             size_t kv_bstride);
+                             void *x_out, void *sw, int B, int T, int pos0, int Tk,
+                             size_t kv_bstride, l3d_dtype at);
 
 // Training forward + loss + backward of one micro-batch whose tokens/targets are already in
 // a->tokens / a->targets. Gradients are accumulated (+=) into grads (same layout as params),

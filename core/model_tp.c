@@ -18,88 +18,91 @@ static l3d_status comm_fail(l3d_model_t *m, l3d_comm_t *c, l3d_status st, const 
                      l3d_ctx_last_error(l3d_comm_ctx(c)));
 }
 
-static l3d_status allreduce(l3d_model_t *m, l3d_comm_t *c, float *x, size_t n, l3d_redop op,
-                            const char *what) {
+static l3d_status allreduce(l3d_model_t *m, l3d_comm_t *c, void *x, size_t n, l3d_dtype t,
+                            l3d_redop op, const char *what) {
     L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));  // host transports read device results
-    l3d_status st = l3d_comm_allreduce(c, x, x, n, L3D_FLOAT32, op);
+    l3d_status st = l3d_comm_allreduce(c, x, x, n, t, op);
     return st < 0 ? comm_fail(m, c, st, what) : L3D_OK;
 }
 
-l3d_status l3d_tp_allreduce(l3d_model_t *m, float *x, size_t n) {
+l3d_status l3d_tp_allreduce(l3d_model_t *m, void *x, size_t n, l3d_dtype t) {
     if (m->tp.size == 1) return L3D_OK;
-    return allreduce(m, m->tp.comm, x, n, L3D_SUM, "all-reduce");
+    return allreduce(m, m->tp.comm, x, n, t, L3D_SUM, "all-reduce");
 }
 
-l3d_status l3d_tp_residual_init(l3d_model_t *m, float *dst, const float *residual, size_t n) {
+l3d_status l3d_tp_residual_init(l3d_model_t *m, void *dst, const void *residual, size_t n,
+                                l3d_dtype t) {
     if (m->tp.rank == 0)
-        return l3d_dev_copy(m->dev, dst, residual, n * sizeof(float), L3D_COPY_D2D);
-    return l3d_dev_memset(m->dev, dst, 0, n * sizeof(float));
+        return l3d_dev_copy(m->dev, dst, residual, n * l3d_dtype_size(t), L3D_COPY_D2D);
+    return l3d_dev_memset(m->dev, dst, 0, n * l3d_dtype_size(t));
 }
 
-l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, float *out, const float *table,
-                                const int32_t *tokens, int N) {
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const float *table,
+                                const int32_t *tokens, int N, l3d_dtype at) {
     if (m->tp.size == 1)
-        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V, L3D_FLOAT32,
-                                     L3D_FLOAT32);
+        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V, at, L3D_FLOAT32);
     L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
-                                               m->V, m->cfg.vocab_size, L3D_FLOAT32, L3D_FLOAT32));
-    return allreduce(m, m->tp.comm, out, (size_t)N * m->C, L3D_SUM, "embedding");
+                                               m->V, m->cfg.vocab_size, at, L3D_FLOAT32));
+    return allreduce(m, m->tp.comm, out, (size_t)N * m->C, at, L3D_SUM, "embedding");
 }
 
-l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, float *out, const float *table,
-                                        const int32_t *tokens, int N) {
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const float *table,
+                                        const int32_t *tokens, int N, l3d_dtype at) {
     return l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
-                                    m->V, m->cfg.vocab_size, L3D_FLOAT32, L3D_FLOAT32);
+                                    m->V, m->cfg.vocab_size, at, L3D_FLOAT32);
 }
 
-l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const float *dout,
-                                const int32_t *tokens, int N) {
-    if (m->tp.size == 1) return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C,
-                                                      L3D_FLOAT32, L3D_FLOAT32);
-    return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V,
-                                    L3D_FLOAT32, L3D_FLOAT32);
+l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
+                                const int32_t *tokens, int N, l3d_dtype at) {
+    if (m->tp.size == 1)
+        return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C, at, L3D_FLOAT32);
+    return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V, at,
+                                    L3D_FLOAT32);
 }
 
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
+    l3d_dtype at = a->at;
     if (m->tp.size == 1)
         return l3d_dev_xent_fwd_bwd(m->dev, a->logits, a->losses, a->targets, N, m->V,
-                                    grad_scale, L3D_FLOAT32);
+                                    grad_scale, at);
     l3d_device_t *dev = m->dev;
     int Vl = m->V, v0 = m->tp.v0;
-    L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl, L3D_FLOAT32));
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_max, (size_t)N, L3D_MAX, "cross-entropy max"));
+    L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl, at));
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_max, (size_t)N, L3D_FLOAT32, L3D_MAX,
+                                "cross-entropy max"));
     L3D_CHECK(m->ctx, l3d_dev_xent_vp_stats(dev, a->logits, a->vp_max, a->targets, N, Vl, v0,
-                                            a->vp_stats, L3D_FLOAT32));
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_stats, 2 * (size_t)N, L3D_SUM,
+                                            a->vp_stats, at));
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_stats, 2 * (size_t)N, L3D_FLOAT32, L3D_SUM,
                                 "cross-entropy sums"));
     return l3d_dev_xent_vp_grad(dev, a->logits, a->losses, a->vp_max, a->vp_stats, a->targets, N,
-                                Vl, v0, grad_scale, L3D_FLOAT32);
+                                Vl, v0, grad_scale, at);
 }
 
 l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {
     if (!m->tp.kv_comm) return L3D_OK;
     size_t n = (size_t)m->KVH * m->D * m->C;
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, gk, n, L3D_SUM, "k_proj gradient"));
-    return allreduce(m, m->tp.kv_comm, gv, n, L3D_SUM, "v_proj gradient");
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, gk, n, L3D_FLOAT32, L3D_SUM, "k_proj gradient"));
+    return allreduce(m, m->tp.kv_comm, gv, n, L3D_FLOAT32, L3D_SUM, "v_proj gradient");
 }
 
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g) {
     if (!m->tp.sp) return L3D_OK;
-    return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_SUM, "norm gradient");
+    return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
 }
 
-l3d_status l3d_tp_gather_rows(l3d_model_t *m, float *full, size_t rows) {
+l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t) {
     L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));
     size_t n = rows * (size_t)m->C;
-    l3d_status st = l3d_comm_allgather(m->tp.comm, full + (size_t)m->tp.rank * n, full, n,
-                                       L3D_FLOAT32);
+    l3d_status st = l3d_comm_allgather(m->tp.comm, l3d_elem(full, t, (size_t)m->tp.rank * n),
+                                       full, n, t);
     return st < 0 ? comm_fail(m, m->tp.comm, st, "sequence all-gather") : L3D_OK;
 }
 
-l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const float *partial, float *out, size_t rows) {
+l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const void *partial, void *out, size_t rows,
+                               l3d_dtype t) {
     L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));
-    l3d_status st = l3d_comm_reduce_scatter(m->tp.comm, partial, out, rows * (size_t)m->C,
-                                            L3D_FLOAT32, L3D_SUM);
+    l3d_status st = l3d_comm_reduce_scatter(m->tp.comm, partial, out, rows * (size_t)m->C, t,
+                                            L3D_SUM);
     return st < 0 ? comm_fail(m, m->tp.comm, st, "sequence reduce-scatter") : L3D_OK;
 }
 

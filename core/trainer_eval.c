@@ -106,14 +106,14 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
                                            L3D_COPY_H2D));
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets,
                                            n * sizeof(int32_t), L3D_COPY_H2D));
-            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, L3D_FLOAT32,
+            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
                                              down)) < 0)
                 return eval_err(t, p->comm, st, "receive of activations");
             double s = 0.0;
             // grad_scale 0: the fused cross-entropy's logit gradient is not used.
             L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, 0.0f, &s));
             *sum += s;
-            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, L3D_FLOAT32, up,
+            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up,
                                                   &p->fsend[slot])) < 0)
                 return eval_err(t, p->comm, st, "send of activations");
         }

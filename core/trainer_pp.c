@@ -117,22 +117,22 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
         if (!o.backward) {
             L3D_CHECK(t->ctx, wait_send(t, &p->fsend[slot]));
             L3D_CHECK(t->ctx, load_micro(t, a, o.micro));
-            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, L3D_FLOAT32,
+            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
                                              down)) < 0)
                 return comm_err(t, p->comm, st, "receive of activations");
             double s = 0.0;
             L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, grad_scale, &s));
             sum += s;
-            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, L3D_FLOAT32, up,
+            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up,
                                                   &p->fsend[slot])) < 0)
                 return comm_err(t, p->comm, st, "send of activations");
         } else {
             L3D_CHECK(t->ctx, wait_send(t, &p->bsend[slot]));
             l3d_dp_arm(t, a, o.micro == A - 1);
-            if (u < U - 1 && (st = l3d_comm_recv(p->comm, a->dres, nc, L3D_FLOAT32, up)) < 0)
+            if (u < U - 1 && (st = l3d_comm_recv(p->comm, a->dres, nc, a->at, up)) < 0)
                 return comm_err(t, p->comm, st, "receive of gradients");
             L3D_CHECK(t->ctx, l3d_model_stage_backward(m, a, t->grads));
-            if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, L3D_FLOAT32, down,
+            if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, a->at, down,
                                               &p->bsend[slot])) < 0)
                 return comm_err(t, p->comm, st, "send of gradients");
         }
