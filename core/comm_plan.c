@@ -11,7 +11,9 @@ static void add(l3d_comm_stats_t *s, uint64_t calls, uint64_t bytes) {
 void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[3]) {
     for (int g = 0; g < 3; g++) plan[g] = (l3d_comm_stats_t){0, 0};
     const l3d_model_config_t *mc = &cfg->model;
+    // f: float32 (gradients, row statistics); e: an activation element (bf16/fp16 training).
     uint64_t f = sizeof(float), A = (uint64_t)cfg->grad_accum_steps;
+    uint64_t e = l3d_dtype_size(l3d_train_config_act_dtype(cfg));
     uint64_t N = (uint64_t)cfg->micro_batch_size * (uint64_t)cfg->seq_len;
     uint64_t C = (uint64_t)mc->hidden_size, L = (uint64_t)mc->num_hidden_layers;
     int tp = cfg->tp, dp = cfg->dp, pp = cfg->pp;
@@ -37,7 +39,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         // gradients (partial over rows) are summed: 2 per layer, + the final norm.
         l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
         uint64_t nc = 2 + 4 * L * (cfg->activation_checkpointing ? 2 : 1) + 4 * L + 2 * (uint64_t)last;
-        add(s, A * (nc + 2 * (uint64_t)last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
+        add(s, A * (nc + 2 * (uint64_t)last), A * (nc * N * C * e + (uint64_t)last * 3 * N * f));
         add(s, Ag * (2 * L + (uint64_t)last), Ag * (2 * L + (uint64_t)last) * C * f);
         int K = mc->num_key_value_heads;
         if (K < tp) add(s, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
@@ -50,7 +52,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         uint64_t nc = 1 + 2 * L * (cfg->activation_checkpointing ? 2 : 1) + 2 * L + last;
         // partition_activations: each layer's kept input is all-gathered for its rebuild
         if (l3d_train_config_ckpt(cfg) & L3D_CKPT_PARTITION) nc += L;
-        add(s, A * (nc + 2 * last), A * (nc * N * C * f + (uint64_t)last * 3 * N * f));
+        add(s, A * (nc + 2 * last), A * (nc * N * C * e + (uint64_t)last * 3 * N * f));
         // once per step: replicated kv heads sum their k and v gradients (kv_rep ranks)
         int K = mc->num_key_value_heads;
         if (K < tp) add(s, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
@@ -62,7 +64,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         // (interleaved: chunk c sends forward, and backward unless c = 0; receives likewise
         // with the roles swapped: 2v - 1 sends and as many receives)
         uint64_t nv = 2 * (uint64_t)v - 1;
-        add(s, 2 * nv * A, nv * A * N * C * f / (sp ? (uint64_t)tp : 1));
+        add(s, 2 * nv * A, nv * A * N * C * e / (sp ? (uint64_t)tp : 1));
         add(s, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm (a double per stage)
         if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
             uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);

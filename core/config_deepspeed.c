@@ -342,8 +342,8 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
                   "arithmetic not yet effective on the %s device (training runs in fp32)",
              cfg->device);
     if (cfg->bf16)
-        note(cfg, "bf16.enabled: accepted, not yet effective on the %s device (training runs in "
-                  "fp32)", cfg->device);
+        note(cfg, "bf16.enabled: activations and their gradients in bfloat16; weights, their "
+                  "gradients and optimizer state float32 (16-bit weights: not yet)");
     return L3D_OK;
 }
 

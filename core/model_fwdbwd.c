@@ -161,18 +161,18 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
-    return l3d_acts_bytes_part(cfg, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, NULL);
+    return l3d_acts_bytes_part(cfg, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32, NULL);
 }
 
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
                            const int *lps, int chunk, int B, int T, int recompute, int sp,
-                           size_t *host_bytes) {
+                           l3d_dtype at, size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_tp(&m, cfg, tp, 0);
     l3d_model_set_stage(&m, pp, v, stage, lps);
     m.tp.sp = sp && tp > 1;
-    l3d_acts_t a = {.B = B, .T = T, .at = L3D_FLOAT32, .recompute = recompute, .chunk = chunk,
+    l3d_acts_t a = {.B = B, .T = T, .at = at, .recompute = recompute, .chunk = chunk,
                     .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};
     arena_t ar = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, &a, &m);
@@ -185,11 +185,11 @@ l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts
     if (m->nchunks > 1)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: the model has %d chunks; "
                          "create them per chunk", m->nchunks);
-    return l3d_acts_create_chunk(m, 0, B, T, recompute, acts_p);
+    return l3d_acts_create_chunk(m, 0, B, T, recompute, L3D_FLOAT32, acts_p);
 }
 
 l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
-                                 l3d_acts_t **acts_p) {
+                                 l3d_dtype at, l3d_acts_t **acts_p) {
     if (chunk < 0 || chunk >= m->nchunks)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: chunk %d of %d", chunk,
                          m->nchunks);
@@ -210,7 +210,7 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
     }
     a->B = B;
     a->T = T;
-    a->at = L3D_FLOAT32;  // the activations' dtype (every op and collective takes it)
+    a->at = at;  // every op, GEMM and collective on the activations takes it
     a->recompute = recompute;
     arena_t ar = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, a, m);

@@ -287,20 +287,22 @@ void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_mo
                           float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
 // The same for chunk `chunk` of tp rank 0 of `tp` on pipeline stage `stage` of `pp` (v chunks),
-// sequence-parallel when sp; *host_bytes (may be NULL) gets the host part (L3D_CKPT_CPU).
+// sequence-parallel when sp, activations in at; *host_bytes (may be NULL) gets the host part
+// (L3D_CKPT_CPU).
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
                            const int *layers_per_stage, int chunk, int B, int T, int recompute,
-                           int sp, size_t *host_bytes);
+                           int sp, l3d_dtype at, size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
 // inv_freq (D/2) with the Llama 3.1 scaling applied, in double (exposed for tests).
 void l3d_rope_inv_freq(const l3d_model_config_t *cfg, double *inv_freq);
 
-// Activations for all of m's layers (one chunk), or for chunk `chunk` of them only.
+// Activations for all of m's layers (one chunk, float32), or for chunk `chunk` of them only,
+// stored in at.
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p);
 l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
-                                 l3d_acts_t **acts_p);
+                                 l3d_dtype at, l3d_acts_t **acts_p);
 void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 
 // One layer forward. x_out (N,C) receives the residual stream leaving the layer.

@@ -808,7 +808,7 @@ Test(config, notes) {
     cr_assert_eq(c.bf16, 1);
     cr_assert_eq(c.wall_clock_breakdown, 1);
     cr_assert_eq(c.activation_checkpointing, 1);
-    cr_assert(has_note(&c, "bf16.enabled: accepted, not yet effective on the cpu device"));
+    cr_assert(has_note(&c, "bf16.enabled: activations and their gradients in bfloat16"));
     cr_assert(has_note(&c, "wall_clock_breakdown"));
     cr_assert_eq(c.n_notes, 2);  // prescale_gradients is what llama3d always does
     // communication_data_type is effective (trainer_dp.c): recorded, no note; null unsets it;

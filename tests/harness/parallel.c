@@ -17,6 +17,7 @@ const ckpt_knobs_t *g_ckpt;
 char g_data[64];
 const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 int g_comm_dtype = -1;
+int g_bf16;
 int g_layers;      // num_hidden_layers while set (else 3)
 int g_consolidated;  // train.save_consolidated
 const char *g_init_dir;  // the single-rank reference saves its initial weights there
@@ -74,6 +75,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->cpu_checkpointing = g_ckpt ? g_ckpt->cpu : 0;
     cfg->save_consolidated = g_consolidated;
     cfg->comm_dtype = g_comm_dtype;
+    cfg->bf16 = g_bf16;
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;
