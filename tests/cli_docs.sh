@@ -257,8 +257,9 @@ CHECK_ONLY = [
      "install_consumer links examples/consumer with the same pkg-config flags", check_install),
     (r"/usr/bin/python3 bench/train_step\.py ", "trains llama3d and torch for minutes; "
      "checked: the script's --help takes the doc's flags", check_script),
-    (r"bash bench/(compare_comm|layouts|zero3)\.sh ", "minutes of timed runs on every core "
-     "(mpirun, gloo, ucx_perftest, fabtests, 20 layouts, ZeRO-2 against ZeRO-3); checked: "
+    (r"bash bench/(compare_comm|layouts|zero3|precision)\.sh ", "minutes of timed runs on every core "
+     "(mpirun, gloo, ucx_perftest, fabtests, 20 layouts, ZeRO-2 against ZeRO-3, float32 "
+     "against bf16 and fp16); checked: "
      "--help, the doc's arguments", check_script),
     (r"bash bench/generate_vs_llamacpp\.sh ", "needs a llama.cpp checkout built beside us (45 "
      "minutes to build); checked: --help, and its skip line without one", check_llamacpp_script),
