@@ -47,37 +47,18 @@ config z3_none '{"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_pr
 config z3_layer '{"stage": 3, "stage3_param_persistence_threshold": 0, "stage3_prefetch_bucket_size": 3200000}'
 config z3_default '{"stage": 3, "stage3_param_persistence_threshold": 0}'
 
-median() {
-  sed -nE 's/.*"step": ([0-9]+),.*"tokens_per_s": ([0-9.eE+-]+),.*/\1 \2/p' "$1" |
-    awk '$1 >= 3 { print $2 }' | sort -g |
-    awk '{ v[NR] = $1 } END { if (NR == 0) exit 1;
-           printf "%.1f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
-declare -A best pmem peak dpmib
+. "$(dirname "$0")/rounds.sh"
+declare -A pmem
 for v in "${VARIANTS[@]}"; do
   "$L3D" train --config "$tmp/$v.json" --dry-run >"$tmp/dry.log" 2>&1 ||
     { echo "zero3.sh: $v: --dry-run failed:" >&2; cat "$tmp/dry.log" >&2; exit 1; }
   pmem[$v]=$(sed -nE 's/.*parameters ([0-9.]+) MiB.*/\1/p' "$tmp/dry.log" | head -n 1)
 done
-for rep in $(seq 1 "$REPS"); do
-  for v in "${VARIANTS[@]}"; do
-    m=$tmp/$v.$rep.jsonl
-    if ! "$L3D" train --config "$tmp/$v.json" --metrics "$m" >"$tmp/run.log" 2>&1; then
-      echo "zero3.sh: $v round $rep failed:" >&2; tail -n 20 "$tmp/run.log" >&2; exit 1
-    fi
-    med=$(median "$m") || { echo "zero3.sh: $v: no metrics" >&2; exit 1; }
-    echo "zero3.sh: ${label[$v]} round $rep: median $med tok/s" >&2
-    if [ -z "${best[$v]:-}" ] || awk -v a="$med" -v b="${best[$v]}" 'BEGIN { exit !(a > b) }'; then
-      best[$v]=$med
-      peak[$v]=$(sed -nE 's/.*"mem_peak_bytes": ([0-9]+).*/\1/p' "$m" | sort -n | tail -n 1)
-      dpmib[$v]=$(tail -n 1 "$m" | sed -nE 's/.*"comm_bytes": \{"tp": [0-9]+, "dp": ([0-9]+),.*/\1/p')
-    fi
-  done
-done
+bench_rounds zero3.sh dp "${VARIANTS[@]}"
 echo "| variant | tok/s | vs ZeRO-2 | params MiB (dry run) | peak MiB rank 0 | dp MiB per step |"
 echo "|---|---|---|---|---|---|"
 for v in "${VARIANTS[@]}"; do
   awk -v n="${label[$v]}" -v t="${best[$v]}" -v b="${best[z2]}" -v p="${pmem[$v]}" \
-      -v k="${peak[$v]}" -v d="${dpmib[$v]}" \
+      -v k="${peak[$v]}" -v d="${comm[$v]}" \
       'BEGIN { printf "| %s | %.0f | %.2f | %s | %.1f | %.1f |\n", n, t, t / b, p, k / 1048576, d / 1048576 }'
 done
