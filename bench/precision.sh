@@ -7,7 +7,7 @@
 # parameters) trains for 10 steps (batch 8 = micro 4 x accumulation 2, seq_len 128) as tp 2
 # ranks in one process (the embedded default transport, one thread per rank), in three
 # variants: float32; bf16.enabled (activations and their gradients in bfloat16, weights and
-# optimizer float32); fp16.enabled (DeepSpeed's loss scaler over float32 arithmetic today).
+# optimizer float32); fp16.enabled (the same in float16, under DeepSpeed's loss scaler).
 # Each round runs the three in turn and a variant keeps its best round; tok/s is the median of
 # steps 3..10 of rank 0's metrics. "acts MiB" is rank 0's activation memory from `l3d train
 # --dry-run` (tests/test_parallel_bf16.c checks the allocation agrees), "peak MiB" the largest
@@ -37,7 +37,7 @@ config() {
 EOF
 }
 VARIANTS=(fp32 bf16 fp16)
-declare -A label=([fp32]="float32" [bf16]="bf16.enabled" [fp16]="fp16.enabled (scaler, float32 arithmetic)")
+declare -A label=([fp32]="float32" [bf16]="bf16.enabled" [fp16]="fp16.enabled (loss-scaled)")
 config fp32 ''
 config bf16 '"bf16": {"enabled": true},'
 config fp16 '"fp16": {"enabled": true},'

@@ -335,12 +335,10 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
                          "%s: fp16.enabled and bf16.enabled are both true; pick one (DeepSpeed "
                          "rejects this too)",
                          j->origin);
-    // Loss scaling is DeepSpeed's (core/loss_scaler.h) and acts on the fp32 arithmetic too;
-    // the 16-bit arithmetic itself is what is not there yet.
     if (cfg->fp16)
-        note(cfg, "fp16.enabled: loss scaling effective (DeepSpeed's dynamic scaler); fp16 "
-                  "arithmetic not yet effective on the %s device (training runs in fp32)",
-             cfg->device);
+        note(cfg, "fp16.enabled: activations and their gradients in float16, loss-scaled; "
+                  "weights, their gradients and optimizer state float32 (16-bit weights: not "
+                  "yet)");
     if (cfg->bf16)
         note(cfg, "bf16.enabled: activations and their gradients in bfloat16; weights, their "
                   "gradients and optimizer state float32 (16-bit weights: not yet)");

@@ -184,11 +184,11 @@ l3d_status l3d_zero2_finish(l3d_trainer_t *t);
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
 
 // The dtype activations and their gradients are stored in: bfloat16 under bf16.enabled,
+// float16 under fp16.enabled (its loss scaler keeps the scaled gradients in float16's range),
 // else float32. Weights, their gradients and the optimizer state stay float32 (16-bit weights
-// with float32 masters: not yet); fp16.enabled's float16 activations: not yet (its loss
-// scaler runs over float32 arithmetic).
+// with float32 masters: not yet).
 static inline l3d_dtype l3d_train_config_act_dtype(const l3d_train_config_t *cfg) {
-    return cfg->bf16 ? L3D_BFLOAT16 : L3D_FLOAT32;
+    return cfg->bf16 ? L3D_BFLOAT16 : cfg->fp16 ? L3D_FLOAT16 : L3D_FLOAT32;
 }
 
 // The dtype data parallelism reduces gradients in: float32 under fp32_allreduce, else

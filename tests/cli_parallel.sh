@@ -115,9 +115,9 @@ for tp in $built; do
   else
     fail "$tp: seed file tp 2 pp 4 (exit $rc)" "$tmp/out"
   fi
-  if [ "$(grep -c 'not yet effective' "$tmp/out")" = 1 ] &&
-     grep -q 'not yet effective.*fp16 arithmetic\|fp16 arithmetic not yet effective' "$tmp/out"; then
-    ok "$tp: the seed file's one remaining note is fp16 arithmetic"
+  if [ "$(grep -c 'not yet' "$tmp/out")" = 1 ] &&
+     grep -q 'fp16.enabled: activations and their gradients in float16.*16-bit weights: not yet' "$tmp/out"; then
+    ok "$tp: the seed file's one remaining note is fp16's 16-bit weights"
   else
     fail "$tp: the seed file's notes" "$tmp/out"
   fi

@@ -1,5 +1,5 @@
-// bf16.enabled: activations and their gradients stored in bfloat16 through every layout
-// (weights, their gradients and the optimizer state stay float32). Layout harness:
+// bf16.enabled and fp16.enabled: activations and their gradients stored in bfloat16 / float16
+// through every layout (weights, their gradients and the optimizer state stay float32). Layout harness:
 // tests/harness/parallel.c.
 //
 // What is exact, and checked bit for bit: rebuilding a layer from its kept input repeats the
@@ -52,9 +52,17 @@ Test(parallel_bf16, checkpointing_changes_no_bit, .timeout = 600) {
     same_run("bf16 tp 2 partition_activations", &b, &d, 2);
     g_bf16 = 0;
     free_result(&a), free_result(&b), free_result(&d);
+    result_t e = {0}, f = {0};
+    g_fp16 = 12;  // float16 likewise
+    run_layout(&one, &e);
+    run_layout(&one_rc, &f);
+    same_run("fp16 (1,1,1) recompute", &e, &f, 1);
+    g_fp16 = 0;
+    free_result(&e), free_result(&f);
 }
 
-// Traffic and memory as planned, across layouts; activations half of float32's.
+// Traffic and memory as planned, across layouts; activations half of float32's. The cases
+// alternate bfloat16 and float16 (the same element size; each through a pipeline layout).
 Test(parallel_bf16, layouts_match_plan_and_estimate, .timeout = 900) {
     static const layout_t cases[] = {
         {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 1},  // dp 2 x tp 2 with sequence parallelism, ZeRO-1
@@ -66,9 +74,10 @@ Test(parallel_bf16, layouts_match_plan_and_estimate, .timeout = 900) {
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         result_t f32 = {0}, b16 = {0};
         run_layout(&cases[i], &f32);
-        g_bf16 = 1;
+        int *knob = i % 2 ? &g_fp16 : &g_bf16;
+        *knob = i % 2 ? 12 : 1;
         run_layout(&cases[i], &b16);
-        g_bf16 = 0;
+        *knob = 0;
         for (int g = 0; g < 3; g++)
             cr_assert(b16.last.comm_calls[g] == b16.plan[g].calls &&
                       b16.last.comm_bytes[g] == b16.plan[g].bytes,
@@ -93,31 +102,44 @@ Test(parallel_bf16, layouts_match_plan_and_estimate, .timeout = 900) {
 
 // The bound. check_run's argument (tests/harness/parallel.c): a run is the float64 trajectory
 // plus rounding errors amplified by the training dynamics, and sigma is the size float32's
-// rounding gives. A bfloat16 run adds one rounding to each stored activation and activation
-// gradient, of at most 2^-8 relative where float32's roundings are 2^-24: to first order the
-// trajectory's error scales with the rounding, so a bfloat16 run stays within 2^16 sigma of
-// the float64 trajectory, with T_BOUND (10) on top as for every layout; checked on the loss over
-// all steps (measured: about 1200-1500 sigma, 3e-4, one rank and dp 2 x tp 2 with SP). A wrong
-// element size or offset anywhere gives a loss off by O(1) or NaN, far outside.
-Test(parallel_bf16, bf16_tracks_float64, .timeout = 600) {
+// rounding gives. A 16-bit run adds one rounding to each stored activation and activation
+// gradient, of at most 2^-8 (bfloat16) or 2^-11 (float16) relative where float32's roundings
+// are 2^-24: to first order the trajectory's error scales with the rounding, so a bfloat16 run
+// stays within 2^16 sigma of the float64 trajectory and a float16 one within 2^13, with T_BOUND
+// (10) on top as for every layout; checked on the loss over all steps. Measured: bfloat16 about
+// 1200-1500 sigma (3e-4), float16 200-700 (5e-5 to 1.8e-4; loss scales 2^4 to 2^20 alike),
+// one rank and dp 2 x tp 2 with SP. A wrong element size or offset anywhere gives a loss off
+// by O(1) or NaN, far outside.
+// float16 runs under a static loss scale of 2^12 (fp16.loss_scale): every gradient this small
+// model makes stays inside float16's normal range with it (no overflow: each loss is finite
+// and every step applies; 2^-14 smallest normal), so only rounding is measured.
+static void tracks_float64(const char *kind, int *knob, int value, double ratio) {
     reference();
-    g_bf16 = 1;
+    *knob = value;
     const layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0},
                    tp2 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 1};
     const layout_t *ls[2] = {&one, &tp2};
     for (int i = 0; i < 2; i++) {
         result_t got = {0};
         run_layout(ls[i], &got);
-        double scale = 65536.0 * 10;  // 2^16 sigma, T_BOUND 10
+        double scale = ratio * 10;  // the rounding's ratio to float32's, T_BOUND 10
         double dl = 0;
         for (int s = 0; s < STEPS; s++) dl = fmax(dl, fabs(got.loss[s] - g_ref.loss64[s]));
-        cr_assert(dl <= scale * g_ref.sigma[2], "layout %d: bf16 loss error %.3g, bound %.3g", i,
-                  dl, scale * g_ref.sigma[2]);
-        cr_log_info("layout %d: bf16 loss error %.3g = %.0f sigma (float32 sigma %.3g)", i, dl,
-                    dl / g_ref.sigma[2], g_ref.sigma[2]);
-        cr_assert(got.loss[STEPS - 1] < got.loss[0] - 0.1, "layout %d: the bf16 run does not learn",
-                  i);
+        cr_assert(dl <= scale * g_ref.sigma[2], "layout %d: %s loss error %.3g, bound %.3g", i,
+                  kind, dl, scale * g_ref.sigma[2]);
+        cr_log_info("layout %d: %s loss error %.3g = %.0f sigma (float32 sigma %.3g)", i, kind,
+                    dl, dl / g_ref.sigma[2], g_ref.sigma[2]);
+        cr_assert(got.loss[STEPS - 1] < got.loss[0] - 0.1, "layout %d: the %s run does not learn",
+                  i, kind);
         free_result(&got);
     }
-    g_bf16 = 0;
+    *knob = 0;
+}
+
+Test(parallel_bf16, bf16_tracks_float64, .timeout = 600) {
+    tracks_float64("bf16", &g_bf16, 1, 65536.0);  // 2^-8 / 2^-24
+}
+
+Test(parallel_bf16, fp16_tracks_float64, .timeout = 600) {
+    tracks_float64("fp16", &g_fp16, 12, 8192.0);  // 2^-11 / 2^-24
 }

@@ -18,6 +18,7 @@ char g_data[64];
 const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 int g_comm_dtype = -1;
 int g_bf16;
+int g_fp16;
 int g_layers;      // num_hidden_layers while set (else 3)
 int g_consolidated;  // train.save_consolidated
 const char *g_init_dir;  // the single-rank reference saves its initial weights there
@@ -76,6 +77,10 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->save_consolidated = g_consolidated;
     cfg->comm_dtype = g_comm_dtype;
     cfg->bf16 = g_bf16;
+    if (g_fp16) {  // a static scale: every step applies (a dynamic one would skip on overflow)
+        cfg->fp16 = 1;
+        cfg->fp16_loss_scale = ldexp(1.0, g_fp16);
+    }
     cfg->gradient_clipping = L->clip;
     cfg->lr = 1e-3f;
     cfg->weight_decay = 0.1f;

@@ -71,6 +71,7 @@ extern int g_layers;            // num_hidden_layers (else 3)
 extern int g_consolidated;      // train.save_consolidated
 extern int g_comm_dtype;        // communication_data_type (an l3d_dtype; -1: unset)
 extern int g_bf16;              // bf16.enabled
+extern int g_fp16;              // fp16.enabled with the static loss scale 2^g_fp16 (0: off)
 extern const char *g_init_dir;  // the single-rank reference saves its initial weights there
 extern result_t g_ref;          // the 3-layer single-rank reference (reference())
 
