@@ -20,6 +20,8 @@
 #include "platform/platform.h"
 
 #define TRAINER_STATE_FORMAT "llama3d-trainer-1"
+// The float32 masters of weights saved narrower (HF names, as model.safetensors).
+#define MASTER_FILE "master.safetensors"
 
 static l3d_status sys_error(l3d_ctx_t *ctx, int rc, const char *what, const char *path) {
     return l3d_error(ctx, L3D_ERR_IO, "%s %s: %s", what, path, strerror(-rc));
@@ -267,11 +269,21 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
     l3d_model_t *m = cs->full ? cs->full : t->model;
     // train.save_dtype and save_max_shard_size; by default the dtype the weights came in.
     m->save = t->model->save;
+    // ZeRO-3's stage3_gather_16bit_weights_on_model_save under 16-bit training writes the
+    // weights in the training dtype (DeepSpeed's save_16bit_model); save_dtype still wins.
+    l3d_dtype wt = l3d_train_config_weight_dtype(&t->cfg);
+    if (t->cfg.zero_stage == 3 && t->cfg.stage3_gather_16bit_weights_on_model_save &&
+        wt != L3D_FLOAT32)
+        m->save.dtype = wt == L3D_BFLOAT16 ? L3D_ST_BF16 : L3D_ST_F16;
     if (t->cfg.save_dtype == L3D_SAVE_DTYPE_F32) m->save.dtype = L3D_ST_F32;
     if (t->cfg.save_dtype == L3D_SAVE_DTYPE_BF16) m->save.dtype = L3D_ST_BF16;
     if (t->cfg.save_max_shard_size) m->save.max_shard_bytes = t->cfg.save_max_shard_size;
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     L3D_CHECK(t->ctx, write_model_files(m, tmp));
+    // Weights saved narrower than float32: the float32 masters go beside them, and a resume
+    // reads those (it continues the run exactly; the model files serve and fine-tune as HF's).
+    join(path, sizeof(path), tmp, MASTER_FILE);
+    if (m->save.dtype != L3D_ST_F32) L3D_CHECK(t->ctx, write_arena(m, m->params, path, ""));
     join(path, sizeof(path), tmp, "optimizer.safetensors");
     L3D_CHECK(t->ctx, write_arena(m, cs->full ? cs->fm : cs->m, path, ".exp_avg"));
     // exp_avg_sq goes to its own file: each file holds one arena's worth of names.
@@ -602,8 +614,11 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
                 nstep);
         return L3D_OK;
     }
-    // Any layout reads the single-rank layout: each rank converts only its own shards.
+    // Any layout reads the single-rank layout: each rank converts only its own shards (the
+    // float32 masters instead of narrower weights when the save kept them).
     st = load_weights(m, dir);
+    join(path, sizeof(path), dir, MASTER_FILE);
+    if (st >= 0 && l3d_path_exists(path)) st = read_file(m, m->params, path, "");
     join(path, sizeof(path), dir, "optimizer.safetensors");
     if (st >= 0) st = read_file(m, cs.m, path, ".exp_avg");
     join(path, sizeof(path), dir, "optimizer_sq.safetensors");

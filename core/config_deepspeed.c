@@ -324,6 +324,12 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
                   l3d_dsconfig_check_section(p, f16, "fp16", k_fp16, L3D_ARRAY_LEN(k_fp16)));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, f16, "fp16", "enabled", &cfg->fp16, NULL));
         L3D_CHECK(j->ctx, parse_loss_scaling(j, f16, cfg));
+        int half_master = 0;
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, f16, "fp16", "fp16_master_weights_and_grads",
+                                               &half_master, NULL));
+        if (half_master && cfg->fp16)
+            note(cfg, "fp16.fp16_master_weights_and_grads: accepted, not yet effective (master "
+                      "weights and their gradients stay float32)");
     }
     if (b16) {
         L3D_CHECK(j->ctx,
@@ -335,13 +341,8 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
                          "%s: fp16.enabled and bf16.enabled are both true; pick one (DeepSpeed "
                          "rejects this too)",
                          j->origin);
-    if (cfg->fp16)
-        note(cfg, "fp16.enabled: activations and their gradients in float16, loss-scaled; "
-                  "weights, their gradients and optimizer state float32 (16-bit weights: not "
-                  "yet)");
-    if (cfg->bf16)
-        note(cfg, "bf16.enabled: activations and their gradients in bfloat16; weights, their "
-                  "gradients and optimizer state float32 (16-bit weights: not yet)");
+    // Both effective (docs/precision.md): the passes' weights, activations and their
+    // gradients in the 16-bit dtype over float32 masters, weight gradients and optimizer state.
     return L3D_OK;
 }
 

@@ -336,6 +336,7 @@ void l3d_model_destroy(l3d_model_t *m) {
     l3d_dev_free(dev, m->cos_tab, rope_bytes, "params");
     l3d_dev_free(dev, m->sin_tab, rope_bytes, "params");
     l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
+    if (m->wp) l3d_dev_free(dev, m->wp, m->n_params * l3d_dtype_size(m->wt), "params");
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_free(m->ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(m->ctx, m->tensors, (size_t)(3 + 9 * m->L) * sizeof(l3d_param_t), "other");
@@ -343,6 +344,23 @@ void l3d_model_destroy(l3d_model_t *m) {
 }
 
 const l3d_model_config_t *l3d_model_config(const l3d_model_t *m) { return &m->cfg; }
+
+l3d_status l3d_model_set_weight_dtype(l3d_model_t *m, l3d_dtype wt, int with_copy) {
+    if (wt != L3D_FLOAT32 && wt != L3D_BFLOAT16 && wt != L3D_FLOAT16)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "l3d_model_set_weight_dtype: dtype %d is "
+                         "not float32, bfloat16 or float16", (int)wt);
+    if (m->wp) l3d_dev_free(m->dev, m->wp, m->n_params * l3d_dtype_size(m->wt), "params");
+    m->wp = NULL;
+    m->wt = wt;
+    if (wt == L3D_FLOAT32 || !with_copy) return L3D_OK;
+    L3D_CHECK(m->ctx, l3d_dev_alloc(m->dev, m->n_params * l3d_dtype_size(wt), "params", &m->wp));
+    return l3d_model_refresh_weights(m);
+}
+
+l3d_status l3d_model_refresh_weights(l3d_model_t *m) {
+    if (!m->wp || !m->params) return L3D_OK;
+    return l3d_dev_convert(m->dev, m->wp, m->wt, m->params, L3D_FLOAT32, m->n_params);
+}
 
 // ---- initialisation ----------------------------------------------------------------------
 // A counter-based generator: the value of element i of a tensor is a pure function of

@@ -13,21 +13,21 @@
 #include "core/model_internal.h"
 
 // ---- linear layers: y = x W^T with W (out,in) as Hugging Face stores it -------------------
-// Activations (x, y, dy, dx) in at; weights and their gradients float32.
+// Activations (x, y, dy, dx) in at, weights in wt; their gradients float32.
 // y(N,O) = x(N,I) W(O,I)^T, beta = 0 overwrites, 1 accumulates. ldy lets k/v land in a cache.
-static l3d_status linear_fwd(l3d_device_t *dev, void *y, int ldy, const void *x,
-                             const float *W, int N, int I, int O, float beta, l3d_dtype at) {
+static l3d_status linear_fwd(l3d_device_t *dev, void *y, int ldy, const void *x, const void *W,
+                             int N, int I, int O, float beta, l3d_dtype at, l3d_dtype wt) {
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
                     .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy,
-                    .a_type = at, .c_type = at};
+                    .a_type = at, .b_type = wt, .c_type = at};
     return l3d_dev_gemm(dev, &g);
 }
 // dx(N,I) = dy(N,O) W(O,I)  (beta as above)
-static l3d_status linear_bwd_x(l3d_device_t *dev, void *dx, const void *dy, const float *W,
-                               int N, int I, int O, float beta, l3d_dtype at) {
+static l3d_status linear_bwd_x(l3d_device_t *dev, void *dx, const void *dy, const void *W,
+                               int N, int I, int O, float beta, l3d_dtype at, l3d_dtype wt) {
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 0, .M = N, .N = I, .K = O, .alpha = 1.0f,
                     .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I,
-                    .a_type = at, .c_type = at};
+                    .a_type = at, .b_type = wt, .c_type = at};
     return l3d_dev_gemm(dev, &g);
 }
 // dW(O,I) += dy(N,O)^T x(N,I)
@@ -246,12 +246,13 @@ void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a) {
 }
 
 // ---- one layer ---------------------------------------------------------------------------
-// A tensor of layer l's parameter group Wl (lp->f is its arena offset, ln1 the group's first).
-#define LW(f) (Wl + (lp->f - lp->ln1))
+// A tensor of layer l's parameter group Wl (dtype wt; lp->f is its arena offset, ln1 the
+// group's first).
+#define LW(f) l3d_elem(Wl, wt, lp->f - lp->ln1)
 
-l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_layer_acts_t *a,
+l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_layer_acts_t *a,
                              void *x_out, void *sw, int B, int T, int pos0, int Tk,
-                             size_t kv_bstride, l3d_dtype at) {
+                             size_t kv_bstride, l3d_dtype at, l3d_dtype wt) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const l3d_layer_params_t *lp = &m->layer[l];
@@ -265,11 +266,11 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_l
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, l3d_elem(a->ln1, at, roff), a->rstd1, a->x_in,
-                                       LW(ln1), (int)rows, C, eps, at, L3D_FLOAT32));
+                                       LW(ln1), (int)rows, C, eps, at, wt));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows, at));
-    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f, at));
-    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f, at));
-    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(dev, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(dev, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f, at, wt));
     L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0,
                                 at));
@@ -279,36 +280,36 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_l
     // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g). With
     // sequence parallelism the partial sums are reduce-scattered and added to this rank's rows.
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f, at));
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows, at));
         L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C, at));
     } else {
         L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C, at));
-        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, LW(wo), N, HD, C, 1.0f, at));
+        L3D_CHECK(ctx, linear_fwd(dev, a->h, C, a->att, LW(wo), N, HD, C, 1.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C, at));
     }
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, l3d_elem(a->ln2, at, roff), a->rstd2, a->h, LW(ln2),
-                                       (int)rows, C, eps, at, L3D_FLOAT32));
+                                       (int)rows, C, eps, at, wt));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows, at));
-    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f, at));
-    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(dev, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f, at, wt));
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F, at));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f, at));
+        L3D_CHECK(ctx, linear_fwd(dev, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows, at));
         return l3d_dev_add(dev, x_out, x_out, a->h, rows * C, at);
     }
     L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C, at));
-    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, LW(wd), N, F, C, 1.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, x_out, C, sw, LW(wd), N, F, C, 1.0f, at, wt));
     L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C, at));
     return L3D_OK;
 }
 
 // On entry acts->dres = dL/dx_out of layer l; on return dL/dx_in. Gradients += into Gl, the
 // layer's gradient group (its first float is input_layernorm's).
-static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_acts_t *acts,
-                                 float *Gl) {
+static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtype wt,
+                                 l3d_acts_t *acts, float *Gl) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const l3d_layer_params_t *lp = &m->layer[l];
@@ -339,20 +340,20 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
     GATHER_D();
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF, at));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wd), D, sw, N, F, C, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, LW(wd), N, F, C, 0.0f, at));  // sw <- dsw
+    L3D_CHECK(ctx, linear_bwd_x(dev, sw, D, LW(wd), N, F, C, 0.0f, at, wt));  // sw <- dsw
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF, at));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wg), acts->dgate, a->ln2, N, C, F, at));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wu), acts->dup, a->ln2, N, C, F, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, LW(wu), N, C, F, 1.0f, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dup, LW(wu), N, C, F, 1.0f, at, wt));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln2), dln, a->h, LW(ln2), a->rstd2,
-                                       (int)rows, C, at, L3D_FLOAT32, L3D_FLOAT32));
+                                       (int)rows, C, at, wt, L3D_FLOAT32));
     // attention: h = x_in + att Wo^T
     GATHER_D();
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wo), D, a->att, N, HD, C, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, LW(wo), N, HD, C, 0.0f, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->datt, D, LW(wo), N, HD, C, 0.0f, at, wt));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
                                          a->k, a->v, a->att, a->lse, &dims, at));
@@ -362,12 +363,12 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const float *Wl, l3d_act
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wq), acts->dq, a->ln1, N, C, HD, at));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wk), acts->dk, a->ln1, N, C, KD, at));
     L3D_CHECK(ctx, linear_bwd_w(dev, GW(wv), acts->dv, a->ln1, N, C, KD, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, LW(wq), N, C, HD, 0.0f, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, LW(wk), N, C, KD, 1.0f, at));
-    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f, at));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dq, LW(wq), N, C, HD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dk, LW(wk), N, C, KD, 1.0f, at, wt));
+    L3D_CHECK(ctx, linear_bwd_x(dev, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f, at, wt));
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, dres, GW(ln1), dln, a->x_in, LW(ln1), a->rstd1,
-                                       (int)rows, C, at, L3D_FLOAT32, L3D_FLOAT32));
+                                       (int)rows, C, at, wt, L3D_FLOAT32));
     if (acts->tp_sync_grads) {  // replicated kv heads, and the norms' partial rows with SP
         L3D_CHECK(ctx, l3d_tp_sum_kv_grads(m, GW(wk), GW(wv)));
         L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, GW(ln1)));
@@ -409,14 +410,19 @@ static l3d_status ckpt_restore(l3d_model_t *m, l3d_acts_t *a, int l) {
 
 // ---- parameter groups ----------------------------------------------------------------------
 // The parameters of group i (l3d_model_grad_group) for a forward (backward 0) or backward pass
-// over a: m's arena, or where the param_window hook has them (ZeRO-3 gathers them over dp).
-// *w is the address of the group's first float; param_done gives it back.
+// over a, in m->wt: m's arena (or its 16-bit copy), or where the param_window hook has them
+// (ZeRO-3 gathers them over dp). *w is the address of the group's first element; param_done
+// gives it back.
 static l3d_status params_get(l3d_model_t *m, l3d_acts_t *a, int i, int backward,
-                             const float **w) {
+                             const void **w) {
     size_t lo, n;
     l3d_model_grad_group(m, i, &lo, &n, NULL);
     if (!a->param_window) {
-        *w = m->params + lo;
+        const void *p = l3d_model_pass_params(m);
+        if (!p)
+            return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "a training pass without parameters "
+                             "(ZeRO-3 partitioned them and no param_window is set)");
+        *w = l3d_elem(p, m->wt, lo);
         return L3D_OK;
     }
     return a->param_window(a->param_arg, a, backward, lo, lo + n, w);
@@ -447,16 +453,16 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     void *sp_tmp = a->layers[0].sp_tmp;
-    l3d_dtype at = a->at;
-    const float *w;
+    l3d_dtype at = a->at, wt = m->wt;
+    const void *w;
 
     if (embed) {
         L3D_CHECK(ctx, params_get(m, a, 0, 0, &w));
         if (sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
-            L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, w, a->tokens, N, at));
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, w, a->tokens, N, at, wt));
             L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows, at));
         } else {
-            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, w, a->tokens, N, at));
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, w, a->tokens, N, at, wt));
         }
         L3D_CHECK(ctx, params_done(m, a, 0));
     }
@@ -466,17 +472,17 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
         L3D_CHECK(ctx, ckpt_save(m, a, l));
         L3D_CHECK(ctx, params_get(m, a, g, 0, &w));
         L3D_CHECK(ctx, l3d_layer_forward(m, a->l_first + l, w, &a->layers[l], x_out, a->sw, B, T,
-                                         0, T, 0, at));
+                                         0, T, 0, at, wt));
         L3D_CHECK(ctx, params_done(m, a, g));
     }
     if (!head) return l3d_dev_sync(dev);
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_norm(m), 0, &w));
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, l3d_elem(a->lnf, at, roff), a->rstdf, a->x_final, w,
-                                       (int)rows, C, eps, at, L3D_FLOAT32));
+                                       (int)rows, C, eps, at, wt));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows, at));
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
-    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, w, N, C, V, 0.0f, at));
+    L3D_CHECK(ctx, linear_fwd(dev, a->logits, V, a->lnf, w, N, C, V, 0.0f, at, wt));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_head(m)));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
@@ -524,9 +530,9 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     void *sp_tmp = a->layers[0].sp_tmp;
-    l3d_dtype at = a->at;
+    l3d_dtype at = a->at, wt = m->wt;
     size_t es = l3d_dtype_size(at);
-    const float *w;
+    const void *w;
     if (head) {
         // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
         // first stage is the embedding: its group, which completes last.
@@ -536,7 +542,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
         L3D_CHECK(ctx, linear_bwd_w(dev, gh, a->logits, a->lnf, N, C, V, at));
         L3D_CHECK(ctx, params_get(m, a, gi_head, 1, &w));
-        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, w, N, C, V, 0.0f, at));
+        L3D_CHECK(ctx, linear_bwd_x(dev, a->dln, a->logits, w, N, C, V, 0.0f, at, wt));
         L3D_CHECK(ctx, params_done(m, a, gi_head));
         // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
         void *dln = l3d_elem(a->dln, at, roff);
@@ -545,7 +551,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         L3D_CHECK(ctx, l3d_dev_memset(dev, a->dres, 0, rows * C * es));
         L3D_CHECK(ctx, params_get(m, a, gi_norm, 1, &w));
         L3D_CHECK(ctx, l3d_dev_rmsnorm_bwd(dev, a->dres, gn, dln, a->x_final, w, a->rstdf,
-                                           (int)rows, C, at, L3D_FLOAT32, L3D_FLOAT32));
+                                           (int)rows, C, at, wt, L3D_FLOAT32));
         L3D_CHECK(ctx, params_done(m, a, gi_norm));
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, gn));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the
@@ -561,11 +567,11 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             // scratch that is free now (dln), not to the next layer's saved input.
             L3D_CHECK(ctx, ckpt_restore(m, a, l));
             L3D_CHECK(ctx, l3d_layer_forward(m, lm, w, &a->layers[l], a->dln, a->sw, B, T, 0, T,
-                                             0, at));
+                                             0, at, wt));
         }
         float *gl;
         L3D_CHECK(ctx, group_grads(m, a, G, g, &gl));
-        L3D_CHECK(ctx, layer_backward(m, lm, w, a, gl));
+        L3D_CHECK(ctx, layer_backward(m, lm, w, wt, a, gl));
         L3D_CHECK(ctx, params_done(m, a, g));
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->layer[lm].ln1));
     }

@@ -146,7 +146,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
                                     L3D_COPY_H2D));
         // (vocab-parallel under tp: each rank looks up its rows, an all-reduce sums them)
         L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, n,
-                                            L3D_FLOAT32));
+                                            L3D_FLOAT32, L3D_FLOAT32));
     } else {  // a later pipeline stage: the previous stage's output rows
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->xa, x_prev, (size_t)n * C * sizeof(float),
                                     L3D_COPY_D2D));
@@ -159,7 +159,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
         la.v = c->v + seq_off + (size_t)l * c->cap * KD;
         la.lse = NULL;
         L3D_CHECK(ctx, l3d_layer_forward(m, l, m->params + m->layer[l].ln1, &la, y, c->sw, 1, n,
-                                         pos0, pos0 + n, 0, L3D_FLOAT32));
+                                         pos0, pos0 + n, 0, L3D_FLOAT32, L3D_FLOAT32));
         float *t = x;
         x = y;
         y = t;
@@ -348,7 +348,7 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens + r0, (size_t)k * sizeof(int32_t),
                                     L3D_COPY_H2D));
         L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, k,
-                                            L3D_FLOAT32));
+                                            L3D_FLOAT32, L3D_FLOAT32));
         float *x = c->xa, *y = c->xb;
         for (int l = 0; l < m->L; l++) {
             L3D_CHECK(ctx, batch_layer(c, l, seqs + r0, k, x, y));

@@ -133,14 +133,14 @@ typedef struct l3d_acts {
     // write, possibly again for the same group (a tied head and the embedding); may block
     // (ZeRO-2 waits for a free window). Shares grad_ready_arg.
     l3d_status (*grad_window)(void *arg, size_t lo, size_t hi, float **g);
-    // Optional (NULL: the parameters are m->params): where the forward (backward 0) or the
-    // backward (1) of these activations' chunk reads parameter group [lo, hi)
-    // (l3d_model_grad_group). *w receives the address of arena float lo, valid until
-    // param_release of the same range; may block (ZeRO-3 gathers the group over dp) and may
-    // start gathering the groups the pass reads next. Every param_window is followed by its
-    // param_release before the pass asks for another group. Share param_arg.
+    // Optional (NULL: the parameters are l3d_model_pass_params): where the forward (backward 0)
+    // or the backward (1) of these activations' chunk reads parameter group [lo, hi)
+    // (l3d_model_grad_group), stored in m->wt. *w receives the address of arena element lo,
+    // valid until param_release of the same range; may block (ZeRO-3 gathers the group over
+    // dp) and may start gathering the groups the pass reads next. Every param_window is
+    // followed by its param_release before the pass asks for another group. Share param_arg.
     l3d_status (*param_window)(void *arg, const struct l3d_acts *a, int backward, size_t lo,
-                               size_t hi, const float **w);
+                               size_t hi, const void **w);
     l3d_status (*param_release)(void *arg, size_t lo, size_t hi);
     void *param_arg;
 } l3d_acts_t;
@@ -162,6 +162,12 @@ struct l3d_model {
     int chunk_start[L3D_MAX_CHUNKS + 1], chunk_g0[L3D_MAX_CHUNKS];
     float *params;  // arena on the device
     size_t n_params;
+    // What training passes read (core/model_fwdbwd.c): the parameters in dtype wt. float32:
+    // params itself (wp NULL); bfloat16/float16 (l3d_model_set_weight_dtype): wp, a copy of
+    // n_params elements of that dtype, which l3d_model_refresh_weights rounds params into (the
+    // float32 arena stays the master; NULL under ZeRO-3, whose gathered groups are in wt).
+    l3d_dtype wt;
+    void *wp;
     l3d_param_t *tensors;
     int n_tensors;
     size_t embed;                  // offset of model.embed_tokens.weight
@@ -226,14 +232,15 @@ l3d_status l3d_tp_allreduce(l3d_model_t *m, void *x, size_t n, l3d_dtype t);
 // accumulates each rank's partial product and l3d_tp_allreduce completes dst).
 l3d_status l3d_tp_residual_init(l3d_model_t *m, void *dst, const void *residual, size_t n,
                                 l3d_dtype t);
-// out(N,C) (dtype at) = embedding of tokens in table (this rank's rows of embed_tokens:
-// m->params + m->embed unless gathered; vocabulary-parallel: each rank looks up its rows,
-// summed).
-l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const float *table,
-                                const int32_t *tokens, int N, l3d_dtype at);
+// out(N,C) (dtype at) = embedding of tokens in table (dtype wt; this rank's rows of
+// embed_tokens: m->params + m->embed unless gathered; vocabulary-parallel: each rank looks up
+// its rows, summed).
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const void *table,
+                                const int32_t *tokens, int N, l3d_dtype at, l3d_dtype wt);
 // This rank's vocabulary rows only (0 for other tokens), not summed: (N,C).
-l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const float *table,
-                                        const int32_t *tokens, int N, l3d_dtype at);
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const void *table,
+                                        const int32_t *tokens, int N, l3d_dtype at,
+                                        l3d_dtype wt);
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
                                 const int32_t *tokens, int N, l3d_dtype at);
 // Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
@@ -266,6 +273,17 @@ int l3d_model_group_norm(const l3d_model_t *m);
 int l3d_model_group_head(const l3d_model_t *m);
 // The model chunk whose backward writes group i (the embedding: 0, norm and head: the last).
 int l3d_model_grad_group_chunk(const l3d_model_t *m, int i);
+
+// Training passes read the parameters in wt (above): float32 drops the 16-bit copy; bfloat16
+// or float16 allocates it (n_params elements, "params") unless with_copy is 0 (ZeRO-3: the
+// passes read gathered groups; no copy). refresh rounds params into the copy (a no-op without
+// one); call it after every change of params that a pass should see.
+l3d_status l3d_model_set_weight_dtype(l3d_model_t *m, l3d_dtype wt, int with_copy);
+l3d_status l3d_model_refresh_weights(l3d_model_t *m);
+// The arena training passes read, in m->wt (NULL when neither exists: ZeRO-3).
+static inline const void *l3d_model_pass_params(const l3d_model_t *m) {
+    return m->wt == L3D_FLOAT32 ? (const void *)m->params : m->wp;
+}
 
 // L3D_ERR_INVALID_ARG naming `what` when m's parameters are not in m->params: a ZeRO-3 trainer
 // keeps 1/dp of them (core/trainer_zero3.c) and saves through l3d_trainer_save.
@@ -309,11 +327,11 @@ void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 // pos0/Tk: the new rows sit at positions pos0.. of a sequence of Tk keys (training: 0 and T;
 // then B may be > 1). a->k and a->v point at position 0 of the key/value rows; kv_bstride as
 // in l3d_attn_dims_t (0 = contiguous). sw is (N,F) scratch. Wl: the layer's parameter group
-// (its first float is input_layernorm's; m->params + m->layer[l].ln1 unless gathered).
-// Activations (a's, x_out, sw) are stored in at.
-l3d_status l3d_layer_forward(l3d_model_t *m, int l, const float *Wl, const l3d_layer_acts_t *a,
+// (its first element is input_layernorm's; m->params + m->layer[l].ln1 unless gathered),
+// stored in wt. Activations (a's, x_out, sw) are stored in at.
+l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_layer_acts_t *a,
                              void *x_out, void *sw, int B, int T, int pos0, int Tk,
-                             size_t kv_bstride, l3d_dtype at);
+                             size_t kv_bstride, l3d_dtype at, l3d_dtype wt);
 
 // Training forward + loss + backward of one micro-batch whose tokens/targets are already in
 // a->tokens / a->targets. Gradients are accumulated (+=) into grads (same layout as params),

@@ -37,19 +37,20 @@ l3d_status l3d_tp_residual_init(l3d_model_t *m, void *dst, const void *residual,
     return l3d_dev_memset(m->dev, dst, 0, n * l3d_dtype_size(t));
 }
 
-l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const float *table,
-                                const int32_t *tokens, int N, l3d_dtype at) {
+l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const void *table,
+                                const int32_t *tokens, int N, l3d_dtype at, l3d_dtype wt) {
     if (m->tp.size == 1)
-        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V, at, L3D_FLOAT32);
+        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V, at, wt);
     L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
-                                               m->V, m->cfg.vocab_size, at, L3D_FLOAT32));
+                                               m->V, m->cfg.vocab_size, at, wt));
     return allreduce(m, m->tp.comm, out, (size_t)N * m->C, at, L3D_SUM, "embedding");
 }
 
-l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const float *table,
-                                        const int32_t *tokens, int N, l3d_dtype at) {
+l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const void *table,
+                                        const int32_t *tokens, int N, l3d_dtype at,
+                                        l3d_dtype wt) {
     return l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
-                                    m->V, m->cfg.vocab_size, at, L3D_FLOAT32);
+                                    m->V, m->cfg.vocab_size, at, wt);
 }
 
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,

@@ -106,6 +106,10 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_eval_init(t), st, err);
 
     L3D_CHECK_GOTO(ctx, l3d_dp_init(t, t->mesh->group[L3D_MESH_DP]), st, err);
+    // 16-bit weights: the passes read a rounded copy of the float32 master (ZeRO-3: of its
+    // pieces, core/trainer_zero3.c).
+    L3D_CHECK_GOTO(ctx, l3d_model_set_weight_dtype(t->model, l3d_train_config_weight_dtype(cfg),
+                                                   !t->dp.zero3), st, err);
     // ZeRO-3 partitions the parameters now, before the optimizer state and the activations
     // exist: the whole model and all of those would otherwise be the run's peak.
     if (t->dp.zero3) L3D_CHECK_GOTO(ctx, l3d_zero3_init(t), st, err);
@@ -213,6 +217,8 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     float S = (float)t->scaler.scale;
     float grad_scale = (float)(1.0 / ((double)Bg * T)) * S;
     double loss_sum = 0.0;
+    // 16-bit weights: round the float32 master as the last update (or a load) left it
+    L3D_CHECK(ctx, l3d_model_refresh_weights(m));
     L3D_CHECK(ctx, l3d_pp_run(t, grad_scale, &loss_sum));
     L3D_CHECK(ctx, l3d_dp_reduce_finish(t));
     L3D_CHECK(ctx, l3d_dp_sum_double(t, t->dp.comm, &loss_sum));
@@ -293,6 +299,19 @@ int64_t l3d_trainer_eval_tokens(const l3d_trainer_t *t) {
     return t->have_eval ? (int64_t)t->eval_view.n_tokens : 0;
 }
 
+// Parameter bytes per rank of model part m (dims set): the float32 arena and, under 16-bit
+// weights, its rounded copy; ZeRO-3 (zero3: dp > 1) keeps the float32 pieces, their rounded
+// copy, and the persistent groups and the gather pool in the weights' dtype.
+static size_t param_bytes(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
+                          int zero3) {
+    size_t ew = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
+    size_t copy = ew < sizeof(float) ? ew : 0;
+    if (!zero3) return m->n_params * (sizeof(float) + copy);
+    size_t sh, pers, pool;
+    (void)l3d_zero3_sizes(m, cfg, dp, &sh, &pers, &pool);
+    return sh * (sizeof(float) + copy) + (pers + pool) * ew;
+}
+
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);
 // ZeRO-2 keeps the gradient as that shard plus its windows; a 16-bit communication_data_type
@@ -308,7 +327,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t P = m.n_params;
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
     size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
-    mem->params = P * sizeof(float);
+    mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3);
     mem->grads = Ppad * sizeof(float);
     size_t reduced = Ppad;  // elements reduced out of float32 buffers: the arena, or the windows
     if (n > 1 && cfg->zero_stage >= 2) {
@@ -323,9 +342,6 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     // communication_data_type: each has a 16-bit copy to be reduced in.
     l3d_dtype cdt = l3d_dp_comm_dtype(cfg);
     if (n > 1 && cdt != L3D_FLOAT32) mem->grads += reduced * l3d_dtype_size(cdt);
-    // ZeRO-3: this rank's pieces, the persistent groups and the gather pool
-    if (n > 1 && cfg->zero_stage >= 3)
-        mem->params = l3d_zero3_sizes(&m, cfg, (int)n, NULL, NULL, NULL) * sizeof(float);
     mem->optim = 2 * shard * sizeof(float);
     int z2 = n > 1 && cfg->zero_stage >= 2;
     size_t stage = z2 && cfg->offload_optimizer
@@ -349,10 +365,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
-    mem->params = t->model->n_params * sizeof(float);
     const l3d_dp_t *d = &t->dp;
-    if (d->zero3)
-        mem->params = l3d_zero3_sizes(t->model, &t->cfg, d->n, NULL, NULL, NULL) * sizeof(float);
+    mem->params = param_bytes(t->model, &t->cfg, d->n, d->zero3);
     size_t g = d->Ppad, c = d->cstage ? d->Ppad : 0;  // c: elements of 16-bit copies
     if (d->zero2) {
         g = d->shard_len;

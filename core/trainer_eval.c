@@ -130,7 +130,8 @@ l3d_status l3d_trainer_eval(l3d_trainer_t *t, double *loss) {
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "evaluation: no eval stream; set "
                          "data.eval_path or data.eval_fraction");
     double sum = 0.0;
-    l3d_status st = L3D_OK;
+    // 16-bit weights: the passes read the float32 master rounded as it is now
+    l3d_status st = l3d_model_refresh_weights(t->model);
     for (int b = 0; b < cfg->eval_iters && st >= 0; b++) st = eval_batch(t, b, &sum);
     for (int i = 0; i < t->pp.nslots; i++) {
         l3d_status s2 = wait_req(t, &t->pp.fsend[i]);

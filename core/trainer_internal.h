@@ -183,19 +183,23 @@ l3d_status l3d_zero2_finish(l3d_trainer_t *t);
 // After AdamW updated this rank's pieces: all-gathers every bucket into the parameters.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t);
 
-// The dtype activations and their gradients are stored in: bfloat16 under bf16.enabled,
-// float16 under fp16.enabled (its loss scaler keeps the scaled gradients in float16's range),
-// else float32. Weights, their gradients and the optimizer state stay float32 (16-bit weights
-// with float32 masters: not yet).
+// The training dtype: bfloat16 under bf16.enabled, float16 under fp16.enabled (its loss scaler
+// keeps the scaled gradients in float16's range), else float32. Activations and their
+// gradients are stored in it, and the weights the passes read (l3d_model_set_weight_dtype);
+// the master weights, the weight gradients (accumulated over micro-batches) and the optimizer
+// state stay float32.
 static inline l3d_dtype l3d_train_config_act_dtype(const l3d_train_config_t *cfg) {
     return cfg->bf16 ? L3D_BFLOAT16 : cfg->fp16 ? L3D_FLOAT16 : L3D_FLOAT32;
 }
+static inline l3d_dtype l3d_train_config_weight_dtype(const l3d_train_config_t *cfg) {
+    return l3d_train_config_act_dtype(cfg);
+}
 
 // The dtype data parallelism reduces gradients in: float32 under fp32_allreduce, else
-// communication_data_type when set, else the gradients' dtype (float32: the model computes in
-// float32 under fp16/bf16.enabled too, so far).
+// communication_data_type when set, else the training dtype (DeepSpeed's default).
 static inline l3d_dtype l3d_dp_comm_dtype(const l3d_train_config_t *cfg) {
-    if (cfg->fp32_allreduce || cfg->comm_dtype < 0) return L3D_FLOAT32;
+    if (cfg->fp32_allreduce) return L3D_FLOAT32;
+    if (cfg->comm_dtype < 0) return l3d_train_config_act_dtype(cfg);
     return (l3d_dtype)cfg->comm_dtype;
 }
 
@@ -223,7 +227,8 @@ void l3d_zero3_arm(l3d_trainer_t *t);
 void l3d_zero3_fini(l3d_trainer_t *t);
 // This rank's parameter shard at offset sh (a piece's parameters, l3d_dp_piece).
 float *l3d_zero3_piece_at(l3d_trainer_t *t, size_t sh);
-// After AdamW updated the pieces: all-gathers the persistent groups.
+// After AdamW updated the pieces: all-gathers the persistent groups (and marks the 16-bit
+// copy of the pieces for rounding again before the next gather).
 l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t);
 // Checkpoints: materialize gives m->params the whole stage again (collective over dp);
 // partition copies this rank's pieces back out of it and frees it. Both no-ops without ZeRO-3.

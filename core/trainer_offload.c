@@ -121,7 +121,10 @@ void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, siz
         mem->host_grads += stage_len * sizeof(float);
     }
     if (cfg->offload_param && zero3) {
-        mem->params -= min_sz(mem->params, shard);  // the shard moves to the host
+        // the shard moves to the host, with its 16-bit copy under 16-bit weights
+        size_t ew = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
+        if (ew < sizeof(float)) shard += shard_len * ew;
+        mem->params -= min_sz(mem->params, shard);
         mem->host_params = shard;
     } else {
         mem->host_params = shard;  // the master copy

@@ -31,6 +31,12 @@
 // releases every group it asked for, and never gathers ahead past its own chunk.
 // With offload_param the shard lives in host memory (core/trainer_offload.c): each gather
 // copies this rank's piece to the device first.
+//
+// 16-bit weights (bf16/fp16.enabled, m->wt): pshard stays the float32 master that AdamW
+// updates; wshard, a copy of it rounded to wt (beside it: host memory with offload_param), is
+// what the gathers send, and the pool and the persistent groups hold wt, so a gather moves 2
+// bytes an element (DeepSpeed's ZeRO-3 keeps a 16-bit partition beside the float32 master
+// too). wshard is refreshed after each update and each partition.
 #include <stdint.h>
 #include <string.h>
 
@@ -41,20 +47,24 @@ static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 typedef struct live {
     int k;               // bucket
-    size_t at, len;      // floats from the pool's start; the bucket's length
+    size_t at, len;      // elements from the pool's start; the bucket's length
     l3d_request_t *req;  // the all-gather in flight (NULL: complete)
 } live_t;
 
 typedef struct l3d_zero3 {
     float *pshard;        // dp.shard_len floats: this rank's pieces (gshard's layout)
-    float *pers;          // the persistent buckets whole
+    l3d_dtype wt;         // the dtype of wshard, pers and pool (m->wt)
+    size_t ew;            // its bytes
+    void *wshard;         // 16-bit wt: dp.shard_len elements, pshard rounded (NULL: float32)
+    int stale;            // pshard changed since wshard was rounded from it
+    void *pers;           // the persistent buckets whole (wt)
     size_t pers_len;
     size_t *pers_at;      // per bucket: its offset in pers, SIZE_MAX when not persistent
-    float *pool;          // gathered buckets, a ring of pool_len floats
+    void *pool;           // gathered buckets, a ring of pool_len elements (wt)
     size_t pool_len;
     live_t *live;         // FIFO, oldest first
     int nlive;
-    size_t live_floats;   // sum of the live buckets' lengths
+    size_t live_floats;   // sum of the live buckets' lengths (elements)
     int *grp_bucket;      // per gradient group: its bucket
     int *seq;             // scratch: a pass's groups
     // the pass asking last: its activations, direction and position in its sequence
@@ -157,20 +167,50 @@ static l3d_status live_drop(l3d_trainer_t *t, int i) {
     return st;
 }
 
-// Starts bucket k's all-gather into the ring at `at`: this rank's piece at its place, every
-// rank's piece around it (in place, as ZeRO-2 gathers its windows).
+// wshard = pshard rounded to wt when pshard changed since (on the host's own device when both
+// are host memory: the offload's, which exists from the first gather on, not at the first
+// partition).
+static l3d_status refresh_wshard(l3d_trainer_t *t) {
+    l3d_zero3_t *z = t->dp.z3;
+    if (!z->wshard || !z->stale) return L3D_OK;
+    l3d_device_t *dev = t->cfg.offload_param ? t->off.hdev : t->dev;
+    if (!dev)
+        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-3: a host parameter shard without "
+                         "the host device of offload_optimizer");
+    L3D_CHECK(t->ctx, l3d_dev_convert(dev, z->wshard, z->wt, z->pshard, L3D_FLOAT32,
+                                      t->dp.shard_len));
+    z->stale = 0;
+    return l3d_dev_sync(dev);
+}
+
+// What the gathers send: this rank's piece of bucket b in wt.
+static const void *send_piece(const l3d_zero3_t *z, const l3d_dp_bucket_t *b) {
+    return z->wshard ? l3d_elem(z->wshard, z->wt, b->sh) : (const void *)(z->pshard + b->sh);
+}
+
+// Bucket b gathered at dst (wt), in place: this rank's piece at its place, every rank's
+// piece around it (as ZeRO-2 gathers its windows). The piece is copied and the device synced
+// before the (possibly host-side) transport reads it.
+static l3d_status gather_into(l3d_trainer_t *t, const l3d_dp_bucket_t *b, void *dst,
+                              l3d_request_t **req) {
+    l3d_dp_t *d = &t->dp;
+    l3d_zero3_t *z = d->z3;
+    void *mine = l3d_elem(dst, z->wt, (size_t)d->rank * b->q);
+    L3D_CHECK(t->ctx, refresh_wshard(t));
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, send_piece(z, b), b->q * z->ew,
+                                   shard_to_device(t)));
+    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    return l3d_comm_iallgather(d->comm, mine, dst, b->q, z->wt, req);
+}
+
+// Starts bucket k's all-gather into the ring at `at`.
 static l3d_status gather_start(l3d_trainer_t *t, int k, size_t at) {
     l3d_dp_t *d = &t->dp;
     l3d_zero3_t *z = d->z3;
     l3d_dp_bucket_t *b = &d->b[k];
-    float *dst = z->pool + at, *mine = dst + (size_t)d->rank * b->q;
-    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, z->pshard + b->sh, b->q * sizeof(float),
-                                   shard_to_device(t)));
-    // the device finishes the copy before a host-side transport reads it
-    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     live_t *e = &z->live[z->nlive];
     *e = (live_t){k, at, b->len, NULL};
-    l3d_status st = l3d_comm_iallgather(d->comm, mine, dst, b->q, L3D_FLOAT32, &e->req);
+    l3d_status st = gather_into(t, b, l3d_elem(z->pool, z->wt, at), &e->req);
     if (st < 0) return comm_fail(t, st, "parameter all-gather");
     z->nlive++;
     z->live_floats += b->len;
@@ -260,7 +300,7 @@ static l3d_status prefetch(l3d_trainer_t *t, const int *seq, int n, int p, int k
 }
 
 static l3d_status z3_window(void *arg, const l3d_acts_t *a, int backward, size_t lo, size_t hi,
-                            const float **w) {
+                            const void **w) {
     l3d_trainer_t *t = arg;
     l3d_dp_t *d = &t->dp;
     l3d_zero3_t *z = d->z3;
@@ -281,7 +321,7 @@ static l3d_status z3_window(void *arg, const l3d_acts_t *a, int backward, size_t
     z->pass_bwd = backward;
     z->pass_pos = p;
     if (z->pers_at[k] != SIZE_MAX) {
-        *w = z->pers + z->pers_at[k] + (lo - b->off);
+        *w = l3d_elem(z->pers, z->wt, z->pers_at[k] + (lo - b->off));
     } else {
         int e = live_find(z, k);
         if (e < 0) {
@@ -298,7 +338,7 @@ static l3d_status z3_window(void *arg, const l3d_acts_t *a, int backward, size_t
             e = z->nlive - 1;
         }
         L3D_CHECK(t->ctx, live_wait(t, &z->live[e]));
-        *w = z->pool + z->live[e].at + (lo - b->off);
+        *w = l3d_elem(z->pool, z->wt, z->live[e].at + (lo - b->off));
     }
     if (p < 0 || z->prefetch <= 0) return L3D_OK;
     return prefetch(t, z->seq, n, p, k);
@@ -317,6 +357,21 @@ static l3d_status z3_release(void *arg, size_t lo, size_t hi) {
 }
 
 // ---- lifetime --------------------------------------------------------------------------------
+// A shard-sized array of es-byte elements: host memory with offload_param.
+static l3d_status shard_alloc(l3d_trainer_t *t, size_t es, void **p) {
+    size_t bytes = t->dp.shard_len * es;
+    if (t->cfg.offload_param)
+        return l3d_dev_alloc_host(t->dev, bytes, t->cfg.offload_param_pin, "host_params", p);
+    return l3d_dev_alloc(t->dev, bytes, "params", p);
+}
+static void shard_free(l3d_trainer_t *t, size_t es, void *p) {
+    size_t bytes = t->dp.shard_len * es;
+    if (t->cfg.offload_param)
+        l3d_dev_free_host(t->dev, p, bytes, t->cfg.offload_param_pin, "host_params");
+    else
+        l3d_dev_free(t->dev, p, bytes, "params");
+}
+
 l3d_status l3d_zero3_init(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
@@ -329,6 +384,8 @@ l3d_status l3d_zero3_init(l3d_trainer_t *t) {
     d->z3 = z;
     z->prefetch = t->cfg.stage3_prefetch_bucket_size;
     z->max_live = t->cfg.stage3_max_live_parameters;
+    z->wt = m->wt;
+    z->ew = l3d_dtype_size(m->wt);
     z->pass_pos = -1;
     size_t sh;
     (void)l3d_zero3_sizes(m, &t->cfg, d->n, &sh, &z->pers_len, &z->pool_len);
@@ -351,20 +408,13 @@ l3d_status l3d_zero3_init(l3d_trainer_t *t) {
         l3d_model_grad_group(m, i, &lo, &n, NULL);
         z->grp_bucket[i] = bucket_of(d, lo, lo + n);
     }
-    if (t->cfg.offload_param)
-        L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, d->shard_len * sizeof(float),
-                                             t->cfg.offload_param_pin, "host_params",
-                                             (void **)&z->pshard));
-    else
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "params",
-                                        (void **)&z->pshard));
+    L3D_CHECK(t->ctx, shard_alloc(t, sizeof(float), (void **)&z->pshard));
+    if (z->wt != L3D_FLOAT32) L3D_CHECK(t->ctx, shard_alloc(t, z->ew, &z->wshard));
     if (z->pers_len)
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pers_len * sizeof(float), "params",
-                                        (void **)&z->pers));
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pers_len * z->ew, "params", &z->pers));
     L3D_CHECK(t->ctx, l3d_zero3_partition(t));  // the whole parameters freed before the pool
     if (z->pool_len)
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pool_len * sizeof(float), "params",
-                                        (void **)&z->pool));
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pool_len * z->ew, "params", &z->pool));
     return L3D_OK;
 }
 
@@ -383,13 +433,10 @@ void l3d_zero3_fini(l3d_trainer_t *t) {
     if (!z) return;
     while (z->nlive > 0) (void)live_drop(t, z->nlive - 1);
     int G = l3d_model_grad_groups(t->model);
-    l3d_dev_free(t->dev, z->pool, z->pool_len * sizeof(float), "params");
-    l3d_dev_free(t->dev, z->pers, z->pers_len * sizeof(float), "params");
-    if (t->cfg.offload_param)
-        l3d_dev_free_host(t->dev, z->pshard, d->shard_len * sizeof(float),
-                          t->cfg.offload_param_pin, "host_params");
-    else
-        l3d_dev_free(t->dev, z->pshard, d->shard_len * sizeof(float), "params");
+    l3d_dev_free(t->dev, z->pool, z->pool_len * z->ew, "params");
+    l3d_dev_free(t->dev, z->pers, z->pers_len * z->ew, "params");
+    if (z->wshard) shard_free(t, z->ew, z->wshard);
+    if (z->pshard) shard_free(t, sizeof(float), z->pshard);
     l3d_free(t->ctx, z->live, (size_t)G * sizeof(live_t), "other");
     l3d_free(t->ctx, z->seq, ((size_t)G + 1) * sizeof(int), "other");
     l3d_free(t->ctx, z->grp_bucket, (size_t)G * sizeof(int), "other");
@@ -404,16 +451,12 @@ l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_zero3_t *z = d->z3;
     l3d_status st = L3D_OK;
+    z->stale = 1;  // AdamW updated the master pieces
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     for (int k = 0; k < d->nb && st >= 0; k++) {
         l3d_dp_bucket_t *b = &d->b[k];
         if (z->pers_at[k] == SIZE_MAX) continue;
-        float *dst = z->pers + z->pers_at[k], *mine = dst + (size_t)d->rank * b->q;
-        st = l3d_dev_copy(t->dev, mine, z->pshard + b->sh, b->q * sizeof(float),
-                          shard_to_device(t));
-        if (st >= 0) st = l3d_dev_sync(t->dev);
-        if (st >= 0 && (st = l3d_comm_iallgather(d->comm, mine, dst, b->q, L3D_FLOAT32,
-                                                 &b->req)) < 0)
+        if ((st = gather_into(t, b, l3d_elem(z->pers, z->wt, z->pers_at[k]), &b->req)) < 0)
             st = comm_fail(t, st, "persistent parameter all-gather");
     }
     for (int k = 0; k < d->nb; k++) {
@@ -427,18 +470,43 @@ l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t) {
 }
 
 // ---- whole again, for checkpoints --------------------------------------------------------------
+// With 16-bit weights the pool and the persistent groups are rounded copies: the whole float32
+// parameters come from the master pieces, all-gathered as the optimizer state is (into a
+// padded arena first: the last bucket's padding runs past the parameters).
+static l3d_status materialize_master(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    float *full = NULL;
+    size_t fbytes = d->Ppad * sizeof(float);
+    L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, fbytes, "params", (void **)&full));
+    l3d_status st = l3d_dp_optim_gather(t, d->z3->pshard, full);
+    if (st >= 0)
+        st = l3d_dev_alloc(t->dev, m->n_params * sizeof(float), "params", (void **)&m->params);
+    if (st >= 0)
+        st = l3d_dev_copy(t->dev, m->params, full, m->n_params * sizeof(float), L3D_COPY_D2D);
+    if (st >= 0) st = l3d_dev_sync(t->dev);
+    l3d_dev_free(t->dev, full, fbytes, "params");
+    if (st < 0 && m->params) {
+        l3d_dev_free(t->dev, m->params, m->n_params * sizeof(float), "params");
+        m->params = NULL;
+    }
+    return st;
+}
+
 l3d_status l3d_zero3_materialize(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     l3d_zero3_t *z = d->z3;
     if (!d->zero3 || !z || m->params) return L3D_OK;
     while (z->nlive > 0) L3D_CHECK(t->ctx, live_drop(t, 0));
+    if (z->wshard) return materialize_master(t);
     L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, m->n_params * sizeof(float), "params",
                                     (void **)&m->params));
     l3d_status st = L3D_OK;
     for (int k = 0; k < d->nb && st >= 0; k++) {
         const l3d_dp_bucket_t *b = &d->b[k];
-        const float *src = z->pers_at[k] != SIZE_MAX ? z->pers + z->pers_at[k] : z->pool;
+        const float *src = z->pers_at[k] != SIZE_MAX ? (const float *)z->pers + z->pers_at[k]
+                                                      : (const float *)z->pool;
         if (z->pers_at[k] == SIZE_MAX) {  // through the pool's start (it is empty)
             st = gather_start(t, k, 0);
             if (st >= 0) st = live_drop(t, 0);
@@ -473,14 +541,16 @@ l3d_status l3d_zero3_partition(l3d_trainer_t *t) {
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, piece, m->params + lo, n * sizeof(float),
                                            device_to_shard(t)));
         if (z->pers_at[k] == SIZE_MAX) continue;
-        float *whole = z->pers + z->pers_at[k];
+        void *whole = l3d_elem(z->pers, z->wt, z->pers_at[k]);
         size_t len = b->end - b->off;
-        L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, whole, m->params + b->off, len * sizeof(float),
-                                       L3D_COPY_D2D));
-        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, whole + len, 0, (b->len - len) * sizeof(float)));
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, whole, z->wt, m->params + b->off, L3D_FLOAT32,
+                                          len));
+        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, l3d_elem(whole, z->wt, len), 0,
+                                         (b->len - len) * z->ew));
     }
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     l3d_dev_free(t->dev, m->params, m->n_params * sizeof(float), "params");
     m->params = NULL;
+    z->stale = 1;
     return L3D_OK;
 }

@@ -377,7 +377,7 @@ Test(config, seed_file) {
     cr_assert_eq(c.overlap_comm, 1);
     cr_assert_eq(c.reduce_bucket_size, 1e8);
     cr_assert_eq(c.wall_clock_breakdown, 0);
-    cr_assert(has_note(&c, "fp16"));
+    cr_assert(!has_note(&c, "fp16"));  // effective: float16 passes over float32 masters
     cr_assert(!has_note(&c, "stage 3"));  // effective: parameters sharded (trainer_zero3.c)
     cr_assert_eq(c.stage3_prefetch_bucket_size, 1e8);
     cr_assert_eq(c.stage3_param_persistence_threshold, 1e4);
@@ -808,9 +808,9 @@ Test(config, notes) {
     cr_assert_eq(c.bf16, 1);
     cr_assert_eq(c.wall_clock_breakdown, 1);
     cr_assert_eq(c.activation_checkpointing, 1);
-    cr_assert(has_note(&c, "bf16.enabled: activations and their gradients in bfloat16"));
+    cr_assert(!has_note(&c, "bf16"));  // effective: bfloat16 passes over float32 masters
     cr_assert(has_note(&c, "wall_clock_breakdown"));
-    cr_assert_eq(c.n_notes, 2);  // prescale_gradients is what llama3d always does
+    cr_assert_eq(c.n_notes, 1);  // prescale_gradients is what llama3d always does
     // communication_data_type is effective (trainer_dp.c): recorded, no note; null unsets it;
     // fp32_allreduce is read beside it (it wins, l3d_dp_comm_dtype).
     cr_assert_eq(c.comm_dtype, L3D_BFLOAT16);

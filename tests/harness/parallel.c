@@ -385,6 +385,31 @@ void reference(void) {
     reference_run(&one, &g_ref);
 }
 
+// A run's counted communication against the plan, and its allocations against the memory
+// estimate printed before training.
+void check_plan_memory(const char *name, const result_t *got) {
+    // The counted communication of a step equals the analytic prediction, per group.
+    static const char *gname[3] = {"tp", "dp", "pp"};
+    for (int g = 0; g < 3; g++) {
+        cr_expect_eq(got->last.comm_calls[g], got->plan[g].calls, "%s: %s calls %llu, predicted %llu",
+                     name, gname[g], (unsigned long long)got->last.comm_calls[g],
+                     (unsigned long long)got->plan[g].calls);
+        cr_expect_eq(got->last.comm_bytes[g], got->plan[g].bytes, "%s: %s bytes %llu, predicted %llu",
+                     name, gname[g], (unsigned long long)got->last.comm_bytes[g],
+                     (unsigned long long)got->plan[g].bytes);
+    }
+    // The memory estimate printed before training describes world rank 0 exactly.
+    cr_expect_eq(got->estimate.params, got->mem[0].params, "%s: params", name);
+    cr_expect_eq(got->estimate.host_params, got->mem[0].host_params, "%s: host params", name);
+    cr_expect_eq(got->estimate.host_grads, got->mem[0].host_grads, "%s: host grads", name);
+    cr_expect_eq(got->estimate.host_optim, got->mem[0].host_optim, "%s: host optim", name);
+    cr_expect_eq(got->estimate.host_acts, got->mem[0].host_acts, "%s: host acts", name);
+    cr_expect_eq(got->estimate.grads, got->mem[0].grads, "%s: grads", name);
+    cr_expect_eq(got->estimate.optim, got->mem[0].optim, "%s: optim", name);
+    cr_expect_eq(got->estimate.acts, got->mem[0].acts, "%s: acts %zu, estimated %zu", name,
+                 got->mem[0].acts, got->estimate.acts);
+}
+
 void compare(const layout_t *L) {
     reference();
     compare_to(L, &g_ref);
@@ -406,26 +431,7 @@ void compare_keep(const layout_t *L, const result_t *ref, result_t *keep) {
                  g_z3->persist, g_z3->prefetch, g_z3->live);
     cr_assert(ref->loss[STEPS - 1] < ref->loss[0] - 0.1, "the reference run does not learn");
     check_run(name, &got, ref, 0);
-    // The counted communication of a step equals the analytic prediction, per group.
-    static const char *gname[3] = {"tp", "dp", "pp"};
-    for (int g = 0; g < 3; g++) {
-        cr_expect_eq(got.last.comm_calls[g], got.plan[g].calls, "%s: %s calls %llu, predicted %llu",
-                     name, gname[g], (unsigned long long)got.last.comm_calls[g],
-                     (unsigned long long)got.plan[g].calls);
-        cr_expect_eq(got.last.comm_bytes[g], got.plan[g].bytes, "%s: %s bytes %llu, predicted %llu",
-                     name, gname[g], (unsigned long long)got.last.comm_bytes[g],
-                     (unsigned long long)got.plan[g].bytes);
-    }
-    // The memory estimate printed before training describes world rank 0 exactly.
-    cr_expect_eq(got.estimate.params, got.mem[0].params, "%s: params", name);
-    cr_expect_eq(got.estimate.host_params, got.mem[0].host_params, "%s: host params", name);
-    cr_expect_eq(got.estimate.host_grads, got.mem[0].host_grads, "%s: host grads", name);
-    cr_expect_eq(got.estimate.host_optim, got.mem[0].host_optim, "%s: host optim", name);
-    cr_expect_eq(got.estimate.host_acts, got.mem[0].host_acts, "%s: host acts", name);
-    cr_expect_eq(got.estimate.grads, got.mem[0].grads, "%s: grads", name);
-    cr_expect_eq(got.estimate.optim, got.mem[0].optim, "%s: optim", name);
-    cr_expect_eq(got.estimate.acts, got.mem[0].acts, "%s: acts %zu, estimated %zu", name,
-                 got.mem[0].acts, got.estimate.acts);
+    check_plan_memory(name, &got);
     cr_assert(L->tp == 1 || got.last.comm_bytes[0] > 0, "%s: no tp traffic counted", name);
     cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
     cr_log_info("%s: bytes tp %llu dp %llu", name, (unsigned long long)got.last.comm_bytes[0],

@@ -89,6 +89,9 @@ void reference_run(const layout_t *one, result_t *ref);
 void reference(void);
 // Steps from s0 on and the final weights of `got` against ref's float64 trajectory.
 void check_run(const char *name, const result_t *got, const result_t *ref, int s0);
+// The counted communication of rank 0's last step equals the plan per group, and its
+// allocations the memory estimate, category by category.
+void check_plan_memory(const char *name, const result_t *got);
 // L against g_ref / ref: trajectory, counted = predicted communication, memory = estimate;
 // compare_keep hands the run's result to *keep (NULL: freed).
 void compare(const layout_t *L);
