@@ -6,8 +6,9 @@
 # One model (8 layers, hidden 512, ffn 1536, 8 heads of 64, 2 kv heads, vocabulary 264: 25.6M
 # parameters) trains for 10 steps (batch 8 = micro 4 x accumulation 2, seq_len 128) as tp 2
 # ranks in one process (the embedded default transport, one thread per rank), in three
-# variants: float32; bf16.enabled (activations and their gradients in bfloat16, weights and
-# optimizer float32); fp16.enabled (the same in float16, under DeepSpeed's loss scaler).
+# variants: float32; bf16.enabled (the weights the passes read, activations and their
+# gradients in bfloat16 over float32 masters, weight gradients and optimizer state);
+# fp16.enabled (the same in float16, under DeepSpeed's loss scaler).
 # Each round runs the three in turn and a variant keeps its best round; tok/s is the median of
 # steps 3..10 of rank 0's metrics. "acts MiB" is rank 0's activation memory from `l3d train
 # --dry-run` (tests/test_parallel_bf16.c checks the allocation agrees), "peak MiB" the largest

@@ -3,17 +3,18 @@
 # Usage: bench/zero3_memory.sh [BUILD_DIR]            (default ./build)
 #
 # For llama3-8b and llama3-70b on 8, 64 and 512 ranks of pure data parallelism (one node of 8
-# per 8 ranks), with the seed config's zero_optimization section (stage 3, prefetch 1e8,
-# persistence 1e4, max live 1e9) and each of DeepSpeed's three offload settings (both to the
-# cpu, as the seed file; optimizer only; none), it prints `l3d train --dry-run`'s model-state
+# per 8 ranks), with the seed config's fp16 and zero_optimization sections (fp16 training;
+# stage 3, prefetch 1e8, persistence 1e4, max live 1e9) and each of DeepSpeed's three offload
+# settings (both to the cpu, as the seed file; optimizer only; none), it prints `l3d train --dry-run`'s model-state
 # memory of rank 0 (parameters + gradients + optimizer, device and host; activations apart)
 # next to DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py,
 # documented at deepspeed.readthedocs.io memory.html) with zero_init and
 # additional_buffer_factor 1.5, whose CPU figure is per node and is divided by 8 here.
-# DeepSpeed's bytes per parameter assume fp16 mixed precision (2-byte parameters and
-# gradients on the GPU, fp32 master/exp_avg/exp_avg_sq/gradients on the CPU: 18 bytes); the
-# dry run is of llama3d's float32 training (4-byte parameters and gradients, 16 bytes on the
-# host). Nothing is allocated; the table takes a second.
+# Both are fp16 mixed precision: DeepSpeed's formula counts 2-byte parameters and gradients on
+# the GPU and 18 bytes a parameter on the CPU (fp16 parameters; fp32 master, exp_avg,
+# exp_avg_sq, gradients); llama3d keeps the same 18 bytes of this rank's 1/dp (a float16 copy
+# beside the float32 master, float32 gradients, two moments) and gathers float16. Nothing is
+# allocated; the table takes a second.
 set -u
 case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 BUILD=${1:-./build}
@@ -41,6 +42,7 @@ for model in llama3-8b llama3-70b; do
       esac
       cat >"$tmp/c.json" <<EOF
 {"train_batch_size": $n, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
+ "fp16": {"enabled": true},
  "zero_optimization": {"stage": 3, $o "overlap_comm": true, "reduce_bucket_size": 1e8,
    "stage3_prefetch_bucket_size": 1e8, "stage3_param_persistence_threshold": 1e4,
    "stage3_max_live_parameters": 1e9}}
