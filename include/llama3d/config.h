@@ -128,6 +128,9 @@ typedef struct l3d_train_config {
     float warmup_min_ratio, cos_min_ratio;  // WarmupCosineLR
 
     // precision, memory (accepted; effective or reported as notes)
+    // fp16.enabled / bf16.enabled: the training dtype (weights the passes read, activations and
+    // their gradients) over float32 masters, weight gradients and optimizer state
+    // (docs/precision.md); at most one of them
     int fp16, bf16;
     // fp16 loss scaling, DeepSpeed's keys and defaults (the rules: core/loss_scaler.h)
     double fp16_loss_scale;           // fp16.loss_scale: 0 = dynamic, > 0 a static scale
@@ -141,7 +144,7 @@ typedef struct l3d_train_config {
     double reduce_bucket_size;
     // The dtype data parallelism reduces gradients in (DeepSpeed's communication_data_type,
     // an l3d_dtype of llama3d/comm.h: L3D_FLOAT32, L3D_BFLOAT16 or L3D_FLOAT16; -1 unset: the
-    // gradients' own dtype), and fp32_allreduce (reduce in float32 whatever else says).
+    // training dtype, as DeepSpeed), and fp32_allreduce (reduce in float32 whatever else says).
     int comm_dtype;
     int fp32_allreduce;
     // ZeRO-3 (zero_optimization.stage3_*, DeepSpeed's defaults; core/trainer_zero3.c):
