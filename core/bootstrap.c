@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/bootstrap_wire.h"
 #include "core/l3d_core.h"
@@ -23,6 +24,7 @@ struct l3d_bootstrap {
     double timeout_s;
     int fd;
     int failed;  // a request failed: only destroy is allowed now
+    int dropped; // ... because the connection broke (not a refusal, a timeout or bad data)
     double drain_s;  // how long rank 0's destroy serves ranks that have not said goodbye
     char where[300];  // the store, "addr:port"
     l3d_bootstrap_store_t *srv;
@@ -40,9 +42,11 @@ static l3d_status bs_reply(l3d_bootstrap_t *bs, double deadline, const char *wha
     if (rc == -ETIMEDOUT)
         return l3d_error(ctx, L3D_ERR_TIMEOUT, "bootstrap: timed out after %g s waiting for %s",
                          bs->timeout_s, what);
-    if (rc)
+    if (rc) {
+        bs->dropped = 1;
         return l3d_error(ctx, L3D_ERR_PEER_FAILED, "bootstrap: lost the store at %s while "
                          "waiting for %s: %s (did rank 0 exit?)", bs->where, what, strerror(-rc));
+    }
     unsigned type = bs_get_u16(h + 6);
     uint32_t len = bs_get_u32(h + 8);
     if (bs_get_u32(h) != BS_MAGIC || bs_get_u16(h + 4) != BS_VERSION ||
@@ -105,6 +109,7 @@ static l3d_status bs_request(l3d_bootstrap_t *bs, unsigned type, const char *key
     if (!rc && dlen) rc = l3d_net_send_all(bs->fd, data, dlen, deadline);
     if (rc) {
         bs->failed = 1;
+        bs->dropped = rc != -ETIMEDOUT;
         return l3d_error(ctx, rc == -ETIMEDOUT ? L3D_ERR_TIMEOUT : L3D_ERR_PEER_FAILED,
                          "bootstrap: cannot send to the store at %s: %s", bs->where,
                          strerror(-rc));
@@ -128,6 +133,20 @@ static l3d_status check_key(l3d_bootstrap_t *bs, const char *key) {
         return l3d_error(bs->ctx, L3D_ERR_INVALID_ARG, "bootstrap: key '%.40s' must be 1 to %d "
                          "bytes", key ? key : "", BS_KEY_MAX);
     return L3D_OK;
+}
+
+// Says hello (rank, size, token) on the connected bs->fd, until the store's OK.
+static l3d_status say_hello(l3d_bootstrap_t *bs, const l3d_launch_env_t *env, double deadline) {
+    uint8_t hello[10 + BS_TOKEN_MAX];
+    size_t tlen = strlen(env->job_token);
+    bs_put_u32(hello, (uint32_t)env->rank);
+    bs_put_u32(hello + 4, (uint32_t)env->size);
+    bs_put_u16(hello + 8, (unsigned)tlen);
+    memcpy(hello + 10, env->job_token, tlen);
+    char what[400];
+    snprintf(what, sizeof(what), "the store at %s to accept rank %d", bs->where, env->rank);
+    return bs_request(bs, BS_T_HELLO, NULL, hello, 10 + tlen, deadline, what, BS_TAG, BS_T_OK,
+                      NULL, NULL);
 }
 
 l3d_status l3d_bootstrap_create(l3d_ctx_t *ctx, const l3d_launch_env_t *env, double timeout_s,
@@ -162,16 +181,31 @@ l3d_status l3d_bootstrap_create(l3d_ctx_t *ctx, const l3d_launch_env_t *env, dou
                        "MASTER_ADDR)" : strerror(-rc));
         goto fail;
     }
-    uint8_t hello[10 + BS_TOKEN_MAX];
-    size_t tlen = strlen(env->job_token);
-    bs_put_u32(hello, (uint32_t)env->rank);
-    bs_put_u32(hello + 4, (uint32_t)env->size);
-    bs_put_u16(hello + 8, (unsigned)tlen);
-    memcpy(hello + 10, env->job_token, tlen);
-    char what[400];
-    snprintf(what, sizeof(what), "the store at %s to accept rank %d", bs->where, env->rank);
-    L3D_CHECK_GOTO(ctx, bs_request(bs, BS_T_HELLO, NULL, hello, 10 + tlen, deadline, what,
-                                   BS_TAG, BS_T_OK, NULL, NULL), st, fail);
+    // The store may close a connection that has not said hello yet when its port is crowded
+    // (it makes room by closing the oldest such one: cli_store_flood.sh). A rank whose
+    // connection broke before the store's answer connects again, up to 7 times within the
+    // deadline, as long as the store accepts a connection within a second (a store that is
+    // gone refuses at once, and the first error stands). A refusal (token, size, rank) is final.
+    st = say_hello(bs, env, deadline);
+    for (int attempt = 2; st < 0 && bs->dropped && attempt <= 8; attempt++) {
+        l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_COMM, "bootstrap: the store at %s closed rank "
+                "%d's connection before accepting it; connecting again (attempt %d)",
+                bs->where, env->rank, attempt);
+        l3d_net_close(bs->fd);
+        bs->fd = -1;
+        struct timespec ts = {0, 20000000L * (attempt - 1)};  // 20 ms, 40 ms, ...
+        nanosleep(&ts, NULL);
+        double now = l3d_time_now();
+        if (now >= deadline ||
+            l3d_net_connect(env->master_addr, port, now + 1.0 < deadline ? now + 1.0 : deadline,
+                            &bs->fd, &last)) {
+            bs->fd = -1;
+            break;
+        }
+        bs->failed = bs->dropped = 0;
+        st = say_hello(bs, env, deadline);
+    }
+    if (st < 0) goto fail;
     l3d_log(ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM, "bootstrap: rank %d of %d joined the store at "
             "%s", env->rank, env->size, bs->where);
     *bs_p = bs;
