@@ -15,6 +15,10 @@
 #   process ranks through `l3d launch` over ucx (UCX_TLS=posix,self) and ofi (FI_PROVIDER=shm),
 #   against bench/peers/mpi_allreduce.c (mpirun -np 2) and bench/peers/gloo_allreduce.py
 #   (2 processes). Same sizes, 20 timed iterations after 5 warmups, slowest rank's time.
+# - allreduce latency, float sum, 8 B, 64 B, 1 KiB, 8 KiB, 64 KiB: the out-of-place time per
+#   call in microseconds, from runs of their own (the same l3d commands and OpenMPI peer, 2000
+#   timed iterations after 200 warmups), slowest rank's time, the lowest over the repetitions.
+#   Target (issue 13): llama3d within 2x of OpenMPI (ratio <= 2) on every transport.
 # - the 64 MiB memory bound printed by the local run (busbw <= 2(n-1)/n * B/n, B = measured
 #   memcpy bandwidth). Targets: local >= 80% of it, and >= 2.5x OpenMPI at 64 MiB.
 # - 64 MiB point to point: `l3d bench comm p2p` (rank 0 streams to rank 1, algbw = size/time)
@@ -38,6 +42,9 @@ SIZES=(1048576 4194304 16777216 67108864)
 ITERS=20
 WARMUP=5
 P2P_BYTES=67108864
+SMALL=(8 64 1024 8192 65536)
+SMALL_ITERS=2000
+SMALL_WARMUP=200
 UCX_ITERS=30   # ucx_perftest -n 30, and the same for l3d p2p
 FI_ITERS=20    # fi_pingpong -I 20, and the same for l3d pingpong
 
@@ -131,6 +138,15 @@ best() {
         BEST[$key]=$val
     fi
 }
+# low KEY VALUE: keep the smallest value seen for KEY (times).
+low() {
+    local key=$1 val=$2
+    [[ -n $val ]] || return
+    if [[ -z ${BEST[$key]:-} ]] ||
+        awk -v a="$val" -v b="${BEST[$key]}" 'BEGIN { exit !(a + 0 < b + 0) }'; then
+        BEST[$key]=$val
+    fi
+}
 fail() { [[ -n ${BEST[$1]:-} ]] || WHY[$1]=$2; }
 
 # l3d_field OUT SIZE COL: column COL of the table row for SIZE (rank prefixes stripped).
@@ -167,6 +183,27 @@ log "l3d: $L3D; mpi $HAVE_MPI, gloo $HAVE_GLOO, l3d ucx $HAVE_UCX, l3d ofi $HAVE
     "ucx_perftest $HAVE_PERFTEST, fi_pingpong $HAVE_PINGPONG; best of $REPS"
 
 AR_FLAGS=(allreduce -b 1M -e 64M -f 4 -n "$ITERS" -w "$WARMUP" -c 0 -d float)
+LAT_FLAGS=(allreduce -b 8 -e 64K -f 2 -n "$SMALL_ITERS" -w "$SMALL_WARMUP" -c 0 -d float)
+
+# l3d_latency KEY OUT CMD...: run an l3d allreduce table of small sizes, keep the out-of-place
+# time (us) per size under KEY.lat.SIZE.
+l3d_latency() {
+    local key=$1 out=$2 rc s v
+    shift 2
+    run "$out" "$@"
+    rc=$?
+    if [[ $rc -ne 0 ]]; then
+        for s in "${SMALL[@]}"; do fail "$key.lat.$s" "$(why "$out" $rc)"; done
+        log "$key latency: $(why "$out" $rc)"
+        return 1
+    fi
+    for s in "${SMALL[@]}"; do
+        v=$(l3d_field "$out" "$s" 6)
+        if [[ -n $v && $v != N/A ]]; then low "$key.lat.$s" "$v"; else fail "$key.lat.$s" "no row"; fi
+    done
+    log "$key latency (us, 8 B .. 64 KiB): $(for s in "${SMALL[@]}"; do
+        printf '%s ' "$(l3d_field "$out" "$s" 6)"; done)"
+}
 
 # l3d_allreduce KEY OUT CMD...: run an l3d allreduce table, keep busbw per size under KEY.SIZE.
 l3d_allreduce() {
@@ -194,7 +231,7 @@ peer_allreduce() {
     run "$out" "$@"
     rc=$?
     for s in "${SIZES[@]}"; do
-        v=$(awk -v s="$s" '$1 == s && NF == 2 { print $2; exit }' "$out")
+        v=$(awk -v s="$s" '$1 == s && NF >= 2 { print $2; exit }' "$out")
         if [[ $rc -eq 0 && -n $v ]]; then
             best "$key.$s" "$v"
         else
@@ -202,7 +239,22 @@ peer_allreduce() {
         fi
     done
     if [[ $rc -ne 0 ]]; then log "$key: $(why "$out" $rc)"; return 1; fi
-    log "$key busbw (GB/s, 1/4/16/64 MiB): $(awk 'NF == 2 { printf "%s ", $2 }' "$out")"
+    log "$key busbw (GB/s, 1/4/16/64 MiB): $(awk 'NF >= 2 { printf "%s ", $2 }' "$out")"
+}
+
+# peer_latency KEY OUT CMD...: the OpenMPI peer's `SIZE BUSBW TIME_US` lines, time kept per
+# size under KEY.lat.SIZE.
+peer_latency() {
+    local key=$1 out=$2 rc s v
+    shift 2
+    run "$out" "$@"
+    rc=$?
+    for s in "${SMALL[@]}"; do
+        v=$(awk -v s="$s" '$1 == s && NF == 3 { print $3; exit }' "$out")
+        if [[ $rc -eq 0 && -n $v ]]; then low "$key.lat.$s" "$v"; else fail "$key.lat.$s" "$(why "$out" $rc)"; fi
+    done
+    if [[ $rc -ne 0 ]]; then log "$key latency: $(why "$out" $rc)"; return 1; fi
+    log "$key latency (us, 8 B .. 64 KiB): $(awk 'NF == 3 { printf "%s ", $3 }' "$out")"
 }
 
 # l3d_p2p KEY OUT ITERS OP TRANSPORT ENV...: one 64 MiB p2p or pingpong row over l3d launch.
@@ -304,6 +356,19 @@ for ((rep = 1; rep <= REPS; rep++)); do
         peer_allreduce mpi "$WORK/mpi.txt" mpirun --allow-run-as-root --oversubscribe -np 2 \
             "$WORK/mpi_allreduce" "$ITERS" "$WARMUP" "${SIZES[@]}"
     fi
+    l3d_latency local "$WORK/local_lat.txt" "$L3D" bench comm "${LAT_FLAGS[@]}" -t 2
+    if ((HAVE_UCX)); then
+        l3d_latency ucx "$WORK/ucx_lat.txt" env UCX_TLS=posix,self "$L3D" launch -n 2 \
+            --transport ucx -- "$L3D" bench comm "${LAT_FLAGS[@]}"
+    fi
+    if ((HAVE_OFI)); then
+        l3d_latency ofi "$WORK/ofi_lat.txt" env FI_PROVIDER=shm "$L3D" launch -n 2 \
+            --transport ofi -- "$L3D" bench comm "${LAT_FLAGS[@]}"
+    fi
+    if ((HAVE_MPI)); then
+        peer_latency mpi "$WORK/mpi_lat.txt" mpirun --allow-run-as-root --oversubscribe -np 2 \
+            "$WORK/mpi_allreduce" "$SMALL_ITERS" "$SMALL_WARMUP" "${SMALL[@]}"
+    fi
     if ((HAVE_GLOO)); then
         peer_allreduce gloo "$WORK/gloo.txt" "$PY" "$HERE/peers/gloo_allreduce.py" --nranks 2 \
             --iters "$ITERS" --warmup "$WARMUP" "${SIZES[@]}"
@@ -349,7 +414,21 @@ ratio() {
         if (t != "") printf (r >= t ? " (meets >= %s)" : " (below %s)"), t
     }'
 }
+# ratio_low A B TARGET: A/B for times, with a verdict against an upper TARGET.
+ratio_low() {
+    local a=${BEST[$1]:-} b=${BEST[$2]:-} target=$3
+    if [[ -z $a || -z $b ]]; then
+        printf 'n/a'
+        return
+    fi
+    awk -v a="$a" -v b="$b" -v t="$target" 'BEGIN {
+        if (b + 0 <= 0) { printf "n/a"; exit }
+        r = a / b; printf "%.2f", r
+        printf (r <= t ? " (meets <= %s)" : " (above %s)"), t
+    }'
+}
 row() { printf '| %s | %s | %s | %s |\n' "$1" "$2" "$3" "$4"; }
+size_name() { if (($1 >= 1024)); then echo "$(($1 / 1024)) KiB"; else echo "$1 B"; fi; }
 mib() { echo "$(($1 / 1048576)) MiB"; }
 
 echo "| measurement | llama3d | peer | ratio |"
@@ -365,6 +444,18 @@ for s in "${SIZES[@]}"; do
         "$(cell "ucx.$s" "$UCX_WHY")" "$(cell "mpi.$s" "$MPI_WHY")" "$(ratio "ucx.$s" "mpi.$s")"
     row "allreduce $(mib "$s") busbw GB/s: ofi shm (processes) vs OpenMPI" \
         "$(cell "ofi.$s" "$OFI_WHY")" "$(cell "mpi.$s" "$MPI_WHY")" "$(ratio "ofi.$s" "mpi.$s")"
+done
+for s in "${SMALL[@]}"; do
+    for tr in local ucx ofi; do
+        case $tr in
+            local) what="local -t 2" trw='' ;;
+            ucx) what="ucx posix,self (processes)" trw=$UCX_WHY ;;
+            ofi) what="ofi shm (processes)" trw=$OFI_WHY ;;
+        esac
+        row "allreduce $(size_name "$s") time us: $what vs OpenMPI (target <= 2x)" \
+            "$(cell "$tr.lat.$s" "$trw")" "$(cell "mpi.lat.$s" "$MPI_WHY")" \
+            "$(ratio_low "$tr.lat.$s" "mpi.lat.$s" 2)"
+    done
 done
 if [[ -n $BOUND_LINE ]]; then
     bound=$(sed -nE 's/.*= ([0-9.]+) GB\/s;.*/\1/p' <<<"$BOUND_LINE")

@@ -5,7 +5,8 @@
 // Usage: mpirun -np N mpi_allreduce [ITERS [WARMUP [SIZE_BYTES...]]]
 // For each size: WARMUP untimed calls, a barrier, ITERS timed MPI_Allreduce(MPI_FLOAT, MPI_SUM)
 // out of place; time = the slowest rank's elapsed / ITERS. Rank 0 prints one line per size:
-// `SIZE BUSBW_GBs` with busbw = SIZE / time * 2(n-1)/n in 1e9 bytes/s (nccl-tests' definition).
+// `SIZE BUSBW_GBs TIME_us` with busbw = SIZE / time * 2(n-1)/n in 1e9 bytes/s (nccl-tests'
+// definition) and time in microseconds (the latency of small sizes).
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,7 +58,7 @@ int main(int argc, char **argv)
         if (rank == 0) {
             double t = maxel / iters;
             double busbw = (double)bytes / t * 2.0 * (n - 1) / n / 1e9;
-            printf("%lld %.4f\n", bytes, busbw);
+            printf("%lld %.4f %.3f\n", bytes, busbw, t * 1e6);
             fflush(stdout);
         }
     }
