@@ -185,77 +185,49 @@ log "l3d: $L3D; mpi $HAVE_MPI, gloo $HAVE_GLOO, l3d ucx $HAVE_UCX, l3d ofi $HAVE
 AR_FLAGS=(allreduce -b 1M -e 64M -f 4 -n "$ITERS" -w "$WARMUP" -c 0 -d float)
 LAT_FLAGS=(allreduce -b 8 -e 64K -f 2 -n "$SMALL_ITERS" -w "$SMALL_WARMUP" -c 0 -d float)
 
-# l3d_latency KEY OUT CMD...: run an l3d allreduce table of small sizes, keep the out-of-place
-# time (us) per size under KEY.lat.SIZE.
-l3d_latency() {
-    local key=$1 out=$2 rc s v
-    shift 2
+# l3d_table KEY OUT COL KEEP SIZES CMD...: run an l3d table, keep column COL of each size of
+# the array named SIZES under KEY.SIZE with KEEP (best: largest, low: smallest).
+l3d_table() {
+    local key=$1 out=$2 col=$3 keep=$4 rc s v
+    local -n sizes=$5
+    shift 5
     run "$out" "$@"
     rc=$?
     if [[ $rc -ne 0 ]]; then
-        for s in "${SMALL[@]}"; do fail "$key.lat.$s" "$(why "$out" $rc)"; done
-        log "$key latency: $(why "$out" $rc)"
-        return 1
-    fi
-    for s in "${SMALL[@]}"; do
-        v=$(l3d_field "$out" "$s" 6)
-        if [[ -n $v && $v != N/A ]]; then low "$key.lat.$s" "$v"; else fail "$key.lat.$s" "no row"; fi
-    done
-    log "$key latency (us, 8 B .. 64 KiB): $(for s in "${SMALL[@]}"; do
-        printf '%s ' "$(l3d_field "$out" "$s" 6)"; done)"
-}
-
-# l3d_allreduce KEY OUT CMD...: run an l3d allreduce table, keep busbw per size under KEY.SIZE.
-l3d_allreduce() {
-    local key=$1 out=$2 rc s v
-    shift 2
-    run "$out" "$@"
-    rc=$?
-    if [[ $rc -ne 0 ]]; then
-        for s in "${SIZES[@]}"; do fail "$key.$s" "$(why "$out" $rc)"; done
+        for s in "${sizes[@]}"; do fail "$key.$s" "$(why "$out" $rc)"; done
         log "$key: $(why "$out" $rc)"
         return 1
     fi
-    for s in "${SIZES[@]}"; do
-        v=$(l3d_field "$out" "$s" 8)
-        if [[ -n $v && $v != N/A ]]; then best "$key.$s" "$v"; else fail "$key.$s" "no row"; fi
+    for s in "${sizes[@]}"; do
+        v=$(l3d_field "$out" "$s" "$col")
+        if [[ -n $v && $v != N/A ]]; then "$keep" "$key.$s" "$v"; else fail "$key.$s" "no row"; fi
     done
-    log "$key busbw (GB/s, 1/4/16/64 MiB): $(for s in "${SIZES[@]}"; do
-        printf '%s ' "$(l3d_field "$out" "$s" 8)"; done)"
+    log "$key (column $col, sizes ${sizes[*]}): $(for s in "${sizes[@]}"; do
+        printf '%s ' "$(l3d_field "$out" "$s" "$col")"; done)"
 }
+# l3d_allreduce KEY OUT CMD...: busbw (GB/s) per size of SIZES; l3d_latency: the out-of-place
+# time (us) per size of SMALL, under KEY.lat.
+l3d_allreduce() { local k=$1 o=$2; shift 2; l3d_table "$k" "$o" 8 best SIZES "$@"; }
+l3d_latency() { local k=$1 o=$2; shift 2; l3d_table "$k.lat" "$o" 6 low SMALL "$@"; }
 
-# peer_allreduce KEY OUT CMD...: a peer printing `SIZE BUSBW` lines.
-peer_allreduce() {
-    local key=$1 out=$2 rc s v
-    shift 2
+# peer_table KEY OUT FIELD KEEP SIZES CMD...: a peer printing `SIZE BUSBW [TIME_US]` lines;
+# field FIELD of each size kept under KEY.SIZE.
+peer_table() {
+    local key=$1 out=$2 f=$3 keep=$4 rc s v
+    local -n sizes=$5
+    shift 5
     run "$out" "$@"
     rc=$?
-    for s in "${SIZES[@]}"; do
-        v=$(awk -v s="$s" '$1 == s && NF >= 2 { print $2; exit }' "$out")
-        if [[ $rc -eq 0 && -n $v ]]; then
-            best "$key.$s" "$v"
-        else
-            fail "$key.$s" "$(why "$out" $rc)"
-        fi
+    for s in "${sizes[@]}"; do
+        v=$(awk -v s="$s" -v f="$f" '$1 == s && NF >= f { print $f; exit }' "$out")
+        if [[ $rc -eq 0 && -n $v ]]; then "$keep" "$key.$s" "$v"; else fail "$key.$s" "$(why "$out" $rc)"; fi
     done
     if [[ $rc -ne 0 ]]; then log "$key: $(why "$out" $rc)"; return 1; fi
-    log "$key busbw (GB/s, 1/4/16/64 MiB): $(awk 'NF >= 2 { printf "%s ", $2 }' "$out")"
+    log "$key (field $f): $(awk -v f="$f" 'NF >= f { printf "%s ", $f }' "$out")"
 }
-
-# peer_latency KEY OUT CMD...: the OpenMPI peer's `SIZE BUSBW TIME_US` lines, time kept per
-# size under KEY.lat.SIZE.
-peer_latency() {
-    local key=$1 out=$2 rc s v
-    shift 2
-    run "$out" "$@"
-    rc=$?
-    for s in "${SMALL[@]}"; do
-        v=$(awk -v s="$s" '$1 == s && NF == 3 { print $3; exit }' "$out")
-        if [[ $rc -eq 0 && -n $v ]]; then low "$key.lat.$s" "$v"; else fail "$key.lat.$s" "$(why "$out" $rc)"; fi
-    done
-    if [[ $rc -ne 0 ]]; then log "$key latency: $(why "$out" $rc)"; return 1; fi
-    log "$key latency (us, 8 B .. 64 KiB): $(awk 'NF == 3 { printf "%s ", $3 }' "$out")"
-}
+# peer_allreduce KEY OUT CMD...: busbw per size of SIZES; peer_latency: time per size of SMALL.
+peer_allreduce() { local k=$1 o=$2; shift 2; peer_table "$k" "$o" 2 best SIZES "$@"; }
+peer_latency() { local k=$1 o=$2; shift 2; peer_table "$k.lat" "$o" 3 low SMALL "$@"; }
 
 # l3d_p2p KEY OUT ITERS OP TRANSPORT ENV...: one 64 MiB p2p or pingpong row over l3d launch.
 l3d_p2p() {
