@@ -90,8 +90,8 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
             add(s, A * nb2, A * all / f * gb);  // every micro-batch: reduce-scatter of each bucket
             if (cfg->zero_stage >= 3) {
                 // ZeRO-3: each micro-batch gathers the groups its passes read; after the
-                // update only the persistent groups are gathered (trainer_zero3.c)
-                // in the weights' dtype
+                // update only the persistent groups are gathered (trainer_zero3.c), in the
+                // weights' dtype
                 uint64_t gc, gf, pc, pf;
                 uint64_t wb = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
                 l3d_zero3_gathers(&m0, cfg, dp, &gc, &gf, &pc, &pf);
