@@ -24,7 +24,8 @@
 #define OFI_FREE_LIST_MAX 256
 #define OFI_CQ_BATCH 16
 #define OFI_CQ_ROUNDS 64       // batches per drain: bounded work per call
-#define OFI_CANCEL_BUDGET_S 0.1  // how long cancel drives the CQ for the cancel completion
+#define OFI_CANCEL_BUDGET_S 0.1  // how long cancel drives the CQ for a send's completion
+#define OFI_CANCEL_RECV_BUDGET_S 5.0  // ... for a matched receive's, from a live peer
 #define OFI_ABORT_BUDGET_S 0.1   // how long abort drives the CQ to push its notices out
 
 static uint64_t ofi_wire_tag(int rank, uint64_t tag) {
@@ -324,16 +325,35 @@ void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
         req->orphan = 1;
         return;
     }
+    int recv = req->kind == L3D_OFI_REQ_RECV;
     if (!req->done && !o->ep_closed) {
-        // Receives cancel at once; sends usually cannot be cancelled but may be about to
-        // finish, so drive the CQ a little before giving the request up.
+        // Unmatched receives cancel at once. A receive the provider has already matched cannot
+        // be cancelled: it completes when the rest of the message is in (shm copies a message
+        // above its inject size in segments as both sides progress), and the contract gives the
+        // buffer back to the caller, so drive the CQ until then while the peer lives. Sends
+        // usually cannot be cancelled but may be about to finish: a short while for them.
         req->cancelled = 1;
         (void)fi_cancel(&o->ep->fid, &req->fictx);
-        double t0 = l3d_time_now();
-        while (!req->done && l3d_time_now() - t0 < OFI_CANCEL_BUDGET_S)
+        double t0 = l3d_time_now(), budget = recv ? OFI_CANCEL_RECV_BUDGET_S : OFI_CANCEL_BUDGET_S;
+        while (!req->done && !o->peer_dead[req->peer] && l3d_time_now() - t0 < budget)
             if (l3d_ofi_drain(o) < 0) break;
     }
+    if (req->detached) {  // the peer failed meanwhile: the provider still holds the context
+        req->orphan = 1;
+        return;
+    }
     if (req->done || o->ep_closed) {
+        l3d_ofi_req_free(o, req);
+        return;
+    }
+    if (recv && !o->peer_dead[req->peer]) {
+        // A live peer may still complete it into a buffer that is the caller's again: only
+        // closing the endpoint stops the provider writing there (this rank gives up, as abort).
+        l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
+                "ofi: rank %d: a receive from rank %d could be neither cancelled nor completed "
+                "in %.0f s; closing the endpoint so that it cannot write the freed buffer",
+                o->rank, req->peer, OFI_CANCEL_RECV_BUDGET_S);
+        l3d_ofi_abort(tp);
         l3d_ofi_req_free(o, req);
         return;
     }
