@@ -236,6 +236,8 @@ struct l3d_request {
     int *inflight;        // [2 * comm size] sends, recvs posted per peer
     uint32_t max_np;
     double t_start, deadline, grace_end;
+    uint32_t polls;       // passes without completion: the clock is read every 64th (a read
+                          // costs as much as a small message's whole pass)
     int blaming;          // in the failure grace period
     int complete;
     l3d_status st;

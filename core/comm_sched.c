@@ -684,6 +684,7 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
                 if (lops[j].after == (int32_t)i) run_lop(&lops[j]);
         }
         if (r->ndone < rd->np) {
+            if (!r->blaming && !w->blame_seen && (r->polls++ & 63) != 0) return L3D_INPROGRESS;
             double now = l3d_time_now();
             if (!r->blaming && (now > r->deadline ||
                                 (w->blame_seen && member_blamed(c)))) {
@@ -802,7 +803,10 @@ l3d_status l3d_request_test(l3d_request_t *req, int *done_p) {
 }
 
 // Spin briefly, then yield, then sleep ~50 us: with more ranks than cores (threads of the
-// local transport) spinning starves the very peer being waited for.
+// local transport) spinning starves the very peer being waited for. (Spinning 2048 passes
+// before the first yield when every rank has a core took ~1.5 us off the in-process 8-byte allreduce
+// but starved UCX's own progress: its first messages took 25 us and 64 MiB p2p fell to 0.7x
+// ucx_perftest; bench/compare_comm.sh.)
 static void backoff(const l3d_world_t *w, int *idle) {
     int n = (*idle)++;
     if (n < 32) return;

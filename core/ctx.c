@@ -1,6 +1,7 @@
 // The context: allocator with per-tag accounting, logging, settings and the last error.
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,12 +21,15 @@ struct l3d_ctx {
     int log_file_failed;  // L3D_LOG_FILE could not be opened or written: stderr from then on
     int rank;
     l3d_settings_t settings;
-    pthread_mutex_t mu;  // guards accounting, last_error and log output
+    pthread_mutex_t mu;  // guards last_error, log output and adding an accounting tag
+    // Accounting is lock-free: thread ranks sharing a context allocate on every collective
+    // call, and a mutex there costs more than the collective (futex sleeps between the ranks).
+    // A tag slot, once filled, keeps its pointer; the counters are atomic.
     struct {
-        const char *tag;
-        size_t bytes;
+        _Atomic(const char *) tag;
+        atomic_size_t bytes;
     } tags[CTX_MAX_TAGS];
-    size_t in_use, peak;
+    atomic_size_t in_use, peak;
     char last_error[1024];
 };
 
@@ -106,18 +110,42 @@ void l3d_ctx_set_rank(l3d_ctx_t *ctx, int rank) {
 }
 
 // ---- accounting --------------------------------------------------------------------------
-static void account(l3d_ctx_t *ctx, const char *tag, size_t bytes, int sign) {
-    pthread_mutex_lock(&ctx->mu);
+// The slot of `tag` (the same literal is the same pointer: compared first), -1 when the table
+// is full. A new tag takes the first empty slot under the mutex.
+static int tag_slot(l3d_ctx_t *ctx, const char *tag) {
     int i = 0;
-    for (; i < CTX_MAX_TAGS && ctx->tags[i].tag; i++)
-        if (!strcmp(ctx->tags[i].tag, tag)) break;
-    if (i < CTX_MAX_TAGS) {
-        ctx->tags[i].tag = tag;
-        ctx->tags[i].bytes = sign > 0 ? ctx->tags[i].bytes + bytes : ctx->tags[i].bytes - bytes;
+    for (; i < CTX_MAX_TAGS; i++) {
+        const char *t = atomic_load_explicit(&ctx->tags[i].tag, memory_order_acquire);
+        if (!t) break;
+        if (t == tag || !strcmp(t, tag)) return i;
     }
-    ctx->in_use = sign > 0 ? ctx->in_use + bytes : ctx->in_use - bytes;
-    if (ctx->in_use > ctx->peak) ctx->peak = ctx->in_use;
+    if (i == CTX_MAX_TAGS) return -1;
+    pthread_mutex_lock(&ctx->mu);
+    for (i = 0; i < CTX_MAX_TAGS; i++) {  // again: another thread may have added it
+        const char *t = atomic_load_explicit(&ctx->tags[i].tag, memory_order_relaxed);
+        if (!t) {
+            atomic_store_explicit(&ctx->tags[i].tag, tag, memory_order_release);
+            break;
+        }
+        if (t == tag || !strcmp(t, tag)) break;
+    }
     pthread_mutex_unlock(&ctx->mu);
+    return i < CTX_MAX_TAGS ? i : -1;
+}
+
+static void account(l3d_ctx_t *ctx, const char *tag, size_t bytes, int sign) {
+    int i = tag_slot(ctx, tag);
+    if (sign > 0) {
+        if (i >= 0) atomic_fetch_add_explicit(&ctx->tags[i].bytes, bytes, memory_order_relaxed);
+        size_t now = atomic_fetch_add_explicit(&ctx->in_use, bytes, memory_order_relaxed) + bytes;
+        size_t peak = atomic_load_explicit(&ctx->peak, memory_order_relaxed);
+        while (now > peak && !atomic_compare_exchange_weak_explicit(
+                                 &ctx->peak, &peak, now, memory_order_relaxed, memory_order_relaxed))
+            ;
+    } else {
+        if (i >= 0) atomic_fetch_sub_explicit(&ctx->tags[i].bytes, bytes, memory_order_relaxed);
+        atomic_fetch_sub_explicit(&ctx->in_use, bytes, memory_order_relaxed);
+    }
 }
 
 void *l3d_malloc(l3d_ctx_t *ctx, size_t size, const char *tag) {
@@ -158,12 +186,18 @@ void l3d_strfree(l3d_ctx_t *ctx, char *s) {
 }
 
 size_t l3d_ctx_mem_in_use(const l3d_ctx_t *ctx, const char *tag) {
-    if (!tag) return ctx->in_use;
-    for (int i = 0; i < CTX_MAX_TAGS && ctx->tags[i].tag; i++)
-        if (!strcmp(ctx->tags[i].tag, tag)) return ctx->tags[i].bytes;
+    l3d_ctx_t *c = (l3d_ctx_t *)ctx;  // (atomic loads take non-const pointers in C11)
+    if (!tag) return atomic_load(&c->in_use);
+    for (int i = 0; i < CTX_MAX_TAGS; i++) {
+        const char *t = atomic_load(&c->tags[i].tag);
+        if (!t) break;
+        if (!strcmp(t, tag)) return atomic_load(&c->tags[i].bytes);
+    }
     return 0;
 }
-size_t l3d_ctx_mem_peak(const l3d_ctx_t *ctx) { return ctx->peak; }
+size_t l3d_ctx_mem_peak(const l3d_ctx_t *ctx) {
+    return atomic_load(&((l3d_ctx_t *)ctx)->peak);
+}
 
 // ---- logging and errors ------------------------------------------------------------------
 static const char *level_names[] = {"none", "error", "warn", "info", "debug", "trace"};
