@@ -12,6 +12,7 @@
 //
 // Failure: abort (or fini) marks the rank gone in the hub; queued envelopes involving it fail
 // with L3D_ERR_PEER_FAILED "rank N aborted", and so does any later isend/irecv towards it.
+#define _GNU_SOURCE  // PTHREAD_MUTEX_ADAPTIVE_NP
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -73,6 +74,27 @@ static l3d_status gone_error(l3d_transport_t *tp, int rank, int why) {
     return l3d_error(tp->ctx, L3D_ERR_PEER_FAILED, "%s", ep->err);
 }
 
+#define LOCAL_FREE_REQS 64
+
+lreq_t *l3d_local_req_get(local_ep_t *ep, l3d_ctx_t *ctx) {
+    lreq_t *r = ep->free_reqs;
+    if (!r) return l3d_calloc(ctx, 1, sizeof(*r), "comm");
+    ep->free_reqs = r->next;
+    ep->nfree_reqs--;
+    memset(r, 0, sizeof(*r));
+    return r;
+}
+
+void l3d_local_req_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r) {
+    if (ep->nfree_reqs >= LOCAL_FREE_REQS) {
+        l3d_free(ctx, r, sizeof(*r), "comm");
+        return;
+    }
+    r->next = ep->free_reqs;
+    ep->free_reqs = r;
+    ep->nfree_reqs++;
+}
+
 // ---- lifetime -----------------------------------------------------------------------------------
 static void hub_free(local_hub_t *h) {
     for (int i = 0; i < h->n; i++) pthread_mutex_destroy(&h->q[i].mu);
@@ -103,8 +125,15 @@ static l3d_status local_init(l3d_transport_t *tp, const l3d_transport_params_t *
             l3d_free(tp->ctx, h, sizeof(*h), "comm");
             return L3D_ERR_NOMEM;
         }
-        for (int i = 0; i < h->n; i++) pthread_mutex_init(&h->q[i].mu, NULL);
-        pthread_mutex_init(&h->cmu, NULL);
+        // Adaptive: the critical sections are a few list operations, and a contended default
+        // mutex puts the waiter to sleep in the kernel (a futex wait and wake cost several
+        // times a small collective). It spins briefly first, then sleeps.
+        pthread_mutexattr_t ma;
+        pthread_mutexattr_init(&ma);
+        (void)pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+        for (int i = 0; i < h->n; i++) pthread_mutex_init(&h->q[i].mu, &ma);
+        pthread_mutex_init(&h->cmu, &ma);
+        pthread_mutexattr_destroy(&ma);
         *p->local_shared = h;
     }
     if (p->nranks != h->n || p->rank < 0 || p->rank >= h->n)
@@ -157,6 +186,10 @@ static void local_fini(l3d_transport_t *tp) {
     local_hub_t *h = ep->hub;
     l3d_local_coll_fini(tp);
     mark_gone(tp->ctx, h, ep->rank, GONE_LEFT, 1);
+    for (lreq_t *r = ep->free_reqs, *next; r; r = next) {
+        next = r->next;
+        l3d_free(tp->ctx, r, sizeof(*r), "comm");
+    }
     l3d_free(tp->ctx, ep, sizeof(*ep), "comm");
     tp->priv = NULL;
     if (atomic_fetch_sub(&h->refs, 1) == 1) hub_free(h);
@@ -195,7 +228,7 @@ static l3d_status post(l3d_transport_t *tp, int send, int peer, uint64_t tag, vo
     if (peer < 0 || peer >= h->n)
         return l3d_error(tp->ctx, L3D_ERR_INVALID_ARG, "local transport: peer %d of %d", peer,
                          h->n);
-    lreq_t *r = l3d_calloc(tp->ctx, 1, sizeof(*r), "comm");
+    lreq_t *r = l3d_local_req_get(ep, tp->ctx);
     if (!r) return L3D_ERR_NOMEM;
     r->send = send;
     r->src = send ? ep->rank : peer;
@@ -209,7 +242,7 @@ static l3d_status post(l3d_transport_t *tp, int send, int peer, uint64_t tag, vo
     int g_me = atomic_load(&h->gone[ep->rank]), g_peer = atomic_load(&h->gone[peer]);
     if (g_me || g_peer) {
         pthread_mutex_unlock(&Q->mu);
-        l3d_free(tp->ctx, r, sizeof(*r), "comm");
+        l3d_local_req_put(ep, tp->ctx, r);
         return g_me ? gone_error(tp, ep->rank, g_me) : gone_error(tp, peer, g_peer);
     }
     lreq_t **other = send ? &Q->recvs : &Q->sends;
@@ -261,7 +294,7 @@ static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done
                        r->src, r->dst);
     else if (st < 0)
         st = gone_error(tp, r->why_rank, r->why);
-    l3d_free(tp->ctx, r, sizeof(*r), "comm");
+    l3d_local_req_put(ep_of(tp), tp->ctx, r);
     return st;
 }
 
@@ -278,7 +311,7 @@ static void local_cancel(l3d_transport_t *tp, l3d_tp_request_t *r) {
     if (atomic_load(&r->state) == ST_QUEUED) list_remove(r->send ? &Q->sends : &Q->recvs, r);
     pthread_mutex_unlock(&Q->mu);
     wait_copy(r);  // a peer copying from/into the buffer finishes first
-    l3d_free(tp->ctx, r, sizeof(*r), "comm");
+    l3d_local_req_put(ep_of(tp), tp->ctx, r);
 }
 
 static void local_abort(l3d_transport_t *tp) {

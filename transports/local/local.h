@@ -49,6 +49,8 @@ typedef struct local_hub {
     lqueue_t *q;       // [n] by receiver
     pthread_mutex_t cmu;  // guards rdvs
     lrdv_t *rdvs;         // collective calls some member has started and not all released
+    lrdv_t *free_rdvs;    // released records kept for the next calls (under cmu)
+    int nfree_rdvs;
 } local_hub_t;
 
 // Scratch for native reductions: one block of partial sums in the working type and one of
@@ -60,9 +62,17 @@ typedef struct local_ep {
     int rank;
     char err[160];
     lreq_t *colls;  // pending native collectives of this endpoint
+    lreq_t *free_reqs;  // finished request objects kept for the next calls
+    int nfree_reqs;
     _Alignas(16) unsigned char acc[L3D_LOCAL_BLOCK * 8];  // partials (up to int64)
     _Alignas(16) unsigned char aux[L3D_LOCAL_BLOCK * 8];  // widened inputs / rounded outputs
 } local_ep_t;
+
+// Request objects are recycled per endpoint: a small collective costs less than the malloc and
+// free of its envelopes. get returns a zeroed object (NULL: out of memory); put takes it back
+// (the owner's thread only, once nobody else can touch it).
+lreq_t *l3d_local_req_get(local_ep_t *ep, l3d_ctx_t *ctx);
+void l3d_local_req_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r);
 
 extern const l3d_transport_coll_ops_t l3d_local_coll_ops;
 // test/cancel of an LREQ_COLL request (local.c's entries dispatch on kind).

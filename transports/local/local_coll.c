@@ -38,6 +38,7 @@ enum { PH_ARRIVED = 0, PH_WORKED = 1 };
 
 struct lrdv {
     lrdv_t *next;
+    int cap;             // the arrays' length (a record is reused for calls of n <= cap)
     uint64_t seq;
     int first, n, kind;
     size_t count;
@@ -67,12 +68,47 @@ static l3d_status fail(l3d_transport_t *tp, l3d_status st, const char *fmt, ...)
 }
 
 static void rdv_free(l3d_ctx_t *ctx, lrdv_t *d) {
-    size_t n = (size_t)d->n;
+    size_t n = (size_t)d->cap;
     l3d_free(ctx, d->ranks, n * sizeof(*d->ranks), "comm");
     l3d_free(ctx, d->send, n * sizeof(*d->send), "comm");
     l3d_free(ctx, d->recv, n * sizeof(*d->recv), "comm");
     l3d_free(ctx, d->mst, n * sizeof(*d->mst), "comm");
     l3d_free(ctx, d, sizeof(*d), "comm");
+}
+
+#define LOCAL_FREE_RDVS 16
+
+// A record for a call of n members, from the free list if one is large enough (under cmu).
+static lrdv_t *rdv_get(local_hub_t *h, l3d_ctx_t *ctx, int n) {
+    for (lrdv_t **pp = &h->free_rdvs; *pp; pp = &(*pp)->next) {
+        lrdv_t *d = *pp;
+        if (d->cap < n) continue;
+        *pp = d->next;
+        h->nfree_rdvs--;
+        int cap = d->cap;
+        int *ranks = d->ranks;
+        const void **send = d->send;
+        void **recv = d->recv;
+        atomic_int *mst = d->mst;
+        memset(d, 0, sizeof(*d));
+        memset(send, 0, (size_t)cap * sizeof(*send));
+        memset(recv, 0, (size_t)cap * sizeof(*recv));
+        for (int j = 0; j < cap; j++) atomic_init(&mst[j], 0);
+        *d = (lrdv_t){.cap = cap, .ranks = ranks, .send = send, .recv = recv, .mst = mst};
+        return d;
+    }
+    lrdv_t *d = l3d_calloc(ctx, 1, sizeof(*d), "comm");
+    if (!d) return NULL;
+    d->cap = n;
+    d->ranks = l3d_calloc(ctx, (size_t)n, sizeof(*d->ranks), "comm");
+    d->send = l3d_calloc(ctx, (size_t)n, sizeof(*d->send), "comm");
+    d->recv = l3d_calloc(ctx, (size_t)n, sizeof(*d->recv), "comm");
+    d->mst = l3d_calloc(ctx, (size_t)n, sizeof(*d->mst), "comm");
+    if (!d->ranks || !d->send || !d->recv || !d->mst) {
+        rdv_free(ctx, d);
+        return NULL;
+    }
+    return d;
 }
 
 // Drops this member's reference. The record goes when no member holds it and all n have
@@ -81,15 +117,21 @@ static void rdv_free(l3d_ctx_t *ctx, lrdv_t *d) {
 // it died, leaves the record to hub teardown.)
 static void rdv_release(local_hub_t *h, lrdv_t *d) {
     pthread_mutex_lock(&h->cmu);
-    int last = atomic_fetch_sub(&d->refs, 1) == 1 && d->joined == d->n;
-    if (last)
+    int last = atomic_fetch_sub(&d->refs, 1) == 1 && d->joined == d->n, keep = 0;
+    if (last) {
         for (lrdv_t **pp = &h->rdvs; *pp; pp = &(*pp)->next)
             if (*pp == d) {
                 *pp = d->next;
                 break;
             }
+        if ((keep = h->nfree_rdvs < LOCAL_FREE_RDVS)) {
+            d->next = h->free_rdvs;
+            h->free_rdvs = d;
+            h->nfree_rdvs++;
+        }
+    }
     pthread_mutex_unlock(&h->cmu);
-    if (last) rdv_free(h->ctx, d);
+    if (last && !keep) rdv_free(h->ctx, d);
 }
 
 // Gives up on the record: no member starts work after this returns, and none is still
@@ -115,7 +157,7 @@ static void req_drop(l3d_transport_t *tp, lreq_t *r) {
     local_ep_t *ep = ep_of(tp);
     ep_unlink(ep, r);
     rdv_release(ep->hub, r->rdv);
-    l3d_free(tp->ctx, r, sizeof(*r), "comm");
+    l3d_local_req_put(ep, tp->ctx, r);
 }
 
 // ---- the work of one member ------------------------------------------------------------------
@@ -201,26 +243,16 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
     if (n < 2 || a->me < 0 || a->me >= n || a->ranks[a->me] != ep->rank)
         return fail(tp, L3D_ERR_INVALID_ARG, "local %s: member %d of %d is not rank %d",
                     lc_name[kind], a->me, n, ep->rank);
-    lreq_t *r = l3d_calloc(tp->ctx, 1, sizeof(*r), "comm");
+    lreq_t *r = l3d_local_req_get(ep, tp->ctx);
     if (!r) return L3D_ERR_NOMEM;
     pthread_mutex_lock(&h->cmu);
     lrdv_t *d = h->rdvs;
     while (d && !(d->seq == a->seq && d->first == a->ranks[0])) d = d->next;
     if (!d) {
-        d = l3d_calloc(tp->ctx, 1, sizeof(*d), "comm");
-        if (d) {
-            d->ranks = l3d_calloc(tp->ctx, (size_t)n, sizeof(*d->ranks), "comm");
-            d->send = l3d_calloc(tp->ctx, (size_t)n, sizeof(*d->send), "comm");
-            d->recv = l3d_calloc(tp->ctx, (size_t)n, sizeof(*d->recv), "comm");
-            d->mst = l3d_calloc(tp->ctx, (size_t)n, sizeof(*d->mst), "comm");
-        }
-        if (!d || !d->ranks || !d->send || !d->recv || !d->mst) {
+        d = rdv_get(h, tp->ctx, n);
+        if (!d) {
             pthread_mutex_unlock(&h->cmu);
-            if (d) {
-                d->n = n;
-                rdv_free(tp->ctx, d);
-            }
-            l3d_free(tp->ctx, r, sizeof(*r), "comm");
+            l3d_local_req_put(ep, tp->ctx, r);
             return L3D_ERR_NOMEM;
         }
         d->seq = a->seq;
@@ -258,7 +290,7 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
     if (mismatch[0]) {
         rdv_abandon(h, d, a->me, mismatch);
         rdv_release(h, d);
-        l3d_free(tp->ctx, r, sizeof(*r), "comm");
+        l3d_local_req_put(ep, tp->ctx, r);
         return fail(tp, L3D_ERR_INVALID_ARG, "local %s: %s", lc_name[kind], mismatch);
     }
     atomic_fetch_add(&d->arrived, 1);  // seq_cst, after the pointers (mutex released above)
@@ -381,9 +413,10 @@ void l3d_local_coll_fini(l3d_transport_t *tp) {
 }
 
 void l3d_local_coll_hub_free(local_hub_t *h) {
-    for (lrdv_t *d = h->rdvs, *next; d; d = next) {
-        next = d->next;
-        rdv_free(h->ctx, d);
-    }
-    h->rdvs = NULL;
+    for (int list = 0; list < 2; list++)
+        for (lrdv_t *d = list ? h->free_rdvs : h->rdvs, *next; d; d = next) {
+            next = d->next;
+            rdv_free(h->ctx, d);
+        }
+    h->rdvs = h->free_rdvs = NULL;
 }
