@@ -117,6 +117,12 @@ typedef struct l3d_world {
         void *p;
         size_t n;
     } scratch[4];
+    // Finished requests and schedules' arrays kept for the next calls: a small collective
+    // costs less than the dozen allocations it would otherwise make (L3D_SPARE_*).
+    l3d_request_t *free_reqs;
+    int nfree_reqs;
+    struct l3d_sched *spare;  // [L3D_SPARE_SCHEDS]
+    int nspare;
 
     // failure knowledge
     uint8_t *dead;            // [size] known failed (notice or transport error)
@@ -235,6 +241,7 @@ struct l3d_request {
     l3d_tp_request_t **treq;
     int *inflight;        // [2 * comm size] sends, recvs posted per peer
     uint32_t max_np;
+    uint32_t cap_np, cap_inf;  // the arrays' lengths (a recycled request keeps them)
     double t_start, deadline, grace_end;
     uint32_t polls;       // passes without completion: the clock is read every 64th (a read
                           // costs as much as a small message's whole pass)

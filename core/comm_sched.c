@@ -48,11 +48,29 @@ uint64_t l3d_tag_make(const l3d_tag_layout_t *t, unsigned kind, uint32_t id, uin
 uint64_t l3d_tag_step_mask(const l3d_tag_layout_t *t) { return mask_bits(t->step_bits); }
 
 // ---- schedule builder ---------------------------------------------------------------------------
+#define L3D_SPARE_SCHEDS 8  // schedules' arrays kept per world
+#define L3D_SPARE_REQS 16   // finished requests kept per world
+
+// Moves the arrays (and their capacities) of `from` into `to`, counts zero.
+static void sched_take_arrays(l3d_sched_t *to, l3d_sched_t *from) {
+    to->p2p = from->p2p;
+    to->cap_p = from->cap_p;
+    to->lop = from->lop;
+    to->cap_l = from->cap_l;
+    to->rd = from->rd;
+    to->cap_r = from->cap_r;
+    to->tmp = from->tmp;
+    to->cap_t = from->cap_t;
+    memset(from, 0, sizeof(*from));
+}
+
 void l3d_sched_init(l3d_sched_t *s, l3d_comm_t *c) {
+    l3d_world_t *w = c->world;
     memset(s, 0, sizeof(*s));
+    if (w->nspare) sched_take_arrays(s, &w->spare[--w->nspare]);
     s->ctx = c->ctx;
-    s->world = c->world;
-    s->max_msg = c->world->caps.max_msg ? c->world->caps.max_msg : SIZE_MAX;
+    s->world = w;
+    s->max_msg = w->caps.max_msg ? w->caps.max_msg : SIZE_MAX;
 }
 
 #define SCRATCH_MIN (256u << 10)  // smaller temporaries come cheaply from the allocator
@@ -81,6 +99,16 @@ static void tmp_free(l3d_sched_t *s, void *p, size_t n) {
     l3d_free(s->ctx, p, n, "comm");
 }
 
+static void sched_free_arrays(l3d_ctx_t *ctx, l3d_sched_t *s) {
+    l3d_free(ctx, s->tmp, s->cap_t * sizeof(*s->tmp), "comm");
+    l3d_free(ctx, s->p2p, s->cap_p * sizeof(*s->p2p), "comm");
+    l3d_free(ctx, s->lop, s->cap_l * sizeof(*s->lop), "comm");
+    l3d_free(ctx, s->rd, s->cap_r * sizeof(*s->rd), "comm");
+    memset(s, 0, sizeof(*s));
+}
+
+static void req_release_all(l3d_world_t *w);
+
 void l3d_world_scratch_release(l3d_world_t *w) {
     for (int i = 0; i < 4; i++) {
         if (!w->scratch[i].p) continue;
@@ -88,10 +116,23 @@ void l3d_world_scratch_release(l3d_world_t *w) {
         l3d_free(w->ctx, w->scratch[i].p, w->scratch[i].n, "comm");
         w->scratch[i].p = NULL;
     }
+    req_release_all(w);
+    if (w->spare) {
+        for (int i = 0; i < w->nspare; i++) sched_free_arrays(w->ctx, &w->spare[i]);
+        l3d_free(w->ctx, w->spare, L3D_SPARE_SCHEDS * sizeof(*w->spare), "comm");
+        w->spare = NULL;
+        w->nspare = 0;
+    }
 }
 
 void l3d_sched_fini(l3d_sched_t *s) {
     for (uint32_t i = 0; i < s->nt; i++) tmp_free(s, s->tmp[i].p, s->tmp[i].n);
+    l3d_world_t *w = s->world;
+    if (w && !w->spare) w->spare = l3d_calloc(s->ctx, L3D_SPARE_SCHEDS, sizeof(*w->spare), "comm");
+    if (w && w->spare && w->nspare < L3D_SPARE_SCHEDS && s->cap_p) {
+        sched_take_arrays(&w->spare[w->nspare++], s);
+        return;
+    }
     l3d_free(s->ctx, s->tmp, s->cap_t * sizeof(*s->tmp), "comm");
     l3d_free(s->ctx, s->p2p, s->cap_p * sizeof(*s->p2p), "comm");
     l3d_free(s->ctx, s->lop, s->cap_l * sizeof(*s->lop), "comm");
@@ -686,6 +727,13 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
         if (r->ndone < rd->np) {
             if (!r->blaming && !w->blame_seen && (r->polls++ & 63) != 0) return L3D_INPROGRESS;
             double now = l3d_time_now();
+            if (r->t_start == 0) {  // the first pass that did not finish starts the clock
+                // The blame round's grace comes out of the timeout, so no wait exceeds
+                // L3D_COMM_TIMEOUT.
+                double to = l3d_ctx_settings(c->ctx)->comm_timeout_s;
+                r->t_start = now;
+                r->deadline = now + to - L3D_MIN(0.25 * to, 1.0);
+            }
             if (!r->blaming && (now > r->deadline ||
                                 (w->blame_seen && member_blamed(c)))) {
                 double to = l3d_ctx_settings(c->ctx)->comm_timeout_s;
@@ -718,6 +766,16 @@ static int world_progress(l3d_world_t *w) {
     return progressed;
 }
 
+static void req_free_arrays(l3d_ctx_t *ctx, l3d_request_t *r) {
+    l3d_free(ctx, r->state, r->cap_np, "comm");
+    l3d_free(ctx, r->treq, r->cap_np * sizeof(*r->treq), "comm");
+    l3d_free(ctx, r->inflight, r->cap_inf * sizeof(int), "comm");
+    r->state = NULL;
+    r->treq = NULL;
+    r->inflight = NULL;
+    r->cap_np = r->cap_inf = 0;
+}
+
 static void req_free(l3d_request_t *r) {
     l3d_world_t *w = r->comm->world;
     l3d_ctx_t *ctx = r->comm->ctx;
@@ -726,22 +784,64 @@ static void req_free(l3d_request_t *r) {
     else if (w->active == r) w->active = r->next;
     if (r->next) r->next->prev = r->prev;
     l3d_sched_fini(&r->s);
-    l3d_free(ctx, r->state, r->max_np ? r->max_np : 1, "comm");
-    l3d_free(ctx, r->treq, (r->max_np ? r->max_np : 1) * sizeof(*r->treq), "comm");
-    l3d_free(ctx, r->inflight, 2 * (size_t)r->comm->size * sizeof(int), "comm");
+    if (w->nfree_reqs < L3D_SPARE_REQS) {  // kept with its arrays for the next call
+        r->next = w->free_reqs;
+        w->free_reqs = r;
+        w->nfree_reqs++;
+        return;
+    }
+    req_free_arrays(ctx, r);
     l3d_free(ctx, r, sizeof(*r), "comm");
 }
 
-static l3d_request_t *req_new(l3d_comm_t *c, const char *what) {
-    l3d_request_t *r = l3d_calloc(c->ctx, 1, sizeof(*r), "comm");
-    if (!r) return NULL;
+static void req_release_all(l3d_world_t *w) {
+    while (w->free_reqs) {
+        l3d_request_t *r = w->free_reqs;
+        w->free_reqs = r->next;
+        req_free_arrays(w->ctx, r);
+        l3d_free(w->ctx, r, sizeof(*r), "comm");
+    }
+    w->nfree_reqs = 0;
+}
+
+// A request with arrays for rounds of up to max_np ops (zeroed) on communicator c.
+static l3d_request_t *req_new(l3d_comm_t *c, const char *what, uint32_t max_np) {
+    l3d_world_t *w = c->world;
+    l3d_request_t *r = w->free_reqs;
+    if (r) {
+        w->free_reqs = r->next;
+        w->nfree_reqs--;
+        l3d_request_t keep = *r;
+        memset(r, 0, sizeof(*r));
+        r->state = keep.state;
+        r->treq = keep.treq;
+        r->inflight = keep.inflight;
+        r->cap_np = keep.cap_np;
+        r->cap_inf = keep.cap_inf;
+    } else if (!(r = l3d_calloc(c->ctx, 1, sizeof(*r), "comm"))) {
+        return NULL;
+    }
+    uint32_t ninf = 2 * (uint32_t)c->size;
+    if (r->cap_np < max_np || r->cap_inf < ninf) {
+        req_free_arrays(c->ctx, r);
+        r->state = l3d_malloc(c->ctx, max_np, "comm");
+        r->treq = l3d_malloc(c->ctx, max_np * sizeof(*r->treq), "comm");
+        r->inflight = l3d_malloc(c->ctx, ninf * sizeof(int), "comm");
+        r->cap_np = max_np;
+        r->cap_inf = ninf;
+        if (!r->state || !r->treq || !r->inflight) {
+            req_free_arrays(c->ctx, r);
+            l3d_free(c->ctx, r, sizeof(*r), "comm");
+            return NULL;
+        }
+    }
+    memset(r->state, 0, max_np);
+    memset(r->inflight, 0, ninf * sizeof(int));
+    r->max_np = max_np;
     r->comm = c;
     r->what = what;
-    r->t_start = l3d_time_now();
-    // The blame round's grace comes out of the timeout, so no wait exceeds L3D_COMM_TIMEOUT.
-    double to = l3d_ctx_settings(c->ctx)->comm_timeout_s;
-    r->deadline = r->t_start + to - L3D_MIN(0.25 * to, 1.0);
-    l3d_world_t *w = c->world;
+    // t_start and the deadline are set by the first pass that does not finish (req_advance):
+    // most small calls never read the clock.
     r->next = w->active;
     if (w->active) w->active->prev = r;
     w->active = r;
@@ -750,7 +850,7 @@ static l3d_request_t *req_new(l3d_comm_t *c, const char *what) {
 
 l3d_status l3d_request_done(l3d_comm_t *c, const char *what, l3d_status st,
                             l3d_request_t **req_p) {
-    l3d_request_t *r = req_new(c, what);
+    l3d_request_t *r = req_new(c, what, 1);
     if (!r) return L3D_ERR_NOMEM;
     r->complete = 1;
     r->st = st;
@@ -765,20 +865,10 @@ l3d_status l3d_request_start(l3d_comm_t *c, l3d_sched_t *s, const char *what, ui
         l3d_sched_fini(s);
         return l3d_error(c->ctx, st, "%s: out of memory building the schedule", what);
     }
-    l3d_request_t *r = req_new(c, what);
     uint32_t max_np = 1;
     for (uint32_t i = 0; i < s->nr; i++) max_np = L3D_MAX(max_np, s->rd[i].np);
-    if (r) {
-        r->max_np = max_np;
-        r->state = l3d_calloc(c->ctx, max_np, 1, "comm");
-        r->treq = l3d_calloc(c->ctx, max_np, sizeof(*r->treq), "comm");
-        r->inflight = l3d_calloc(c->ctx, 2 * (size_t)c->size, sizeof(int), "comm");
-    }
-    if (!r || !r->state || !r->treq || !r->inflight) {
-        if (r) {
-            r->complete = 1;
-            req_free(r);
-        }
+    l3d_request_t *r = req_new(c, what, max_np);
+    if (!r) {
         l3d_sched_fini(s);
         return L3D_ERR_NOMEM;
     }
