@@ -133,11 +133,7 @@ void l3d_sched_fini(l3d_sched_t *s) {
         sched_take_arrays(&w->spare[w->nspare++], s);
         return;
     }
-    l3d_free(s->ctx, s->tmp, s->cap_t * sizeof(*s->tmp), "comm");
-    l3d_free(s->ctx, s->p2p, s->cap_p * sizeof(*s->p2p), "comm");
-    l3d_free(s->ctx, s->lop, s->cap_l * sizeof(*s->lop), "comm");
-    l3d_free(s->ctx, s->rd, s->cap_r * sizeof(*s->rd), "comm");
-    memset(s, 0, sizeof(*s));
+    sched_free_arrays(s->ctx, s);
 }
 
 // Grows an array of `esz`-byte elements to hold one more; 0 on success.
