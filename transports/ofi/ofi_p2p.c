@@ -25,7 +25,10 @@
 #define OFI_CQ_BATCH 16
 #define OFI_CQ_ROUNDS 64       // batches per drain: bounded work per call
 #define OFI_CANCEL_BUDGET_S 0.1  // how long cancel drives the CQ for a send's completion
-#define OFI_CANCEL_RECV_BUDGET_S 5.0  // ... for a matched receive's, from a live peer
+// ... for a matched receive's, from a live peer. Short: cancel runs on failure paths, where the
+// peer may be stopped (SIGSTOP) without being known dead here, and every second counts against
+// the core's failure bound; a live peer's message completes in milliseconds.
+#define OFI_CANCEL_RECV_BUDGET_S 0.5
 #define OFI_ABORT_BUDGET_S 0.1   // how long abort drives the CQ to push its notices out
 
 static uint64_t ofi_wire_tag(int rank, uint64_t tag) {
@@ -351,7 +354,7 @@ void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
         // closing the endpoint stops the provider writing there (this rank gives up, as abort).
         l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
                 "ofi: rank %d: a receive from rank %d could be neither cancelled nor completed "
-                "in %.0f s; closing the endpoint so that it cannot write the freed buffer",
+                "in %.1f s; closing the endpoint so that it cannot write the freed buffer",
                 o->rank, req->peer, OFI_CANCEL_RECV_BUDGET_S);
         l3d_ofi_abort(tp);
         l3d_ofi_req_free(o, req);
