@@ -890,9 +890,9 @@ l3d_status l3d_request_test(l3d_request_t *req, int *done_p) {
 
 // Spin briefly, then yield, then sleep ~50 us: with more ranks than cores (threads of the
 // local transport) spinning starves the very peer being waited for. (Spinning 2048 passes
-// before the first yield when every rank has a core took ~1.5 us off the in-process 8-byte allreduce
-// but starved UCX's own progress: its first messages took 25 us and 64 MiB p2p fell to 0.7x
-// ucx_perftest; bench/compare_comm.sh.)
+// before the first yield when every rank has a core took ~1.5 us off the in-process 8-byte
+// allreduce but starved UCX's own progress: its first messages took 25 us and 64 MiB p2p fell
+// to 0.7x ucx_perftest; bench/compare_comm.sh.)
 static void backoff(const l3d_world_t *w, int *idle) {
     int n = (*idle)++;
     if (n < 32) return;

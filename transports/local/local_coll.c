@@ -90,7 +90,6 @@ static lrdv_t *rdv_get(local_hub_t *h, l3d_ctx_t *ctx, int n) {
         const void **send = d->send;
         void **recv = d->recv;
         atomic_int *mst = d->mst;
-        memset(d, 0, sizeof(*d));
         memset(send, 0, (size_t)cap * sizeof(*send));
         memset(recv, 0, (size_t)cap * sizeof(*recv));
         for (int j = 0; j < cap; j++) atomic_init(&mst[j], 0);
