@@ -162,8 +162,10 @@ static void set_int_env(const char *name, long v) {
 
 // In the child, after fork: becomes rank `rank` and execs the program. Never returns.
 static void exec_rank(int rank, int n, int port, const char *token, const char *transport,
-                      int out_fd, int err_fd, char **prog) {
+                      int bind, int out_fd, int err_fd, char **prog) {
     setpgid(0, 0);
+    // --bind core: this rank's block of the cores (none when there are more ranks than cores).
+    if (bind) (void)l3d_cpu_bind_block(rank, n);
     // The launcher's handlers were inherited with the signals blocked; a signal forwarded
     // before exec is still pending and now takes its default action.
     int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD, SIGPIPE};
@@ -202,7 +204,8 @@ static void signal_all(child_t *ch, int n, int sig) {
         }
 }
 
-static int run(int n, int port, const char *token, const char *transport, char **prog) {
+static int run(int n, int port, const char *token, const char *transport, int bind,
+               char **prog) {
     child_t *ch = calloc((size_t)n, sizeof(*ch));
     struct pollfd *pf = calloc(2 * (size_t)n + 1, sizeof(*pf));
     int wake[2];
@@ -243,7 +246,7 @@ static int run(int n, int port, const char *token, const char *transport, char *
         if (pid == 0) {
             close(po[0]);
             close(pe[0]);
-            exec_rank(k, n, port, token, transport, po[1], pe[1], prog);
+            exec_rank(k, n, port, token, transport, bind, po[1], pe[1], prog);
         }
         if (pid > 0) setpgid(pid, pid);  // also here, so a signal forwarded at once finds it
         sigprocmask(SIG_SETMASK, &old, NULL);
@@ -362,12 +365,14 @@ static int run(int n, int port, const char *token, const char *transport, char *
 }
 
 int l3d_cmd_launch(int argc, char **argv) {
-    const char *n_s = NULL, *transport = NULL, *port_s = NULL, *help = NULL;
+    const char *n_s = NULL, *transport = NULL, *port_s = NULL, *help = NULL, *bind_s = NULL;
     const l3d_cli_flag_t flags[] = {
         {"-n", "N", "ranks to start on this machine (deepspeed --num_gpus N)", &n_s, 0},
         {"--transport", "NAME", "network transport for the ranks: sets L3D_TRANSPORT", &transport,
          0},
         {"--port", "P", "store port on 127.0.0.1 (default: a free port)", &port_s, 0},
+        {"--bind", "core|none", "core (default): each rank runs on its own block of cores/N "
+         "cores, as mpirun's --bind-to core; none: wherever the OS puts it", &bind_s, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -413,6 +418,12 @@ int l3d_cmd_launch(int argc, char **argv) {
     }
     if (l3d_cli_int("launch", "-n", n_s, 1, LAUNCH_MAX_RANKS, &n)) return L3D_EXIT_USAGE;
     if (port_s && l3d_cli_int("launch", "--port", port_s, 1, 65535, &port)) return L3D_EXIT_USAGE;
+    int bind = 1;
+    if (bind_s && (strcmp(bind_s, "core") && strcmp(bind_s, "none"))) {
+        fprintf(stderr, "l3d launch: --bind: '%s' is not core or none\n", bind_s);
+        return L3D_EXIT_USAGE;
+    }
+    if (bind_s && !strcmp(bind_s, "none")) bind = 0;
     char list[256];
     if (transport && !strcmp(transport, "local")) {
         // Built, but it cannot join processes: say what it is for instead of "not built".
@@ -444,5 +455,5 @@ int l3d_cmd_launch(int argc, char **argv) {
         fprintf(stderr, "l3d launch: cannot read /dev/urandom for the job token\n");
         return L3D_EXIT_FAIL;
     }
-    return run((int)n, (int)port, token, transport, argv + prog);
+    return run((int)n, (int)port, token, transport, bind, argv + prog);
 }

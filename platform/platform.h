@@ -13,6 +13,10 @@
 
 // ---- threads -----------------------------------------------------------------------------
 int l3d_num_cores(void);
+// Binds the calling process to block `index` of `count` equal blocks of the CPUs it may run
+// on (its affinity mask, in CPU order; a remainder stays unused). 1: bound; 0: more blocks
+// than CPUs, left unbound; < 0: -errno.
+int l3d_cpu_bind_block(int index, int count);
 
 // A fixed pool of worker threads. l3d_pool_run() runs fn(arg, task, ntasks) for every task
 // in [0, ntasks) and returns when all are done; the calling thread works too. Which thread

@@ -2,6 +2,7 @@
 // Used to clean up what a killed process left behind without ever touching a live one's.
 #define _GNU_SOURCE
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -30,4 +31,25 @@ int l3d_host_id(char *buf, size_t cap) {
     ns[k] = '\0';
     int n = snprintf(buf, cap, "%s %s", boot, ns);
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
+}
+
+// Block `index` of `count` equal blocks of the CPUs this process may run on (mpirun's
+// --bind-to core with a rank's share of the cores): ranks busy-polling each other then never
+// share a core, as they may for tens of milliseconds after a fork until the scheduler
+// spreads them.
+int l3d_cpu_bind_block(int index, int count) {
+    cpu_set_t all, mine;
+    if (count < 1 || index < 0 || index >= count) return -EINVAL;
+    if (sched_getaffinity(0, sizeof(all), &all)) return -errno;
+    int ncpu = CPU_COUNT(&all);
+    if (count > ncpu) return 0;
+    int per = ncpu / count, k = 0;
+    CPU_ZERO(&mine);
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &all)) continue;
+        if (k >= index * per && k < (index + 1) * per) CPU_SET(c, &mine);
+        k++;
+    }
+    if (sched_setaffinity(0, sizeof(mine), &mine)) return -errno;
+    return 1;
 }

@@ -105,6 +105,27 @@ expect_usage "bad port" "--port: '70000'" -n 1 --port 70000 -- true
 expect_usage "unbuilt transport" "--transport: 'nosuch' is not built into this l3d \(built: " -n 1 --transport nosuch -- true
 expect_usage "no program" "no program given" -n 2
 expect_usage "missing value" "-n needs a value" -n
+expect_usage "bad bind" "--bind: 'socket' is not core or none" -n 2 --bind socket -- true
+
+# 9. --bind core (the default) gives each rank its own block of the launcher's CPUs, so two
+# busy-polling ranks never share one; --bind none leaves them where the OS puts them; more
+# ranks than CPUs stay unbound. Measured against the CPUs this test may use (nproc).
+ncpu=$(nproc)
+if [ "$ncpu" -ge 2 ]; then
+  "$L3D" launch -n 2 -- sh -c 'nproc; grep Cpus_allowed_list /proc/self/status' >"$tmp/out" 2>"$tmp/err"
+  per=$((ncpu / 2))
+  lists=$(grep Cpus_allowed_list "$tmp/out" | awk '{print $NF}' | sort -u | wc -l)
+  if [ "$(grep -cx "\[rank [01]\] $per" "$tmp/out")" -eq 2 ] && [ "$lists" -eq 2 ]; then
+    ok "bind core: 2 ranks on $per CPUs each, disjoint"
+  else fail "bind core (expected $per CPUs each)" "$tmp/out" "$tmp/err"; fi
+  "$L3D" launch -n 2 --bind none -- nproc >"$tmp/out" 2>"$tmp/err"
+  if [ "$(grep -cx "\[rank [01]\] $ncpu" "$tmp/out")" -eq 2 ]; then ok "bind none"; else fail "bind none" "$tmp/out" "$tmp/err"; fi
+  n=$((ncpu + 1))
+  "$L3D" launch -n $n -- nproc >"$tmp/out" 2>"$tmp/err"
+  if [ "$(grep -cx "\[rank [0-9]*\] $ncpu" "$tmp/out")" -eq $n ]; then ok "bind core, $n ranks on $ncpu CPUs: unbound"; else fail "oversubscribed bind" "$tmp/out" "$tmp/err"; fi
+else
+  echo "skip bind: $ncpu CPU"
+fi
 
 # 8. A program that cannot be run fails the launch with its rank's error.
 "$L3D" launch -n 2 -- "$tmp/does-not-exist" >"$tmp/out" 2>"$tmp/err"
