@@ -19,6 +19,7 @@
 //
 // Testing hook: L3D_BENCH_CORRUPT=1 flips one output byte on every checking rank before the
 // check, so tests can see that the check fails (tests/cli_bench.sh).
+#include <errno.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -67,6 +68,7 @@ typedef struct {
     l3d_dtype dt;
     l3d_redop redop;
     const char *transport;  // NULL: default
+    const char *json;       // --json FILE: rank 0 writes the out-of-place rows there (NULL: no)
     int corrupt;
 } bc_opts_t;
 
@@ -151,7 +153,8 @@ static void bc_usage(FILE *f, const l3d_cli_flag_t *flags, int nflags) {
 // Returns -1 on success (run), else the exit code.
 static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
     const char *b = "8", *e = "64M", *f = "2", *n = "20", *w = "5", *c = "1", *op = "sum",
-               *d = "float", *r = "0", *t = "2", *W = "1", *tp = NULL, *help = NULL, *help2 = NULL;
+               *d = "float", *r = "0", *t = "2", *W = "1", *tp = NULL, *help = NULL, *help2 = NULL,
+               *json = NULL;
     const l3d_cli_flag_t flags[] = {
         {"-b", "MINBYTES", "smallest size (default 8; K/M/G suffixes)", &b, 0},
         {"-e", "MAXBYTES", "largest size (default 64M)", &e, 0},
@@ -167,6 +170,8 @@ static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
          &t, 0},
         {"-W", "WINDOW", "p2p: messages in flight per iteration (default 1)", &W, 0},
         {"--transport", "NAME", "local|ucx|ofi (default: local, or the launched job's)", &tp, 0},
+        {"--json", "FILE", "also write the out-of-place rows as JSON (op, ranks, rows of bytes, "
+         "time_us, algbw, busbw): l3d plan --intra/--inter read it", &json, 0},
         {"-h", NULL, "this help", &help, 1},
         {"--help", NULL, "this help", &help2, 1},
     };
@@ -214,6 +219,11 @@ static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
         fprintf(stderr, "l3d " BC_CMD ": -b: %s is larger than -e %s\n", b, e);
         return L3D_EXIT_USAGE;
     }
+    if (json && !json[0]) {
+        fprintf(stderr, "l3d " BC_CMD ": --json needs a file name\n");
+        return L3D_EXIT_USAGE;
+    }
+    o->json = json;
     const char *cor = getenv("L3D_BENCH_CORRUPT");
     o->corrupt = cor && !strcmp(cor, "1");
     return -1;
@@ -537,6 +547,25 @@ static void bc_human(size_t b, char *out, size_t len) {
     else snprintf(out, len, "%zu B", b);
 }
 
+// --json FILE: the out-of-place rows of this run, for l3d plan's measured links.
+static l3d_status bc_write_json(bc_rank_t *rk, const char *path, const size_t *bytes,
+                                const double *us, const double *bus, int n) {
+    bc_bench_t *b = rk->b;
+    FILE *f = fopen(path, "w");
+    if (!f) return bc_fail(rk, L3D_ERR_IO, "--json %s: %s", path, strerror(errno));
+    fprintf(f, "{\"op\": \"%s\", \"ranks\": %d, \"transport\": \"%s\", \"dtype\": \"%s\", "
+            "\"rows\": [", b->op->name, b->nranks, l3d_comm_transport_name(rk->c),
+            bc_type_names[b->o.dt]);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%s\n  {\"bytes\": %zu, \"time_us\": %.4f, \"algbw\": %.6g, \"busbw\": %.6g}",
+                i ? "," : "", bytes[i], us[i], us[i] > 0 ? (double)bytes[i] / (us[i] * 1e3) : 0.0,
+                bus[i]);
+    fprintf(f, "\n]}\n");
+    if (ferror(f) | (fclose(f) != 0))
+        return bc_fail(rk, L3D_ERR_IO, "--json %s: write failed", path);
+    return L3D_OK;
+}
+
 static l3d_status bc_rank_run(bc_rank_t *rk) {
     bc_bench_t *b = rk->b;
     const bc_opts_t *o = &b->o;
@@ -577,6 +606,10 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
     size_t unit = b->es * (b->op->split ? (size_t)n : 1);
     double sum_bus = 0, last_oop = 0, last_ip = 0;
     int rows = 0;
+    // --json: written after the table; at most 64 rows are kept (the flags allow more)
+    enum { JMAX = 64 };
+    size_t jbytes[JMAX];
+    double jus[JMAX], jbus[JMAX];
     size_t last_bytes = 0;
     for (size_t size = o->minb;;) {
         bc_geom_t g;
@@ -601,6 +634,8 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
             fflush(stdout);
         }
         sum_bus += last_oop;
+        if (rows < JMAX)
+            jbytes[rows] = g.bytes, jus[rows] = (double)ns[0] / 1e3, jbus[rows] = last_oop;
         rows++;
         last_bytes = g.bytes;
         if (size > o->maxb / (size_t)o->factor) break;  // size * factor > maxb
@@ -621,6 +656,7 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
         }
         printf("#\n");
         fflush(stdout);
+        if (o->json) st = bc_write_json(rk, o->json, jbytes, jus, jbus, rows < JMAX ? rows : JMAX);
     }
 done:
     free(s);

@@ -54,6 +54,7 @@ l3d_status l3d_cli_read_chat(l3d_ctx_t *ctx, const char *path, struct json_t **r
                              l3d_chat_message_t **msgs_p, size_t *n_p);
 int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
 int l3d_cmd_bench(int argc, char **argv);   // cli/bench_comm.c
+int l3d_cmd_plan(int argc, char **argv);    // cli/plan.c
 // `l3d bench comm` from argv[first] on; also the whole of the standalone bench_comm.
 int l3d_bench_comm_main(int argc, char **argv, int first);
 // Started as one rank of a job (l3d launch, torchrun, mpirun, srun, PMI, L3D_RANK)? The

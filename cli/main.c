@@ -13,7 +13,8 @@ static void usage(FILE *f) {
             "  forward    write the logits of a token sequence (for cross-checks)\n"
             "  tokenize   text to token ids and back with a Llama 3 tokenizer, chat formatting\n"
             "  launch     start N ranks of a program on this machine (l3d launch -n N -- ...)\n"
-            "  bench      benchmarks (l3d bench comm: collectives, nccl-tests style)\n\n"
+            "  bench      benchmarks (l3d bench comm: collectives, nccl-tests style)\n"
+            "  plan       the fastest layout for a model on a cluster (l3d plan --help)\n\n"
             "  l3d COMMAND --help    flags of a command\n"
             "  l3d --help-env        the L3D_* environment variables\n"
             "  l3d --version\n");
@@ -37,6 +38,7 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "tokenize")) return l3d_cmd_tokenize(argc, argv);
     if (!strcmp(cmd, "launch")) return l3d_cmd_launch(argc, argv);
     if (!strcmp(cmd, "bench")) return l3d_cmd_bench(argc, argv);
+    if (!strcmp(cmd, "plan")) return l3d_cmd_plan(argc, argv);
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return L3D_EXIT_OK;

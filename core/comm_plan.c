@@ -3,13 +3,41 @@
 // l3d_comm_get_stats, and the two agree exactly: tests/test_parallel.c checks it per layout.
 #include "core/trainer_internal.h"
 
-static void add(l3d_comm_stats_t *s, uint64_t calls, uint64_t bytes) {
-    s->calls += calls;
-    s->bytes += bytes;
+// The terms being written: each names its group, its kind (which sets its cost to l3d plan)
+// and whether it runs once per micro-batch.
+typedef struct terms {
+    l3d_comm_term_t *t;
+    int n, max;
+    int group, per_mb;
+} terms_t;
+
+enum { GRAD = 0, AFTER = 1 };
+enum { AR = L3D_COMM_OP_ALLREDUCE, GA = L3D_COMM_OP_GATHER };
+
+static void add_when(terms_t *s, int op, int after, uint64_t calls, uint64_t bytes) {
+    if (!calls && !bytes) return;
+    if (s->n < s->max)
+        s->t[s->n] = (l3d_comm_term_t){s->group, (l3d_comm_op_kind)op, s->per_mb, after, calls,
+                                       bytes};
+    s->n++;
+}
+
+static void add_op(terms_t *s, int op, uint64_t calls, uint64_t bytes) {
+    add_when(s, op, GRAD, calls, bytes);
 }
 
 void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[3]) {
     for (int g = 0; g < 3; g++) plan[g] = (l3d_comm_stats_t){0, 0};
+    l3d_comm_term_t t[L3D_COMM_TERMS_MAX];
+    int n = l3d_train_config_comm_terms(cfg, t, L3D_COMM_TERMS_MAX);
+    for (int i = 0; i < n && i < L3D_COMM_TERMS_MAX; i++) {
+        plan[t[i].group].calls += t[i].calls;
+        plan[t[i].group].bytes += t[i].bytes;
+    }
+}
+
+int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *out, int max) {
+    terms_t terms = {out, 0, max, 0, 0}, *s = &terms;
     const l3d_model_config_t *mc = &cfg->model;
     // f: float32 (gradients, row statistics); e: an activation element (bf16/fp16 training).
     uint64_t f = sizeof(float), A = (uint64_t)cfg->grad_accum_steps;
@@ -37,44 +65,55 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
         // embedding gradient's all-gather; the last stage adds lnf's all-gather and the head's
         // reduce-scatter and the cross-entropy's max and sums. Once per step the norm weight
         // gradients (partial over rows) are summed: 2 per layer, + the final norm.
-        l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
-        uint64_t nc = 2 + 4 * L * (cfg->activation_checkpointing ? 2 : 1) + 4 * L + 2 * (uint64_t)last;
-        add(s, A * (nc + 2 * (uint64_t)last), A * (nc * N * C * e + (uint64_t)last * 3 * N * f));
-        add(s, Ag * (2 * L + (uint64_t)last), Ag * (2 * L + (uint64_t)last) * C * f);
+        s->group = L3D_MESH_TP;
+        uint64_t lst = (uint64_t)last, ck = cfg->activation_checkpointing ? 2 : 1;
+        uint64_t nc = 2 + 4 * L * ck + 4 * L + 2 * lst;
+        s->per_mb = 1;
+        add_op(s, GA, A * nc, A * nc * N * C * e);
+        add_op(s, AR, A * 2 * lst, A * lst * 3 * N * f);
+        s->per_mb = zero2;
+        add_op(s, AR, Ag * (2 * L + lst), Ag * (2 * L + lst) * C * f);
         int K = mc->num_key_value_heads;
-        if (K < tp) add(s, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
-        add(s, 1, 8 * (uint64_t)tp);
+        if (K < tp) add_op(s, AR, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
+        s->per_mb = 0;
+        add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);
     } else if (tp > 1) {
-        l3d_comm_stats_t *s = &plan[L3D_MESH_TP];
+        s->group = L3D_MESH_TP;
         // per micro-batch: embedding, 2 per layer forward (+2 recomputed), 2 per layer
         // backward: all (N,C); on the last stage the head gradient (N,C) and the
         // cross-entropy max (N) and sums (N,2)
         uint64_t nc = 1 + 2 * L * (cfg->activation_checkpointing ? 2 : 1) + 2 * L + last;
         // partition_activations: each layer's kept input is all-gathered for its rebuild
         if (l3d_train_config_ckpt(cfg) & L3D_CKPT_PARTITION) nc += L;
-        add(s, A * (nc + 2 * last), A * (nc * N * C * e + (uint64_t)last * 3 * N * f));
+        s->per_mb = 1;
+        add_op(s, AR, A * (nc + 2 * last), A * (nc * N * C * e + (uint64_t)last * 3 * N * f));
         // once per step: replicated kv heads sum their k and v gradients (kv_rep ranks)
         int K = mc->num_key_value_heads;
-        if (K < tp) add(s, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
-        add(s, 1, 8 * (uint64_t)tp);  // global gradient norm (one double per tp rank)
+        s->per_mb = zero2;
+        if (K < tp) add_op(s, AR, Ag * 2 * L, Ag * 2 * L * (uint64_t)mc->head_dim * C * f);
+        s->per_mb = 0;
+        add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
     }
     if (pp > 1) {
-        l3d_comm_stats_t *s = &plan[L3D_MESH_PP];
+        s->group = L3D_MESH_PP;
         // per micro-batch: send activations, receive gradients (this rank's rows with SP)
         // (interleaved: chunk c sends forward, and backward unless c = 0; receives likewise
         // with the roles swapped: 2v - 1 sends and as many receives)
         uint64_t nv = 2 * (uint64_t)v - 1;
-        add(s, 2 * nv * A, nv * A * N * C * e / (sp ? (uint64_t)tp : 1));
-        add(s, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm (a double per stage)
+        s->per_mb = 1;
+        add_op(s, L3D_COMM_OP_P2P, 2 * nv * A, nv * A * N * C * e / (sp ? (uint64_t)tp : 1));
+        s->per_mb = 0;
+        add_when(s, AR, AFTER, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm, a double
+                                                       // per stage
         if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
             uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);
             // ZeRO-2: this rank's piece of the table's bucket (16-float aligned, padded to dp)
             uint64_t n = vl * C, a = (n + 15) / 16 * 16, q = (a + (uint64_t)dp - 1) / (uint64_t)dp;
-            add(s, 1, (zero2 ? q : n) * f);
+            add_op(s, AR, 1, (zero2 ? q : n) * f);
         }
     }
     if (dp > 1) {
-        l3d_comm_stats_t *s = &plan[L3D_MESH_DP];
+        s->group = L3D_MESH_DP;
         size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, v, 0, lps);
         size_t n = (size_t)dp;
         size_t Ppad = (P + n - 1) / n * n;
@@ -87,7 +126,8 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
             uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, l3d_zero_bucket_size(cfg), dp, NULL,
                                                        &shard);
             uint64_t all = (uint64_t)shard * (uint64_t)dp * f;
-            add(s, A * nb2, A * all / f * gb);  // every micro-batch: reduce-scatter of each bucket
+            s->per_mb = 1;  // every micro-batch: reduce-scatter of each bucket
+            add_op(s, GA, A * nb2, A * all / f * gb);
             if (cfg->zero_stage >= 3) {
                 // ZeRO-3: each micro-batch gathers the groups its passes read; after the
                 // update only the persistent groups are gathered (trainer_zero3.c), in the
@@ -95,19 +135,22 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
                 uint64_t gc, gf, pc, pf;
                 uint64_t wb = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
                 l3d_zero3_gathers(&m0, cfg, dp, &gc, &gf, &pc, &pf);
-                add(s, A * gc, A * gf * wb);
-                add(s, pc, pf * wb);
+                add_op(s, GA, A * gc, A * gf * wb);
+                s->per_mb = 0;
+                add_when(s, GA, AFTER, pc, pf * wb);
             } else {
-                add(s, nb2, all);          // all-gather of the updated parameters
+                s->per_mb = 0;
+                add_when(s, GA, AFTER, nb2, all);  // all-gather of the updated parameters
             }
-            add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
+            add_when(s, AR, AFTER, 1, 8 * (uint64_t)dp);  // gradient norm of the shards
         } else if (cfg->zero_stage >= 1) {
-            add(s, nb, Ppad * gb);         // reduce-scatter of every bucket
-            add(s, nb, Ppad * f);          // all-gather of the updated parameters
-            add(s, 1, 8 * (uint64_t)dp);   // gradient norm of the shards
+            add_op(s, GA, nb, Ppad * gb);            // reduce-scatter of every bucket
+            add_when(s, GA, AFTER, nb, Ppad * f);    // all-gather of the updated parameters
+            add_when(s, AR, AFTER, 1, 8 * (uint64_t)dp);  // gradient norm of the shards
         } else {
-            add(s, nb, Ppad * gb);         // all-reduce of every bucket
+            add_op(s, AR, nb, Ppad * gb);  // all-reduce of every bucket
         }
-        add(s, 1, 8 * (uint64_t)dp);       // the loss
+        add_when(s, AR, AFTER, 1, 8 * (uint64_t)dp);  // the loss
     }
+    return s->n;
 }

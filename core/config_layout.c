@@ -4,7 +4,7 @@
 // l3d_train_config_finalize (so `l3d train --dry-run` refuses what the run would) and again
 // from l3d_trainer_create_parallel (for callers that skip finalize). One function, so both
 // refuse the same things with the same message.
-// defines: l3d_train_config_check_layout
+// defines: l3d_train_config_check_layout, l3d_train_config_check_layout_ex
 #include <stdio.h>
 #include <string.h>
 
@@ -109,6 +109,11 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
 
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                          const char *origin) {
+    return l3d_train_config_check_layout_ex(ctx, cfg, origin, 1);
+}
+
+l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
+                                            const char *origin, int validate_schedule) {
     if (cfg->dp < 1 || cfg->tp < 1 || cfg->pp < 1)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel: dp %d, tp %d, pp %d must be >= 1",
                          origin, cfg->dp, cfg->tp, cfg->pp);
@@ -137,7 +142,8 @@ l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg
         return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d x parallel.virtual_stages %d is "
                          "more virtual stages than num_hidden_layers %d; lower one of them",
                          cfg->pp, v, cfg->model.num_hidden_layers);
-    if (cfg->pp > 1) L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
+    if (cfg->pp > 1 && validate_schedule)
+        L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
     L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;

@@ -267,4 +267,26 @@ void l3d_pp_fini(l3d_trainer_t *t);
 // sum over the step's tokens of this dp rank, on every stage.
 l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum);
 
+// core/comm_plan.c: the communication of one step of world rank 0, as terms. The kind sets a
+// term's cost in l3d plan (core/plan_cost.c): an all-reduce moves 2(n-1)/n of its buffer per
+// rank, an all-gather or reduce-scatter (n-1)/n of the full buffer, a point-to-point term
+// counts sends and receives as calls and the sent bytes once. Bytes are those
+// l3d_comm_get_stats counts; per_mb terms run once per micro-batch (calls and bytes are the
+// step's totals), the others once per step: during the last backward (gradient reductions),
+// or after it (`after`: the loss, norms, the updated parameters' all-gathers).
+typedef enum {
+    L3D_COMM_OP_ALLREDUCE,
+    L3D_COMM_OP_GATHER,  // all-gather or reduce-scatter: the same cost
+    L3D_COMM_OP_P2P,
+} l3d_comm_op_kind;
+typedef struct l3d_comm_term {
+    int group;  // L3D_MESH_*
+    l3d_comm_op_kind op;
+    int per_mb, after;
+    uint64_t calls, bytes;
+} l3d_comm_term_t;
+enum { L3D_COMM_TERMS_MAX = 24 };
+// Writes up to max terms, returns how many there are (at most L3D_COMM_TERMS_MAX).
+int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *t, int max);
+
 #endif
