@@ -115,7 +115,8 @@ l3d_status l3d_plan_published(l3d_ctx_t *ctx, const l3d_plan_runtime_t *rt,
             req.runtime.dp_fp32_grads = !strcmp(p->source, K22);
         } else {
             // Llama 3: H100 80GB (the paper's 700 W HBM3 part), NVLink in the node, RoCE at
-            // 400 Gb/s between nodes; float32 gradient reduce-scatter (its section 3.3.4).
+            // 400 Gb/s between nodes; float32 gradient reduce-scatter (its section 3.3.2,
+            // "Numerical stability").
             L3D_CHECK(ctx, l3d_model_config_preset(ctx, "llama3-405b", &req.model));
             L3D_CHECK(ctx, l3d_plan_gpu_named(ctx, "h100-sxm", &req.gpu));
             L3D_CHECK(ctx, l3d_plan_link_named(ctx, "nvlink4", &req.intra));
