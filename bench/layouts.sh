@@ -15,6 +15,11 @@
 # communication; calls must agree exactly and bytes as MiB to 3 decimals (the precision the dry
 # run prints), otherwise the cell says MISMATCH and the script exits 1.
 #
+# `l3d plan` plans each layout too (--config the run's file, --gpu measured with one thread,
+# links measured first with `l3d bench comm --json` over the same transport): its bytes per
+# group must equal the counted ones exactly (else MISMATCH and exit 1), and its predicted step
+# time is printed beside the measured one (rank 0's median step time).
+#
 # Every layout is run REPS times (default 2, env L3D_BENCH_REPS) and the best median is kept:
 # timings on the 2-core build machines vary by 30-50% from run to run. A markdown table goes to
 # stdout, progress to stderr. Environment: UCX_TLS is honoured when set; otherwise the script
@@ -116,11 +121,22 @@ cell() {
 }
 
 start=$(date +%s)
+# The links l3d plan costs communication with: this transport's all-reduce, all-gather and
+# ping-pong between 2 process ranks, measured now.
+links=""
+for op in allreduce allgather pingpong; do
+  run "$tmp/bench.log" "$L3D" launch -n 2 --transport ucx -- \
+    "$L3D" bench comm "$op" -b 8 -e 16M -f 8 -n 50 -w 20 -c 0 --json "$tmp/link.$op.json"
+  if [ $? -ne 0 ]; then
+    echo "layouts.sh: measuring $op for l3d plan failed:" >&2; tail -n 20 "$tmp/bench.log" >&2; exit 1
+  fi
+  links="$links${links:+,}$tmp/link.$op.json"
+done
 # (dp tp pp zero schedule) in table order; schedule i: interleaved 1F1B, -: 1F1B (or none)
 LAYOUTS=("1 1 1 0 -" "2 1 1 0 -" "2 1 1 1 -" "2 1 1 2 -" "1 2 1 0 -" "2 2 1 0 -" "2 2 1 1 -"
          "4 1 1 0 -" "4 1 1 1 -" "4 1 1 2 -" "1 4 1 0 -" "1 1 2 0 -" "1 1 2 0 i" "2 1 2 1 -"
          "2 1 2 1 i" "1 2 2 0 -" "2 2 2 1 -" "2 2 2 2 -" "2 2 2 2 i" "1 1 4 0 -")
-declare -A pred best bestm err gmem
+declare -A pred best bestm err gmem plan
 
 # Pass 1: the dry run's prediction of every layout.
 for lay in "${LAYOUTS[@]}"; do
@@ -141,6 +157,17 @@ for lay in "${LAYOUTS[@]}"; do
   fi
   pred[$lay]=$p
   gmem[$lay]=$(sed -nE 's/.*gradients ([0-9.]+) MiB.*/\1/p' "$tmp/dry.log" | head -n 1)
+  # l3d plan's view of the same layout: "tp_bytes dp_bytes pp_bytes step_s"
+  v=1; [ "$5" = i ] && v=2
+  run "$tmp/plan.json" "$L3D" plan --config "$c" --gpus "$n" --gpu measured --gpu-threads 1 \
+    --intra "$links" --seq 64 --global-batch 8 \
+    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=2,zero=$z,recompute=none,sp=0" --top 1 --json
+  plan[$lay]=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[0]; b=r["comm_bytes"]
+print(b["tp"], b["dp"], b["pp"], r["step_time_s"])' "$tmp/plan.json" 2>/dev/null)
+  if [ -z "${plan[$lay]}" ]; then
+    echo "layouts.sh: ($dp,$tp,$pp) zero $z: l3d plan failed:" >&2; tail -n 20 "$tmp/plan.json" >&2
+    err[$lay]="l3d plan FAILED"; pred[$lay]=""
+  fi
 done
 
 # Pass 2: REPS rounds over all layouts, so that a burst of load on the machine spoils one run
@@ -190,7 +217,7 @@ for lay in "${LAYOUTS[@]}"; do
   got=""
   [ -n "${bestm[$lay]:-}" ] && got=$(counted "${bestm[$lay]}")
   if [ -z "$got" ] || [ -z "${pred[$lay]}" ]; then
-    rows+=("| $name | $z | $sched | $n | ${err[$lay]:-metrics unreadable} | | | | | | |"); fails=$((fails + 1))
+    rows+=("| $name | $z | $sched | $n | ${err[$lay]:-metrics unreadable} | | | | | | | |"); fails=$((fails + 1))
     continue
   fi
   b=${best[$lay]}
@@ -201,22 +228,31 @@ for lay in "${LAYOUTS[@]}"; do
   tpc=$(cell "$1" "$2" "$8" "$9") || fails=$((fails + 1))
   dpc=$(cell "$3" "$4" "${10}" "${11}") || fails=$((fails + 1))
   ppc=$(cell "$5" "$6" "${12}" "${13}") || fails=$((fails + 1))
+  counted_bytes="$2 $4 $6"
   peak=$(awk -v v="$7" 'BEGIN { printf "%.2f", v / 1048576 }')
+  # shellcheck disable=SC2086
+  set -- ${plan[$lay]}
+  if [ "$1 $2 $3" != "$counted_bytes" ]; then
+    planc="**MISMATCH** planned bytes $1 $2 $3, counted $counted_bytes"; fails=$((fails + 1))
+  else
+    planc=$(awk -v m="$b" -v p="$4" 'BEGIN { printf "%.1f / %.1f", 512 / m * 1e3, p * 1e3 }')
+  fi
   ratio="n/a"
   [ -n "$base" ] && ratio=$(awk -v a="$b" -v c="$base" 'BEGIN { printf "%.2f×", a / c }')
-  rows+=("| $name | $z | $sched | $n | $(printf %.0f "$b") | $ratio | $tpc | $dpc | $ppc | $gm | $peak |")
+  rows+=("| $name | $z | $sched | $n | $(printf %.0f "$b") | $ratio | $tpc | $dpc | $ppc | $gm | $peak | $planc |")
 done
 
 echo "llama3-tiny, batch 8 x seq_len 64 (512 tokens/step), 12 steps, 1 thread per rank;"
 echo "l3d launch --transport ucx, UCX_TLS=$UCX_TLS; $(nproc) cores; $(date -u +%Y-%m-%d);"
 echo "tok/s: median of steps 3..12, best of $REPS runs;"
-echo "MiB: rank 0, last step, counted / --dry-run."
+echo "MiB: rank 0, last step, counted / --dry-run; l3d plan's bytes equal the counted ones;"
+echo "step ms: rank 0's median step (512 tokens / tok/s) / l3d plan --gpu measured."
 echo
 hdr="| layout (dp,tp,pp) | zero | pipeline | ranks | tok/s | vs (1,1,1) |"
 hdr+=" tp MiB counted / predicted | dp MiB counted / predicted | pp MiB counted / predicted |"
-hdr+=" grads MiB rank 0 | peak MiB rank 0 |"
+hdr+=" grads MiB rank 0 | peak MiB rank 0 | step ms measured / l3d plan |"
 echo "$hdr"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 for r in "${rows[@]}"; do echo "$r"; done
 echo
 echo "layouts.sh: $(( $(date +%s) - start )) s" >&2

@@ -293,6 +293,15 @@ int l3d_cmd_plan(int argc, char **argv) {
         if (th < 1) th = 1;
         if (gthreads && l3d_cli_int("plan", "--gpu-threads", gthreads, 1, 4096, &th)) goto out;
         if ((st = measure_gpu(ctx, (int)th, &req.gpu)) < 0) goto fail;
+        // More threads in all than cores: the ranks time-share them (as l3d train's thread
+        // or process ranks on this machine would), each getting cores / (gpus x threads).
+        double share = (double)l3d_num_cores() / ((double)req.gpus * (double)th);
+        if (share < 1) {
+            req.gpu.peak_flops *= share;
+            req.gpu.mem_bw *= share;
+            snprintf(req.gpu.name, sizeof(req.gpu.name), "measured (%lld threads, %.2f core)",
+                     th, share * (double)th);
+        }
     } else if ((st = l3d_plan_gpu_named(ctx, gpu, &req.gpu)) < 0) {
         goto fail;
     }
