@@ -29,6 +29,7 @@
 
 #include "cli/cli.h"
 #include "llama3d/comm.h"
+#include "platform/platform.h"
 
 #define BC_CMD "bench comm"
 #define BC_ALIGN 64
@@ -78,6 +79,7 @@ typedef struct {
     const bc_op_desc_t *op;
     size_t es;
     int nranks;
+    int bind;  // thread ranks: bind rank r to block r of this many (0: no binding)
     l3d_ctx_t *ctx;
     pthread_mutex_t mu;
     int failed;
@@ -667,6 +669,10 @@ done:
 
 static void *bc_thread(void *arg) {
     bc_rank_t *rk = arg;
+    // Thread ranks each on their block of the cores, as l3d launch binds process ranks: two
+    // ranks polling each other on one core (where the scheduler may keep new threads for a
+    // while) take microseconds per handoff instead of a cache line's transfer.
+    if (rk->b->bind) (void)l3d_cpu_bind_block(rk->rank, rk->b->bind);
     rk->st = bc_rank_run(rk);
     return NULL;
 }
@@ -704,6 +710,7 @@ static int bc_run(bc_bench_t *b, l3d_comm_t **comms, int nlocal) {
         rks[i].rank = l3d_comm_rank(comms[i]);
     }
     int started = 0;
+    b->bind = nlocal > 1 ? nlocal : 0;
     if (nlocal == 1) {
         bc_thread(&rks[0]);
     } else {
