@@ -1,0 +1,119 @@
+// 2D tensor parallelism: the q x q grid and the SUMMA linear layer (core/tp2d.h has the
+// layout and the algorithm). Every product runs on the device's GEMM; every exchange is a
+// broadcast or a reduce on a row or column communicator, so their bytes are counted there.
+#include <math.h>
+#include <string.h>
+
+#include "core/l3d_core.h"
+#include "core/tp2d.h"
+#include "devices/device.h"
+
+l3d_status l3d_tp2d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp2d_t **g_p) {
+    l3d_ctx_t *ctx = l3d_comm_ctx(tp);
+    int n = l3d_comm_size(tp), me = l3d_comm_rank(tp), q = (int)lround(sqrt((double)n));
+    if (q * q != n)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d: tp %d is not a square (q x q ranks: 4, "
+                         "9, 16, ...)", n);
+    l3d_tp2d_t *g = l3d_calloc(ctx, 1, sizeof(*g), "tp2d");
+    if (!g) return L3D_ERR_NOMEM;
+    g->ctx = ctx, g->dev = dev, g->q = q, g->i = me / q, g->j = me % q;
+    l3d_status st = l3d_comm_split(tp, g->i, g->j, &g->row);
+    if (st >= 0) st = l3d_comm_split(tp, g->j, g->i, &g->col);
+    if (st < 0) {
+        l3d_tp2d_destroy(g);
+        return st;
+    }
+    *g_p = g;
+    return L3D_OK;
+}
+
+void l3d_tp2d_destroy(l3d_tp2d_t *g) {
+    if (!g) return;
+    l3d_free(g->ctx, g->a, g->cap_a * sizeof(float), "tp2d");
+    l3d_free(g->ctx, g->b, g->cap_b * sizeof(float), "tp2d");
+    l3d_free(g->ctx, g->c, g->cap_c * sizeof(float), "tp2d");
+    l3d_comm_destroy(g->row);
+    l3d_comm_destroy(g->col);
+    l3d_free(g->ctx, g, sizeof(*g), "tp2d");
+}
+
+static l3d_status grow(l3d_tp2d_t *g, float **p, size_t *cap, size_t n) {
+    if (*cap >= n) return L3D_OK;
+    float *q = l3d_malloc(g->ctx, n * sizeof(float), "tp2d");
+    if (!q) return L3D_ERR_NOMEM;
+    l3d_free(g->ctx, *p, *cap * sizeof(float), "tp2d");
+    *p = q, *cap = n;
+    return L3D_OK;
+}
+
+// The block sizes, after checking that q divides every dimension.
+static l3d_status blocks(l3d_tp2d_t *g, int N, int I, int O, int *Nq, int *Iq, int *Oq) {
+    int q = g->q;
+    if (N < q || I < q || O < q || N % q || I % q || O % q)
+        return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "tp_mode 2d: linear layer (%d x %d -> %d) "
+                         "does not split over a %d x %d grid: every size must be a multiple of "
+                         "%d", N, I, O, q, q, q);
+    *Nq = N / q, *Iq = I / q, *Oq = O / q;
+    size_t xs = (size_t)*Nq * (size_t)*Iq, ws = (size_t)*Oq * (size_t)*Iq;
+    L3D_CHECK(g->ctx, grow(g, &g->a, &g->cap_a, xs));
+    L3D_CHECK(g->ctx, grow(g, &g->b, &g->cap_b, ws));
+    return grow(g, &g->c, &g->cap_c, xs > ws ? xs : ws);
+}
+
+// C(M,N) = op(A) op(B) (+ C when beta = 1), float32, row-major.
+static l3d_status gemm(l3d_tp2d_t *g, int ta, int tb, int M, int N, int K, const float *A, int lda,
+                       const float *B, int ldb, float *C, float beta) {
+    l3d_gemm_t p = {.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .alpha = 1.0f,
+                    .beta = beta, .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = N};
+    return l3d_dev_gemm(g->dev, &p);
+}
+
+l3d_status l3d_tp2d_linear_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int N,
+                               int I, int O) {
+    int Nq, Iq, Oq;
+    L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
+    size_t xs = (size_t)Nq * (size_t)Iq, ws = (size_t)Oq * (size_t)Iq;
+    for (int k = 0; k < g->q; k++) {
+        // x(i,k) along row i (its owner passes its own block), W(k,j) along column j
+        const float *xa = g->j == k ? x : g->a, *wb = g->i == k ? w : g->b;
+        L3D_CHECK(g->ctx, l3d_comm_broadcast(g->row, x, (void *)xa, xs, L3D_FLOAT32, k));
+        L3D_CHECK(g->ctx, l3d_comm_broadcast(g->col, w, (void *)wb, ws, L3D_FLOAT32, k));
+        // y(i,j) += x(i,k) W(k,j)^T    (N/q, I/q) x (O/q, I/q)^T
+        L3D_CHECK(g->ctx, gemm(g, 0, 1, Nq, Oq, Iq, xa, Iq, wb, Iq, y, k ? 1.0f : 0.0f));
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float *dy,
+                               const float *x, const float *w, int N, int I, int O) {
+    int Nq, Iq, Oq;
+    L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
+    size_t xs = (size_t)Nq * (size_t)Iq, ws = (size_t)Oq * (size_t)Iq;
+    for (int k = 0; k < g->q; k++) {
+        // dx(i,k) = sum_j dy(i,j) W(k,j): W(k,j) along column j, partials reduced along row i
+        const float *wb = g->i == k ? w : g->b;
+        L3D_CHECK(g->ctx, l3d_comm_broadcast(g->col, w, (void *)wb, ws, L3D_FLOAT32, k));
+        L3D_CHECK(g->ctx, gemm(g, 0, 0, Nq, Iq, Oq, dy, Oq, wb, Iq, g->c, 0.0f));  // (N/q, I/q)
+        L3D_CHECK(g->ctx, l3d_comm_reduce(g->row, g->c, dx, xs, L3D_FLOAT32, L3D_SUM, k));
+        // dW(k,j) += sum_i dy(i,j)^T x(i,k): x(i,k) along row i, partials reduced along
+        // column j into b (free again) at (k,j)
+        const float *xa = g->j == k ? x : g->a;
+        L3D_CHECK(g->ctx, l3d_comm_broadcast(g->row, x, (void *)xa, xs, L3D_FLOAT32, k));
+        L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, Nq, dy, Oq, xa, Iq, g->c, 0.0f));  // (O/q, I/q)
+        L3D_CHECK(g->ctx, l3d_comm_reduce(g->col, g->c, g->b, ws, L3D_FLOAT32, L3D_SUM, k));
+        if (g->i == k)
+            for (size_t e = 0; e < ws; e++) dw[e] += g->b[e];
+    }
+    return L3D_OK;
+}
+
+void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],
+                           uint64_t calls_fwd[2], uint64_t calls_bwd[2]) {
+    uint64_t xs = (uint64_t)(N / q) * (uint64_t)(I / q) * sizeof(float);
+    uint64_t ws = (uint64_t)(O / q) * (uint64_t)(I / q) * sizeof(float);
+    // every member counts every broadcast and reduce of its row or column: q steps
+    fwd[0] = (uint64_t)q * xs, fwd[1] = (uint64_t)q * ws;
+    bwd[0] = 2 * (uint64_t)q * xs, bwd[1] = 2 * (uint64_t)q * ws;
+    calls_fwd[0] = calls_fwd[1] = (uint64_t)q;
+    calls_bwd[0] = calls_bwd[1] = 2 * (uint64_t)q;
+}

@@ -1,0 +1,191 @@
+// The 2D (SUMMA) linear layer of core/tp2d.h on q x q rank grids (q = 2: 4 ranks, q = 3: 9)
+// over every built transport: each rank's blocks of y = x W^T, dx = dy W and dW += dy^T x
+// against a float64 product of the whole matrices, and the bytes and calls each rank counts
+// on its row and column communicators against l3d_tp2d_linear_bytes.
+//
+// Tolerance, derived: an element of a float32 product of length K is a sum of K products,
+// each rounded once, added in some order (the block products, then the reduction over the
+// grid): |computed - exact| <= gamma_K * sum_k |a_k b_k|, gamma_K = K u / (1 - K u), u = 2^-24
+// (Higham, Accuracy and Stability of Numerical Algorithms, 3.1); dW's += adds one rounding:
+// gamma_{K+1} over (sum |a_k b_k| + |dW0|). The float64 reference's own error is below
+// 2^-53 K of the same sum: negligible beside it.
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/tp2d.h"
+#include "llama3d/llama3d.h"
+#include "tests/harness/world.h"
+
+enum { N = 24, I = 18, O = 30 };  // multiples of 2 and 3
+
+// Deterministic values in [-1, 1): every rank builds the same full matrices.
+static float val(int which, int r, int c) {
+    uint32_t h = (uint32_t)(which * 7919 + r * 104729 + c * 1299709) * 2654435761u;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    return (float)((double)(h & 0xffffff) / (double)(1 << 23) - 1.0);
+}
+
+static double gamma_k(int k) {
+    double u = ldexp(1.0, -24);
+    return k * u / (1 - k * u);
+}
+
+// full[r*cols + c] of matrix `which` (rows x cols)
+static float *full(int which, int rows, int cols) {
+    float *m = malloc((size_t)rows * cols * sizeof(float));
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++) m[r * cols + c] = val(which, r, c);
+    return m;
+}
+
+// block (bi, bj) of a rows x cols matrix cut q x q
+static float *block(const float *m, int rows, int cols, int q, int bi, int bj) {
+    int br = rows / q, bc = cols / q;
+    float *b = malloc((size_t)br * bc * sizeof(float));
+    for (int r = 0; r < br; r++)
+        memcpy(b + r * bc, m + (size_t)(bi * br + r) * cols + bj * bc, (size_t)bc * sizeof(float));
+    return b;
+}
+
+static int rank_body(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
+    (void)arg;
+    l3d_ctx_t *ctx = l3d_comm_ctx(world);
+    l3d_device_t *dev = NULL;
+    l3d_device_params_t dp = {.num_threads = 1};
+    l3d_tp2d_t *g = NULL;
+    int rc = 1;
+    float *X = full(1, N, I), *W = full(2, O, I), *dY = full(3, N, O), *dW0 = full(4, O, I);
+    float *x = NULL, *w = NULL, *dy = NULL, *dw = NULL, *y = NULL, *dx = NULL;
+    if (l3d_device_create(ctx, "cpu", &dp, &dev) < 0 || l3d_tp2d_create(world, dev, &g) < 0) {
+        snprintf(err, errlen, "setup: %s", l3d_ctx_last_error(ctx));
+        goto out;
+    }
+    int q = g->q, i = g->i, j = g->j, Nq = N / q, Iq = I / q, Oq = O / q;
+    // this rank's blocks: x (i,j); W rows j, columns i; dy (i,j)
+    x = block(X, N, I, q, i, j);
+    w = block(W, O, I, q, j, i);
+    dy = block(dY, N, O, q, i, j);
+    dw = block(dW0, O, I, q, j, i);
+    y = calloc((size_t)Nq * Oq, sizeof(float));
+    dx = calloc((size_t)Nq * Iq, sizeof(float));
+    l3d_comm_reset_stats(g->row);
+    l3d_comm_reset_stats(g->col);
+    l3d_comm_stats_t sf[2], sb[2];
+    if (l3d_tp2d_linear_fwd(g, y, x, w, N, I, O) < 0) {
+        snprintf(err, errlen, "fwd: %s", l3d_ctx_last_error(ctx));
+        goto out;
+    }
+    l3d_comm_get_stats(g->row, &sf[0]);
+    l3d_comm_get_stats(g->col, &sf[1]);
+    if (l3d_tp2d_linear_bwd(g, dx, dw, dy, x, w, N, I, O) < 0) {
+        snprintf(err, errlen, "bwd: %s", l3d_ctx_last_error(ctx));
+        goto out;
+    }
+    l3d_comm_get_stats(g->row, &sb[0]);
+    l3d_comm_get_stats(g->col, &sb[1]);
+    // y(i,j): rows i*Nq.., columns j*Oq.. of X W^T
+    for (int r = 0; r < Nq; r++)
+        for (int c = 0; c < Oq; c++) {
+            int R = i * Nq + r, Cc = j * Oq + c;
+            double e = 0, s = 0;
+            for (int k = 0; k < I; k++) {
+                double p = (double)X[R * I + k] * W[Cc * I + k];
+                e += p, s += fabs(p);
+            }
+            double got = y[r * Oq + c], bound = gamma_k(I) * s;
+            if (fabs(got - e) > bound) {
+                snprintf(err, errlen, "y[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R, Cc, got,
+                         e, bound);
+                goto out;
+            }
+        }
+    // dx(i,j): rows i*Nq.., columns j*Iq.. of dY W
+    for (int r = 0; r < Nq; r++)
+        for (int c = 0; c < Iq; c++) {
+            int R = i * Nq + r, Cc = j * Iq + c;
+            double e = 0, s = 0;
+            for (int k = 0; k < O; k++) {
+                double p = (double)dY[R * O + k] * W[k * I + Cc];
+                e += p, s += fabs(p);
+            }
+            double got = dx[r * Iq + c], bound = gamma_k(O) * s;
+            if (fabs(got - e) > bound) {
+                snprintf(err, errlen, "dx[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R, Cc, got,
+                         e, bound);
+                goto out;
+            }
+        }
+    // dw: rows j*Oq.., columns i*Iq.. of dW0 + dY^T X
+    for (int r = 0; r < Oq; r++)
+        for (int c = 0; c < Iq; c++) {
+            int R = j * Oq + r, Cc = i * Iq + c;
+            double e = dW0[R * I + Cc], s = fabs(e);
+            for (int k = 0; k < N; k++) {
+                double p = (double)dY[k * O + R] * X[k * I + Cc];
+                e += p, s += fabs(p);
+            }
+            double got = dw[r * Iq + c], bound = gamma_k(N + 1) * s;
+            if (fabs(got - e) > bound) {
+                snprintf(err, errlen, "dW[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R, Cc, got,
+                         e, bound);
+                goto out;
+            }
+        }
+    uint64_t bf[2], bb[2], cf[2], cb[2];
+    l3d_tp2d_linear_bytes(q, N, I, O, bf, bb, cf, cb);
+    for (int s = 0; s < 2; s++) {
+        uint64_t bwd_bytes = sb[s].bytes - sf[s].bytes, bwd_calls = sb[s].calls - sf[s].calls;
+        if (sf[s].bytes != bf[s] || sf[s].calls != cf[s] || bwd_bytes != bb[s] ||
+            bwd_calls != cb[s]) {
+            snprintf(err, errlen, "%s: counted fwd %llu B / %llu calls, bwd %llu / %llu; formula "
+                     "%llu / %llu, %llu / %llu", s ? "column" : "row",
+                     (unsigned long long)sf[s].bytes, (unsigned long long)sf[s].calls,
+                     (unsigned long long)bwd_bytes, (unsigned long long)bwd_calls,
+                     (unsigned long long)bf[s], (unsigned long long)cf[s],
+                     (unsigned long long)bb[s], (unsigned long long)cb[s]);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    l3d_tp2d_destroy(g);
+    l3d_device_destroy(dev);
+    free(X), free(W), free(dY), free(dW0);
+    free(x), free(w), free(dy), free(dw), free(y), free(dx);
+    return rc;
+}
+
+static void grid(int nranks) {
+    const char *names[8];
+    int nt = l3d_world_transports(names, 8);
+    for (int t = 0; t < nt; t++) {
+        char err[512];
+        int rc = l3d_world_run(names[t], nranks, rank_body, NULL, 60, err, sizeof(err));
+        cr_assert(rc == 0, "%s, %d ranks: %s", names[t], nranks, err);
+    }
+}
+
+Test(tp2d, summa_q2_matches_float64) { grid(4); }
+Test(tp2d, summa_q3_matches_float64) { grid(9); }
+
+static int not_square(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
+    (void)arg;
+    l3d_tp2d_t *g = NULL;
+    l3d_status st = l3d_tp2d_create(world, NULL, &g);
+    if (st != L3D_ERR_CONFIG || !strstr(l3d_ctx_last_error(l3d_comm_ctx(world)), "not a square")) {
+        snprintf(err, errlen, "tp 2: status %d, '%s'", st, l3d_ctx_last_error(l3d_comm_ctx(world)));
+        l3d_tp2d_destroy(g);
+        return 1;
+    }
+    return 0;
+}
+
+Test(tp2d, tp_not_square_is_refused) {
+    char err[512];
+    cr_assert(l3d_world_run("local", 2, not_square, NULL, 30, err, sizeof(err)) == 0, "%s", err);
+}
