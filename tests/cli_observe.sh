@@ -14,6 +14,9 @@ check() {  # check NAME CONDITION-EXIT-STATUS
 }
 PY=/usr/bin/python3
 export XDG_CACHE_HOME="$tmp/cache"   # every run here uses this cache, not the user's
+# The cache key names the OpenBLAS kernel set: the runs below use the CPU's own ("auto") and
+# then Haswell's, whatever the calling environment forces.
+unset OPENBLAS_CORETYPE
 cache="$tmp/cache/llama3d/gemm_peak.json"
 
 cat > "$tmp/eval.json" <<'J'

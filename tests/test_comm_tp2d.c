@@ -52,6 +52,29 @@ static float *block(const float *m, int rows, int cols, int q, int bi, int bj) {
     return b;
 }
 
+// Block (rows R0.., columns C0..) of C = A B (+ C0m): C[R][Cc] = sum_k A[R*ar + k*ak] *
+// B[k*bk + Cc*bc], in float64, against `got` (br x bc') within gamma_K (gamma_{K+1} with C0m).
+static int check(const char *what, const float *got, int br, int bcols, int R0, int C0, int K,
+                 const float *A, int ar, int ak, const float *B, int bk, int bc, const float *C0m,
+                 int ldc0, char *err, size_t errlen) {
+    for (int r = 0; r < br; r++)
+        for (int c = 0; c < bcols; c++) {
+            int R = R0 + r, Cc = C0 + c;
+            double e = C0m ? C0m[R * ldc0 + Cc] : 0, s = fabs(e);
+            for (int k = 0; k < K; k++) {
+                double p = (double)A[R * ar + k * ak] * B[k * bk + Cc * bc];
+                e += p, s += fabs(p);
+            }
+            double v = got[r * bcols + c], bound = gamma_k(K + (C0m != NULL)) * s;
+            if (fabs(v - e) > bound) {
+                snprintf(err, errlen, "%s[%d][%d] = %.9g, float64 %.9g (bound %.3g)", what, R, Cc,
+                         v, e, bound);
+                return 1;
+            }
+        }
+    return 0;
+}
+
 static int rank_body(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
     (void)arg;
     l3d_ctx_t *ctx = l3d_comm_ctx(world);
@@ -88,54 +111,11 @@ static int rank_body(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
     }
     l3d_comm_get_stats(g->row, &sb[0]);
     l3d_comm_get_stats(g->col, &sb[1]);
-    // y(i,j): rows i*Nq.., columns j*Oq.. of X W^T
-    for (int r = 0; r < Nq; r++)
-        for (int c = 0; c < Oq; c++) {
-            int R = i * Nq + r, Cc = j * Oq + c;
-            double e = 0, s = 0;
-            for (int k = 0; k < I; k++) {
-                double p = (double)X[R * I + k] * W[Cc * I + k];
-                e += p, s += fabs(p);
-            }
-            double got = y[r * Oq + c], bound = gamma_k(I) * s;
-            if (fabs(got - e) > bound) {
-                snprintf(err, errlen, "y[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R, Cc, got,
-                         e, bound);
-                goto out;
-            }
-        }
-    // dx(i,j): rows i*Nq.., columns j*Iq.. of dY W
-    for (int r = 0; r < Nq; r++)
-        for (int c = 0; c < Iq; c++) {
-            int R = i * Nq + r, Cc = j * Iq + c;
-            double e = 0, s = 0;
-            for (int k = 0; k < O; k++) {
-                double p = (double)dY[R * O + k] * W[k * I + Cc];
-                e += p, s += fabs(p);
-            }
-            double got = dx[r * Iq + c], bound = gamma_k(O) * s;
-            if (fabs(got - e) > bound) {
-                snprintf(err, errlen, "dx[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R, Cc, got,
-                         e, bound);
-                goto out;
-            }
-        }
-    // dw: rows j*Oq.., columns i*Iq.. of dW0 + dY^T X
-    for (int r = 0; r < Oq; r++)
-        for (int c = 0; c < Iq; c++) {
-            int R = j * Oq + r, Cc = i * Iq + c;
-            double e = dW0[R * I + Cc], s = fabs(e);
-            for (int k = 0; k < N; k++) {
-                double p = (double)dY[k * O + R] * X[k * I + Cc];
-                e += p, s += fabs(p);
-            }
-            double got = dw[r * Iq + c], bound = gamma_k(N + 1) * s;
-            if (fabs(got - e) > bound) {
-                snprintf(err, errlen, "dW[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R, Cc, got,
-                         e, bound);
-                goto out;
-            }
-        }
+    // y(i,j) of X W^T; dx(i,j) of dY W; dw: rows j*Oq.., columns i*Iq.. of dW0 + dY^T X
+    if (check("y", y, Nq, Oq, i * Nq, j * Oq, I, X, I, 1, W, 1, I, NULL, 0, err, errlen) ||
+        check("dx", dx, Nq, Iq, i * Nq, j * Iq, O, dY, O, 1, W, I, 1, NULL, 0, err, errlen) ||
+        check("dW", dw, Oq, Iq, j * Oq, i * Iq, N, dY, 1, O, X, I, 1, dW0, I, err, errlen))
+        goto out;
     uint64_t bf[2], bb[2], cf[2], cb[2];
     l3d_tp2d_linear_bytes(q, N, I, O, bf, bb, cf, cb);
     for (int s = 0; s < 2; s++) {
