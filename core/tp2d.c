@@ -29,19 +29,20 @@ l3d_status l3d_tp2d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp2d_t **g_p) 
 
 void l3d_tp2d_destroy(l3d_tp2d_t *g) {
     if (!g) return;
-    l3d_free(g->ctx, g->a, g->cap_a * sizeof(float), "tp2d");
-    l3d_free(g->ctx, g->b, g->cap_b * sizeof(float), "tp2d");
-    l3d_free(g->ctx, g->c, g->cap_c * sizeof(float), "tp2d");
+    if (g->a) l3d_dev_free(g->dev, g->a, g->cap_a * sizeof(float), "tp2d");
+    if (g->b) l3d_dev_free(g->dev, g->b, g->cap_b * sizeof(float), "tp2d");
+    if (g->c) l3d_dev_free(g->dev, g->c, g->cap_c * sizeof(float), "tp2d");
     l3d_comm_destroy(g->row);
     l3d_comm_destroy(g->col);
     l3d_free(g->ctx, g, sizeof(*g), "tp2d");
 }
 
+// Scratch blocks live in the device's memory, where the GEMMs and the communicator read them.
 static l3d_status grow(l3d_tp2d_t *g, float **p, size_t *cap, size_t n) {
     if (*cap >= n) return L3D_OK;
-    float *q = l3d_malloc(g->ctx, n * sizeof(float), "tp2d");
-    if (!q) return L3D_ERR_NOMEM;
-    l3d_free(g->ctx, *p, *cap * sizeof(float), "tp2d");
+    void *q = NULL;
+    L3D_CHECK(g->ctx, l3d_dev_alloc(g->dev, n * sizeof(float), "tp2d", &q));
+    if (*p) l3d_dev_free(g->dev, *p, *cap * sizeof(float), "tp2d");
     *p = q, *cap = n;
     return L3D_OK;
 }
@@ -101,8 +102,7 @@ l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float 
         L3D_CHECK(g->ctx, l3d_comm_broadcast(g->row, x, (void *)xa, xs, L3D_FLOAT32, k));
         L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, Nq, dy, Oq, xa, Iq, g->c, 0.0f));  // (O/q, I/q)
         L3D_CHECK(g->ctx, l3d_comm_reduce(g->col, g->c, g->b, ws, L3D_FLOAT32, L3D_SUM, k));
-        if (g->i == k)
-            for (size_t e = 0; e < ws; e++) dw[e] += g->b[e];
+        if (g->i == k) L3D_CHECK(g->ctx, l3d_dev_add(g->dev, dw, dw, g->b, ws, L3D_FLOAT32));
     }
     return L3D_OK;
 }
