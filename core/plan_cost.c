@@ -197,7 +197,8 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     l3d_model_set_dims_tp(&ml, &r->model, l->tp, 0);
     l3d_model_set_stage(&ml, l->pp, l->v, l->pp - 1, l3d_train_config_lps(cfg));
     int Ls = m0.L;
-    layer_time_t lt = layer_time(r, l, (double)l3d_dtype_size(l3d_train_config_act_dtype(cfg)));
+    double es = (double)l3d_dtype_size(l3d_train_config_act_dtype(cfg));
+    layer_time_t lt = layer_time(r, l, es);
     double per_layer = lt.fwd + lt.bwd + lt.rc;
     double c_first = Ls * per_layer, c_last = ml.L * per_layer + head_time(r, l);
     double c_max = fmax(c_first, c_last);
@@ -209,20 +210,22 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     int nt = l3d_train_config_comm_terms(cfg, terms, L3D_COMM_TERMS_MAX);
     int A = cfg->grad_accum_steps, size[3] = {l->tp, l->dp, l->pp};
     long stride[3] = {1, (long)l->tp * l->cp, (long)l->tp * l->cp * l->dp};
-    int gmap[3] = {0, 1, 2};  // mesh group -> result group: tp 0, dp 1, pp 2 (cp 3)
     double tp_mb = 0, pp_mb = 0, pp_after = 0, dp_grad = 0, dp_after = 0, dp_mb = 0;
     for (int i = 0; i < nt; i++) {
         const l3d_comm_term_t *t = &terms[i];
         int g = t->group;
-        res->comm_bytes[gmap[g]] += t->bytes;
-        res->comm_calls[gmap[g]] += t->calls;
+        res->comm_bytes[g] += t->bytes;  // L3D_MESH_* is the result's group index (cp: 3)
+        res->comm_calls[g] += t->calls;
         l3d_comm_term_t tt = *t;
         if (g == L3D_MESH_PP && t->per_mb && r->runtime.pp_scatter_gather && !l->sp)
             tt.bytes /= (uint64_t)l->tp;  // each rank sends its 1/tp over the network
         double s = term_s(group_link(r, stride[g], size[g]), &tt, size[g]);
         if (g == L3D_MESH_TP) tp_mb += s / A;  // per micro-batch, inside its compute
-        if (g == L3D_MESH_PP) *(t->per_mb ? &pp_mb : &pp_after) += t->per_mb ? s / A : s;
-        if (g == L3D_MESH_DP) *(t->per_mb ? &dp_mb : t->after ? &dp_after : &dp_grad) += s;
+        else if (g == L3D_MESH_PP && t->per_mb) pp_mb += s / A;
+        else if (g == L3D_MESH_PP) pp_after += s;
+        else if (t->per_mb) dp_mb += s;
+        else if (t->after) dp_after += s;
+        else dp_grad += s;
     }
     // Context parallelism: each layer all-gathers k and v over the cp group in the forward
     // (again when recomputed) and reduce-scatters their gradients, overlapped with the
@@ -231,7 +234,7 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     if (l->cp > 1) {
         const l3d_model_config_t *mc = &r->model;
         double kv = 2.0 * l->micro_batch * r->seq_len * mc->num_key_value_heads / l->tp *
-                    mc->head_dim * 2;  // bytes of the full k and v, bf16
+                    mc->head_dim * es;  // bytes of the full k and v
         int passes = 2 + (l->recompute == L3D_RECOMPUTE_FULL);
         uint64_t calls = (uint64_t)Ls * passes * (uint64_t)A;
         res->comm_bytes[3] = (uint64_t)(kv * (double)calls);
@@ -241,8 +244,8 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
         cp_mb = Ls * passes * fmax(0, one - lt.attn);
     }
 
-    // The pipeline: m micro-batches at the slowest stage's pace, plus the fill and drain of
-    // (pp - 1) / v slots of an average stage; each slot sends 2 v activations or gradients.
+    // The pipeline: m micro-batches at the busiest stage's pace, plus the fill and drain of
+    // (pp - 1) / v slots of an average stage, each with its tp, cp and pipeline traffic.
     int m = A;
     double slot_avg = c_stage + tp_mb + cp_mb + pp_mb;
     res->compute_s = m * c_max;
