@@ -132,8 +132,10 @@ static l3d_status get_link(l3d_ctx_t *ctx, const char *v, l3d_plan_link_t *link)
 
 static json_t *result_json(const l3d_plan_result_t *r) {
     const l3d_plan_layout_t *l = &r->layout;
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%dd", l->tp_mode);
     json_t *lay = json_pack("{s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:b}", "dp", l->dp,
-                            "tp", l->tp, "pp", l->pp, "cp", l->cp, "tp_mode", "1d", "v", l->v,
+                            "tp", l->tp, "pp", l->pp, "cp", l->cp, "tp_mode", mode, "v", l->v,
                             "mb", l->micro_batch, "zero", l->zero_stage, "recompute",
                             k_rc[l->recompute], "sp", l->sp);
     json_t *bytes = json_object(), *secs = json_object();
