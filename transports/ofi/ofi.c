@@ -240,8 +240,10 @@ undo:
 static void ofi_fini(l3d_transport_t *tp) {
     l3d_ofi_t *o = tp->priv;
     if (!o) return;
-    // Cancel what can be cancelled; closing the endpoint releases the rest without asking any
+    // Wait until the peers have read what we sent (the goodbye handshake, bounded), then
+    // cancel what can be cancelled; closing the endpoint releases the rest without asking any
     // peer, so a dead peer cannot make this wait.
+    l3d_ofi_goodbye(o);
     l3d_ofi_cancel_all(o, 0.05);
     ofi_teardown(o);
     tp->priv = NULL;

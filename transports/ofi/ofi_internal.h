@@ -37,6 +37,7 @@
     (((UINT64_C(1) << L3D_OFI_TAG_RANK_BITS) - 1) << L3D_OFI_TAG_RANK_SHIFT)
 #define L3D_OFI_TAG_CTRL (UINT64_C(1) << 62)
 #define L3D_OFI_CTRL_ABORT UINT64_C(1)  // low bits of a control tag: what the notice says
+#define L3D_OFI_CTRL_BYE UINT64_C(2)    // the sender is closing cleanly (see l3d_ofi_goodbye)
 
 #define L3D_OFI_ALLOC_TAG "comm"
 #define L3D_OFI_WHY_LEN 192
@@ -87,6 +88,10 @@ typedef struct l3d_ofi_peer {
     l3d_ofi_ident_t id;
     int local;       // same kernel and pid namespace: the pid can be checked
     int want_check;  // a post to it was refused with EAGAIN since the last check
+    int said_bye;    // its goodbye arrived: it takes no more messages and sends none
+    int sent_bye;    // ours to it is posted
+    int exited;      // seen exited by the last check, not yet failed: its last messages may
+                     // still sit in the provider and are drained first (l3d_ofi_drain)
 } l3d_ofi_peer_t;
 
 typedef struct l3d_ofi {
@@ -163,8 +168,13 @@ void l3d_ofi_ident_unpack(l3d_ofi_ident_t *id, const unsigned char *b);
 int l3d_ofi_ident_exited(const l3d_ofi_ident_t *id);
 // Marks `peer` dead and fails its pending operations with L3D_ERR_PEER_FAILED.
 void l3d_ofi_fail_peer(l3d_ofi_t *o, int peer, const char *why);
-// At most every 0.5 s: checks the local peers that have pending work for having exited.
-void l3d_ofi_check_peers(l3d_ofi_t *o);
+// At most every 0.5 s: checks the local peers that have pending work for having exited, and
+// marks them (peer->exited). Returns how many it marked; the caller drains the CQ once more
+// and then fails them with l3d_ofi_fail_exited.
+int l3d_ofi_check_peers(l3d_ofi_t *o);
+
+// Fails every peer marked exited whose pending operations the last drain did not complete.
+void l3d_ofi_fail_exited(l3d_ofi_t *o);
 
 // ---- ofi_shm.c ------------------------------------------------------------------------------
 // Before fi_enable on the shm provider: removes /dev/shm regions that exited processes of ours
@@ -192,5 +202,8 @@ l3d_status l3d_ofi_test(l3d_transport_t *tp, l3d_tp_request_t *req, int *done_p,
 l3d_status l3d_ofi_progress(l3d_transport_t *tp);
 void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req);
 void l3d_ofi_abort(l3d_transport_t *tp);
+// The clean close's handshake (fini): says goodbye to every live peer and waits until each one
+// has said goodbye too, died, or exited, at most the communicator timeout.
+void l3d_ofi_goodbye(l3d_ofi_t *o);
 
 #endif

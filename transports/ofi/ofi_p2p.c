@@ -18,6 +18,7 @@
 // timeout.
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "transports/ofi/ofi_internal.h"
 
@@ -30,6 +31,7 @@
 // the core's failure bound; a live peer's message completes in milliseconds.
 #define OFI_CANCEL_RECV_BUDGET_S 0.5
 #define OFI_ABORT_BUDGET_S 0.1   // how long abort drives the CQ to push its notices out
+#define OFI_EXITED_DRAIN_S 0.02 // progress after a peer is seen exited, before failing it
 
 static uint64_t ofi_wire_tag(int rank, uint64_t tag) {
     return ((uint64_t)rank << L3D_OFI_TAG_RANK_SHIFT) | (tag & L3D_OFI_TAG_USER_MASK);
@@ -123,10 +125,13 @@ static void ofi_complete(l3d_ofi_t *o, const struct fi_cq_tagged_entry *e) {
     if (!r) return;
     if (r->kind == L3D_OFI_REQ_CTRL_RECV) {
         int from = ofi_tag_rank(e->tag);
-        if ((e->tag & L3D_OFI_TAG_USER_MASK) == L3D_OFI_CTRL_ABORT && from != o->rank) {
+        uint64_t what = e->tag & L3D_OFI_TAG_USER_MASK;
+        if (what == L3D_OFI_CTRL_ABORT && from != o->rank) {
             char why[L3D_OFI_WHY_LEN];
             snprintf(why, sizeof(why), "rank %d aborted", from);
             l3d_ofi_fail_peer(o, from, why);
+        } else if (what == L3D_OFI_CTRL_BYE && from >= 0 && from < o->nranks) {
+            o->peers[from].said_bye = 1;
         }
         if (l3d_ofi_ctrl_post(o) < 0)
             l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
@@ -192,8 +197,8 @@ static void ofi_complete_err(l3d_ofi_t *o) {
     }
 }
 
-l3d_status l3d_ofi_drain(l3d_ofi_t *o) {
-    if (o->ep_closed) return L3D_OK;
+// One bounded pass over the CQ: completes what the provider has.
+static l3d_status ofi_cq_poll(l3d_ofi_t *o) {
     struct fi_cq_tagged_entry ent[OFI_CQ_BATCH];
     for (int round = 0; round < OFI_CQ_ROUNDS; round++) {
         ssize_t n = fi_cq_read(o->cq, ent, OFI_CQ_BATCH);
@@ -206,7 +211,22 @@ l3d_status l3d_ofi_drain(l3d_ofi_t *o) {
         for (ssize_t i = 0; i < n; i++) ofi_complete(o, &ent[i]);
         if (n < OFI_CQ_BATCH) break;
     }
-    l3d_ofi_check_peers(o);
+    return L3D_OK;
+}
+
+l3d_status l3d_ofi_drain(l3d_ofi_t *o) {
+    if (o->ep_closed) return L3D_OK;
+    L3D_CHECK(o->ctx, ofi_cq_poll(o));
+    if (l3d_ofi_check_peers(o) > 0) {
+        // A peer exited: what it sent before exiting is in our region or socket now, and
+        // nothing more can come. Progress for a short grace so that the provider hands it
+        // over (rxm may need several passes over a closed socket), then fail what is left.
+        double until = l3d_time_now() + OFI_EXITED_DRAIN_S;
+        do {
+            L3D_CHECK(o->ctx, ofi_cq_poll(o));
+        } while (!o->ep_closed && l3d_time_now() < until);
+        l3d_ofi_fail_exited(o);
+    }
     return L3D_OK;
 }
 
@@ -387,31 +407,94 @@ void l3d_ofi_cancel_all(l3d_ofi_t *o, double budget_s) {
 // Best effort, bounded: a 0-byte control message to every live peer (their CQ turns it into
 // L3D_ERR_PEER_FAILED for everything pending with this rank), then the endpoint is closed, which
 // on connection-based providers also resets the peers' connections to this rank.
+// Posts a 0-byte control message (`what`: L3D_OFI_CTRL_*) to `peer`; its request frees itself
+// on completion. `tries` posts, with a drain between, while the provider answers -FI_EAGAIN
+// (a connection to a peer never talked to is being set up). Returns 1 if it was posted.
+static int ofi_ctrl_send(l3d_ofi_t *o, int peer, uint64_t what, int tries) {
+    uint64_t tag = L3D_OFI_TAG_CTRL | ofi_wire_tag(o->rank, what);
+    l3d_tp_request_t *r = l3d_ofi_req_alloc(o, L3D_OFI_REQ_CTRL_SEND, peer);
+    if (!r) return 0;
+    ssize_t ret = -FI_EAGAIN;
+    for (int i = 0; i < tries && ret == -FI_EAGAIN && !o->ep_closed; i++) {
+        ret = fi_tsend(o->ep, &o->ctrl_buf, 0, NULL, o->addrs[peer], tag, &r->fictx);
+        if (ret == -FI_EAGAIN) (void)l3d_ofi_drain(o);
+    }
+    if (ret) l3d_ofi_req_free(o, r);
+    return ret == 0;
+}
+
+// Drives the CQ until no control message is left unsent, for at most budget_s.
+static void ofi_ctrl_flush(l3d_ofi_t *o, double budget_s) {
+    double t0 = l3d_time_now();
+    for (;;) {
+        int pending = 0;
+        for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next)
+            pending += r->kind == L3D_OFI_REQ_CTRL_SEND;
+        if (!pending || o->ep_closed || l3d_time_now() - t0 >= budget_s) break;
+        if (l3d_ofi_drain(o) < 0) break;
+    }
+}
+
+// Why a handshake: a send's completion means the provider has our buffer, not that the peer
+// has read it. shm loses what a peer has not yet taken from its queue once the sender closes
+// its endpoint (seen: a 4000-byte echo, completed at the sender, never matched at a receiver
+// that polled for 0.5 s after the sender exited), and so can rxm with a peer mid-reconnect.
+// So a rank closes only after every peer has said goodbye too: a peer says it only from its
+// own fini, after its last receive, and messages from one sender arrive in order. A peer that
+// died or exited says nothing more and is not waited for (its exit is checked every
+// OFI_BYE_CHECK_S here, not every 0.5 s); one that never reaches fini (a hung process on
+// another node) holds us at most the communicator timeout, as MPI_Finalize would forever.
+// The one message that can still be lost is a goodbye whose sender closed before we read it,
+// and that sender has then exited: the exit check ends our wait.
+#define OFI_BYE_CHECK_S 0.01
+
+void l3d_ofi_goodbye(l3d_ofi_t *o) {
+    if (!o->connected || o->ep_closed || o->aborted) return;
+    double t0 = l3d_time_now(), next_check = t0 + OFI_BYE_CHECK_S;
+    double limit = o->timeout_s > 0 ? o->timeout_s : 300.0;
+    for (int idle = 0;; idle++) {
+        // A rank done with its work must not starve the peers still at theirs (ranks may
+        // outnumber cores): after a short spin, poll every 0.2 ms.
+        if (idle > 64) nanosleep(&(struct timespec){0, 200000}, NULL);
+        if (l3d_ofi_drain(o) < 0 || o->ep_closed) return;
+        double t = l3d_time_now();
+        int check = t >= next_check, waiting = -1, nwait = 0;
+        if (check) next_check = t + OFI_BYE_CHECK_S;
+        for (int p = 0; p < o->nranks; p++) {
+            l3d_ofi_peer_t *pe = &o->peers[p];
+            if (p == o->rank || o->peer_dead[p]) continue;
+            if (!pe->said_bye && check && pe->local && o->self.boot_id[0] &&
+                l3d_ofi_ident_exited(&pe->id)) {
+                pe->said_bye = pe->sent_bye = 1;  // gone: it reads nothing more of ours
+                continue;
+            }
+            // Posting may take several passes (EAGAIN while rxm or shm connects): retried
+            // here, and owed even to a peer that has already said goodbye.
+            if (!pe->sent_bye) pe->sent_bye = ofi_ctrl_send(o, p, L3D_OFI_CTRL_BYE, 1);
+            if (pe->sent_bye && pe->said_bye) continue;
+            if (waiting < 0) waiting = p;
+            nwait++;
+        }
+        if (!nwait) break;
+        if (t - t0 >= limit) {
+            l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
+                    "ofi: rank %d: closing without the goodbye of %d peer(s) (rank %d first) "
+                    "after %.0f s; what they had not read of ours is lost",
+                    o->rank, nwait, waiting, limit);
+            break;
+        }
+    }
+    ofi_ctrl_flush(o, OFI_ABORT_BUDGET_S);
+}
+
 void l3d_ofi_abort(l3d_transport_t *tp) {
     l3d_ofi_t *o = tp->priv;
     if (o->ep_closed) return;
     o->aborted = 1;
     if (o->connected) {
-        uint64_t tag = L3D_OFI_TAG_CTRL | ofi_wire_tag(o->rank, L3D_OFI_CTRL_ABORT);
-        for (int p = 0; p < o->nranks; p++) {
-            if (p == o->rank || o->peer_dead[p]) continue;
-            l3d_tp_request_t *r = l3d_ofi_req_alloc(o, L3D_OFI_REQ_CTRL_SEND, p);
-            if (!r) break;
-            ssize_t ret = -FI_EAGAIN;
-            for (int tries = 0; tries < 100 && ret == -FI_EAGAIN; tries++) {
-                ret = fi_tsend(o->ep, &o->ctrl_buf, 0, NULL, o->addrs[p], tag, &r->fictx);
-                if (ret == -FI_EAGAIN) (void)l3d_ofi_drain(o);
-            }
-            if (ret) l3d_ofi_req_free(o, r);
-        }
-        double t0 = l3d_time_now();
-        for (;;) {
-            int pending = 0;
-            for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next)
-                pending += r->kind == L3D_OFI_REQ_CTRL_SEND;
-            if (!pending || l3d_time_now() - t0 >= OFI_ABORT_BUDGET_S) break;
-            if (l3d_ofi_drain(o) < 0) break;
-        }
+        for (int p = 0; p < o->nranks; p++)
+            if (p != o->rank && !o->peer_dead[p]) (void)ofi_ctrl_send(o, p, L3D_OFI_CTRL_ABORT, 100);
+        ofi_ctrl_flush(o, OFI_ABORT_BUDGET_S);
     }
     // Endpoint-bound registrations must go before their endpoint.
     if (o->mr_endpoint)

@@ -115,25 +115,41 @@ void l3d_ofi_fail_peer(l3d_ofi_t *o, int peer, const char *why) {
     }
 }
 
-void l3d_ofi_check_peers(l3d_ofi_t *o) {
-    if (!o->connected || !o->self.boot_id[0]) return;
+int l3d_ofi_check_peers(l3d_ofi_t *o) {
+    if (!o->connected || !o->self.boot_id[0]) return 0;
     double t = l3d_time_now();
-    if (t < o->next_check) return;
+    if (t < o->next_check) return 0;
     o->next_check = t + OFI_CHECK_PERIOD_S;
     for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next)
         if (!r->done && r->peer >= 0 &&
             (r->kind == L3D_OFI_REQ_SEND || r->kind == L3D_OFI_REQ_RECV))
             o->peers[r->peer].want_check = 1;
+    int marked = 0;
     for (int p = 0; p < o->nranks; p++) {
         l3d_ofi_peer_t *pe = &o->peers[p];
         if (!pe->want_check) continue;
         pe->want_check = 0;
         if (p == o->rank || !pe->local || o->peer_dead[p]) continue;
         if (l3d_ofi_ident_exited(&pe->id)) {
-            char why[L3D_OFI_WHY_LEN];
-            snprintf(why, sizeof(why), "rank %d (pid %u on this node) exited", p,
-                     (unsigned)pe->id.pid);
-            l3d_ofi_fail_peer(o, p, why);
+            pe->exited = 1;
+            marked++;
         }
+    }
+    return marked;
+}
+
+// A peer that sent and then exited (a finished rank, or one that sent its abort notice) has
+// its last messages in our shm region or socket already; failing it before they are read
+// would report "exited" for a receive whose data had arrived, or hide the notice that names
+// the rank that really failed. The drain that runs between check and this call reads them.
+void l3d_ofi_fail_exited(l3d_ofi_t *o) {
+    for (int p = 0; p < o->nranks; p++) {
+        l3d_ofi_peer_t *pe = &o->peers[p];
+        if (!pe->exited) continue;
+        pe->exited = 0;
+        char why[L3D_OFI_WHY_LEN];
+        snprintf(why, sizeof(why), "rank %d (pid %u on this node) exited", p,
+                 (unsigned)pe->id.pid);
+        l3d_ofi_fail_peer(o, p, why);
     }
 }
