@@ -1,5 +1,6 @@
 // Row-wise kernels: token embedding, RMSNorm and rotary position embedding (RoPE).
-// defines: l3d_cpu_embedding_fwd/bwd, l3d_cpu_rmsnorm_fwd/bwd, l3d_cpu_rope
+// defines: l3d_cpu_embedding_fwd/bwd, l3d_cpu_rmsnorm_fwd/bwd, l3d_cpu_rmsnorm_rowdot,
+//          l3d_cpu_rmsnorm_rows_fwd/bwd, l3d_cpu_rope
 #include <limits.h>
 #include <math.h>
 #include <string.h>
@@ -98,10 +99,13 @@ l3d_status l3d_cpu_embedding_bwd(l3d_device_t *dev, void *dtable, const void *do
 }
 
 // ---- rmsnorm ------------------------------------------------------------------------------------
+// A row's statistic (sum of x^2 forward, of dout*w*x backward) comes from the row itself, or,
+// when the row's columns are split over ranks (tp_mode 2d), from `stat_in`: the all-reduced
+// sum of every block's rowdot; C_full is then the whole row's length.
 typedef struct {
     float *out, *rstd, *dx, *dw, *dw_part;
-    const float *x, *w, *dout, *rstd_in;
-    int N, C, nchunks;
+    const float *x, *w, *dout, *rstd_in, *stat_in;
+    int N, C, C_full, nchunks;
     float eps;
 } rms_t;
 
@@ -112,7 +116,8 @@ L3D_CPU_SIMD static void rms_fwd_task(void *arg, int task, int ntasks) {
         const float *restrict x = r->x + (size_t)n * (size_t)C;
         float *restrict y = r->out + (size_t)n * (size_t)C;
         const float *restrict w = r->w;
-        float rs = 1.0f / sqrtf(l3d_cpu_dotf(x, x, C) / (float)C + r->eps);
+        float ss = r->stat_in ? r->stat_in[n] : l3d_cpu_dotf(x, x, C);
+        float rs = 1.0f / sqrtf(ss / (float)r->C_full + r->eps);
         for (int c = 0; c < C; c++) y[c] = x[c] * rs * w[c];
         if (r->rstd) r->rstd[n] = rs;
     }
@@ -120,10 +125,13 @@ L3D_CPU_SIMD static void rms_fwd_task(void *arg, int task, int ntasks) {
 
 // out(N,C) = x / sqrt(mean(x^2) + eps) * w(C); rstd(N)
 static l3d_status rmsnorm_fwd_f32(l3d_device_t *dev, float *out, float *rstd, const float *x,
-                                  const float *w, int N, int C, float eps) {
-    if (N < 0 || C <= 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_fwd: bad shape N %d C %d", N, C);
-    rms_t r = {.out = out, .rstd = rstd, .x = x, .w = w, .N = N, .C = C, .eps = eps};
+                                  const float *w, const float *ss, int N, int C, int C_full,
+                                  float eps) {
+    if (N < 0 || C <= 0 || C_full < C)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "rmsnorm_fwd: bad shape N %d C %d (of %d)", N, C, C_full);
+    rms_t r = {.out = out, .rstd = rstd, .x = x, .w = w, .stat_in = ss, .N = N, .C = C,
+               .C_full = C_full, .eps = eps};
     l3d_cpu_run(dev, rms_fwd_task, &r, ceil_div(N, ROWS_PER_TASK));
     return L3D_OK;
 }
@@ -143,7 +151,8 @@ L3D_CPU_SIMD static void rms_bwd_rows_task(void *arg, int task, int ntasks) {
         float *restrict dx = r->dx + (size_t)n * (size_t)C;
         float rs = r->rstd_in[n];
         for (int c = 0; c < C; c++) gw[c] = g[c] * w[c];
-        float k = l3d_cpu_dotf(gw, x, C) * rs * rs * rs / (float)C;
+        float dot = r->stat_in ? r->stat_in[n] : l3d_cpu_dotf(gw, x, C);
+        float k = dot * rs * rs * rs / (float)r->C_full;
         for (int c = 0; c < C; c++) {
             dx[c] += rs * gw[c] - k * x[c];
             part[c] += g[c] * x[c] * rs;
@@ -164,21 +173,47 @@ L3D_CPU_SIMD static void rms_bwd_dw_task(void *arg, int task, int ntasks) {
 
 // dx(N,C) += d/dx, dw(C) += d/dw
 static l3d_status rmsnorm_bwd_f32(l3d_device_t *dev, float *dx, float *dw, const float *dout,
-                                  const float *x, const float *w, const float *rstd, int N,
-                                  int C) {
-    if (N < 0 || C <= 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_bwd: bad shape N %d C %d", N, C);
+                                  const float *x, const float *w, const float *rstd,
+                                  const float *dot, int N, int C, int C_full) {
+    if (N < 0 || C <= 0 || C_full < C)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "rmsnorm_bwd: bad shape N %d C %d (of %d)", N, C, C_full);
     if (N == 0) return L3D_OK;
     int nchunks = ceil_div(N, ROWS_PER_TASK);
     size_t part_bytes = sizeof(float) * (size_t)nchunks * 2 * (size_t)C;  // dw partial, dout*w
     float *part = l3d_malloc(dev->ctx, part_bytes, "scratch");
     if (!part) return L3D_ERR_NOMEM;
     rms_t r = {.dx = dx, .dw = dw, .dw_part = part, .x = x, .w = w, .dout = dout,
-               .rstd_in = rstd, .N = N, .C = C, .nchunks = nchunks};
+               .rstd_in = rstd, .stat_in = dot, .N = N, .C = C, .C_full = C_full,
+               .nchunks = nchunks};
     l3d_cpu_run(dev, rms_bwd_rows_task, &r, nchunks);
     l3d_cpu_run(dev, rms_bwd_dw_task, &r, ceil_div(C, COLS_PER_TASK));
     l3d_free(dev->ctx, part, part_bytes, "scratch");
     return L3D_OK;
+}
+
+// out(N) = sum_c a * b * (w or 1), per row in column order (the dot rmsnorm_fwd/bwd take of a
+// whole row, so a block holding every column gives their statistic bit for bit).
+typedef struct {
+    float *out, *scratch;  // scratch: C floats per task
+    const float *a, *b, *w;
+    int N, C;
+} rowdot_t;
+
+L3D_CPU_SIMD static void rowdot_task(void *arg, int task, int ntasks) {
+    const rowdot_t *r = arg;
+    int C = r->C, n1 = L3D_MIN(r->N, (task + 1) * ROWS_PER_TASK);
+    float *restrict gw = r->scratch + (size_t)task * (size_t)C;
+    for (int n = task * ROWS_PER_TASK; n < n1; n++) {
+        const float *a = r->a + (size_t)n * (size_t)C, *b = r->b + (size_t)n * (size_t)C;
+        if (!r->w) {
+            r->out[n] = l3d_cpu_dotf(a, b, C);
+            continue;
+        }
+        // (a * w) first, then its dot with b: the order rmsnorm_bwd takes dout * w * x in
+        for (int c = 0; c < C; c++) gw[c] = a[c] * r->w[c];
+        r->out[n] = l3d_cpu_dotf(gw, b, C);
+    }
 }
 
 // ---- rope ---------------------------------------------------------------------------------------
@@ -232,7 +267,7 @@ l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const 
                          l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
                          l3d_cpu_arg("w", w, wt, l3d_cpu_elems(1, C), L3D_CPU_IN)};
     L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_fwd", a, 3));
-    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, N, C, eps);
+    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, NULL, N, C, C, eps);
     l3d_cpu_args_narrow(dev, a, 3, st >= 0);
     return st;
 }
@@ -247,7 +282,8 @@ l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void
                          l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
                          l3d_cpu_arg("w", w, wt, nw, L3D_CPU_IN)};
     L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_bwd", a, 5));
-    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, N, C);
+    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, NULL, N,
+                                    C, C);
     l3d_cpu_args_narrow(dev, a, 5, st >= 0);
     return st;
 }
@@ -259,5 +295,59 @@ l3d_status l3d_cpu_rope(l3d_device_t *dev, void *x, const float *cos_tab, const 
     L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rope", a, 1));
     l3d_status st = rope_f32(dev, a[0].f, cos_tab, sin_tab, B, T, NH, D, pos0, inverse);
     l3d_cpu_args_narrow(dev, a, 1, st >= 0);
+    return st;
+}
+
+l3d_status l3d_cpu_rmsnorm_rowdot(l3d_device_t *dev, float *out, const void *a, const void *b,
+                                  const void *w, int N, int C, l3d_dtype at, l3d_dtype wt) {
+    if (N < 0 || C <= 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_rowdot: bad shape N %d C %d", N,
+                         C);
+    size_t nx = l3d_cpu_elems(N, C);
+    l3d_cpu_arg_t v[] = {l3d_cpu_arg("a", a, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("b", b, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("w", w, wt, w ? l3d_cpu_elems(1, C) : 0, L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_rowdot", v, 3));
+    int ntasks = ceil_div(N, ROWS_PER_TASK);
+    size_t sbytes = w ? sizeof(float) * (size_t)ntasks * (size_t)C : 0;
+    float *scratch = sbytes ? l3d_malloc(dev->ctx, sbytes, "scratch") : NULL;
+    if (sbytes && !scratch) {
+        l3d_cpu_args_narrow(dev, v, 3, 0);
+        return L3D_ERR_NOMEM;
+    }
+    rowdot_t r = {out, scratch, v[0].f, v[1].f, w ? v[2].f : NULL, N, C};
+    l3d_cpu_run(dev, rowdot_task, &r, ntasks);
+    l3d_free(dev->ctx, scratch, sbytes, "scratch");
+    l3d_cpu_args_narrow(dev, v, 3, 1);
+    return L3D_OK;
+}
+
+l3d_status l3d_cpu_rmsnorm_rows_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                                    const void *w, const float *ss, int N, int C, int C_full,
+                                    float eps, l3d_dtype at, l3d_dtype wt) {
+    size_t nx = l3d_cpu_elems(N, C);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("out", out, at, nx, L3D_CPU_OUT),
+                         l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("w", w, wt, l3d_cpu_elems(1, C), L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_rows_fwd", a, 3));
+    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, ss, N, C, C_full, eps);
+    l3d_cpu_args_narrow(dev, a, 3, st >= 0);
+    return st;
+}
+
+l3d_status l3d_cpu_rmsnorm_rows_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                                    const void *x, const void *w, const float *rstd,
+                                    const float *dot, int N, int C, int C_full, l3d_dtype at,
+                                    l3d_dtype wt, l3d_dtype gt) {
+    size_t nx = l3d_cpu_elems(N, C), nw = l3d_cpu_elems(1, C);
+    l3d_cpu_arg_t a[] = {l3d_cpu_arg("dx", dx, at, nx, L3D_CPU_IN | L3D_CPU_OUT),
+                         l3d_cpu_arg("dw", dw, gt, nw, L3D_CPU_IN | L3D_CPU_OUT),
+                         l3d_cpu_arg("dout", dout, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
+                         l3d_cpu_arg("w", w, wt, nw, L3D_CPU_IN)};
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_rows_bwd", a, 5));
+    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, dot, N, C,
+                                    C_full);
+    l3d_cpu_args_narrow(dev, a, 5, st >= 0);
     return st;
 }
