@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/model_internal.h"
+#include "core/tp2d.h"
 
 // ---- parameter layout --------------------------------------------------------------------
 // The arena holds the tensors in Hugging Face order: embed, then per layer input_layernorm,
@@ -62,11 +63,25 @@ void l3d_model_layout(l3d_model_t *m) {
     slice_t vocab = {Vf, C, m->tp.v0, 0, 1, 0}, norm = {C, 0, 0, 0, tp, 0};
     slice_t q = {Hf, C, r * HD, 0, 1, 0}, kv = {Kf, C, (int64_t)(r / kv_rep) * KD, 0, kv_rep, 0};
     slice_t o = {C, Hf, 0, r * HD, 1, 0}, gu = {Ff, C, r * F, 0, 1, 0};
-    slice_t dn = {C, Ff, 0, r * F, 1, 0};
+    slice_t dn = {C, Ff, 0, r * F, 1, 0}, head = vocab;
+    if (m->tp.mode == 2) {
+        // block (i, j) of each W^T (core/tp2d.h): W's rows j*O/q.., columns i*I/q..; the norms
+        // and the embedding's columns j, replicated down grid column j
+        int64_t Cf = c->hidden_size, qq = Cf / C, i = r / qq, j = r % qq;
+        vocab = (slice_t){Vf, Cf, 0, j * C, (int)qq, 0};
+        norm = (slice_t){Cf, 0, j * C, 0, (int)qq, 0};
+        q = (slice_t){Hf, Cf, j * HD, i * C, 1, 0};
+        kv = (slice_t){Kf, Cf, j * KD, i * C, 1, 0};
+        o = (slice_t){Cf, Hf, j * C, i * HD, 1, 0};
+        gu = (slice_t){Ff, Cf, j * F, i * C, 1, 0};
+        dn = (slice_t){Cf, Ff, j * C, i * F, 1, 0};
+        head = (slice_t){Vf, Cf, j * m->V, i * C, 1, 0};
+    }
     // Pipeline stages hold their layers only: the embedding on the first, the final norm and
     // the head on the last. A tied head on a last stage that is not also the first is a copy
     // of the embedding under its name (same initialisation; the two stages sum its gradient).
-    if (m->has_embed) add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->embed, vocab);
+    if (m->has_embed)
+        add_param(m, &off, "model.embed_tokens.weight", m->Vemb, C, 1, &m->embed, vocab);
     for (int l = 0; l < m->L; l++) {
         l3d_layer_params_t scratch, *lp = m->layer ? &m->layer[l] : &scratch;
 #define LP(suffix, rr, cc, decay, slot, sl)                                        \
@@ -92,7 +107,7 @@ void l3d_model_layout(l3d_model_t *m) {
             copy.pp_copy = 1;
             add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->head, copy);
         } else {
-            add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head, vocab);
+            add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head, head);
         }
     }
     m->n_params = off;
@@ -109,7 +124,7 @@ int l3d_model_grad_groups(const l3d_model_t *m) {
 void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone) {
     size_t C = (size_t)m->C, HD = (size_t)m->H * m->D, KD = (size_t)m->KVH * m->D;
     size_t F = (size_t)m->F, V = (size_t)m->V;
-    size_t emb = m->has_embed ? al16(V * C) : 0;
+    size_t emb = m->has_embed ? al16((size_t)m->Vemb * C) : 0;
     size_t layer = 2 * al16(C) + 2 * al16(HD * C) + 2 * al16(KD * C) + 3 * al16(F * C);
     size_t layers_end = emb + (size_t)m->L * layer;
     int is_alone = 0;
@@ -178,7 +193,42 @@ void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp
     int V = cfg->vocab_size, q = V / tp, rem = V % tp;
     m->V = q + (rank < rem);
     m->tp.v0 = q * rank + (rank < rem ? rank : rem);
+    m->Vemb = m->V;
+    m->tp.mode = 1;
     l3d_model_set_stage(m, 1, 1, 0, NULL);
+}
+
+void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank) {
+    l3d_model_set_dims_tp(m, cfg, 1, 0);
+    m->C = cfg->hidden_size / q;
+    m->F = cfg->intermediate_size / q;
+    m->H = cfg->num_attention_heads / q;
+    m->KVH = cfg->num_key_value_heads / q;
+    m->V = cfg->vocab_size / q;
+    m->Vemb = cfg->vocab_size;
+    m->tp.size = q * q;
+    m->tp.rank = rank;
+    m->tp.mode = 2;
+    m->tp.v0 = (rank % q) * m->V;  // the head's rows: block column j of the vocabulary
+}
+
+l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
+    struct {
+        const char *name;
+        int v;
+    } dims[] = {{"hidden_size", cfg->hidden_size},
+                {"num_attention_heads", cfg->num_attention_heads},
+                {"num_key_value_heads", cfg->num_key_value_heads},
+                {"intermediate_size", cfg->intermediate_size},
+                {"vocab_size", cfg->vocab_size}};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        if (dims[i].v % q)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d on a %d x %d grid: %s %d is not a "
+                             "multiple of %d", q, q, dims[i].name, dims[i].v, q);
+    if (cfg->tie_word_embeddings)
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 2d: tied embeddings are not "
+                         "supported yet (the embedding splits columns, the head a 2D block)");
+    return L3D_OK;
 }
 
 void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *layers_per_stage) {
@@ -238,35 +288,47 @@ size_t l3d_model_arena_floats(const l3d_model_config_t *cfg) {
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
-                               l3d_model_t **model_p);
+                               l3d_comm_t *tp_comm, int mode, int pp, int v, int stage,
+                               const int *lps, l3d_model_t **model_p);
 
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 1, 1, 0, NULL, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, 1, 1, 0, NULL, model_p);
 }
 
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                  l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                  l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, pp, v, stage, lps, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, pp, v, stage, lps, model_p);
 }
 
 l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                             l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, NULL, 1, 1, 0, NULL, model_p);
+    return model_create(ctx, dev, cfg, NULL, 1, 1, 1, 0, NULL, model_p);
+}
+
+l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, tp_comm, 2, 1, 1, 0, NULL, model_p);
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
-                               l3d_model_t **model_p) {
+                               l3d_comm_t *tp_comm, int mode, int pp, int v, int stage,
+                               const int *lps, l3d_model_t **model_p) {
     if (!ctx || !dev || !cfg || !model_p)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "creating a model: NULL %s",
                          !ctx ? "ctx" : !dev ? "device (make one with l3d_device_create)"
                          : !cfg ? "config" : "model_p");
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
     int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
-    L3D_CHECK(ctx, l3d_tp_check(ctx, cfg, tp));
+    int q = (int)lround(sqrt((double)tp));
+    if (mode == 2 && q * q != tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d: tp %d is not a square (q x q ranks: "
+                         "4, 9, 16, ...)", tp);
+    if (mode == 2 && pp * v != 1)
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 2d: pipeline parallelism is not "
+                         "supported yet");
+    L3D_CHECK(ctx, mode == 2 ? l3d_tp2d_check(ctx, cfg, q) : l3d_tp_check(ctx, cfg, tp));
     if (v < 1 || v > L3D_MAX_CHUNKS || pp < 1 || (long)pp * v > cfg->num_hidden_layers)
         return l3d_error(ctx, L3D_ERR_CONFIG, "pipeline: pp %d x virtual stages %d must be "
                          "between 1 and num_hidden_layers %d (virtual stages at most %d)", pp, v,
@@ -277,9 +339,17 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     m->ctx = ctx;
     m->dev = dev;
     m->save.max_shard_bytes = L3D_SAVE_MAX_SHARD_DEFAULT;  // dtype 0: F32
-    l3d_model_set_dims_tp(m, cfg, tp, rank);
+    if (mode == 2) l3d_model_set_dims_2d(m, cfg, q, rank);
+    else l3d_model_set_dims_tp(m, cfg, tp, rank);
     l3d_model_set_stage(m, pp, v, stage, lps);
     m->tp.comm = tp > 1 ? tp_comm : NULL;
+    if (mode == 2) {
+        st = l3d_tp2d_create(tp_comm, dev, &m->tp.g);
+        if (st < 0) {
+            l3d_free(ctx, m, sizeof(*m), "other");
+            return st;
+        }
+    }
     if (m->tp.kv_rep > 1) {
         // Ranks sharing a key/value head: r / kv_rep names the head.
         st = l3d_comm_split(tp_comm, rank / m->tp.kv_rep, rank, &m->tp.kv_comm);
@@ -323,6 +393,7 @@ err_free_params:
     l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
 err_free:
     l3d_comm_destroy(m->tp.kv_comm);
+    l3d_tp2d_destroy(m->tp.g);
     l3d_free(ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(ctx, m->tensors, (size_t)max_tensors * sizeof(l3d_param_t), "other");
     l3d_free(ctx, m, sizeof(*m), "other");
@@ -338,6 +409,7 @@ void l3d_model_destroy(l3d_model_t *m) {
     l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
     if (m->wp) l3d_dev_free(dev, m->wp, m->n_params * l3d_dtype_size(m->wt), "params");
     l3d_comm_destroy(m->tp.kv_comm);
+    l3d_tp2d_destroy(m->tp.g);
     l3d_free(m->ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(m->ctx, m->tensors, (size_t)(3 + 9 * m->L) * sizeof(l3d_param_t), "other");
     l3d_free(m->ctx, m, sizeof(*m), "other");

@@ -55,6 +55,15 @@ typedef struct l3d_tp {
     // [rank*N/tp, (rank+1)*N/tp) of the (N,C) activations; all-gathers before the column-
     // parallel GEMMs and reduce-scatters after the row-parallel ones replace the all-reduces.
     int sp;
+    // Tensor parallelism "2d" (mode 2; being built, core/tp2d.h): the tp group is a q x q grid
+    // and rank (i, j) holds block (i, j) of every activation -- rows of micro-batch slice i
+    // (its own B/q sequences), columns j -- and of every weight as tp2d.h lays them out; the
+    // norms and the embedding (columns j) are replicated down grid column j. Linear layers are
+    // SUMMA products, RMSNorm sums its row statistic over grid row i, attention and SwiGLU
+    // are local (q divides the heads and key/value heads), the head's vocabulary is split
+    // over grid row i for the cross-entropy. 1: Megatron 1D (everything above).
+    int mode;
+    struct l3d_tp2d *g;  // the grid (owned; NULL in 1D)
 } l3d_tp_t;
 
 // Offsets (in floats) of one layer's tensors in the arena.
@@ -152,6 +161,9 @@ struct l3d_model {
     l3d_device_t *dev;
     l3d_model_config_t cfg;    // the full model
     int C, F, L, H, KVH, D, V; // this rank's shard: F, H, KVH and V are per tp rank, L per stage
+                               // (2d: C, F, H, KVH and V are blocks, V the head's rows)
+    int Vemb;                  // rows of this rank's embedding shard: V, or the whole
+                               // vocabulary in 2d (it splits the columns)
     l3d_tp_t tp;
     // pipeline stage: layers l0 .. l0+L-1; the embedding (first stage), norm and head (last).
     // Interleaved 1F1B: the L local layers are nchunks model chunks, chunk c (virtual stage
@@ -200,6 +212,17 @@ size_t l3d_model_arena_floats_tp(const l3d_model_config_t *cfg, int tp, int rank
 // `rank` of `tp` (1, 0: the whole model). The shapes must divide (l3d_tp_check).
 void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
+// The same for rank `rank` of tensor parallelism "2d" on a q x q grid (l3d_tp2d_check).
+void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank);
+// Tensor parallelism "2d" preconditions on a q x q grid: q divides hidden, heads, key/value
+// heads, ffn and vocabulary; untied embeddings; L3D_ERR_CONFIG naming what does not.
+l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
+// A model holding block (i, j) of tensor parallelism "2d" (tp rank i*q + j of tp_comm, size
+// q^2); float32 only so far, no pipeline. Collective over tp_comm (it builds the grid).
+// Training activations for it are created with the micro-batch slice's B (B/q sequences),
+// whose tokens and targets the caller puts in a->tokens / a->targets.
+l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, l3d_model_t **model_p);
 // Restricts m to pipeline stage `stage` of `pp` with v model chunks (virtual stages; 1: no
 // interleaving): layers_per_stage[stage] layers (v 1 only: pp entries summing to the model's,
 // checked by the config), or balanced over the pp * v virtual stages when NULL (the first
@@ -250,8 +273,17 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
 // same key/value heads.
 l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
 // Sequence parallelism: rows of a norm's input are split, so its weight gradient g (C floats)
-// is partial: sums it over tp.
+// is partial: sums it over tp. 2d: over the grid column (the replicas of the block).
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
+// 2d: sums the embedding's gradient (Vemb x C) over the grid column; a no-op in 1D.
+l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
+// RMSNorm of `rows` rows (rmsnorm_fwd/bwd's contracts): the device op, or in 2d the split-row
+// form (row statistics summed over the grid row).
+l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
+                              const void *w, int rows, l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,
+                              const void *x, const void *w, const float *rstd, int rows,
+                              l3d_dtype at, l3d_dtype wt);
 // full (N,C) <- every rank's rows (this rank's already at full + rank*rows*C): in place.
 l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t);
 // out (rows,C) = this rank's rows of the sum over tp of partial (N,C).

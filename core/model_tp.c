@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/model_internal.h"
+#include "core/tp2d.h"
 
 static l3d_status comm_fail(l3d_model_t *m, l3d_comm_t *c, l3d_status st, const char *what) {
     return l3d_error(m->ctx, st, "tensor parallel %s: %s", what,
@@ -25,22 +26,24 @@ static l3d_status allreduce(l3d_model_t *m, l3d_comm_t *c, void *x, size_t n, l3
     return st < 0 ? comm_fail(m, c, st, what) : L3D_OK;
 }
 
+// (2d: the SUMMA products leave every block complete; nothing to sum)
 l3d_status l3d_tp_allreduce(l3d_model_t *m, void *x, size_t n, l3d_dtype t) {
-    if (m->tp.size == 1) return L3D_OK;
+    if (m->tp.size == 1 || m->tp.mode == 2) return L3D_OK;
     return allreduce(m, m->tp.comm, x, n, t, L3D_SUM, "all-reduce");
 }
 
 l3d_status l3d_tp_residual_init(l3d_model_t *m, void *dst, const void *residual, size_t n,
                                 l3d_dtype t) {
-    if (m->tp.rank == 0)
+    if (m->tp.rank == 0 || m->tp.mode == 2)  // (2d: every rank's block is its own)
         return l3d_dev_copy(m->dev, dst, residual, n * l3d_dtype_size(t), L3D_COPY_D2D);
     return l3d_dev_memset(m->dev, dst, 0, n * l3d_dtype_size(t));
 }
 
 l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const void *table,
                                 const int32_t *tokens, int N, l3d_dtype at, l3d_dtype wt) {
-    if (m->tp.size == 1)
-        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->V, at, wt);
+    // (2d: the table's columns j for this rank's tokens, the block itself)
+    if (m->tp.size == 1 || m->tp.mode == 2)
+        return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->Vemb, at, wt);
     L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
                                                m->V, m->cfg.vocab_size, at, wt));
     return allreduce(m, m->tp.comm, out, (size_t)N * m->C, at, L3D_SUM, "embedding");
@@ -55,7 +58,7 @@ l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const void *t
 
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
                                 const int32_t *tokens, int N, l3d_dtype at) {
-    if (m->tp.size == 1)
+    if (m->tp.size == 1 || m->tp.mode == 2)
         return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C, at, L3D_FLOAT32);
     return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V, at,
                                     L3D_FLOAT32);
@@ -68,12 +71,14 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
                                     grad_scale, at);
     l3d_device_t *dev = m->dev;
     int Vl = m->V, v0 = m->tp.v0;
+    // the ranks holding the other vocabulary columns of these rows (2d: the grid row)
+    l3d_comm_t *vc = m->tp.mode == 2 ? m->tp.g->row : m->tp.comm;
     L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl, at));
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_max, (size_t)N, L3D_FLOAT32, L3D_MAX,
+    L3D_CHECK(m->ctx, allreduce(m, vc, a->vp_max, (size_t)N, L3D_FLOAT32, L3D_MAX,
                                 "cross-entropy max"));
     L3D_CHECK(m->ctx, l3d_dev_xent_vp_stats(dev, a->logits, a->vp_max, a->targets, N, Vl, v0,
                                             a->vp_stats, at));
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.comm, a->vp_stats, 2 * (size_t)N, L3D_FLOAT32, L3D_SUM,
+    L3D_CHECK(m->ctx, allreduce(m, vc, a->vp_stats, 2 * (size_t)N, L3D_FLOAT32, L3D_SUM,
                                 "cross-entropy sums"));
     return l3d_dev_xent_vp_grad(dev, a->logits, a->losses, a->vp_max, a->vp_stats, a->targets, N,
                                 Vl, v0, grad_scale, at);
@@ -87,8 +92,37 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {
 }
 
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g) {
+    if (m->tp.mode == 2)
+        return allreduce(m, m->tp.g->col, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
     if (!m->tp.sp) return L3D_OK;
     return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
+}
+
+l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
+    if (m->tp.mode != 2) return L3D_OK;
+    return allreduce(m, m->tp.g->col, g, (size_t)m->Vemb * (size_t)m->C, L3D_FLOAT32, L3D_SUM,
+                     "embedding gradient");
+}
+
+l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
+                              const void *w, int rows, l3d_dtype at, l3d_dtype wt) {
+    float eps = m->cfg.rms_norm_eps;
+    if (m->tp.mode != 2)
+        return l3d_dev_rmsnorm_fwd(m->dev, out, rstd, x, w, rows, m->C, eps, at, wt);
+    l3d_status st = l3d_tp2d_rmsnorm_fwd(m->tp.g, out, rstd, x, w, rows, m->C,
+                                         m->cfg.hidden_size, eps, at, wt);
+    return st < 0 ? comm_fail(m, m->tp.g->row, st, "norm statistics") : L3D_OK;
+}
+
+l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,
+                              const void *x, const void *w, const float *rstd, int rows,
+                              l3d_dtype at, l3d_dtype wt) {
+    if (m->tp.mode != 2)
+        return l3d_dev_rmsnorm_bwd(m->dev, dx, dw, dout, x, w, rstd, rows, m->C, at, wt,
+                                   L3D_FLOAT32);
+    l3d_status st = l3d_tp2d_rmsnorm_bwd(m->tp.g, dx, dw, dout, x, w, rstd, rows, m->C,
+                                         m->cfg.hidden_size, at, wt, L3D_FLOAT32);
+    return st < 0 ? comm_fail(m, m->tp.g->row, st, "norm statistics") : L3D_OK;
 }
 
 l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t) {

@@ -190,3 +190,20 @@ void l3d_reduce_final(void *dst, const void *src, size_t count, l3d_dtype dt, l3
         break;
     }
 }
+
+l3d_status l3d_comm_sum_double(l3d_comm_t *c, double *x) {
+    int n = c ? l3d_comm_size(c) : 1;
+    if (n == 1) return L3D_OK;
+    l3d_ctx_t *ctx = l3d_comm_ctx(c);
+    double all[256], *buf = all;
+    size_t bytes = (size_t)n * sizeof(double);
+    if (n > 256 && !(buf = l3d_malloc(ctx, bytes, "other"))) return L3D_ERR_NOMEM;
+    l3d_status st = l3d_comm_allgather(c, x, buf, sizeof(double), L3D_UINT8);
+    if (st >= 0) {
+        double s = 0;
+        for (int i = 0; i < n; i++) s += buf[i];
+        *x = s;
+    }
+    if (buf != all) l3d_free(ctx, buf, bytes, "other");
+    return st;
+}

@@ -1,7 +1,8 @@
 // Reduction kernels and half-precision conversions shared by the core's collective schedules
 // and by transports that reduce natively (the local transport reads peers' buffers directly).
 // defines: l3d_reduce_apply, l3d_reduce_to_f32, l3d_reduce_final, l3d_reduce_wire_type,
-//          l3d_f32_to_bf16 / l3d_bf16_to_f32 / l3d_f32_to_f16 / l3d_f16_to_f32
+//          l3d_f32_to_bf16 / l3d_bf16_to_f32 / l3d_f32_to_f16 / l3d_f16_to_f32,
+//          l3d_comm_sum_double
 #ifndef L3D_REDUCE_H
 #define L3D_REDUCE_H
 
@@ -24,5 +25,9 @@ uint16_t l3d_f32_to_f16(float f);
 float l3d_f16_to_f32(uint16_t h);
 // The type partial reductions are kept in: float32 for the half types, dt otherwise.
 l3d_dtype l3d_reduce_wire_type(l3d_dtype dt);
+// *x = the sum of every member's *x, in double, added in rank order on every member (so the
+// same bits everywhere, whatever the algorithm): an all-gather of the 8-byte values. c NULL
+// or of size 1: unchanged. Collective over c.
+l3d_status l3d_comm_sum_double(l3d_comm_t *c, double *x);
 
 #endif

@@ -32,6 +32,7 @@ void l3d_tp2d_destroy(l3d_tp2d_t *g) {
     if (g->a) l3d_dev_free(g->dev, g->a, g->cap_a * sizeof(float), "tp2d");
     if (g->b) l3d_dev_free(g->dev, g->b, g->cap_b * sizeof(float), "tp2d");
     if (g->c) l3d_dev_free(g->dev, g->c, g->cap_c * sizeof(float), "tp2d");
+    if (g->stat) l3d_dev_free(g->dev, g->stat, g->cap_stat * sizeof(float), "tp2d");
     l3d_comm_destroy(g->row);
     l3d_comm_destroy(g->col);
     l3d_free(g->ctx, g, sizeof(*g), "tp2d");
@@ -55,10 +56,7 @@ static l3d_status blocks(l3d_tp2d_t *g, int N, int I, int O, int *Nq, int *Iq, i
                          "does not split over a %d x %d grid: every size must be a multiple of "
                          "%d", N, I, O, q, q, q);
     *Nq = N / q, *Iq = I / q, *Oq = O / q;
-    size_t xs = (size_t)*Nq * (size_t)*Iq, ws = (size_t)*Oq * (size_t)*Iq;
-    L3D_CHECK(g->ctx, grow(g, &g->a, &g->cap_a, xs));
-    L3D_CHECK(g->ctx, grow(g, &g->b, &g->cap_b, ws));
-    return grow(g, &g->c, &g->cap_c, xs > ws ? xs : ws);
+    return L3D_OK;
 }
 
 // C(M,N) = op(A) op(B) (+ C when beta = 1), float32, row-major.
@@ -69,10 +67,17 @@ static l3d_status gemm(l3d_tp2d_t *g, int ta, int tb, int M, int N, int K, const
     return l3d_dev_gemm(g->dev, &p);
 }
 
-l3d_status l3d_tp2d_linear_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int N,
-                               int I, int O) {
-    int Nq, Iq, Oq;
-    L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
+// Scratch for the blocks of a layer with per-rank sizes Nq, Iq, Oq.
+static l3d_status block_scratch(l3d_tp2d_t *g, int Nq, int Iq, int Oq) {
+    size_t xs = (size_t)Nq * (size_t)Iq, ws = (size_t)Oq * (size_t)Iq;
+    L3D_CHECK(g->ctx, grow(g, &g->a, &g->cap_a, xs));
+    L3D_CHECK(g->ctx, grow(g, &g->b, &g->cap_b, ws));
+    return grow(g, &g->c, &g->cap_c, xs > ws ? xs : ws);
+}
+
+l3d_status l3d_tp2d_block_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int Nq,
+                              int Iq, int Oq, float beta) {
+    L3D_CHECK(g->ctx, block_scratch(g, Nq, Iq, Oq));
     size_t xs = (size_t)Nq * (size_t)Iq, ws = (size_t)Oq * (size_t)Iq;
     for (int k = 0; k < g->q; k++) {
         // x(i,k) along row i (its owner passes its own block), W(k,j) along column j
@@ -80,24 +85,36 @@ l3d_status l3d_tp2d_linear_fwd(l3d_tp2d_t *g, float *y, const float *x, const fl
         L3D_CHECK(g->ctx, l3d_comm_broadcast(g->row, x, (void *)xa, xs, L3D_FLOAT32, k));
         L3D_CHECK(g->ctx, l3d_comm_broadcast(g->col, w, (void *)wb, ws, L3D_FLOAT32, k));
         // y(i,j) += x(i,k) W(k,j)^T    (N/q, I/q) x (O/q, I/q)^T
-        L3D_CHECK(g->ctx, gemm(g, 0, 1, Nq, Oq, Iq, xa, Iq, wb, Iq, y, k ? 1.0f : 0.0f));
+        L3D_CHECK(g->ctx, gemm(g, 0, 1, Nq, Oq, Iq, xa, Iq, wb, Iq, y, k || beta ? 1.0f : 0.0f));
     }
     return L3D_OK;
 }
 
-l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float *dy,
-                               const float *x, const float *w, int N, int I, int O) {
-    int Nq, Iq, Oq;
-    L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
+l3d_status l3d_tp2d_block_bwd_x(l3d_tp2d_t *g, float *dx, const float *dy, const float *w,
+                                int Nq, int Iq, int Oq, float beta) {
+    L3D_CHECK(g->ctx, block_scratch(g, Nq, Iq, Oq));
     size_t xs = (size_t)Nq * (size_t)Iq, ws = (size_t)Oq * (size_t)Iq;
     for (int k = 0; k < g->q; k++) {
         // dx(i,k) = sum_j dy(i,j) W(k,j): W(k,j) along column j, partials reduced along row i
+        // (into dx itself, or into a, free here, to be added to it)
         const float *wb = g->i == k ? w : g->b;
         L3D_CHECK(g->ctx, l3d_comm_broadcast(g->col, w, (void *)wb, ws, L3D_FLOAT32, k));
         L3D_CHECK(g->ctx, gemm(g, 0, 0, Nq, Iq, Oq, dy, Oq, wb, Iq, g->c, 0.0f));  // (N/q, I/q)
-        L3D_CHECK(g->ctx, l3d_comm_reduce(g->row, g->c, dx, xs, L3D_FLOAT32, L3D_SUM, k));
+        float *to = beta != 0.0f ? g->a : dx;
+        L3D_CHECK(g->ctx, l3d_comm_reduce(g->row, g->c, to, xs, L3D_FLOAT32, L3D_SUM, k));
+        if (beta != 0.0f && g->j == k)
+            L3D_CHECK(g->ctx, l3d_dev_add(g->dev, dx, dx, g->a, xs, L3D_FLOAT32));
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const float *dy, const float *x,
+                                int Nq, int Iq, int Oq) {
+    L3D_CHECK(g->ctx, block_scratch(g, Nq, Iq, Oq));
+    size_t xs = (size_t)Nq * (size_t)Iq, ws = (size_t)Oq * (size_t)Iq;
+    for (int k = 0; k < g->q; k++) {
         // dW(k,j) += sum_i dy(i,j)^T x(i,k): x(i,k) along row i, partials reduced along
-        // column j into b (free again) at (k,j)
+        // column j into b at (k,j)
         const float *xa = g->j == k ? x : g->a;
         L3D_CHECK(g->ctx, l3d_comm_broadcast(g->row, x, (void *)xa, xs, L3D_FLOAT32, k));
         L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, Nq, dy, Oq, xa, Iq, g->c, 0.0f));  // (O/q, I/q)
@@ -105,6 +122,52 @@ l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float 
         if (g->i == k) L3D_CHECK(g->ctx, l3d_dev_add(g->dev, dw, dw, g->b, ws, L3D_FLOAT32));
     }
     return L3D_OK;
+}
+
+l3d_status l3d_tp2d_linear_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int N,
+                               int I, int O) {
+    int Nq, Iq, Oq;
+    L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
+    return l3d_tp2d_block_fwd(g, y, x, w, Nq, Iq, Oq, 0.0f);
+}
+
+l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float *dy,
+                               const float *x, const float *w, int N, int I, int O) {
+    int Nq, Iq, Oq;
+    L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
+    L3D_CHECK(g->ctx, l3d_tp2d_block_bwd_x(g, dx, dy, w, Nq, Iq, Oq, 0.0f));
+    return l3d_tp2d_block_bwd_w(g, dw, dy, x, Nq, Iq, Oq);
+}
+
+// The split-row RMSNorm's statistic: this block's part summed over the row (the ranks holding
+// the other columns of the same rows).
+static l3d_status row_stat(l3d_tp2d_t *g, int N, float **stat) {
+    L3D_CHECK(g->ctx, grow(g, &g->stat, &g->cap_stat, (size_t)(N > 0 ? N : 1)));
+    *stat = g->stat;
+    return L3D_OK;
+}
+
+l3d_status l3d_tp2d_rmsnorm_fwd(l3d_tp2d_t *g, void *out, float *rstd, const void *x,
+                                const void *w, int N, int C, int C_full, float eps,
+                                l3d_dtype at, l3d_dtype wt) {
+    float *ss;
+    L3D_CHECK(g->ctx, row_stat(g, N, &ss));
+    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, ss, x, x, NULL, N, C, at, wt));
+    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
+    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->row, ss, ss, (size_t)N, L3D_FLOAT32, L3D_SUM));
+    return l3d_dev_rmsnorm_rows_fwd(g->dev, out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
+}
+
+l3d_status l3d_tp2d_rmsnorm_bwd(l3d_tp2d_t *g, void *dx, void *dw, const void *dout,
+                                const void *x, const void *w, const float *rstd, int N, int C,
+                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
+    float *dot;
+    L3D_CHECK(g->ctx, row_stat(g, N, &dot));
+    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, dot, dout, x, w, N, C, at, wt));
+    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
+    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->row, dot, dot, (size_t)N, L3D_FLOAT32, L3D_SUM));
+    return l3d_dev_rmsnorm_rows_bwd(g->dev, dx, dw, dout, x, w, rstd, dot, N, C, C_full, at, wt,
+                                    gt);
 }
 
 void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],

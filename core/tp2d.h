@@ -14,7 +14,8 @@
 // broadcasting W(k,j) and row i reducing to (i,k); dW(k,j) += sum_i dy(i,j)^T x(i,k), row i
 // broadcasting x(i,k) and column j reducing to (k,j).
 // defines: l3d_tp2d_t, l3d_tp2d_create, l3d_tp2d_destroy, l3d_tp2d_linear_fwd,
-//          l3d_tp2d_linear_bwd, l3d_tp2d_linear_bytes
+//          l3d_tp2d_linear_bwd, l3d_tp2d_block_*, l3d_tp2d_rmsnorm_fwd/bwd,
+//          l3d_tp2d_linear_bytes
 #ifndef L3D_TP2D_H
 #define L3D_TP2D_H
 
@@ -31,7 +32,8 @@ typedef struct l3d_tp2d {
     l3d_comm_t *row;      // the q ranks of row i, ordered by column (owned)
     l3d_comm_t *col;      // the q ranks of column j, ordered by row (owned)
     float *a, *b, *c;     // received x block, received W block, partial product
-    size_t cap_a, cap_b, cap_c;  // their lengths in floats
+    float *stat;          // (rows) a split-row RMSNorm's statistic
+    size_t cap_a, cap_b, cap_c, cap_stat;  // their lengths in floats
 } l3d_tp2d_t;
 
 // Collective over tp (size q^2; otherwise L3D_ERR_CONFIG naming the size): splits it into
@@ -48,6 +50,24 @@ l3d_status l3d_tp2d_linear_fwd(l3d_tp2d_t *g, float *y, const float *x, const fl
 // dy^T x.
 l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float *dy,
                                const float *x, const float *w, int N, int I, int O);
+// The same on this rank's blocks, sizes per rank (Nq = N/q, ...), as the model's layers call
+// them: y += (beta 1) or = (beta 0) the block of x W^T; dx likewise the block of dy W;
+// dw += the block of dy^T x. Collective over the grid.
+l3d_status l3d_tp2d_block_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int Nq,
+                              int Iq, int Oq, float beta);
+l3d_status l3d_tp2d_block_bwd_x(l3d_tp2d_t *g, float *dx, const float *dy, const float *w,
+                                int Nq, int Iq, int Oq, float beta);
+l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const float *dy, const float *x,
+                                int Nq, int Iq, int Oq);
+// RMSNorm of rows whose C_full columns are split over grid row i (this rank: C of them, its
+// block of rows N): rmsnorm_fwd/bwd's contracts (devices/device.h), the row statistics
+// all-reduced over the row communicator (N floats each).
+l3d_status l3d_tp2d_rmsnorm_fwd(l3d_tp2d_t *g, void *out, float *rstd, const void *x,
+                                const void *w, int N, int C, int C_full, float eps,
+                                l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_tp2d_rmsnorm_bwd(l3d_tp2d_t *g, void *dx, void *dw, const void *dout,
+                                const void *x, const void *w, const float *rstd, int N, int C,
+                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
 // Bytes one rank counts (l3d_comm_get_stats) in a forward and a backward, on its row [0] and
 // column [1] communicator, and calls.
 void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],

@@ -24,6 +24,7 @@
 // (core/trainer_zero2.c); the optimizer below serves both sharded stages.
 #include <string.h>
 
+#include "core/reduce.h"
 #include "core/trainer_internal.h"
 
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
@@ -171,19 +172,8 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
 // Sums one double per rank of c in rank order (bit-identical on every rank). Doubles travel as
 // bytes: the reduction itself happens here, in a fixed order.
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
-    int n = c ? l3d_comm_size(c) : 1;
-    if (n == 1) return L3D_OK;
-    double all[256], *buf = all;
-    size_t bytes = (size_t)n * sizeof(double);
-    if (n > 256 && !(buf = l3d_malloc(t->ctx, bytes, "other"))) return L3D_ERR_NOMEM;
-    l3d_status st = l3d_comm_allgather(c, x, buf, sizeof(double), L3D_UINT8);
-    if (st >= 0) {
-        double s = 0;
-        for (int i = 0; i < n; i++) s += buf[i];
-        *x = s;
-    }
-    if (buf != all) l3d_free(t->ctx, buf, bytes, "other");
-    return st;
+    (void)t;
+    return l3d_comm_sum_double(c, x);
 }
 
 // The gradient of arena float a0 of bucket b's piece on this rank: in the arena (ZeRO-1) or
