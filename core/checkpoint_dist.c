@@ -62,11 +62,8 @@ typedef struct rect {
     int64_t R, C, h, w;  // full-tensor top-left and extent
 } rect_t;
 
-// The first holder of a tensor writes it: not the tied embedding's copy on the last stage,
-// and of `repl` tp ranks with identical copies only those with tp rank % repl == 0.
-static int writes(const l3d_model_t *m, const l3d_param_t *p) {
-    return !p->pp_copy && (p->repl <= 1 || m->tp.rank % p->repl == 0);
-}
+// The first holder of a tensor writes it (l3d_param_primary).
+static int writes(const l3d_model_t *m, const l3d_param_t *p) { return l3d_param_primary(m, p); }
 
 // The rectangles covering arena floats [lo, hi) of m's tensors (out NULL: count only).
 static size_t piece_rects(const l3d_model_t *m, size_t lo, size_t hi, rect_t *out) {

@@ -5,6 +5,7 @@
 // from l3d_trainer_create_parallel (for callers that skip finalize). One function, so both
 // refuse the same things with the same message.
 // defines: l3d_train_config_check_layout, l3d_train_config_check_layout_ex
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -107,6 +108,32 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
                      "(built: %s)", origin, name, built);
 }
 
+// parallel.tp_mode "2d": what the model's 2d path takes so far (core/model_internal.h).
+static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin) {
+    int q = (int)lround(sqrt((double)cfg->tp));
+    const char *no = NULL;
+    if (q * q != cfg->tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"2d\" needs a square tp "
+                         "(a q x q grid: 4, 9, 16, ...), not %d", origin, cfg->tp);
+    if (cfg->micro_batch_size % q)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"2d\" splits each "
+                         "micro-batch's %d sequences over the grid's %d rows: make "
+                         "train_micro_batch_size_per_gpu a multiple of %d", origin,
+                         cfg->micro_batch_size, q, q);
+    if (cfg->pp > 1) no = "pipeline parallelism (pp > 1)";
+    else if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
+    else if (cfg->bf16 || cfg->fp16) no = "bf16 / fp16 (float32 only so far)";
+    else if (cfg->zero_stage > 2) no = "ZeRO stage 3";
+    else if (cfg->offload_optimizer || cfg->offload_param) no = "ZeRO offload";
+    else if (cfg->activation_checkpointing && (cfg->partition_activations ||
+                                               cfg->cpu_checkpointing))
+        no = "partition_activations / cpu_checkpointing";
+    if (no)
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "%s: parallel.tp_mode \"2d\" does not take "
+                         "%s yet", origin, no);
+    return l3d_tp2d_check(ctx, &cfg->model, q);
+}
+
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                          const char *origin) {
     return l3d_train_config_check_layout_ex(ctx, cfg, origin, 1);
@@ -144,7 +171,8 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
                          cfg->pp, v, cfg->model.num_hidden_layers);
     if (cfg->pp > 1 && validate_schedule)
         L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
-    L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
+    if (cfg->tp_mode == 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin));
+    else L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;
         if (N % cfg->tp)

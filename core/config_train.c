@@ -256,7 +256,7 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
     if (sec) {
         static const char *const keys[] = {"dp", "tp", "pp", "order", "schedule",
                                            "sequence_parallel", "layers_per_stage",
-                                           "virtual_stages"};
+                                           "virtual_stages", "tp_mode"};
         L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, "parallel", keys, L3D_ARRAY_LEN(keys),
                                                  NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, "parallel", "virtual_stages", 1, 64,
@@ -280,6 +280,17 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
         }
         L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, sec, "parallel", "sequence_parallel",
                                                &cfg->sequence_parallel, NULL));
+        char mode[16] = "";
+        L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "tp_mode", mode, sizeof(mode),
+                                              NULL));
+        if (!strcmp(mode, "1d")) cfg->tp_mode = 1;
+        else if (!strcmp(mode, "2d")) cfg->tp_mode = 2;
+        else if (!strcmp(mode, "3d"))
+            return l3d_error(j->ctx, L3D_ERR_UNSUPPORTED, "%s: parallel.tp_mode \"3d\" is not "
+                             "built yet (\"1d\" and \"2d\" are)", j->origin);
+        else if (mode[0])
+            return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"%s\": expected "
+                             "\"1d\" (Megatron, the default) or \"2d\"", j->origin, mode);
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "schedule", cfg->pp_schedule,
                                               sizeof(cfg->pp_schedule), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "order", cfg->parallel_order,

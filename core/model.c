@@ -212,6 +212,14 @@ void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q,
     m->tp.v0 = (rank % q) * m->V;  // the head's rows: block column j of the vocabulary
 }
 
+void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb) {
+    *b0 = 0, *nb = mb;
+    if (m->tp.mode != 2) return;
+    int q = m->tp.g ? m->tp.g->q : (int)lround(sqrt((double)m->tp.size));
+    *nb = mb / q;
+    *b0 = (m->tp.rank / q) * *nb;
+}
+
 l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
     struct {
         const char *name;

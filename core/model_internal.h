@@ -95,6 +95,12 @@ typedef struct l3d_layer_acts {
     void *ckpt;
 } l3d_layer_acts_t;
 
+// Whether this rank's copy of tensor p is the one that counts when copies are written or
+// counted once: not the last pipeline stage's copy of a tied embedding, and of `repl` tp
+// ranks with identical copies the first -- tp rank % repl == 0 in 1D (a kv head's ranks are
+// consecutive), grid row 0 in 2d (the copies run down a grid column).
+static inline int l3d_param_primary(const struct l3d_model *m, const l3d_param_t *p);
+
 // Element i of a tensor of dtype t at p (activations: the dtype of their l3d_acts_t).
 static inline void *l3d_elem(const void *p, l3d_dtype t, size_t i) {
     return (char *)p + i * l3d_dtype_size(t);
@@ -202,6 +208,12 @@ struct l3d_model {
     } save;
 };
 
+static inline int l3d_param_primary(const struct l3d_model *m, const l3d_param_t *p) {
+    if (p->pp_copy) return 0;
+    if (p->repl <= 1) return 1;
+    return m->tp.mode == 2 ? m->tp.rank < p->repl : m->tp.rank % p->repl == 0;
+}
+
 // Floats in the parameter arena (and in each of the gradient and optimizer arenas) for cfg,
 // and bytes of training activations for micro-batches of B x T: exactly what
 // l3d_model_create and l3d_acts_create allocate, computed without allocating.
@@ -214,6 +226,9 @@ void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
 // The same for rank `rank` of tensor parallelism "2d" on a q x q grid (l3d_tp2d_check).
 void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank);
+// The sequences of a micro-batch of mb this rank's activations hold: [*b0, *b0 + *nb) -- all
+// of them, or under tensor parallelism "2d" grid row i's slice (mb / q from i * mb / q).
+void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb);
 // Tensor parallelism "2d" preconditions on a q x q grid: q divides hidden, heads, key/value
 // heads, ffn and vocabulary; untied embeddings; L3D_ERR_CONFIG naming what does not.
 l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
@@ -275,6 +290,12 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
 // Sequence parallelism: rows of a norm's input are split, so its weight gradient g (C floats)
 // is partial: sums it over tp. 2d: over the grid column (the replicas of the block).
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
+// 2d: what one rank counts (l3d_comm_get_stats) on its grid row [0] and column [1] in one
+// training micro-batch of B sequences (its slice) of T tokens: bytes and calls. recompute:
+// every layer's forward runs again in the backward; sync: the micro-batch sums the replicated
+// gradients (a->tp_sync_grads). docs/parallel.md has the table this adds up.
+void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int B, int T, int recompute,
+                          int sync, uint64_t bytes[2], uint64_t calls[2]);
 // 2d: sums the embedding's gradient (Vemb x C) over the grid column; a no-op in 1D.
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
 // RMSNorm of `rows` rows (rmsnorm_fwd/bwd's contracts): the device op, or in 2d the split-row

@@ -104,6 +104,43 @@ l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
                      "embedding gradient");
 }
 
+// SUMMA products (core/tp2d.h), forward (passes 1) or backward (2: dx and dW), of N rows
+// from I to O (per rank) into bytes/calls.
+static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int passes, uint64_t b[2],
+                        uint64_t c[2]) {
+    b[0] += (uint64_t)passes * q * N * I * 4, c[0] += (uint64_t)passes * q;
+    b[1] += (uint64_t)passes * q * O * I * 4, c[1] += (uint64_t)passes * q;
+}
+
+void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int B, int T, int recompute,
+                          int sync, uint64_t bytes[2], uint64_t calls[2]) {
+    uint64_t N = (uint64_t)B * T, C = cfg->hidden_size / q, F = cfg->intermediate_size / q;
+    uint64_t HD = (uint64_t)cfg->num_attention_heads / q * cfg->head_dim;
+    uint64_t KD = (uint64_t)cfg->num_key_value_heads / q * cfg->head_dim;
+    uint64_t V = cfg->vocab_size / q, Ve = cfg->vocab_size, L = cfg->num_hidden_layers;
+    uint64_t b[2] = {0, 0}, c[2] = {0, 0};
+    // a layer's products: q, k, v, o, gate, up, down
+    uint64_t prod[7][2] = {{C, HD}, {C, KD}, {C, KD}, {HD, C}, {C, F}, {C, F}, {F, C}};
+    int fwd_passes = recompute ? 2 : 1;  // the rebuild repeats the forward
+    for (uint64_t l = 0; l < L; l++) {
+        for (int k = 0; k < 7; k++) {
+            summa_bytes(q, N, prod[k][0], prod[k][1], fwd_passes, b, c);
+            summa_bytes(q, N, prod[k][0], prod[k][1], 2, b, c);
+        }
+        // two norms: an all-reduce of N row statistics per forward and per backward
+        b[0] += (uint64_t)(2 * fwd_passes + 2) * N * 4, c[0] += (uint64_t)(2 * fwd_passes + 2);
+    }
+    b[0] += 2 * N * 4, c[0] += 2;          // the final norm, forward and backward
+    summa_bytes(q, N, C, V, 1, b, c);      // the head
+    summa_bytes(q, N, C, V, 2, b, c);
+    b[0] += 3 * N * 4, c[0] += 2;          // cross-entropy: max (N), sums (2N)
+    b[1] += 8 * (uint64_t)q, c[1] += 1;    // the loss: an all-gather of one double
+    if (sync) {                            // replicated norms and the embedding
+        b[1] += ((2 * L + 1) * C + Ve * C) * 4, c[1] += 2 * L + 2;
+    }
+    bytes[0] = b[0], bytes[1] = b[1], calls[0] = c[0], calls[1] = c[1];
+}
+
 l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
                               const void *w, int rows, l3d_dtype at, l3d_dtype wt) {
     float eps = m->cfg.rms_norm_eps;
@@ -198,7 +235,8 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
     for (int j = 0; j < tp && st >= 0; j++) {
         peer[j].tensors = pt + (size_t)j * m->n_tensors;
         peer[j].layer = pl + (size_t)j * m->L;
-        l3d_model_set_dims_tp(&peer[j], &m->cfg, tp, j);
+        if (m->tp.mode == 2) l3d_model_set_dims_2d(&peer[j], &m->cfg, m->tp.g->q, j);
+        else l3d_model_set_dims_tp(&peer[j], &m->cfg, tp, j);
         // the same stage, chunks and layers as this rank
         l3d_model_set_stage(&peer[j], m->pp_size, m->nchunks, m->pp_rank, NULL);
         peer[j].l0 = m->l0;

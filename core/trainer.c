@@ -7,6 +7,7 @@
 #include "core/config_train_internal.h"
 #include "core/data.h"
 #include "core/model_internal.h"
+#include "core/tp2d.h"
 #include "core/trainer_internal.h"
 #include "platform/platform.h"
 
@@ -83,10 +84,14 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, t->dev, &cfg->model,
-                                              t->mesh->group[L3D_MESH_TP], cfg->pp, v,
-                                              t->mesh->coord[L3D_MESH_PP], l3d_train_config_lps(cfg),
-                                              &t->model), st, err);
+    if (cfg->tp_mode == 2)  // (pp 1: l3d_train_config_check_layout)
+        L3D_CHECK_GOTO(ctx, l3d_model_create_2d(ctx, t->dev, &cfg->model,
+                                                t->mesh->group[L3D_MESH_TP], &t->model), st, err);
+    else
+        L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, t->dev, &cfg->model,
+                                                  t->mesh->group[L3D_MESH_TP], cfg->pp, v,
+                                                  t->mesh->coord[L3D_MESH_PP],
+                                                  l3d_train_config_lps(cfg), &t->model), st, err);
     // A model directory with weights: start from them (each rank reads its own shards).
     if (cfg->weights_dir[0])
         L3D_CHECK_GOTO(ctx, l3d_model_load(t->model, cfg->weights_dir), st, err);
@@ -198,9 +203,11 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     int Bg = cfg->train_batch_size, T = cfg->seq_len;
     double t0 = l3d_time_now();
 
-    l3d_comm_t *groups[5] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
-                             t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm};
-    for (int g = 0; g < 5; g++) l3d_comm_reset_stats(groups[g]);
+    // (2d: the grid's rows and columns carry the tensor-parallel traffic)
+    l3d_comm_t *groups[7] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
+                             t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm,
+                             m->tp.g ? m->tp.g->row : NULL, m->tp.g ? m->tp.g->col : NULL};
+    for (int g = 0; g < 7; g++) l3d_comm_reset_stats(groups[g]);
     if (t->dp.zero2)  // (in host memory when the optimizer is offloaded)
         L3D_CHECK(ctx, l3d_dev_memset(t->dp.stage ? t->off.hdev : dev, t->dp.gshard, 0,
                                       t->dp.shard_len * sizeof(float)));
@@ -276,11 +283,12 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         stats->eval_loss = eval_loss;
         stats->eval_time_s = eval_dt;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
-        for (int g = 0; g < 5; g++) {
+        for (int g = 0; g < 7; g++) {
             l3d_comm_stats_t cs;
             l3d_comm_get_stats(groups[g], &cs);
-            // the kv replica group is part of tp, the tied-embedding group part of pp
-            int grp = g == 3 ? L3D_MESH_TP : g == 4 ? L3D_MESH_PP : g;
+            // the kv replica group and the 2d grid's rows and columns are part of tp, the
+            // tied-embedding group part of pp
+            int grp = g == 3 || g >= 5 ? L3D_MESH_TP : g == 4 ? L3D_MESH_PP : g;
             if (g < 3) stats->comm_calls[grp] = stats->comm_bytes[grp] = 0;
             stats->comm_calls[grp] += cs.calls;
             stats->comm_bytes[grp] += cs.bytes;

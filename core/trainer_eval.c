@@ -95,6 +95,9 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
     size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
     size_t nc = n * (size_t)m->C;
     if (m->tp.sp) nc /= (size_t)m->tp.size;
+    int b0, nb;  // (2d: this grid row's sequences)
+    l3d_model_batch_slice(m, cfg->micro_batch_size, &b0, &nb);
+    size_t nl = (size_t)nb * cfg->seq_len, o = (size_t)b0 * cfg->seq_len;
     l3d_status st;
     for (int j = 0; j < A; j++) {
         load_rows(t, &t->eval_view, 0, b, j);
@@ -102,10 +105,10 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
             int slot = p->slot0[c], u = c * pp + stage;
             l3d_acts_t *a = p->slots[slot];
             L3D_CHECK(t->ctx, wait_req(t, &p->fsend[slot]));
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens, n * sizeof(int32_t),
-                                           L3D_COPY_H2D));
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets,
-                                           n * sizeof(int32_t), L3D_COPY_H2D));
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o,
+                                           nl * sizeof(int32_t), L3D_COPY_H2D));
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets + o,
+                                           nl * sizeof(int32_t), L3D_COPY_H2D));
             if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
                                              down)) < 0)
                 return eval_err(t, p->comm, st, "receive of activations");

@@ -45,9 +45,11 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
     p->bsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->bsend), "other");
     p->ops = l3d_calloc(t->ctx, nops, sizeof(*p->ops), "other");
     if (!p->slots || !p->fsend || !p->bsend || !p->ops) return L3D_ERR_NOMEM;
+    int b0, nb;  // (2d: this grid row's sequences of each micro-batch)
+    l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
     for (int c = 0; c < p->v; c++)
         for (int i = p->slot0[c]; i < p->slot0[c + 1]; i++)
-            L3D_CHECK(t->ctx, l3d_acts_create_chunk(t->model, c, cfg->micro_batch_size,
+            L3D_CHECK(t->ctx, l3d_acts_create_chunk(t->model, c, nb,
                                                     cfg->seq_len, l3d_train_config_ckpt(cfg),
                                                     l3d_train_config_act_dtype(cfg),
                                                     &p->slots[i]));
@@ -90,12 +92,14 @@ static l3d_status wait_send(l3d_trainer_t *t, l3d_request_t **r) {
 
 static l3d_status load_micro(l3d_trainer_t *t, l3d_acts_t *a, int j) {
     const l3d_train_config_t *cfg = &t->cfg;
-    int mb = cfg->micro_batch_size, T = cfg->seq_len;
-    size_t n = (size_t)mb * T;
+    int b0, nb, T = cfg->seq_len;
+    l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
+    size_t n = (size_t)nb * T, o = (size_t)b0 * T;
     l3d_train_load_batch(t, t->step, j);
-    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens, n * sizeof(int32_t),
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o, n * sizeof(int32_t),
                                    L3D_COPY_H2D));
-    return l3d_dev_copy(t->dev, a->targets, t->h_targets, n * sizeof(int32_t), L3D_COPY_H2D);
+    return l3d_dev_copy(t->dev, a->targets, t->h_targets + o, n * sizeof(int32_t),
+                        L3D_COPY_H2D);
 }
 
 l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {

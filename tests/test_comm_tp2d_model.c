@@ -2,7 +2,8 @@
 // training micro-batch -- embedding, two layers (SUMMA linear layers, split-row RMSNorm, local
 // attention and SwiGLU), final norm, head and the vocabulary-split cross-entropy -- and its loss
 // and every rank's gradient blocks must equal the single-rank model's on the same weights and
-// tokens.
+// tokens; the bytes and calls each rank counts on its grid row and column equal
+// l3d_tp2d_micro_bytes exactly.
 //
 // Tolerance, derived: both runs evaluate the same function in float32 and differ only in the
 // order of their sums (SUMMA adds K in q blocks, the norms add each row's squares in q parts,
@@ -103,7 +104,22 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
     OK(l3d_model_create_2d(ctx, dev, &cfg, c, &m));
     l3d_model_tp_slice(m, full, full->params, m->params);
     int q = m->tp.g->q, i = m->tp.g->i;
+    l3d_comm_reset_stats(m->tp.g->row);
+    l3d_comm_reset_stats(m->tp.g->col);
     OK(micro(m, i * (B / q), B / q, arg->recompute, arg->sync, &loss2, &g2));
+    // what the grid moved, counted, against the analytic table (docs/parallel.md)
+    uint64_t wb[2], wc[2];
+    l3d_tp2d_micro_bytes(&cfg, q, B / q, T, arg->recompute, arg->sync, wb, wc);
+    l3d_comm_t *grid[2] = {m->tp.g->row, m->tp.g->col};
+    for (int k = 0; k < 2; k++) {
+        l3d_comm_stats_t cs;
+        l3d_comm_get_stats(grid[k], &cs);
+        if (cs.bytes != wb[k] || cs.calls != wc[k])
+            FAILF("grid %s: counted %llu bytes in %llu calls, the formula %llu in %llu",
+                  k ? "column" : "row", (unsigned long long)cs.bytes,
+                  (unsigned long long)cs.calls, (unsigned long long)wb[k],
+                  (unsigned long long)wc[k]);
+    }
     want = calloc(m->n_params, sizeof(float));
     l3d_model_tp_slice(m, full, g1, want);
 

@@ -622,7 +622,7 @@ Test(config, unknown_keys_suggest) {
                    "did you mean 'fp16.enabled'");
     // Nothing close: list the valid keys instead.
     ASSERT_ERR_HAS(ds_fresh("{\"parallel\": {\"zzzzzzz\": 2}}", &c), L3D_ERR_CONFIG,
-                   "unknown key 'parallel.zzzzzzz' (valid keys of parallel: dp, tp, pp, order, schedule, sequence_parallel, layers_per_stage, virtual_stages)");
+                   "unknown key 'parallel.zzzzzzz' (valid keys of parallel: dp, tp, pp, order, schedule, sequence_parallel, layers_per_stage, virtual_stages, tp_mode)");
     ASSERT_ERR_HAS(ds_fresh("{\"amp\": {\"enabled\": true}}", &c), L3D_ERR_CONFIG,
                    "unknown key 'amp'");
     // A WarmupLR parameter under WarmupCosineLR.

@@ -18,6 +18,8 @@ char g_data[64];
 const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 int g_comm_dtype = -1;
 int g_bf16;
+int g_tp_mode;
+int g_untied;
 int g_fp16;
 int g_layers;      // num_hidden_layers while set (else 3)
 int g_consolidated;  // train.save_consolidated
@@ -46,6 +48,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     m->num_attention_heads = 4;
     m->num_key_value_heads = 2;
     m->head_dim = 16;
+    if (g_untied) m->tie_word_embeddings = 0;
     snprintf(cfg->data_path, sizeof(cfg->data_path), "%s", g_data);
     cfg->seq_len = 32;
     cfg->micro_batch_size = 2;
@@ -61,6 +64,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
              L->gpipe >= 2 ? "interleaved" : L->gpipe ? "gpipe" : "1f1b");
     cfg->virtual_stages = L->gpipe >= 2 ? L->gpipe : 0;
     cfg->sequence_parallel = L->sp;
+    cfg->tp_mode = g_tp_mode;
     if (g_lps && L->pp > 1) {
         cfg->n_layers_per_stage = L->pp;
         memcpy(cfg->layers_per_stage, g_lps, (size_t)L->pp * sizeof(int));
@@ -423,15 +427,16 @@ void compare_keep(const layout_t *L, const result_t *ref, result_t *keep) {
     run_layout(L, &got);
     char name[160];
     int n = snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g"
-                     "%s%s%s", L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket,
+                     "%s%s%s%s", L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket,
                      L->gpipe == 1 ? " gpipe" : "", L->gpipe >= 2 ? " interleaved" : "",
-                     L->sp ? " sp" : "");
+                     L->sp ? " sp" : "", g_tp_mode == 2 ? " 2d" : "");
     if (L->zero == 3 && g_z3)
         snprintf(name + n, sizeof(name) - (size_t)n, " persist %g prefetch %g live %g",
                  g_z3->persist, g_z3->prefetch, g_z3->live);
     cr_assert(ref->loss[STEPS - 1] < ref->loss[0] - 0.1, "the reference run does not learn");
     check_run(name, &got, ref, 0);
-    check_plan_memory(name, &got);
+    // (the planner and the --dry-run estimate know tp_mode 1d only, so far)
+    if (g_tp_mode != 2) check_plan_memory(name, &got);
     cr_assert(L->tp == 1 || got.last.comm_bytes[0] > 0, "%s: no tp traffic counted", name);
     cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
     cr_log_info("%s: bytes tp %llu dp %llu", name, (unsigned long long)got.last.comm_bytes[0],
@@ -452,19 +457,20 @@ void resume_knobs(const layout_t *from, knobs_t kf, const layout_t *to, knobs_t 
     char ck[128], cmd[512];
     snprintf(ck, sizeof(ck), "%s/ck", dir);
     result_t a = {0}, b = {0};
-    g_z3 = kf.z3, g_off = kf.off;
+    g_z3 = kf.z3, g_off = kf.off, g_tp_mode = kf.tp_mode;
     run_layout_ckpt(from, &a, ck, NULL);
     if (dir_test) {
         snprintf(cmd, sizeof(cmd), dir_test, ck, ck);
         cr_assert_eq(system(cmd), 0, "the saved directory fails: %s", cmd);
     }
-    g_z3 = kt.z3, g_off = kt.off;
+    g_z3 = kt.z3, g_off = kt.off, g_tp_mode = kt.tp_mode;
     run_layout_ckpt(to, &b, NULL, ck);
-    g_z3 = NULL, g_off = NULL;
+    g_z3 = NULL, g_off = NULL, g_tp_mode = 0;
     char name[128];
-    snprintf(name, sizeof(name), "(%d,%d,%d) zero %d%s -> (%d,%d,%d) zero %d%s", from->dp,
-             from->tp, from->pp, from->zero, kf.off ? " offload" : "", to->dp, to->tp, to->pp,
-             to->zero, kt.off ? " offload" : "");
+    snprintf(name, sizeof(name), "(%d,%d,%d) zero %d%s%s -> (%d,%d,%d) zero %d%s%s", from->dp,
+             from->tp, from->pp, from->zero, kf.off ? " offload" : "",
+             kf.tp_mode == 2 ? " 2d" : "", to->dp, to->tp, to->pp, to->zero,
+             kt.off ? " offload" : "", kt.tp_mode == 2 ? " 2d" : "");
     check_run(name, &b, ref, STEPS / 2);
     free_result(&a);
     free_result(&b);
@@ -473,7 +479,7 @@ void resume_knobs(const layout_t *from, knobs_t kf, const layout_t *to, knobs_t 
 }
 
 void resume_case_to(const layout_t *from, const layout_t *to, const result_t *ref) {
-    resume_knobs(from, (knobs_t){NULL, NULL}, to, (knobs_t){NULL, NULL}, ref, NULL);
+    resume_knobs(from, (knobs_t){NULL, NULL, 0}, to, (knobs_t){NULL, NULL, 0}, ref, NULL);
 }
 
 void resume_case(const layout_t *from, const layout_t *to) {

@@ -40,6 +40,7 @@ extern const ckpt_knobs_t *g_ckpt;
 typedef struct knobs {
     const z3_knobs_t *z3;
     const off_knobs_t *off;
+    int tp_mode;  // g_tp_mode
 } knobs_t;
 
 typedef struct result {
@@ -71,6 +72,8 @@ extern int g_layers;            // num_hidden_layers (else 3)
 extern int g_consolidated;      // train.save_consolidated
 extern int g_comm_dtype;        // communication_data_type (an l3d_dtype; -1: unset)
 extern int g_bf16;              // bf16.enabled
+extern int g_tp_mode;           // parallel.tp_mode: 0 (1d, the default) or 2 ("2d")
+extern int g_untied;            // tie_word_embeddings false (the default model ties them)
 extern int g_fp16;              // fp16.enabled with the static loss scale 2^g_fp16 (0: off)
 extern const char *g_init_dir;  // the single-rank reference saves its initial weights there
 extern result_t g_ref;          // the 3-layer single-rank reference (reference())

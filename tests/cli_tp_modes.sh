@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# parallel.tp_mode from the command line: "2d" (tp 4 as a 2 x 2 grid, as threads of one process
+# and as processes over each built network transport) trains to the single rank's losses
+# (1e-5 relative per step, the 1D layouts' standard in cli_parallel.sh), and what 2d does not
+# take is refused with exit 2 naming it.
+# Usage: cli_tp_modes.sh /path/to/l3d
+set -u
+L3D=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+ok()   { echo "ok   $1"; passes=$((passes + 1)); }
+fail() { echo "FAIL $1"; shift; for f in "$@"; do sed 's/^/    /' "$f" | head -20; done; fails=$((fails + 1)); }
+export L3D_COMM_TIMEOUT=60
+losses() { sed -E 's/.*"loss": ([^,]*),.*/\1/' "$1"; }
+same_losses() {
+  paste <(losses "$1") <(losses "$2") | awk '
+    { d = $1 - $2; if (d < 0) d = -d; if (d > 1e-5 * ($2 < 0 ? -$2 : $2)) bad++; n++ }
+    END { exit (n > 0 && bad == 0) ? 0 : 1 }'
+}
+
+# llama3-tiny's shape with untied embeddings (2d does not take tied ones yet)
+cat >"$tmp/model.json" <<'J'
+{"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+ "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 264, "max_position_embeddings": 1024,
+ "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+ "bos_token_id": 256, "eos_token_id": 257}
+J
+cat >"$tmp/one.json" <<'J'
+{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_clipping": 0.5,
+ "steps_per_print": 100, "train": {"steps": 4, "threads": 1}, "data": {"seq_len": 32}}
+J
+sed 's/"train": {/"parallel": {"tp": 4, "tp_mode": "2d"}, "train": {/' "$tmp/one.json" >"$tmp/2d.json"
+
+"$L3D" train --model "$tmp/model.json" --config "$tmp/one.json" --metrics "$tmp/one.jsonl" >"$tmp/out" 2>&1
+if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/one.jsonl")" -eq 4 ]; then ok "single-rank reference"; else fail "single-rank reference" "$tmp/out"; fi
+
+"$L3D" train --model "$tmp/model.json" --config "$tmp/2d.json" --metrics "$tmp/2d.jsonl" >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && same_losses "$tmp/2d.jsonl" "$tmp/one.jsonl"; then
+  ok "tp 4 as 2d, threads: the single rank's losses"
+else
+  fail "tp 4 as 2d, threads (exit $rc)" "$tmp/out" "$tmp/2d.jsonl" "$tmp/one.jsonl"
+fi
+
+built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+for tp in $built; do
+  [ "$tp" = local ] && continue
+  "$L3D" launch -n 4 --transport "$tp" -- "$L3D" train --model "$tmp/model.json" \
+    --config "$tmp/2d.json" --metrics "$tmp/$tp.jsonl" >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && same_losses "$tmp/$tp.jsonl" "$tmp/one.jsonl"; then
+    ok "$tp: tp 4 as 2d in 4 processes: the single rank's losses"
+  else
+    fail "$tp: tp 4 as 2d (exit $rc)" "$tmp/out" "$tmp/$tp.jsonl"
+  fi
+done
+
+# refusals: exit 2 and the reason
+refuse() {  # name, expected text, sed expression on 2d.json
+  sed "$3" "$tmp/2d.json" >"$tmp/bad.json"
+  "$L3D" train --model "$tmp/model.json" --config "$tmp/bad.json" >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -eq 2 ] && grep -q -- "$2" "$tmp/out"; then ok "refused: $1"; else fail "refused: $1 (exit $rc)" "$tmp/out"; fi
+}
+refuse "tp not a square" 'needs a square tp' 's/"tp": 4/"tp": 2/'
+refuse "an unknown mode" 'expected "1d"' 's/"2d"/"4d"/'
+refuse "3d" '"3d" is not built yet' 's/"2d"/"3d"/'
+refuse "pipeline stages" 'does not take pipeline' 's/"tp": 4,/"tp": 4, "pp": 2,/'
+refuse "bf16" 'does not take bf16' 's/"steps_per_print"/"bf16": {"enabled": true}, "steps_per_print"/'
+"$L3D" train --config "$tmp/2d.json" >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "tied embeddings" "$tmp/out"; then ok "refused: tied embeddings (llama3-tiny)"; else fail "refused: tied (exit $rc)" "$tmp/out"; fi
+
+echo "$passes passed, $fails failed"
+[ "$fails" -eq 0 ]

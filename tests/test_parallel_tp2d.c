@@ -1,0 +1,41 @@
+// parallel.tp_mode "2d" in the trainer: 20 steps of every 2d layout that fits here reproduce
+// the single-rank run's float64 trajectory to the standard of the 1D layouts
+// (tests/harness/parallel.c, above check_run), and checkpoints move between the modes. The
+// model is the harness's with untied embeddings (2d does not take tied ones yet), so these
+// tests run their own single-rank reference.
+#include <criterion/criterion.h>
+
+#include "tests/harness/parallel.h"
+
+static result_t ref;
+
+static void untied_reference(void) {
+    g_untied = 1;
+    make_data();
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    reference_run(&one, &ref);
+}
+
+// {dp, tp, pp, zero, recompute, accum_total, bucket, clip, gpipe, sp}
+Test(parallel_tp2d, layouts_reproduce_one_rank, .timeout = 300) {
+    layout_t ls[] = {
+        {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0},     // one 2 x 2 grid
+        {1, 4, 1, 0, 1, 8, 0, 0.25f, 0, 0},     // recompute
+        {2, 4, 1, 1, 0, 8, 3000, 0.25f, 0, 0},  // dp 2 x 2d, ZeRO-1 in buckets
+        {2, 4, 1, 2, 0, 8, 0, 0.25f, 0, 0},     // dp 2 x 2d, ZeRO-2
+    };
+    untied_reference();
+    g_tp_mode = 2;
+    for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++) compare_to(&ls[i], &ref);
+    g_tp_mode = 0;
+}
+
+// A checkpoint holds the single-rank layout, so it resumes under either mode.
+Test(parallel_tp2d, resume_across_modes, .timeout = 300) {
+    layout_t t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0}, d2t2 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 0};
+    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+    untied_reference();
+    knobs_t d1 = {NULL, NULL, 0}, d2 = {NULL, NULL, 2};
+    resume_knobs(&t4, d2, &one, d1, &ref, NULL);   // 2d -> single rank
+    resume_knobs(&d2t2, d1, &t4, d2, &ref, NULL);  // 1d (dp 2 x tp 2) -> 2d
+}
