@@ -120,8 +120,7 @@ static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const 
                          "micro-batch's %d sequences over the grid's %d rows: make "
                          "train_micro_batch_size_per_gpu a multiple of %d", origin,
                          cfg->micro_batch_size, q, q);
-    if (cfg->pp > 1) no = "pipeline parallelism (pp > 1)";
-    else if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
+    if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
     else if (cfg->bf16 || cfg->fp16) no = "bf16 / fp16 (float32 only so far)";
     else if (cfg->zero_stage > 2) no = "ZeRO stage 3";
     else if (cfg->offload_optimizer || cfg->offload_param) no = "ZeRO offload";

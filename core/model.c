@@ -316,8 +316,9 @@ l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_c
 }
 
 l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 2, 1, 1, 0, NULL, model_p);
+                               l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
+                               l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, tp_comm, 2, pp, v, stage, lps, model_p);
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
@@ -333,9 +334,6 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     if (mode == 2 && q * q != tp)
         return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d: tp %d is not a square (q x q ranks: "
                          "4, 9, 16, ...)", tp);
-    if (mode == 2 && pp * v != 1)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 2d: pipeline parallelism is not "
-                         "supported yet");
     L3D_CHECK(ctx, mode == 2 ? l3d_tp2d_check(ctx, cfg, q) : l3d_tp_check(ctx, cfg, tp));
     if (v < 1 || v > L3D_MAX_CHUNKS || pp < 1 || (long)pp * v > cfg->num_hidden_layers)
         return l3d_error(ctx, L3D_ERR_CONFIG, "pipeline: pp %d x virtual stages %d must be "

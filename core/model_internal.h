@@ -233,11 +233,13 @@ void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb);
 // heads, ffn and vocabulary; untied embeddings; L3D_ERR_CONFIG naming what does not.
 l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
 // A model holding block (i, j) of tensor parallelism "2d" (tp rank i*q + j of tp_comm, size
-// q^2); float32 only so far, no pipeline. Collective over tp_comm (it builds the grid).
-// Training activations for it are created with the micro-batch slice's B (B/q sequences),
-// whose tokens and targets the caller puts in a->tokens / a->targets.
+// q^2) of pipeline stage `stage` (as l3d_model_create_part); float32 only so far. Collective
+// over tp_comm (it builds the grid). Training activations for it are created with the
+// micro-batch slice's B (l3d_model_batch_slice), whose tokens and targets the caller puts in
+// a->tokens / a->targets; a stage's boundary activations are its (B T, C/q) block.
 l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
-                               l3d_comm_t *tp_comm, l3d_model_t **model_p);
+                               l3d_comm_t *tp_comm, int pp, int v, int stage,
+                               const int *layers_per_stage, l3d_model_t **model_p);
 // Restricts m to pipeline stage `stage` of `pp` with v model chunks (virtual stages; 1: no
 // interleaving): layers_per_stage[stage] layers (v 1 only: pp entries summing to the model's,
 // checked by the config), or balanced over the pp * v virtual stages when NULL (the first

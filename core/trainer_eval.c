@@ -92,12 +92,11 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
     const l3d_train_config_t *cfg = &t->cfg;
     int A = cfg->grad_accum_steps, stage = m->pp_rank, pp = m->pp_size, U = pp * p->v;
     int up = (stage + 1) % pp, down = (stage - 1 + pp) % pp;
-    size_t n = (size_t)cfg->micro_batch_size * cfg->seq_len;
-    size_t nc = n * (size_t)m->C;
-    if (m->tp.sp) nc /= (size_t)m->tp.size;
-    int b0, nb;  // (2d: this grid row's sequences)
+    int b0, nb;  // (2d: this grid row's sequences, C/q columns)
     l3d_model_batch_slice(m, cfg->micro_batch_size, &b0, &nb);
     size_t nl = (size_t)nb * cfg->seq_len, o = (size_t)b0 * cfg->seq_len;
+    size_t nc = nl * (size_t)m->C;
+    if (m->tp.sp) nc /= (size_t)m->tp.size;
     l3d_status st;
     for (int j = 0; j < A; j++) {
         load_rows(t, &t->eval_view, 0, b, j);

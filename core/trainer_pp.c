@@ -107,7 +107,10 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
     l3d_model_t *m = t->model;
     int A = t->cfg.grad_accum_steps, stage = m->pp_rank, pp = m->pp_size;
     // Between stages the residual stream travels: this rank's rows with sequence parallelism.
-    size_t nc = (size_t)t->cfg.micro_batch_size * t->cfg.seq_len * (size_t)m->C;
+    // (2d: this grid row's sequences, C/q columns)
+    int b0, nb;
+    l3d_model_batch_slice(m, t->cfg.micro_batch_size, &b0, &nb);
+    size_t nc = (size_t)nb * t->cfg.seq_len * (size_t)m->C;
     if (m->tp.sp) nc /= (size_t)m->tp.size;
     double sum = 0.0;
     l3d_status st;

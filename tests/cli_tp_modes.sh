@@ -43,6 +43,15 @@ else
   fail "tp 4 as 2d, threads (exit $rc)" "$tmp/out" "$tmp/2d.jsonl" "$tmp/one.jsonl"
 fi
 
+sed 's/"tp": 4,/"tp": 4, "pp": 2,/' "$tmp/2d.json" >"$tmp/2dpp.json"
+"$L3D" train --model "$tmp/model.json" --config "$tmp/2dpp.json" --metrics "$tmp/2dpp.jsonl" >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && same_losses "$tmp/2dpp.jsonl" "$tmp/one.jsonl"; then
+  ok "tp 4 as 2d x pp 2, threads: the single rank's losses"
+else
+  fail "tp 4 as 2d x pp 2, threads (exit $rc)" "$tmp/out" "$tmp/2dpp.jsonl" "$tmp/one.jsonl"
+fi
+
 built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
 for tp in $built; do
   [ "$tp" = local ] && continue
@@ -66,7 +75,7 @@ refuse() {  # name, expected text, sed expression on 2d.json
 refuse "tp not a square" 'needs a square tp' 's/"tp": 4/"tp": 2/'
 refuse "an unknown mode" 'expected "1d"' 's/"2d"/"4d"/'
 refuse "3d" '"3d" is not built yet' 's/"2d"/"3d"/'
-refuse "pipeline stages" 'does not take pipeline' 's/"tp": 4,/"tp": 4, "pp": 2,/'
+refuse "ZeRO-3" 'does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/'
 refuse "bf16" 'does not take bf16' 's/"steps_per_print"/"bf16": {"enabled": true}, "steps_per_print"/'
 "$L3D" train --config "$tmp/2d.json" >"$tmp/out" 2>&1
 rc=$?

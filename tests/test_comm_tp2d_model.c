@@ -101,7 +101,7 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
     double loss1, loss2;
     OK(micro(full, 0, B, 0, 1, &loss1, &g1));
 
-    OK(l3d_model_create_2d(ctx, dev, &cfg, c, &m));
+    OK(l3d_model_create_2d(ctx, dev, &cfg, c, 1, 1, 0, NULL, &m));
     l3d_model_tp_slice(m, full, full->params, m->params);
     int q = m->tp.g->q, i = m->tp.g->i;
     l3d_comm_reset_stats(m->tp.g->row);

@@ -23,6 +23,8 @@ Test(parallel_tp2d, layouts_reproduce_one_rank, .timeout = 300) {
         {1, 4, 1, 0, 1, 8, 0, 0.25f, 0, 0},     // recompute
         {2, 4, 1, 1, 0, 8, 3000, 0.25f, 0, 0},  // dp 2 x 2d, ZeRO-1 in buckets
         {2, 4, 1, 2, 0, 8, 0, 0.25f, 0, 0},     // dp 2 x 2d, ZeRO-2
+        {1, 4, 2, 0, 0, 8, 0, 0.25f, 0, 0},     // 2d x pp 2, 1F1B
+        {1, 4, 2, 0, 1, 8, 0, 0.25f, 1, 0},     // 2d x pp 2, GPipe, recompute
     };
     untied_reference();
     g_tp_mode = 2;
@@ -38,4 +40,15 @@ Test(parallel_tp2d, resume_across_modes, .timeout = 300) {
     knobs_t d1 = {NULL, NULL, 0}, d2 = {NULL, NULL, 2};
     resume_knobs(&t4, d2, &one, d1, &ref, NULL);   // 2d -> single rank
     resume_knobs(&d2t2, d1, &t4, d2, &ref, NULL);  // 1d (dp 2 x tp 2) -> 2d
+}
+
+// Interleaved 1F1B needs pp x chunks <= layers: a 4-layer model, its own reference.
+Test(parallel_tp2d, interleaved_pipeline, .timeout = 300) {
+    g_layers = 4;
+    untied_reference();
+    layout_t il = {1, 4, 2, 0, 0, 8, 0, 0.25f, 2, 0};  // 2d x pp 2, 2 chunks per stage
+    g_tp_mode = 2;
+    compare_to(&il, &ref);
+    g_tp_mode = 0;
+    g_layers = 0;
 }

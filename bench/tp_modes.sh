@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Tensor-parallel modes side by side: the same tp size as Megatron's 1d split and as 2d SUMMA
+# (parallel.tp_mode), measured here: bytes and calls per step on the tp group (rank 0's last
+# step, from the metrics JSONL; 2d counts its grid rows and columns there) and the median
+# step time of steps 3..N, with 2d's ratio to 1d.
+# Usage: bench/tp_modes.sh [BUILD_DIR]     (default ./build)
+#
+# The model is made for both modes: hidden 256, ffn 1024, 8 heads, 4 kv heads (q = 2 divides
+# them all), vocab 264, untied embeddings, 2 layers; batch 8 = micro 4 x accumulation 2, seq_len
+# 64, one thread per rank. Layouts: tp 4 (1d, and 2d on a 2 x 2 grid) and dp 2 x tp 4, as
+# ranks of `l3d launch --transport ucx` when ucx is built, else as threads of one process.
+# A 2-core machine runs the 4-8 ranks time-shared, so the step times say how the modes compare
+# here, not on a GPU cluster; the bytes are exact. The planned comparison at 70B-405B (issue
+# 13's section 3) needs the planner's 2d costs, which are not built yet.
+# Environment: L3D_BENCH_STEPS (default 8), UCX_TLS (default posix,self).
+set -u
+case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
+BUILD=${1:-./build}
+L3D=$BUILD/l3d
+STEPS=${L3D_BENCH_STEPS:-8}
+export UCX_TLS=${UCX_TLS:-posix,self}
+export L3D_COMM_TIMEOUT=${L3D_COMM_TIMEOUT:-60}
+if [ ! -x "$L3D" ]; then
+  echo "tp_modes.sh: $L3D not found or not executable (usage: bench/tp_modes.sh [BUILD_DIR])" >&2
+  exit 2
+fi
+built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 |
+  sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/l3d-tp-modes.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+cat >"$tmp/model.json" <<'J'
+{"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+ "num_key_value_heads": 4, "head_dim": 32, "vocab_size": 264, "max_position_embeddings": 1024,
+ "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+ "bos_token_id": 256, "eos_token_id": 257}
+J
+conf() {  # dp tp mode -> config file
+  local f="$tmp/c.$1.$2.$3.json"
+  cat >"$f" <<J
+{"train_batch_size": $((8 * $1)), "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+ "parallel": {"dp": $1, "tp": $2, "tp_mode": "$3"},
+ "train": {"steps": $STEPS, "threads": 1}, "data": {"seq_len": 64}}
+J
+  echo "$f"
+}
+# median step time (s) of steps 3..STEPS, and the last step's tp calls and bytes
+measure() {  # metrics file
+  local t last
+  t=$(sed -nE 's/.*"step": ([0-9]+),.*"step_time_s": ([0-9.eE+-]+).*/\1 \2/p' "$1" |
+    awk '$1 >= 3 { print $2 }' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR == 0) exit 1;
+           printf "%.4f", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+  last=$(tail -n 1 "$1" |
+    sed -nE 's/.*"comm_calls": \{"tp": ([0-9]+),.*"comm_bytes": \{"tp": ([0-9]+),.*/\1 \2/p')
+  [ -n "$t" ] && [ -n "$last" ] && echo "$t $last"
+}
+run() {  # dp tp mode -> "time calls bytes", or fails
+  local c m n=$(($1 * $2))
+  c=$(conf "$1" "$2" "$3")
+  m="$tmp/m.$1.$2.$3.jsonl"
+  case " $built " in
+    *" ucx "*) "$L3D" launch -n "$n" --transport ucx -- "$L3D" train --model "$tmp/model.json" \
+                 --config "$c" --metrics "$m" >"$tmp/log" 2>&1 ;;
+    *) "$L3D" train --model "$tmp/model.json" --config "$c" --metrics "$m" >"$tmp/log" 2>&1 ;;
+  esac || { sed 's/^/    /' "$tmp/log" | tail -5 >&2; return 1; }
+  measure "$m"
+}
+
+how=threads; case " $built " in *" ucx "*) how="ucx processes" ;; esac
+echo "tp_modes.sh: model hidden 256 ffn 1024 heads 8/4 vocab 264, 2 layers; $STEPS steps; $how" >&2
+echo "| layout | mode | tp bytes/step | tp calls/step | step time (s) | 2d / 1d bytes | 2d / 1d time |"
+echo "|---|---|---|---|---|---|---|"
+fails=0
+for lay in "1 4" "2 4"; do
+  set -- $lay
+  r1=$(run "$1" "$2" 1d) || { echo "| dp $1 x tp $2 | 1d | failed | | | | |"; fails=$((fails + 1)); continue; }
+  r2=$(run "$1" "$2" 2d) || { echo "| dp $1 x tp $2 | 2d | failed | | | | |"; fails=$((fails + 1)); continue; }
+  set -- $1 $2 $r1 $r2
+  dp=$1 tp=$2 t1=$3 c1=$4 b1=$5 t2=$6 c2=$7 b2=$8
+  echo "| dp $dp x tp $tp | 1d | $b1 | $c1 | $t1 | | |"
+  awk -v b1="$b1" -v b2="$b2" -v t1="$t1" -v t2="$t2" -v c2="$c2" -v l="dp $dp x tp $tp" \
+    'BEGIN { printf "| %s | 2d (2 x 2) | %d | %d | %s | %.2f | %.2f |\n", l, b2, c2, t2, b2 / b1, t2 / t1 }'
+done
+[ "$fails" -eq 0 ]
