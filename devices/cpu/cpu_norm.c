@@ -259,33 +259,49 @@ static l3d_status rope_f32(l3d_device_t *dev, float *x, const float *cos_tab,
 }
 
 // ---- the entries: 16-bit operands widened whole (cpu.h) -----------------------------------------
-l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
-                               const void *w, int N, int C, float eps, l3d_dtype at,
-                               l3d_dtype wt) {
+// The entries share one body each: the whole-row ops are the split-row ones with the row's
+// own statistic (ss / dot NULL) and C_full = C.
+static l3d_status rmsnorm_fwd_entry(l3d_device_t *dev, const char *op, void *out, float *rstd,
+                                    const void *x, const void *w, const float *ss, int N, int C,
+                                    int C_full, float eps, l3d_dtype at, l3d_dtype wt) {
     size_t nx = l3d_cpu_elems(N, C);
     l3d_cpu_arg_t a[] = {l3d_cpu_arg("out", out, at, nx, L3D_CPU_OUT),
                          l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
                          l3d_cpu_arg("w", w, wt, l3d_cpu_elems(1, C), L3D_CPU_IN)};
-    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_fwd", a, 3));
-    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, NULL, N, C, C, eps);
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, op, a, 3));
+    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, ss, N, C, C_full, eps);
     l3d_cpu_args_narrow(dev, a, 3, st >= 0);
     return st;
 }
 
-l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
-                               const void *x, const void *w, const float *rstd, int N, int C,
-                               l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
+static l3d_status rmsnorm_bwd_entry(l3d_device_t *dev, const char *op, void *dx, void *dw,
+                                    const void *dout, const void *x, const void *w,
+                                    const float *rstd, const float *dot, int N, int C,
+                                    int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
     size_t nx = l3d_cpu_elems(N, C), nw = l3d_cpu_elems(1, C);
     l3d_cpu_arg_t a[] = {l3d_cpu_arg("dx", dx, at, nx, L3D_CPU_IN | L3D_CPU_OUT),
                          l3d_cpu_arg("dw", dw, gt, nw, L3D_CPU_IN | L3D_CPU_OUT),
                          l3d_cpu_arg("dout", dout, at, nx, L3D_CPU_IN),
                          l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
                          l3d_cpu_arg("w", w, wt, nw, L3D_CPU_IN)};
-    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_bwd", a, 5));
-    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, NULL, N,
-                                    C, C);
+    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, op, a, 5));
+    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, dot, N, C,
+                                    C_full);
     l3d_cpu_args_narrow(dev, a, 5, st >= 0);
     return st;
+}
+
+l3d_status l3d_cpu_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                               const void *w, int N, int C, float eps, l3d_dtype at,
+                               l3d_dtype wt) {
+    return rmsnorm_fwd_entry(dev, "rmsnorm_fwd", out, rstd, x, w, NULL, N, C, C, eps, at, wt);
+}
+
+l3d_status l3d_cpu_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                               const void *x, const void *w, const float *rstd, int N, int C,
+                               l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
+    return rmsnorm_bwd_entry(dev, "rmsnorm_bwd", dx, dw, dout, x, w, rstd, NULL, N, C, C, at, wt,
+                             gt);
 }
 
 l3d_status l3d_cpu_rope(l3d_device_t *dev, void *x, const float *cos_tab, const float *sin_tab,
@@ -325,29 +341,14 @@ l3d_status l3d_cpu_rmsnorm_rowdot(l3d_device_t *dev, float *out, const void *a, 
 l3d_status l3d_cpu_rmsnorm_rows_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
                                     const void *w, const float *ss, int N, int C, int C_full,
                                     float eps, l3d_dtype at, l3d_dtype wt) {
-    size_t nx = l3d_cpu_elems(N, C);
-    l3d_cpu_arg_t a[] = {l3d_cpu_arg("out", out, at, nx, L3D_CPU_OUT),
-                         l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
-                         l3d_cpu_arg("w", w, wt, l3d_cpu_elems(1, C), L3D_CPU_IN)};
-    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_rows_fwd", a, 3));
-    l3d_status st = rmsnorm_fwd_f32(dev, a[0].f, rstd, a[1].f, a[2].f, ss, N, C, C_full, eps);
-    l3d_cpu_args_narrow(dev, a, 3, st >= 0);
-    return st;
+    return rmsnorm_fwd_entry(dev, "rmsnorm_rows_fwd", out, rstd, x, w, ss, N, C, C_full, eps, at,
+                             wt);
 }
 
 l3d_status l3d_cpu_rmsnorm_rows_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
                                     const void *x, const void *w, const float *rstd,
                                     const float *dot, int N, int C, int C_full, l3d_dtype at,
                                     l3d_dtype wt, l3d_dtype gt) {
-    size_t nx = l3d_cpu_elems(N, C), nw = l3d_cpu_elems(1, C);
-    l3d_cpu_arg_t a[] = {l3d_cpu_arg("dx", dx, at, nx, L3D_CPU_IN | L3D_CPU_OUT),
-                         l3d_cpu_arg("dw", dw, gt, nw, L3D_CPU_IN | L3D_CPU_OUT),
-                         l3d_cpu_arg("dout", dout, at, nx, L3D_CPU_IN),
-                         l3d_cpu_arg("x", x, at, nx, L3D_CPU_IN),
-                         l3d_cpu_arg("w", w, wt, nw, L3D_CPU_IN)};
-    L3D_CHECK(dev->ctx, l3d_cpu_args_widen(dev, "rmsnorm_rows_bwd", a, 5));
-    l3d_status st = rmsnorm_bwd_f32(dev, a[0].f, a[1].f, a[2].f, a[3].f, a[4].f, rstd, dot, N, C,
-                                    C_full);
-    l3d_cpu_args_narrow(dev, a, 5, st >= 0);
-    return st;
+    return rmsnorm_bwd_entry(dev, "rmsnorm_rows_bwd", dx, dw, dout, x, w, rstd, dot, N, C,
+                             C_full, at, wt, gt);
 }
