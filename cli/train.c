@@ -88,9 +88,7 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
     }
     if (c->tp_mode == 2) printf(", tensor 2d on a grid of tp %d", c->tp);
     printf(")\n");
-    if (c->tp_mode == 2)
-        printf("  note: tp_mode 2d: the communication and memory predictions below are tp_mode "
-               "1d's; 2d's are not modelled yet (docs/parallel.md has its table)\n");
+
     printf("  batch %d = micro %d x accumulation %d x dp %d; seq_len %d -> %d tokens per step\n",
            c->train_batch_size, c->micro_batch_size, c->grad_accum_steps, c->dp, c->seq_len,
            c->train_batch_size * c->seq_len);

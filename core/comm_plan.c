@@ -50,16 +50,37 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
     const int *lps = l3d_train_config_lps(cfg);
     int v = l3d_train_config_v(cfg);
     l3d_model_t m0 = {0};
-    l3d_model_set_dims_tp(&m0, mc, tp, 0);
+    l3d_model_set_dims_mode(&m0, mc, tp, cfg->tp_mode, 0);
     l3d_model_set_stage(&m0, pp, v, 0, lps);
     L = (uint64_t)m0.L;
+    // The (rows, columns) of the residual stream a rank holds: 2d's block, else all of it.
+    int b0, mbl;
+    l3d_model_batch_slice(&m0, cfg->micro_batch_size, &b0, &mbl);
+    uint64_t Nl = (uint64_t)mbl * (uint64_t)cfg->seq_len, Cl = (uint64_t)m0.C;
     int last = pp == 1;
     int sp = cfg->sequence_parallel && tp > 1;
     // ZeRO-2 reduces every micro-batch's gradient, so the tp sums of gradients run per
     // micro-batch too (else once per step).
     int zero2 = dp > 1 && cfg->zero_stage >= 2;
     uint64_t Ag = zero2 ? A : 1;
-    if (sp) {
+    if (cfg->tp_mode == 2 && tp > 1) {
+        // 2d (docs/parallel.md): the grid's rows and columns, counted with the tp group. Per
+        // micro-batch the SUMMA products, the norms' and the cross-entropy's row statistics
+        // and the loss; the replicated gradients' sums once per step (ZeRO-2: every
+        // micro-batch); the gradient norm.
+        s->group = L3D_MESH_TP;
+        int q = (int)(Cl ? (uint64_t)mc->hidden_size / Cl : 1);
+        uint64_t b[2], c[2], bs[2], cs[2];
+        int rc = cfg->activation_checkpointing != 0;
+        l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 0, b, c);
+        l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 1, bs, cs);
+        s->per_mb = 1;
+        add_op(s, GA, A * (c[0] + c[1]), A * (b[0] + b[1]));
+        s->per_mb = zero2;
+        add_op(s, AR, Ag * (cs[1] - c[1]), Ag * (bs[1] - b[1]));
+        s->per_mb = 0;
+        add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
+    } else if (sp) {
         // Sequence parallelism: per micro-batch the embedding's reduce-scatter, per layer 2
         // all-gathers + 2 reduce-scatters forward (again when recomputed) and backward, the
         // embedding gradient's all-gather; the last stage adds lnf's all-gather and the head's
@@ -101,7 +122,7 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         // with the roles swapped: 2v - 1 sends and as many receives)
         uint64_t nv = 2 * (uint64_t)v - 1;
         s->per_mb = 1;
-        add_op(s, L3D_COMM_OP_P2P, 2 * nv * A, nv * A * N * C * e / (sp ? (uint64_t)tp : 1));
+        add_op(s, L3D_COMM_OP_P2P, 2 * nv * A, nv * A * Nl * Cl * e / (sp ? (uint64_t)tp : 1));
         s->per_mb = 0;
         add_when(s, AR, AFTER, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm, a double
                                                        // per stage
@@ -114,7 +135,8 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
     }
     if (dp > 1) {
         s->group = L3D_MESH_DP;
-        size_t P = l3d_model_arena_floats_part(mc, tp, 0, pp, v, 0, lps);
+        l3d_model_layout(&m0);  // (counts only: no tensors)
+        size_t P = m0.n_params;
         size_t n = (size_t)dp;
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /

@@ -212,6 +212,12 @@ void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q,
     m->tp.v0 = (rank % q) * m->V;  // the head's rows: block column j of the vocabulary
 }
 
+void l3d_model_set_dims_mode(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int tp_mode,
+                             int rank) {
+    if (tp_mode == 2) l3d_model_set_dims_2d(m, cfg, (int)lround(sqrt((double)tp)), rank);
+    else l3d_model_set_dims_tp(m, cfg, tp, rank);
+}
+
 void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb) {
     *b0 = 0, *nb = mb;
     if (m->tp.mode != 2) return;

@@ -183,16 +183,19 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
-    return l3d_acts_bytes_part(cfg, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32, NULL);
+    return l3d_acts_bytes_part(cfg, 1, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32,
+                               NULL);
 }
 
-size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
-                           const int *lps, int chunk, int B, int T, int recompute, int sp,
-                           l3d_dtype at, size_t *host_bytes) {
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
+                           int stage, const int *lps, int chunk, int B, int T, int recompute,
+                           int sp, l3d_dtype at, size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
-    l3d_model_set_dims_tp(&m, cfg, tp, 0);
+    l3d_model_set_dims_mode(&m, cfg, tp, tp_mode, 0);
     l3d_model_set_stage(&m, pp, v, stage, lps);
+    int b0;
+    l3d_model_batch_slice(&m, B, &b0, &B);  // (2d: the grid row's sequences)
     m.tp.sp = sp && tp > 1;
     l3d_acts_t a = {.B = B, .T = T, .at = at, .recompute = recompute, .chunk = chunk,
                     .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};

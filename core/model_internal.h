@@ -226,6 +226,9 @@ void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
 // The same for rank `rank` of tensor parallelism "2d" on a q x q grid (l3d_tp2d_check).
 void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank);
+// set_dims_tp or, tp_mode 2, set_dims_2d on the sqrt(tp) x sqrt(tp) grid.
+void l3d_model_set_dims_mode(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int tp_mode,
+                             int rank);
 // The sequences of a micro-batch of mb this rank's activations hold: [*b0, *b0 + *nb) -- all
 // of them, or under tensor parallelism "2d" grid row i's slice (mb / q from i * mb / q).
 void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb);
@@ -293,11 +296,13 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
 // is partial: sums it over tp. 2d: over the grid column (the replicas of the block).
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
 // 2d: what one rank counts (l3d_comm_get_stats) on its grid row [0] and column [1] in one
-// training micro-batch of B sequences (its slice) of T tokens: bytes and calls. recompute:
+// training micro-batch of B sequences (its slice) of T tokens on a stage of L layers, with
+// the embedding (embed) and the final norm, head and loss (head): bytes and calls. recompute:
 // every layer's forward runs again in the backward; sync: the micro-batch sums the replicated
 // gradients (a->tp_sync_grads). docs/parallel.md has the table this adds up.
-void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int B, int T, int recompute,
-                          int sync, uint64_t bytes[2], uint64_t calls[2]);
+void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
+                          int B, int T, int recompute, int sync, uint64_t bytes[2],
+                          uint64_t calls[2]);
 // 2d: sums the embedding's gradient (Vemb x C) over the grid column; a no-op in 1D.
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
 // RMSNorm of `rows` rows (rmsnorm_fwd/bwd's contracts): the device op, or in 2d the split-row
@@ -359,12 +364,12 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
 void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
                           float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
-// The same for chunk `chunk` of tp rank 0 of `tp` on pipeline stage `stage` of `pp` (v chunks),
-// sequence-parallel when sp, activations in at; *host_bytes (may be NULL) gets the host part
-// (L3D_CKPT_CPU).
-size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int pp, int v, int stage,
-                           const int *layers_per_stage, int chunk, int B, int T, int recompute,
-                           int sp, l3d_dtype at, size_t *host_bytes);
+// The same for chunk `chunk` of tp rank 0 of `tp` (tp_mode 2: of the 2d grid, micro-batches
+// of B split over its rows) on pipeline stage `stage` of `pp` (v chunks), sequence-parallel
+// when sp, activations in at; *host_bytes (may be NULL) gets the host part (L3D_CKPT_CPU).
+size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
+                           int stage, const int *layers_per_stage, int chunk, int B, int T,
+                           int recompute, int sp, l3d_dtype at, size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);

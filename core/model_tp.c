@@ -112,17 +112,18 @@ static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int passes, u
     b[1] += (uint64_t)passes * q * O * I * 4, c[1] += (uint64_t)passes * q;
 }
 
-void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int B, int T, int recompute,
-                          int sync, uint64_t bytes[2], uint64_t calls[2]) {
+void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
+                          int B, int T, int recompute, int sync, uint64_t bytes[2],
+                          uint64_t calls[2]) {
     uint64_t N = (uint64_t)B * T, C = cfg->hidden_size / q, F = cfg->intermediate_size / q;
     uint64_t HD = (uint64_t)cfg->num_attention_heads / q * cfg->head_dim;
     uint64_t KD = (uint64_t)cfg->num_key_value_heads / q * cfg->head_dim;
-    uint64_t V = cfg->vocab_size / q, Ve = cfg->vocab_size, L = cfg->num_hidden_layers;
+    uint64_t V = cfg->vocab_size / q, Ve = cfg->vocab_size, h = head != 0;
     uint64_t b[2] = {0, 0}, c[2] = {0, 0};
     // a layer's products: q, k, v, o, gate, up, down
     uint64_t prod[7][2] = {{C, HD}, {C, KD}, {C, KD}, {HD, C}, {C, F}, {C, F}, {F, C}};
     int fwd_passes = recompute ? 2 : 1;  // the rebuild repeats the forward
-    for (uint64_t l = 0; l < L; l++) {
+    for (int l = 0; l < L; l++) {
         for (int k = 0; k < 7; k++) {
             summa_bytes(q, N, prod[k][0], prod[k][1], fwd_passes, b, c);
             summa_bytes(q, N, prod[k][0], prod[k][1], 2, b, c);
@@ -130,13 +131,16 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int B, int T, in
         // two norms: an all-reduce of N row statistics per forward and per backward
         b[0] += (uint64_t)(2 * fwd_passes + 2) * N * 4, c[0] += (uint64_t)(2 * fwd_passes + 2);
     }
-    b[0] += 2 * N * 4, c[0] += 2;          // the final norm, forward and backward
-    summa_bytes(q, N, C, V, 1, b, c);      // the head
-    summa_bytes(q, N, C, V, 2, b, c);
-    b[0] += 3 * N * 4, c[0] += 2;          // cross-entropy: max (N), sums (2N)
-    b[1] += 8 * (uint64_t)q, c[1] += 1;    // the loss: an all-gather of one double
-    if (sync) {                            // replicated norms and the embedding
-        b[1] += ((2 * L + 1) * C + Ve * C) * 4, c[1] += 2 * L + 2;
+    if (head) {
+        b[0] += 2 * N * 4, c[0] += 2;        // the final norm, forward and backward
+        summa_bytes(q, N, C, V, 1, b, c);    // the head
+        summa_bytes(q, N, C, V, 2, b, c);
+        b[0] += 3 * N * 4, c[0] += 2;        // cross-entropy: max (N), sums (2N)
+        b[1] += 8 * (uint64_t)q, c[1] += 1;  // the loss: an all-gather of one double
+    }
+    if (sync) {  // replicated norms and the embedding
+        b[1] += ((2 * (uint64_t)L + h) * C + (embed ? Ve * C : 0)) * 4;
+        c[1] += 2 * (uint64_t)L + h + (embed != 0);
     }
     bytes[0] = b[0], bytes[1] = b[1], calls[0] = c[0], calls[1] = c[1];
 }

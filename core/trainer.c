@@ -330,7 +330,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
-    l3d_model_set_dims_tp(&m, &cfg->model, cfg->tp, 0);
+    l3d_model_set_dims_mode(&m, &cfg->model, cfg->tp, cfg->tp_mode, 0);
     int v = l3d_train_config_v(cfg);
     l3d_model_set_stage(&m, cfg->pp, v, 0, l3d_train_config_lps(cfg));
     l3d_model_layout(&m);
@@ -364,7 +364,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     for (int c = 0; c < v; c++) {
         int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, cfg->grad_accum_steps, c) : 1;
         size_t host = 0;
-        mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->pp, v, 0,
+        mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode,
+                                                         cfg->pp, v, 0,
                                                          l3d_train_config_lps(cfg), c,
                                                          cfg->micro_batch_size, cfg->seq_len,
                                                          l3d_train_config_ckpt(cfg),

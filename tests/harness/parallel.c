@@ -435,8 +435,7 @@ void compare_keep(const layout_t *L, const result_t *ref, result_t *keep) {
                  g_z3->persist, g_z3->prefetch, g_z3->live);
     cr_assert(ref->loss[STEPS - 1] < ref->loss[0] - 0.1, "the reference run does not learn");
     check_run(name, &got, ref, 0);
-    // (the planner and the --dry-run estimate know tp_mode 1d only, so far)
-    if (g_tp_mode != 2) check_plan_memory(name, &got);
+    check_plan_memory(name, &got);
     cr_assert(L->tp == 1 || got.last.comm_bytes[0] > 0, "%s: no tp traffic counted", name);
     cr_assert(L->dp == 1 || got.last.comm_bytes[1] > 0, "%s: no dp traffic counted", name);
     cr_log_info("%s: bytes tp %llu dp %llu", name, (unsigned long long)got.last.comm_bytes[0],
