@@ -10,8 +10,14 @@
 # 64, one thread per rank. Layouts: tp 4 (1d, and 2d on a 2 x 2 grid) and dp 2 x tp 4, as
 # ranks of `l3d launch --transport ucx` when ucx is built, else as threads of one process.
 # A 2-core machine runs the 4-8 ranks time-shared, so the step times say how the modes compare
-# here, not on a GPU cluster; the bytes are exact. The planned comparison at 70B-405B (issue
-# 13's section 3) needs the planner's 2d costs, which are not built yet.
+# here, not on a GPU cluster; the bytes are exact.
+#
+# Planned (the second table): `l3d plan` searches every layout of Llama 3 70B and 405B and a
+# 175B model (GPT-3's shape in Llama's form) on 64-4096 H100 and H200 GPUs (8 per node,
+# NVLink 4 inside, IB NDR400 between; seq 8192, global batch 1024 sequences) once with 1d and
+# once with 2d tensor parallelism (a q x q grid), and prints each mode's best step time, MFU,
+# tensor-parallel communication time and layout: dp x 2d against dp x 1d, the guide's
+# reading (a) of "3D". Reading (b), the 3d cube against 2d SUMMA, waits for tp_mode 3d.
 # Environment: L3D_BENCH_STEPS (default 8), UCX_TLS (default posix,self).
 set -u
 case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
@@ -81,5 +87,43 @@ for lay in "1 4" "2 4"; do
   echo "| dp $dp x tp $tp | 1d | $b1 | $c1 | $t1 | | |"
   awk -v b1="$b1" -v b2="$b2" -v t1="$t1" -v t2="$t2" -v c2="$c2" -v l="dp $dp x tp $tp" \
     'BEGIN { printf "| %s | 2d (2 x 2) | %d | %d | %s | %.2f | %.2f |\n", l, b2, c2, t2, b2 / b1, t2 / t1 }'
+done
+
+# ---- planned --------------------------------------------------------------------------------
+cat >"$tmp/175b.json" <<'J'
+{"hidden_size": 12288, "intermediate_size": 49152, "num_hidden_layers": 96,
+ "num_attention_heads": 96, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+ "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001}
+J
+best() {  # model gpu gpus mode -> "step_s mfu tp_s layout"
+  "$L3D" plan --model "$1" --gpu "$2" --gpus "$3" --seq 8192 --global-batch 1024 \
+    --layout "tp_mode=$4" --top 1 --json 2>/dev/null | python3 -c '
+import json, sys
+r = json.load(sys.stdin)[0]
+l = r["layout"]
+lay = "dp=%d tp=%d pp=%d cp=%d v=%d mb=%d zero=%d rc=%s" % (l["dp"], l["tp"], l["pp"], l["cp"],
+      l["v"], l["mb"], l["zero"], l["recompute"])
+print("%.3f %.1f %.3f %s%s" % (r["step_time_s"], 100 * r["mfu"], r["comm_s"]["tp"], lay,
+      "" if r["fits"] else " (does not fit)"))'
+}
+echo
+echo "| model | GPUs | 1d step s | 1d MFU | 1d tp s | 2d step s | 2d MFU | 2d tp s | 2d / 1d time | 1d layout | 2d layout |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for model in llama3-70b "$tmp/175b.json" llama3-405b; do
+  name=$model; [ "$model" = "$tmp/175b.json" ] && name=175b
+  for gpu in h100-sxm h200-sxm; do
+    for n in 64 512 4096; do
+      a=$(best "$model" "$gpu" "$n" 1d) || a=""
+      b=$(best "$model" "$gpu" "$n" 2d) || b=""
+      if [ -z "$a" ] || [ -z "$b" ]; then
+        echo "| $name ($gpu) | $n | ${a:-none fits the search} | | | ${b:-none} | | | | | |"; continue
+      fi
+      set -- $a; t1=$1 m1=$2 c1=$3; shift 3; l1="$*"
+      set -- $b; t2=$1 m2=$2 c2=$3; shift 3; l2="$*"
+      r=$(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%.2f", b / a }')
+      echo "| $name ($gpu) | $n | $t1 | $m1% | $c1 | $t2 | $m2% | $c2 | $r | $l1 | $l2 |"
+    done
+  done
 done
 [ "$fails" -eq 0 ]

@@ -72,10 +72,12 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         int q = (int)(Cl ? (uint64_t)mc->hidden_size / Cl : 1);
         uint64_t b[2], c[2], bs[2], cs[2];
         int rc = cfg->activation_checkpointing != 0;
-        l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 0, b, c);
-        l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 1, bs, cs);
+        l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 0,
+                             (int)e, b, c);
+        l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 1,
+                             (int)e, bs, cs);
         s->per_mb = 1;
-        add_op(s, GA, A * (c[0] + c[1]), A * (b[0] + b[1]));
+        add_op(s, L3D_COMM_OP_BCAST, A * (c[0] + c[1]), A * (b[0] + b[1]));
         s->per_mb = zero2;
         add_op(s, AR, Ag * (cs[1] - c[1]), Ag * (bs[1] - b[1]));
         s->per_mb = 0;

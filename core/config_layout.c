@@ -109,7 +109,9 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
 }
 
 // parallel.tp_mode "2d": what the model's 2d path takes so far (core/model_internal.h).
-static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin) {
+// planning: a run l3d plan costs, not one this build runs: only the grid's shape matters.
+static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin,
+                           int planning) {
     int q = (int)lround(sqrt((double)cfg->tp));
     const char *no = NULL;
     if (q * q != cfg->tp)
@@ -120,7 +122,8 @@ static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const 
                          "micro-batch's %d sequences over the grid's %d rows: make "
                          "train_micro_batch_size_per_gpu a multiple of %d", origin,
                          cfg->micro_batch_size, q, q);
-    if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
+    if (planning) no = NULL;
+    else if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
     else if (cfg->bf16 || cfg->fp16) no = "bf16 / fp16 (float32 only so far)";
     else if (cfg->zero_stage > 2) no = "ZeRO stage 3";
     else if (cfg->offload_optimizer || cfg->offload_param) no = "ZeRO offload";
@@ -130,7 +133,12 @@ static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const 
     if (no)
         return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "%s: parallel.tp_mode \"2d\" does not take "
                          "%s yet", origin, no);
-    return l3d_tp2d_check(ctx, &cfg->model, q);
+    if (planning && cfg->sequence_parallel)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: tp_mode 2d splits the rows already: no "
+                         "sequence parallelism", origin);
+    l3d_model_config_t mc = cfg->model;
+    if (planning) mc.tie_word_embeddings = 0;  // (costed as an untied head)
+    return l3d_tp2d_check(ctx, &mc, q);
 }
 
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
@@ -170,7 +178,8 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
                          cfg->pp, v, cfg->model.num_hidden_layers);
     if (cfg->pp > 1 && validate_schedule)
         L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
-    if (cfg->tp_mode == 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin));
+    // (the planner, which skips the schedule's simulation, costs runs this build cannot run)
+    if (cfg->tp_mode == 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin, !validate_schedule));
     else L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;

@@ -45,7 +45,8 @@ l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg
                                          const char *origin);
 // The same, with the pipeline schedule's simulation (l3d_pp_validate, which depends only on
 // the schedule kind, pp, v and the accumulation steps) left to a caller that has run it for
-// those already: l3d plan, which checks thousands of layouts.
+// those already: l3d plan, which checks thousands of layouts. Without it (the planner) tp_mode
+// 2d is checked for its grid's shape only, not for what this build's 2d runs do not take.
 l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                             const char *origin, int validate_schedule);
 

@@ -299,9 +299,10 @@ l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
 // training micro-batch of B sequences (its slice) of T tokens on a stage of L layers, with
 // the embedding (embed) and the final norm, head and loss (head): bytes and calls. recompute:
 // every layer's forward runs again in the backward; sync: the micro-batch sums the replicated
-// gradients (a->tp_sync_grads). docs/parallel.md has the table this adds up.
+// gradients (a->tp_sync_grads). es: bytes of an activation / weight block element (4 in the
+// float32 runs here; the planner's bf16 runs 2). docs/parallel.md has the table this adds up.
 void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
-                          int B, int T, int recompute, int sync, uint64_t bytes[2],
+                          int B, int T, int recompute, int sync, int es, uint64_t bytes[2],
                           uint64_t calls[2]);
 // 2d: sums the embedding's gradient (Vemb x C) over the grid column; a no-op in 1D.
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);

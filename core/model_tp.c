@@ -106,14 +106,14 @@ l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
 
 // SUMMA products (core/tp2d.h), forward (passes 1) or backward (2: dx and dW), of N rows
 // from I to O (per rank) into bytes/calls.
-static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int passes, uint64_t b[2],
-                        uint64_t c[2]) {
-    b[0] += (uint64_t)passes * q * N * I * 4, c[0] += (uint64_t)passes * q;
-    b[1] += (uint64_t)passes * q * O * I * 4, c[1] += (uint64_t)passes * q;
+static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int passes, uint64_t es,
+                        uint64_t b[2], uint64_t c[2]) {
+    b[0] += (uint64_t)passes * q * N * I * es, c[0] += (uint64_t)passes * q;
+    b[1] += (uint64_t)passes * q * O * I * es, c[1] += (uint64_t)passes * q;
 }
 
 void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
-                          int B, int T, int recompute, int sync, uint64_t bytes[2],
+                          int B, int T, int recompute, int sync, int es, uint64_t bytes[2],
                           uint64_t calls[2]) {
     uint64_t N = (uint64_t)B * T, C = cfg->hidden_size / q, F = cfg->intermediate_size / q;
     uint64_t HD = (uint64_t)cfg->num_attention_heads / q * cfg->head_dim;
@@ -125,16 +125,16 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
     int fwd_passes = recompute ? 2 : 1;  // the rebuild repeats the forward
     for (int l = 0; l < L; l++) {
         for (int k = 0; k < 7; k++) {
-            summa_bytes(q, N, prod[k][0], prod[k][1], fwd_passes, b, c);
-            summa_bytes(q, N, prod[k][0], prod[k][1], 2, b, c);
+            summa_bytes(q, N, prod[k][0], prod[k][1], fwd_passes, (uint64_t)es, b, c);
+            summa_bytes(q, N, prod[k][0], prod[k][1], 2, (uint64_t)es, b, c);
         }
         // two norms: an all-reduce of N row statistics per forward and per backward
         b[0] += (uint64_t)(2 * fwd_passes + 2) * N * 4, c[0] += (uint64_t)(2 * fwd_passes + 2);
     }
     if (head) {
         b[0] += 2 * N * 4, c[0] += 2;        // the final norm, forward and backward
-        summa_bytes(q, N, C, V, 1, b, c);    // the head
-        summa_bytes(q, N, C, V, 2, b, c);
+        summa_bytes(q, N, C, V, 1, (uint64_t)es, b, c);  // the head
+        summa_bytes(q, N, C, V, 2, (uint64_t)es, b, c);
         b[0] += 3 * N * 4, c[0] += 2;        // cross-entropy: max (N), sums (2N)
         b[1] += 8 * (uint64_t)q, c[1] += 1;  // the loss: an all-gather of one double
     }

@@ -17,9 +17,10 @@
 
 const char *l3d_plan_layout_str(const l3d_plan_layout_t *l, char *buf, size_t cap) {
     static const char *const rc[] = {"none", "selective", "full"};
-    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,v=%d,mb=%d,zero=%d,recompute=%s,sp=%d", l->dp,
+    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,v=%d,mb=%d,zero=%d,recompute=%s,sp=%d%s", l->dp,
              l->tp, l->pp, l->cp, l->v, l->micro_batch, l->zero_stage,
-             rc[l->recompute >= 0 && l->recompute <= 2 ? l->recompute : 0], l->sp);
+             rc[l->recompute >= 0 && l->recompute <= 2 ? l->recompute : 0], l->sp,
+             l->tp_mode == 2 ? ",tp_mode=2d" : "");
     return buf;
 }
 
@@ -75,7 +76,8 @@ static layer_time_t layer_time(const l3d_plan_request_t *r, const l3d_plan_layou
     // Korthikanti et al. 2022 count as stored activations per layer, 34 C bytes per token
     // (10 C + 24 C / t without sequence parallelism), and 5 (H/t) T bytes per token of stored
     // scores, times mem_traffic.
-    double tok = l->sp && l->tp > 1 ? 34 * C / t : 10 * C + 24 * C / t;
+    // (2d keeps a 1/t block of every activation, as sequence parallelism does)
+    double tok = (l->sp || l->tp_mode == 2) && l->tp > 1 ? 34 * C / t : 10 * C + 24 * C / t;
     double scores = flash ? 0 : 5 * (H / t) * T;
     double el = r->runtime.mem_traffic * es / 2 * n * (tok + scores) / r->gpu.mem_bw;
     double el_scores = r->runtime.mem_traffic * es / 2 * n * scores / r->gpu.mem_bw;
@@ -103,6 +105,8 @@ static const l3d_plan_link_t *group_link(const l3d_plan_request_t *r, long strid
 
 static double term_s(const l3d_plan_link_t *link, const l3d_comm_term_t *t, int n) {
     if (!t->calls) return 0;
+    // A 2d grid's broadcast or reduce is one pipelined pass of its bytes over the link: a p2p
+    // cost per call.
     int op = t->op == L3D_COMM_OP_ALLREDUCE ? L3D_PLAN_OP_ALLREDUCE
              : t->op == L3D_COMM_OP_GATHER  ? L3D_PLAN_OP_GATHER
                                             : L3D_PLAN_OP_P2P;
@@ -152,6 +156,7 @@ static l3d_status layout_config(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     cfg->zero_stage = l->zero_stage;
     cfg->activation_checkpointing = l->recompute == L3D_RECOMPUTE_FULL;
     cfg->sequence_parallel = l->sp;
+    cfg->tp_mode = l->tp_mode;
     cfg->virtual_stages = l->v;
     cfg->n_layers_per_stage = 0;  // balanced stages
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", l->v > 1 ? "interleaved" : "1f1b");
@@ -174,9 +179,9 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
         l->sp < 0 || l->sp > 1 || (long)l->dp * l->tp * l->pp * l->cp != r->gpus)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: layout %s does not make %d GPUs",
                          l3d_plan_layout_str(l, ls, sizeof(ls)), r->gpus);
-    if (l->tp_mode != 1)
+    if (l->tp_mode != 1 && l->tp_mode != 2)
         return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "plan: tp_mode %dd is not built yet; plan "
-                         "with 1d", l->tp_mode);
+                         "with 1d or 2d", l->tp_mode);
     l3d_train_config_t *cfg = &sc->cfg;
     L3D_CHECK(ctx, layout_config(ctx, r, l, sc));
     memset(res, 0, sizeof(*res));
@@ -217,7 +222,8 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
         res->comm_bytes[g] += t->bytes;  // L3D_MESH_* is the result's group index (cp: 3)
         res->comm_calls[g] += t->calls;
         l3d_comm_term_t tt = *t;
-        if (g == L3D_MESH_PP && t->per_mb && r->runtime.pp_scatter_gather && !l->sp)
+        if (g == L3D_MESH_PP && t->per_mb && r->runtime.pp_scatter_gather && !l->sp &&
+            l->tp_mode != 2)  // (2d sends its block already)
             tt.bytes /= (uint64_t)l->tp;  // each rank sends its 1/tp over the network
         double s = term_s(group_link(r, stride[g], size[g]), &tt, size[g]);
         if (g == L3D_MESH_TP) tp_mb += s / A;  // per micro-batch, inside its compute

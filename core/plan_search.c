@@ -1,6 +1,7 @@
 // l3d plan's search: every layout the request leaves open, evaluated (core/plan_cost.c) and
 // ranked. Fitting layouts come first, fastest first; then the others, smallest first.
 // defines: l3d_plan_search
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,9 +57,10 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: need gpus, gpus per node, seq, "
                          "global batch >= 1 and room for one result");
     const l3d_plan_layout_t *f = &req->fixed;
-    if (f->tp_mode > 1)
+    if (f->tp_mode > 2)
         return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "plan: tp_mode %dd is not built yet; plan "
-                         "with 1d", f->tp_mode);
+                         "with 1d or 2d", f->tp_mode);
+    int mode = f->tp_mode == 2 ? 2 : 1;  // (the search keeps 1d unless 2d is asked for)
     l3d_plan_scratch_t *sc = l3d_calloc(ctx, 1, sizeof(*sc), "plan");
     if (!sc) return L3D_ERR_NOMEM;
     enum { MAXD = 256 };
@@ -76,6 +78,8 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
     for (int a = 0; a < nd; a++) {
         int tp = div[a];
         if ((f->tp && tp != f->tp) || req->model.num_attention_heads % tp) continue;
+        int q = (int)lround(sqrt((double)tp));
+        if (mode == 2 && (tp < 4 || q * q != tp)) continue;  // 2d: a q x q grid
         for (int b = 0; b < nd; b++) {
             int cp = div[b];
             if ((f->cp && cp != f->cp) || (!f->cp && cp > 1 && cp > 64) ||
@@ -100,9 +104,9 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
                             if (zs[z] > 0 && dp == 1 && f->zero_stage < 0) continue;
                             for (int k = 0; k < nrc; k++)
                                 for (int s = 0; s < nsp; s++) {
-                                    if (sps[s] && tp == 1 && f->sp < 0) continue;
+                                    if (sps[s] && (tp == 1 || mode == 2) && f->sp < 0) continue;
                                     l3d_plan_layout_t l = {dp,     tp,       pp,     cp,
-                                                           1,      vs[i],    mbs[j], zs[z],
+                                                           mode,   vs[i],    mbs[j], zs[z],
                                                            rcs[k], sps[s] && tp > 1};
                                     l3d_plan_result_t r;
                                     if (l3d_plan_evaluate_in(ctx, req, &l, sc, &r) < 0) {

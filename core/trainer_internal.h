@@ -278,6 +278,8 @@ typedef enum {
     L3D_COMM_OP_ALLREDUCE,
     L3D_COMM_OP_GATHER,  // all-gather or reduce-scatter: the same cost
     L3D_COMM_OP_P2P,
+    L3D_COMM_OP_BCAST,  // broadcasts and reduces within rows or columns of the 2d grid (and
+                        // their small row-statistic all-reduces): one pipelined pass each
 } l3d_comm_op_kind;
 typedef struct l3d_comm_term {
     int group;  // L3D_MESH_*

@@ -25,7 +25,7 @@ usage "missing link file" "cannot read measured link $tmp/none.json" "${base[@]}
 usage "layout key" "unknown key 'tpp'" "${base[@]}" --layout tpp=2
 usage "layout value" "--layout tp: 'x'" "${base[@]}" --layout tp=x
 usage "recompute value" "not none, selective or full" "${base[@]}" --layout recompute=some
-usage "tp_mode not built" "tp_mode 2d is not built yet" "${base[@]}" --layout tp_mode=2d
+usage "tp_mode not built" "tp_mode 3d is not built yet" "${base[@]}" --layout tp_mode=3d
 usage "unknown model" "unknown model preset 'llama9'" --model llama9 --gpus 8 --seq 64 --global-batch 8
 usage "no layout" "no valid layout of 16 GPUs" "${base[@]}" --layout tp=3
 echo '{"train_batch_size": 8, "zero_optimization": {"stage": 9}}' >"$tmp/bad.json"

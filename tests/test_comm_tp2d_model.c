@@ -109,7 +109,7 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
     OK(micro(m, i * (B / q), B / q, arg->recompute, arg->sync, &loss2, &g2));
     // what the grid moved, counted, against the analytic table (docs/parallel.md)
     uint64_t wb[2], wc[2];
-    l3d_tp2d_micro_bytes(&cfg, q, L, 1, 1, B / q, T, arg->recompute, arg->sync, wb, wc);
+    l3d_tp2d_micro_bytes(&cfg, q, L, 1, 1, B / q, T, arg->recompute, arg->sync, 4, wb, wc);
     l3d_comm_t *grid[2] = {m->tp.g->row, m->tp.g->col};
     for (int k = 0; k < 2; k++) {
         l3d_comm_stats_t cs;
