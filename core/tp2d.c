@@ -126,14 +126,14 @@ l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const float *dy, const
 
 l3d_status l3d_tp2d_linear_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int N,
                                int I, int O) {
-    int Nq, Iq, Oq;
+    int Nq = 0, Iq = 0, Oq = 0;
     L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
     return l3d_tp2d_block_fwd(g, y, x, w, Nq, Iq, Oq, 0.0f);
 }
 
 l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float *dy,
                                const float *x, const float *w, int N, int I, int O) {
-    int Nq, Iq, Oq;
+    int Nq = 0, Iq = 0, Oq = 0;
     L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
     L3D_CHECK(g->ctx, l3d_tp2d_block_bwd_x(g, dx, dy, w, Nq, Iq, Oq, 0.0f));
     return l3d_tp2d_block_bwd_w(g, dw, dy, x, Nq, Iq, Oq);
