@@ -451,6 +451,14 @@ static void ofi_ctrl_flush(l3d_ofi_t *o, double budget_s) {
 
 void l3d_ofi_goodbye(l3d_ofi_t *o) {
     if (!o->connected || o->ep_closed || o->aborted) return;
+    // Operations still in the provider (a failed collective's, left as orphans) may read or
+    // write buffers the caller has freed since: progressing them here would touch freed
+    // memory (ASan caught it). A run that ends with such leftovers has failed already; it
+    // closes as before, without the handshake (its peers see it exit).
+    for (l3d_tp_request_t *r = o->live.next; r != &o->live; r = r->next)
+        if (!r->done && (r->kind == L3D_OFI_REQ_SEND || r->kind == L3D_OFI_REQ_RECV)) return;
+    for (int p = 0; p < o->nranks; p++)
+        if (p != o->rank && o->peer_dead[p]) return;
     double t0 = l3d_time_now(), next_check = t0 + OFI_BYE_CHECK_S;
     double limit = o->timeout_s > 0 ? o->timeout_s : 300.0;
     for (int idle = 0;; idle++) {
