@@ -218,9 +218,11 @@ l3d_status l3d_ofi_drain(l3d_ofi_t *o) {
     if (o->ep_closed) return L3D_OK;
     L3D_CHECK(o->ctx, ofi_cq_poll(o));
     if (l3d_ofi_check_peers(o) > 0) {
-        // A peer exited: what it sent before exiting is in our region or socket now, and
-        // nothing more can come. Progress for a short grace so that the provider hands it
-        // over (rxm may need several passes over a closed socket), then fail what is left.
+        // A peer exited: nothing more can come, but what it sent before may still be handed
+        // over (an abort or failure notice naming the rank that really failed; rxm may need
+        // several passes over a closed socket). Progress for a short grace, then fail what is
+        // left. shm does not always keep an exited sender's messages (a 0.5 s grace did not
+        // bring back a completed 4000-byte send): the goodbye at fini is what protects them.
         double until = l3d_time_now() + OFI_EXITED_DRAIN_S;
         do {
             L3D_CHECK(o->ctx, ofi_cq_poll(o));
