@@ -143,11 +143,11 @@ static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const 
 
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                          const char *origin) {
-    return l3d_train_config_check_layout_ex(ctx, cfg, origin, 1);
+    return l3d_train_config_check_layout_ex(ctx, cfg, origin, 0);
 }
 
 l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
-                                            const char *origin, int validate_schedule) {
+                                            const char *origin, int planning) {
     if (cfg->dp < 1 || cfg->tp < 1 || cfg->pp < 1)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel: dp %d, tp %d, pp %d must be >= 1",
                          origin, cfg->dp, cfg->tp, cfg->pp);
@@ -176,10 +176,9 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
         return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d x parallel.virtual_stages %d is "
                          "more virtual stages than num_hidden_layers %d; lower one of them",
                          cfg->pp, v, cfg->model.num_hidden_layers);
-    if (cfg->pp > 1 && validate_schedule)
+    if (cfg->pp > 1 && !planning)
         L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
-    // (the planner, which skips the schedule's simulation, costs runs this build cannot run)
-    if (cfg->tp_mode == 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin, !validate_schedule));
+    if (cfg->tp_mode == 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin, planning));
     else L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;

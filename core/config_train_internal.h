@@ -43,11 +43,12 @@ l3d_status l3d_dsconfig_parse_sections(const l3d_dsparser_t *p, json_t *root);
 // core/config_layout.c; called by l3d_train_config_finalize and the trainer.
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                          const char *origin);
-// The same, with the pipeline schedule's simulation (l3d_pp_validate, which depends only on
-// the schedule kind, pp, v and the accumulation steps) left to a caller that has run it for
-// those already: l3d plan, which checks thousands of layouts. Without it (the planner) tp_mode
-// 2d is checked for its grid's shape only, not for what this build's 2d runs do not take.
+// The same for l3d plan (planning 1), which costs runs rather than starts them: the pipeline
+// schedule's simulation (l3d_pp_validate, which depends only on the schedule kind, pp, v and
+// the accumulation steps) is left to it, as it has run it for those already across thousands
+// of layouts, and tp_mode 2d is checked for its grid's shape only, not for what this build's
+// 2d runs do not take yet.
 l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
-                                            const char *origin, int validate_schedule);
+                                            const char *origin, int planning);
 
 #endif

@@ -166,7 +166,7 @@ static l3d_status layout_config(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     if (r->seq_len % l->cp)
         return l3d_error(ctx, L3D_ERR_CONFIG, "plan: seq %d is not a multiple of cp %d",
                          r->seq_len, l->cp);
-    L3D_CHECK(ctx, l3d_train_config_check_layout_ex(ctx, cfg, "plan", 0));
+    L3D_CHECK(ctx, l3d_train_config_check_layout_ex(ctx, cfg, "plan", 1));
     return schedule_ok(ctx, sc, l->pp, l->v, cfg->grad_accum_steps);
 }
 
