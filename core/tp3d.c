@@ -1,0 +1,187 @@
+// 3D tensor parallelism: the q x q x q cube and its linear layer (core/tp3d.h has the layout
+// and the algorithm). Every product runs on the device's GEMM; every exchange is an all-gather
+// or a reduce-scatter on one axis communicator, so their bytes are counted there.
+#include <math.h>
+#include <string.h>
+
+#include "core/l3d_core.h"
+#include "core/tp3d.h"
+#include "devices/device.h"
+
+l3d_status l3d_tp3d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp3d_t **g_p) {
+    l3d_ctx_t *ctx = l3d_comm_ctx(tp);
+    int n = l3d_comm_size(tp), me = l3d_comm_rank(tp), q = (int)lround(cbrt((double)n));
+    if (q * q * q != n)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 3d: tp %d is not a cube (q x q x q "
+                         "ranks: 8, 27, 64, ...)", n);
+    l3d_tp3d_t *g = l3d_calloc(ctx, 1, sizeof(*g), "tp3d");
+    if (!g) return L3D_ERR_NOMEM;
+    g->ctx = ctx, g->dev = dev, g->q = q;
+    g->c[0] = me / (q * q), g->c[1] = me / q % q, g->c[2] = me % q;
+    l3d_status st = L3D_OK;
+    for (int ax = 0; ax < 3 && st >= 0; ax++) {
+        // color: the other two coordinates; key: this one
+        int o1 = g->c[(ax + 1) % 3], o2 = g->c[(ax + 2) % 3];
+        st = l3d_comm_split(tp, o1 * q + o2, g->c[ax], &g->axis[ax]);
+    }
+    if (st < 0) {
+        l3d_tp3d_destroy(g);
+        return st;
+    }
+    *g_p = g;
+    return L3D_OK;
+}
+
+void l3d_tp3d_destroy(l3d_tp3d_t *g) {
+    if (!g) return;
+    float **bufs[] = {&g->a, &g->b, &g->c2, &g->d, &g->stat};
+    size_t caps[] = {g->cap_a, g->cap_b, g->cap_c, g->cap_d, g->cap_stat};
+    for (int k = 0; k < 5; k++)
+        if (*bufs[k]) l3d_dev_free(g->dev, *bufs[k], caps[k] * sizeof(float), "tp3d");
+    for (int ax = 0; ax < 3; ax++) l3d_comm_destroy(g->axis[ax]);
+    l3d_free(g->ctx, g, sizeof(*g), "tp3d");
+}
+
+// Scratch blocks live in the device's memory, where the GEMMs and the communicator read them.
+static l3d_status grow(l3d_tp3d_t *g, float **p, size_t *cap, size_t n) {
+    if (*cap >= n) return L3D_OK;
+    void *q = NULL;
+    L3D_CHECK(g->ctx, l3d_dev_alloc(g->dev, n * sizeof(float), "tp3d", &q));
+    if (*p) l3d_dev_free(g->dev, *p, *cap * sizeof(float), "tp3d");
+    *p = q, *cap = n;
+    return L3D_OK;
+}
+
+// C(M,N) = op(A) op(B), float32, row-major, dense.
+static l3d_status gemm(l3d_tp3d_t *g, int ta, int tb, int M, int N, int K, const float *A,
+                       const float *B, float *C) {
+    l3d_gemm_t p = {.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .alpha = 1.0f,
+                    .beta = 0.0f, .A = A, .lda = ta ? M : K, .B = B, .ldb = tb ? K : N, .C = C,
+                    .ldc = N};
+    return l3d_dev_gemm(g->dev, &p);
+}
+
+// The contracted (a) and the output (b) axis of an orientation.
+static void axes(int orient, int *a, int *b) {
+    *a = orient == L3D_TP3D_A ? 2 : 1;
+    *b = orient == L3D_TP3D_A ? 1 : 2;
+}
+
+static l3d_status sizes_ok(l3d_tp3d_t *g, int Nr, int Iq, int Oq) {
+    if (Nr < 1 || Iq < 1 || Oq < g->q || Oq % g->q)
+        return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "tp_mode 3d: linear layer block (%d rows, "
+                         "%d -> %d) does not split over a %d-cube: the output block must be a "
+                         "multiple of %d", Nr, Iq, Oq, g->q, g->q);
+    return L3D_OK;
+}
+
+// The gathered blocks this layer's products read, sizes (q Nr, Iq) and (Oq, Iq); the partial
+// products (q Nr, Oq) and (Oq, Iq).
+static l3d_status scratch(l3d_tp3d_t *g, int Nr, int Iq, int Oq) {
+    size_t xs = (size_t)g->q * Nr * Iq, ws = (size_t)Oq * Iq, ys = (size_t)g->q * Nr * Oq;
+    L3D_CHECK(g->ctx, grow(g, &g->a, &g->cap_a, xs > ys ? xs : ys));
+    L3D_CHECK(g->ctx, grow(g, &g->b, &g->cap_b, ws));
+    L3D_CHECK(g->ctx, grow(g, &g->c2, &g->cap_c, xs > ys ? xs : ys));
+    size_t ds = ws > xs ? ws : xs;
+    return grow(g, &g->d, &g->cap_d, ds > ys ? ds : ys);
+}
+
+// Reduce-scatters `part` (q*cnt floats) along axis ax into out (= when beta 0, += when 1;
+// `tmp` holds the received block for the add).
+static l3d_status scatter_into(l3d_tp3d_t *g, int ax, float *out, const float *part, size_t cnt,
+                               float beta, float *tmp) {
+    if (beta == 0.0f)
+        return l3d_comm_reduce_scatter(g->axis[ax], part, out, cnt, L3D_FLOAT32, L3D_SUM);
+    L3D_CHECK(g->ctx, l3d_comm_reduce_scatter(g->axis[ax], part, tmp, cnt, L3D_FLOAT32, L3D_SUM));
+    return l3d_dev_add(g->dev, out, out, tmp, cnt, L3D_FLOAT32);
+}
+
+l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, float *y, const float *x,
+                              const float *w, int Nr, int Iq, int Oq, float beta) {
+    L3D_CHECK(g->ctx, sizes_ok(g, Nr, Iq, Oq));
+    L3D_CHECK(g->ctx, scratch(g, Nr, Iq, Oq));
+    int a, b, q = g->q, M = q * Nr;
+    axes(orient, &a, &b);
+    size_t xs = (size_t)Nr * Iq, ws = (size_t)(Oq / q) * Iq, ys = (size_t)Nr * Oq;
+    // X(i, s_a) along b: (q Nr, Iq); W^T's block (s_a, s_b) along i: (Oq, Iq)
+    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, L3D_FLOAT32));
+    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, L3D_FLOAT32));
+    // partial Y(i, s_b) = X W^T over this rank's columns s_a    (q Nr, Iq) x (Oq, Iq)^T
+    L3D_CHECK(g->ctx, gemm(g, 0, 1, M, Oq, Iq, g->a, g->b, g->c2));
+    // summed along a, rows (i*q + s_a) to this rank
+    return scatter_into(g, a, y, g->c2, ys, beta, g->d);
+}
+
+l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, float *dw,
+                              const float *dy, const float *x, const float *w, int Nr, int Iq,
+                              int Oq) {
+    L3D_CHECK(g->ctx, sizes_ok(g, Nr, Iq, Oq));
+    L3D_CHECK(g->ctx, scratch(g, Nr, Iq, Oq));
+    int a, b, q = g->q, M = q * Nr;
+    axes(orient, &a, &b);
+    size_t xs = (size_t)Nr * Iq, ws = (size_t)(Oq / q) * Iq, ys = (size_t)Nr * Oq;
+    // dY(i, s_b) along a: (q Nr, Oq), into c2
+    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[a], dy, g->c2, ys, L3D_FLOAT32));
+    if (dx) {
+        // partial dX(i, s_a) = dY W over this rank's output columns s_b, summed along b
+        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, L3D_FLOAT32));
+        L3D_CHECK(g->ctx, gemm(g, 0, 0, M, Iq, Oq, g->c2, g->b, g->a));  // (q Nr, Iq)
+        L3D_CHECK(g->ctx, scatter_into(g, b, dx, g->a, xs, beta, g->d));
+    }
+    if (dw) {
+        // partial dW's block (s_b, s_a) = dY^T X over row block i, summed along i; the slice
+        // i*Oq/q.. of it is this rank's
+        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, L3D_FLOAT32));
+        L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, M, g->c2, g->a, g->b));  // (Oq, Iq)
+        L3D_CHECK(g->ctx, scatter_into(g, 0, dw, g->b, ws, 1.0f, g->d));
+    }
+    return L3D_OK;
+}
+
+// The split-row RMSNorm's statistic: this block's part summed along the axis holding the
+// other columns of the same rows.
+static l3d_status row_stat(l3d_tp3d_t *g, int N, float **stat) {
+    L3D_CHECK(g->ctx, grow(g, &g->stat, &g->cap_stat, (size_t)(N > 0 ? N : 1)));
+    *stat = g->stat;
+    return L3D_OK;
+}
+
+l3d_status l3d_tp3d_rmsnorm_fwd(l3d_tp3d_t *g, int ax, void *out, float *rstd, const void *x,
+                                const void *w, int N, int C, int C_full, float eps,
+                                l3d_dtype at, l3d_dtype wt) {
+    float *ss;
+    L3D_CHECK(g->ctx, row_stat(g, N, &ss));
+    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, ss, x, x, NULL, N, C, at, wt));
+    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
+    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->axis[ax], ss, ss, (size_t)N, L3D_FLOAT32, L3D_SUM));
+    return l3d_dev_rmsnorm_rows_fwd(g->dev, out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
+}
+
+l3d_status l3d_tp3d_rmsnorm_bwd(l3d_tp3d_t *g, int ax, void *dx, void *dw, const void *dout,
+                                const void *x, const void *w, const float *rstd, int N, int C,
+                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
+    float *dot;
+    L3D_CHECK(g->ctx, row_stat(g, N, &dot));
+    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, dot, dout, x, w, N, C, at, wt));
+    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
+    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->axis[ax], dot, dot, (size_t)N, L3D_FLOAT32,
+                                         L3D_SUM));
+    return l3d_dev_rmsnorm_rows_bwd(g->dev, dx, dw, dout, x, w, rstd, dot, N, C, C_full, at, wt,
+                                    gt);
+}
+
+void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, uint64_t fwd[3],
+                           uint64_t bwd[3], uint64_t calls_fwd[3], uint64_t calls_bwd[3]) {
+    int a, b;
+    axes(orient, &a, &b);
+    // every all-gather and reduce-scatter counts its whole buffer: a gathered or a partial
+    // block, (N/q, I/q), (O/q, I/q) or (N/q, O/q)
+    uint64_t f = sizeof(float), xb = (uint64_t)(N / q) * (uint64_t)(I / q) * f;
+    uint64_t wb = (uint64_t)(O / q) * (uint64_t)(I / q) * f;
+    uint64_t yb = (uint64_t)(N / q) * (uint64_t)(O / q) * f;
+    for (int k = 0; k < 3; k++) fwd[k] = bwd[k] = calls_fwd[k] = calls_bwd[k] = 0;
+    fwd[b] += xb, fwd[0] += wb, fwd[a] += yb;             // gather x, gather W, scatter y
+    calls_fwd[b]++, calls_fwd[0]++, calls_fwd[a]++;
+    bwd[a] += yb, bwd[0] += 2 * wb, bwd[b] += 2 * xb;     // gather dy; gather W, scatter dW;
+    calls_bwd[a]++, calls_bwd[0] += 2, calls_bwd[b] += 2;  // scatter dx, gather x
+}

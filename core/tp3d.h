@@ -1,0 +1,78 @@
+// 3D tensor parallelism (parallel.tp_mode "3d", being built): the tp group as a q x q x q cube
+// and the 3D matrix product of Agarwal et al. 1995 as Bian et al. 2021 (arXiv 2105.14450)
+// place it for a transformer's linear layers.
+//
+// Rank (i, j, l) of the cube is tp rank (i*q + j)*q + l. A linear layer y(N,O) = x(N,I) W(O,I)^T
+// (W as Hugging Face stores it) contracts I over one cube axis `a` and splits O over another
+// `b`; i always splits the rows. With s_a, s_b this rank's coordinates on a and b:
+//
+//   x:  rows (i*q + s_b) * N/q^2 .., columns s_a * I/q ..            // (N/q^2, I/q)
+//   W:  rows s_b * O/q + i * O/q^2 .., columns s_a * I/q ..          // (O/q^2, I/q)
+//   y:  rows (i*q + s_a) * N/q^2 .., columns s_b * O/q ..            // (N/q^2, O/q)
+//
+// Forward: x's block (i, s_a) all-gathered along b (N/q, I/q); W's block (s_b, s_a) along i
+// (O/q, I/q); their product, partial over a, reduce-scattered along a by rows. Backward:
+// dy all-gathered along a; dx's partial (dy W) reduce-scattered along b; dW's partial
+// (dy^T x, x gathered again) reduce-scattered along i. Every rank holds 1/q^3 of x, W and y.
+//
+// y's layout is x's with a and b swapped, so layers alternate: "A" = (a l, b j) takes the
+// residual stream (rows i, j; columns l) to rows i, l and columns j (q, k, v, gate, up, the
+// head); "B" = (a j, b l) takes that back (o, down). Attention and SwiGLU run in between on
+// whole sequences (rows) and q's share of the heads (columns j) without exchange.
+// defines: l3d_tp3d_t, l3d_tp3d_create, l3d_tp3d_destroy, l3d_tp3d_block_fwd,
+//          l3d_tp3d_block_bwd, l3d_tp3d_rmsnorm_fwd/bwd, l3d_tp3d_linear_bytes
+#ifndef L3D_TP3D_H
+#define L3D_TP3D_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "llama3d/comm.h"
+#include "llama3d/device.h"
+
+// The two orientations of a linear layer (see above).
+enum { L3D_TP3D_A = 0, L3D_TP3D_B = 1 };
+
+typedef struct l3d_tp3d {
+    l3d_ctx_t *ctx;
+    l3d_device_t *dev;
+    int q, c[3];          // cube side; this rank's coordinates i, j, l
+    l3d_comm_t *axis[3];  // the q ranks differing from this one only in coordinate 0, 1, 2,
+                          // ordered by it (owned)
+    float *a, *b, *c2, *d;  // scratch: gathered x or dy, gathered W, partial y/dx, partial dW
+    float *stat;            // (rows) a split-row RMSNorm's statistic
+    size_t cap_a, cap_b, cap_c, cap_d, cap_stat;  // their lengths in floats
+} l3d_tp3d_t;
+
+// Collective over tp (size q^3; otherwise L3D_ERR_CONFIG naming the size): splits it into the
+// three axes. dev runs the block products; tp and dev are borrowed.
+l3d_status l3d_tp3d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp3d_t **g_p);
+void l3d_tp3d_destroy(l3d_tp3d_t *g);
+
+// This rank's blocks of a layer of orientation `orient` (L3D_TP3D_A or _B), per-rank sizes
+// Nr = N/q^2 rows, Iq = I/q, Oq = O/q (W's block is (Oq/q, Iq); q divides Oq). Collective over
+// the cube; float32.
+// y (Nr, Oq) = (beta 0) or += (beta 1) this rank's block of x W^T.
+l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, float *y, const float *x,
+                              const float *w, int Nr, int Iq, int Oq, float beta);
+// dx (Nr, Iq) = (beta 0) or += (beta 1) the block of dy W (NULL: not wanted); dw (Oq/q, Iq) +=
+// the block of dy^T x (NULL: not wanted). dy is gathered once for both.
+l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, float *dw,
+                              const float *dy, const float *x, const float *w, int Nr, int Iq,
+                              int Oq);
+// RMSNorm of rows whose C_full columns are split along axis `ax` (this rank: C of them, its
+// block of rows N): rmsnorm_fwd/bwd's contracts (devices/device.h), the row statistics
+// all-reduced along that axis (N floats each). The residual stream splits its columns along
+// axis 2 (l).
+l3d_status l3d_tp3d_rmsnorm_fwd(l3d_tp3d_t *g, int ax, void *out, float *rstd, const void *x,
+                                const void *w, int N, int C, int C_full, float eps,
+                                l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_tp3d_rmsnorm_bwd(l3d_tp3d_t *g, int ax, void *dx, void *dw, const void *dout,
+                                const void *x, const void *w, const float *rstd, int N, int C,
+                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
+// Bytes one rank counts (l3d_comm_get_stats) in one forward and one backward (dx and dw) of
+// a layer of full sizes N, I, O and orientation `orient`, on each axis communicator, and calls.
+void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, uint64_t fwd[3],
+                           uint64_t bwd[3], uint64_t calls_fwd[3], uint64_t calls_bwd[3]);
+
+#endif
