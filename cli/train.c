@@ -87,6 +87,7 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
         if (v > 1) printf(" with %d chunks per stage", v);
     }
     if (c->tp_mode == 2) printf(", tensor 2d on a grid of tp %d", c->tp);
+    if (c->tp_mode == 3) printf(", tensor 3d on a cube of tp %d", c->tp);
     printf(")\n");
 
     printf("  batch %d = micro %d x accumulation %d x dp %d; seq_len %d -> %d tokens per step\n",

@@ -82,6 +82,30 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         add_op(s, AR, Ag * (cs[1] - c[1]), Ag * (bs[1] - b[1]));
         s->per_mb = 0;
         add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
+    } else if (cfg->tp_mode == 3 && tp > 1) {
+        // 3d (docs/parallel.md): the cube's axes and planes, counted with the tp group. Per
+        // micro-batch the cube products and the loss (all-gathers and reduce-scatters), the
+        // norms' statistics along l and the cross-entropy's along j (all-reduces); the
+        // replicated gradients' sums over plane l once per step (ZeRO-2: every micro-batch).
+        s->group = L3D_MESH_TP;
+        int q = (int)(Cl ? (uint64_t)mc->hidden_size / Cl : 1);
+        uint64_t b[L3D_TP3D_COMMS], c[L3D_TP3D_COMMS], bs[L3D_TP3D_COMMS], cs[L3D_TP3D_COMMS];
+        int rc = cfg->activation_checkpointing != 0;
+        l3d_tp3d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 0,
+                             (int)e, b, c);
+        l3d_tp3d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 1,
+                             (int)e, bs, cs);
+        uint64_t lst = (uint64_t)last, fp = rc ? 2 : 1;
+        uint64_t stat_calls = (2 * fp + 2) * L + 4 * lst;  // norms; final norm, cross-entropy
+        uint64_t stat_bytes = ((2 * fp + 2) * L + 2 * lst) * Nl * f + lst * 3 * Nl * f;
+        uint64_t all_c = c[0] + c[1] + c[2] + c[3], all_b = b[0] + b[1] + b[2] + b[3];
+        s->per_mb = 1;
+        add_op(s, GA, A * (all_c - stat_calls), A * (all_b - stat_bytes));
+        add_op(s, AR, A * stat_calls, A * stat_bytes);
+        s->per_mb = zero2;
+        add_op(s, AR, Ag * (cs[4] - c[4]), Ag * (bs[4] - b[4]));
+        s->per_mb = 0;
+        add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
     } else if (sp) {
         // Sequence parallelism: per micro-batch the embedding's reduce-scatter, per layer 2
         // all-gathers + 2 reduce-scatters forward (again when recomputed) and backward, the

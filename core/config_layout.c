@@ -108,20 +108,25 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
                      "(built: %s)", origin, name, built);
 }
 
-// parallel.tp_mode "2d": what the model's 2d path takes so far (core/model_internal.h).
-// planning: a run l3d plan costs, not one this build runs: only the grid's shape matters.
+// parallel.tp_mode "2d" / "3d": what the model's 2d and 3d paths take so far
+// (core/model_internal.h). planning: a run l3d plan costs, not one this build runs: only the
+// grid's or cube's shape matters.
 static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin,
                            int planning) {
-    int q = (int)lround(sqrt((double)cfg->tp));
+    int d = cfg->tp_mode, q = (int)lround(d == 3 ? cbrt((double)cfg->tp) : sqrt((double)cfg->tp));
+    int slices = d == 3 ? q * q : q;  // the micro-batch's slices: grid rows, or q^2 in the cube
     const char *no = NULL;
-    if (q * q != cfg->tp)
+    if (d == 2 && q * q != cfg->tp)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"2d\" needs a square tp "
                          "(a q x q grid: 4, 9, 16, ...), not %d", origin, cfg->tp);
-    if (cfg->micro_batch_size % q)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"2d\" splits each "
-                         "micro-batch's %d sequences over the grid's %d rows: make "
-                         "train_micro_batch_size_per_gpu a multiple of %d", origin,
-                         cfg->micro_batch_size, q, q);
+    if (d == 3 && q * q * q != cfg->tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"3d\" needs a cube tp "
+                         "(q x q x q: 8, 27, 64, ...), not %d", origin, cfg->tp);
+    if (cfg->micro_batch_size % slices)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"%dd\" splits each "
+                         "micro-batch's %d sequences into %d slices: make "
+                         "train_micro_batch_size_per_gpu a multiple of %d", origin, d,
+                         cfg->micro_batch_size, slices, slices);
     if (planning) no = NULL;
     else if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
     else if (cfg->bf16 || cfg->fp16) no = "bf16 / fp16 (float32 only so far)";
@@ -131,14 +136,14 @@ static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const 
                                                cfg->cpu_checkpointing))
         no = "partition_activations / cpu_checkpointing";
     if (no)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "%s: parallel.tp_mode \"2d\" does not take "
-                         "%s yet", origin, no);
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "%s: parallel.tp_mode \"%dd\" does not take "
+                         "%s yet", origin, d, no);
     if (planning && cfg->sequence_parallel)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: tp_mode 2d splits the rows already: no "
-                         "sequence parallelism", origin);
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: tp_mode %dd splits the rows already: no "
+                         "sequence parallelism", origin, d);
     l3d_model_config_t mc = cfg->model;
     if (planning) mc.tie_word_embeddings = 0;  // (costed as an untied head)
-    return l3d_tp2d_check(ctx, &mc, q);
+    return d == 3 ? l3d_tp3d_check(ctx, &mc, q) : l3d_tp2d_check(ctx, &mc, q);
 }
 
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
@@ -178,7 +183,7 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
                          cfg->pp, v, cfg->model.num_hidden_layers);
     if (cfg->pp > 1 && !planning)
         L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
-    if (cfg->tp_mode == 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin, planning));
+    if (cfg->tp_mode >= 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin, planning));
     else L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;

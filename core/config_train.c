@@ -285,12 +285,11 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
                                               NULL));
         if (!strcmp(mode, "1d")) cfg->tp_mode = 1;
         else if (!strcmp(mode, "2d")) cfg->tp_mode = 2;
-        else if (!strcmp(mode, "3d"))
-            return l3d_error(j->ctx, L3D_ERR_UNSUPPORTED, "%s: parallel.tp_mode \"3d\" is not "
-                             "built yet (\"1d\" and \"2d\" are)", j->origin);
+        else if (!strcmp(mode, "3d")) cfg->tp_mode = 3;
         else if (mode[0])
             return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: parallel.tp_mode \"%s\": expected "
-                             "\"1d\" (Megatron, the default) or \"2d\"", j->origin, mode);
+                             "\"1d\" (Megatron, the default), \"2d\" or \"3d\"", j->origin,
+                             mode);
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "schedule", cfg->pp_schedule,
                                               sizeof(cfg->pp_schedule), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, "parallel", "order", cfg->parallel_order,

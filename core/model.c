@@ -6,6 +6,7 @@
 
 #include "core/model_internal.h"
 #include "core/tp2d.h"
+#include "core/tp3d.h"
 
 // ---- parameter layout --------------------------------------------------------------------
 // The arena holds the tensors in Hugging Face order: embed, then per layer input_layernorm,
@@ -77,6 +78,21 @@ void l3d_model_layout(l3d_model_t *m) {
         dn = (slice_t){Cf, Ff, j * C, i * F, 1, 0};
         head = (slice_t){Vf, Cf, j * m->V, i * C, 1, 0};
     }
+    // 3d: every weight's rows are cut once more, by i (core/tp3d.h): an "A" product's W rows
+    // j*O/q + i*O/q^2.., columns l*I/q..; a "B" product's (o, down) rows l*O/q + i*O/q^2..,
+    // columns j*I/q..
+    int64_t wr = m->tp.mode == 3 ? m->tp.q : 1;
+    if (m->tp.mode == 3) {
+        int64_t qq = wr, Cf = c->hidden_size, i = r / (qq * qq), j = r / qq % qq, l = r % qq;
+        vocab = (slice_t){Vf, Cf, 0, l * C, (int)(qq * qq), 0};
+        norm = (slice_t){Cf, 0, l * C, 0, (int)(qq * qq), 0};
+        q = (slice_t){Hf, Cf, j * HD + i * (HD / qq), l * C, 1, 0};
+        kv = (slice_t){Kf, Cf, j * KD + i * (KD / qq), l * C, 1, 0};
+        o = (slice_t){Cf, Hf, l * C + i * (C / qq), j * HD, 1, 0};
+        gu = (slice_t){Ff, Cf, j * F + i * (F / qq), l * C, 1, 0};
+        dn = (slice_t){Cf, Ff, l * C + i * (C / qq), j * F, 1, 0};
+        head = (slice_t){Vf, Cf, j * m->V + i * (m->V / qq), l * C, 1, 0};
+    }
     // Pipeline stages hold their layers only: the embedding on the first, the final norm and
     // the head on the last. A tied head on a last stage that is not also the first is a copy
     // of the embedding under its name (same initialisation; the two stages sum its gradient).
@@ -88,14 +104,14 @@ void l3d_model_layout(l3d_model_t *m) {
     snprintf(name, sizeof(name), "model.layers.%d.%s", l3d_model_layer_index(m, l), suffix); \
     add_param(m, &off, name, rr, cc, decay, slot, sl)
         LP("input_layernorm.weight", C, 0, 0, &lp->ln1, norm);
-        LP("self_attn.q_proj.weight", HD, C, 1, &lp->wq, q);
-        LP("self_attn.k_proj.weight", KD, C, 1, &lp->wk, kv);
-        LP("self_attn.v_proj.weight", KD, C, 1, &lp->wv, kv);
-        LP("self_attn.o_proj.weight", C, HD, 1, &lp->wo, o);
+        LP("self_attn.q_proj.weight", HD / wr, C, 1, &lp->wq, q);
+        LP("self_attn.k_proj.weight", KD / wr, C, 1, &lp->wk, kv);
+        LP("self_attn.v_proj.weight", KD / wr, C, 1, &lp->wv, kv);
+        LP("self_attn.o_proj.weight", C / wr, HD, 1, &lp->wo, o);
         LP("post_attention_layernorm.weight", C, 0, 0, &lp->ln2, norm);
-        LP("mlp.gate_proj.weight", F, C, 1, &lp->wg, gu);
-        LP("mlp.up_proj.weight", F, C, 1, &lp->wu, gu);
-        LP("mlp.down_proj.weight", C, F, 1, &lp->wd, dn);
+        LP("mlp.gate_proj.weight", F / wr, C, 1, &lp->wg, gu);
+        LP("mlp.up_proj.weight", F / wr, C, 1, &lp->wu, gu);
+        LP("mlp.down_proj.weight", C / wr, F, 1, &lp->wd, dn);
 #undef LP
     }
     if (m->has_head) {
@@ -107,7 +123,7 @@ void l3d_model_layout(l3d_model_t *m) {
             copy.pp_copy = 1;
             add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->head, copy);
         } else {
-            add_param(m, &off, "lm_head.weight", m->V, C, 1, &m->head, head);
+            add_param(m, &off, "lm_head.weight", m->V / wr, C, 1, &m->head, head);
         }
     }
     m->n_params = off;
@@ -123,9 +139,11 @@ int l3d_model_grad_groups(const l3d_model_t *m) {
 
 void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone) {
     size_t C = (size_t)m->C, HD = (size_t)m->H * m->D, KD = (size_t)m->KVH * m->D;
-    size_t F = (size_t)m->F, V = (size_t)m->V;
+    size_t F = (size_t)m->F, wr = m->tp.mode == 3 ? (size_t)m->tp.q : 1;
+    size_t V = (size_t)m->V / wr;  // (3d: weights' rows cut by i too)
     size_t emb = m->has_embed ? al16((size_t)m->Vemb * C) : 0;
-    size_t layer = 2 * al16(C) + 2 * al16(HD * C) + 2 * al16(KD * C) + 3 * al16(F * C);
+    size_t layer = 2 * al16(C) + 2 * al16(HD / wr * C) + 2 * al16(KD / wr * C) +
+                   3 * al16(F / wr * C);
     size_t layers_end = emb + (size_t)m->L * layer;
     int is_alone = 0;
     if (m->has_embed && i == 0) {
@@ -195,6 +213,7 @@ void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp
     m->tp.v0 = q * rank + (rank < rem ? rank : rem);
     m->Vemb = m->V;
     m->tp.mode = 1;
+    m->tp.q = 1;
     l3d_model_set_stage(m, 1, 1, 0, NULL);
 }
 
@@ -209,21 +228,41 @@ void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q,
     m->tp.size = q * q;
     m->tp.rank = rank;
     m->tp.mode = 2;
+    m->tp.q = q;
     m->tp.v0 = (rank % q) * m->V;  // the head's rows: block column j of the vocabulary
+}
+
+void l3d_model_set_dims_3d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank) {
+    l3d_model_set_dims_2d(m, cfg, q, rank);
+    m->tp.size = q * q * q;
+    m->tp.mode = 3;
+    m->tp.v0 = (rank / q % q) * m->V;  // the logits' columns: vocabulary block j
 }
 
 void l3d_model_set_dims_mode(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int tp_mode,
                              int rank) {
     if (tp_mode == 2) l3d_model_set_dims_2d(m, cfg, (int)lround(sqrt((double)tp)), rank);
+    else if (tp_mode == 3) l3d_model_set_dims_3d(m, cfg, (int)lround(cbrt((double)tp)), rank);
     else l3d_model_set_dims_tp(m, cfg, tp, rank);
 }
 
 void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb) {
     *b0 = 0, *nb = mb;
-    if (m->tp.mode != 2) return;
-    int q = m->tp.g ? m->tp.g->q : (int)lround(sqrt((double)m->tp.size));
-    *nb = mb / q;
-    *b0 = (m->tp.rank / q) * *nb;
+    int q = m->tp.q;
+    if (m->tp.mode == 2) {
+        *nb = mb / q;
+        *b0 = (m->tp.rank / q) * *nb;  // grid row i
+    } else if (m->tp.mode == 3) {
+        *nb = mb / (q * q);
+        *b0 = (m->tp.rank / q) * *nb;  // slice i*q + j
+    }
+}
+
+int l3d_model_target_first(const l3d_model_t *m, int mb) {
+    int b0, nb, q = m->tp.q;
+    l3d_model_batch_slice(m, mb, &b0, &nb);
+    if (m->tp.mode != 3) return b0;
+    return (m->tp.rank / (q * q) * q + m->tp.rank % q) * nb;  // slice i*q + l
 }
 
 l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
@@ -242,6 +281,29 @@ l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) 
     if (cfg->tie_word_embeddings)
         return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 2d: tied embeddings are not "
                          "supported yet (the embedding splits columns, the head a 2D block)");
+    return L3D_OK;
+}
+
+l3d_status l3d_tp3d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
+    long D = cfg->head_dim;
+    struct {
+        const char *name;
+        long v, by;
+    } dims[] = {{"num_attention_heads", cfg->num_attention_heads, q},
+                {"num_key_value_heads", cfg->num_key_value_heads, q},
+                {"hidden_size", cfg->hidden_size, (long)q * q},
+                {"intermediate_size", cfg->intermediate_size, (long)q * q},
+                {"vocab_size", cfg->vocab_size, (long)q * q},
+                {"num_attention_heads x head_dim", cfg->num_attention_heads * D, (long)q * q},
+                {"num_key_value_heads x head_dim", cfg->num_key_value_heads * D, (long)q * q}};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        if (dims[i].v % dims[i].by)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 3d on a %d x %d x %d cube: %s %ld is "
+                             "not a multiple of %ld", q, q, q, dims[i].name, dims[i].v,
+                             dims[i].by);
+    if (cfg->tie_word_embeddings)
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 3d: tied embeddings are not "
+                         "supported yet (the embedding splits columns, the head a 3D block)");
     return L3D_OK;
 }
 
@@ -327,6 +389,12 @@ l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     return model_create(ctx, dev, cfg, tp_comm, 2, pp, v, stage, lps, model_p);
 }
 
+l3d_status l3d_model_create_3d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
+                               l3d_model_t **model_p) {
+    return model_create(ctx, dev, cfg, tp_comm, 3, pp, v, stage, lps, model_p);
+}
+
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int mode, int pp, int v, int stage,
                                const int *lps, l3d_model_t **model_p) {
@@ -336,11 +404,16 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
                          : !cfg ? "config" : "model_p");
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, cfg));
     int tp = tp_comm ? l3d_comm_size(tp_comm) : 1, rank = tp_comm ? l3d_comm_rank(tp_comm) : 0;
-    int q = (int)lround(sqrt((double)tp));
+    int q = (int)lround(mode == 3 ? cbrt((double)tp) : sqrt((double)tp));
     if (mode == 2 && q * q != tp)
         return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d: tp %d is not a square (q x q ranks: "
                          "4, 9, 16, ...)", tp);
-    L3D_CHECK(ctx, mode == 2 ? l3d_tp2d_check(ctx, cfg, q) : l3d_tp_check(ctx, cfg, tp));
+    if (mode == 3 && q * q * q != tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 3d: tp %d is not a cube (q x q x q "
+                         "ranks: 8, 27, 64, ...)", tp);
+    L3D_CHECK(ctx, mode == 2   ? l3d_tp2d_check(ctx, cfg, q)
+                   : mode == 3 ? l3d_tp3d_check(ctx, cfg, q)
+                               : l3d_tp_check(ctx, cfg, tp));
     if (v < 1 || v > L3D_MAX_CHUNKS || pp < 1 || (long)pp * v > cfg->num_hidden_layers)
         return l3d_error(ctx, L3D_ERR_CONFIG, "pipeline: pp %d x virtual stages %d must be "
                          "between 1 and num_hidden_layers %d (virtual stages at most %d)", pp, v,
@@ -351,12 +424,12 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     m->ctx = ctx;
     m->dev = dev;
     m->save.max_shard_bytes = L3D_SAVE_MAX_SHARD_DEFAULT;  // dtype 0: F32
-    if (mode == 2) l3d_model_set_dims_2d(m, cfg, q, rank);
-    else l3d_model_set_dims_tp(m, cfg, tp, rank);
+    l3d_model_set_dims_mode(m, cfg, tp, mode, rank);
     l3d_model_set_stage(m, pp, v, stage, lps);
     m->tp.comm = tp > 1 ? tp_comm : NULL;
-    if (mode == 2) {
-        st = l3d_tp2d_create(tp_comm, dev, &m->tp.g);
+    if (mode >= 2) {
+        st = mode == 2 ? l3d_tp2d_create(tp_comm, dev, &m->tp.g)
+                       : l3d_tp3d_create(tp_comm, dev, &m->tp.g3);
         if (st < 0) {
             l3d_free(ctx, m, sizeof(*m), "other");
             return st;
@@ -406,6 +479,7 @@ err_free_params:
 err_free:
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_tp2d_destroy(m->tp.g);
+    l3d_tp3d_destroy(m->tp.g3);
     l3d_free(ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(ctx, m->tensors, (size_t)max_tensors * sizeof(l3d_param_t), "other");
     l3d_free(ctx, m, sizeof(*m), "other");
@@ -422,6 +496,7 @@ void l3d_model_destroy(l3d_model_t *m) {
     if (m->wp) l3d_dev_free(dev, m->wp, m->n_params * l3d_dtype_size(m->wt), "params");
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_tp2d_destroy(m->tp.g);
+    l3d_tp3d_destroy(m->tp.g3);
     l3d_free(m->ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(m->ctx, m->tensors, (size_t)(3 + 9 * m->L) * sizeof(l3d_param_t), "other");
     l3d_free(m->ctx, m, sizeof(*m), "other");

@@ -13,52 +13,63 @@
 #include "core/model_internal.h"
 #include "core/reduce.h"
 #include "core/tp2d.h"
+#include "core/tp3d.h"
 
 // ---- linear layers: y = x W^T with W (out,in) as Hugging Face stores it -------------------
 // Activations (x, y, dy, dx) in at, weights in wt; their gradients float32. Under tensor
 // parallelism "2d" the sizes are this rank's blocks and each product is a SUMMA over the grid
-// (core/tp2d.h; float32, contiguous rows).
+// (core/tp2d.h); under "3d" a cube product (core/tp3d.h) whose orientation is the layer's
+// kind: COL for the layers Megatron splits by output columns (q, k, v, gate, up, the head),
+// which take the residual stream's layout to attention's, ROW for o and down, which take it
+// back. Both float32, contiguous rows.
+enum { COL = L3D_TP3D_A, ROW = L3D_TP3D_B };
+
 static l3d_status check_2d(l3d_model_t *m, int ld, int cols, l3d_dtype at, l3d_dtype wt) {
     if (at == L3D_FLOAT32 && wt == L3D_FLOAT32 && ld == cols) return L3D_OK;
-    return l3d_error(m->ctx, L3D_ERR_UNSUPPORTED, "tp_mode 2d: float32 activations and weights "
-                     "only so far (got %s, %s)", l3d_dtype_name(at), l3d_dtype_name(wt));
+    return l3d_error(m->ctx, L3D_ERR_UNSUPPORTED, "tp_mode %dd: float32 activations and weights "
+                     "only so far (got %s, %s)", m->tp.mode, l3d_dtype_name(at),
+                     l3d_dtype_name(wt));
 }
 
 // y(N,O) = x(N,I) W(O,I)^T, beta = 0 overwrites, 1 accumulates. ldy lets k/v land in a cache.
-static l3d_status linear_fwd(l3d_model_t *m, void *y, int ldy, const void *x, const void *W,
-                             int N, int I, int O, float beta, l3d_dtype at, l3d_dtype wt) {
+static l3d_status linear_fwd(l3d_model_t *m, int kind, void *y, int ldy, const void *x,
+                             const void *W, int N, int I, int O, float beta, l3d_dtype at,
+                             l3d_dtype wt) {
     if (m->tp.mode == 2) {
         L3D_CHECK(m->ctx, check_2d(m, ldy, O, at, wt));
         return l3d_tp2d_block_fwd(m->tp.g, y, x, W, N, I, O, beta);
+    }
+    if (m->tp.mode == 3) {
+        L3D_CHECK(m->ctx, check_2d(m, ldy, O, at, wt));
+        return l3d_tp3d_block_fwd(m->tp.g3, kind, y, x, W, N, I, O, beta);
     }
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
                     .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy,
                     .a_type = at, .b_type = wt, .c_type = at};
     return l3d_dev_gemm(m->dev, &g);
 }
-// dx(N,I) = dy(N,O) W(O,I)  (beta as above)
-static l3d_status linear_bwd_x(l3d_model_t *m, void *dx, const void *dy, const void *W, int N,
-                               int I, int O, float beta, l3d_dtype at, l3d_dtype wt) {
+// dW(O,I) += dy(N,O)^T x(N,I), then dx(N,I) = dy(N,O) W(O,I) (beta as above). dx may be x's
+// buffer: the weight gradient reads x first.
+static l3d_status linear_bwd(l3d_model_t *m, int kind, void *dx, float beta, float *dW,
+                             const void *dy, const void *x, const void *W, int N, int I, int O,
+                             l3d_dtype at, l3d_dtype wt) {
     if (m->tp.mode == 2) {
         L3D_CHECK(m->ctx, check_2d(m, I, I, at, wt));
+        L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, dW, dy, x, N, I, O));
         return l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta);
     }
-    l3d_gemm_t g = {.trans_a = 0, .trans_b = 0, .M = N, .N = I, .K = O, .alpha = 1.0f,
-                    .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I,
-                    .a_type = at, .b_type = wt, .c_type = at};
-    return l3d_dev_gemm(m->dev, &g);
-}
-// dW(O,I) += dy(N,O)^T x(N,I)
-static l3d_status linear_bwd_w(l3d_model_t *m, float *dW, const void *dy, const void *x, int N,
-                               int I, int O, l3d_dtype at) {
-    if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, check_2d(m, I, I, at, L3D_FLOAT32));
-        return l3d_tp2d_block_bwd_w(m->tp.g, dW, dy, x, N, I, O);
+    if (m->tp.mode == 3) {
+        L3D_CHECK(m->ctx, check_2d(m, I, I, at, wt));
+        return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, dW, dy, x, W, N, I, O);
     }
-    l3d_gemm_t g = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
-                    .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I,
-                    .a_type = at, .b_type = at};
-    return l3d_dev_gemm(m->dev, &g);
+    l3d_gemm_t gw = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
+                     .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I,
+                     .a_type = at, .b_type = at};
+    L3D_CHECK(m->ctx, l3d_dev_gemm(m->dev, &gw));
+    l3d_gemm_t gx = {.trans_a = 0, .trans_b = 0, .M = N, .N = I, .K = O, .alpha = 1.0f,
+                     .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I,
+                     .a_type = at, .b_type = wt, .c_type = at};
+    return l3d_dev_gemm(m->dev, &gx);
 }
 
 // ---- activations -------------------------------------------------------------------------
@@ -292,9 +303,9 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
     L3D_CHECK(ctx, l3d_tp_rmsnorm_fwd(m, l3d_elem(a->ln1, at, roff), a->rstd1, a->x_in, LW(ln1),
                                       (int)rows, at, wt));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows, at));
-    L3D_CHECK(ctx, linear_fwd(m, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_fwd(m, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_fwd(m, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f, at, wt));
     L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0,
                                 at));
@@ -304,28 +315,28 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
     // 0 adds the residual and the all-reduce completes h on every rank (Megatron's g). With
     // sequence parallelism the partial sums are reduce-scattered and added to this rank's rows.
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(m, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f, at, wt));
+        L3D_CHECK(ctx, linear_fwd(m, ROW, a->sp_tmp, C, a->att, LW(wo), N, HD, C, 0.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, a->h, rows, at));
         L3D_CHECK(ctx, l3d_dev_add(dev, a->h, a->h, a->x_in, rows * C, at));
     } else {
         L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, a->x_in, (size_t)N * C, at));
-        L3D_CHECK(ctx, linear_fwd(m, a->h, C, a->att, LW(wo), N, HD, C, 1.0f, at, wt));
+        L3D_CHECK(ctx, linear_fwd(m, ROW, a->h, C, a->att, LW(wo), N, HD, C, 1.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C, at));
     }
     L3D_CHECK(ctx, l3d_tp_rmsnorm_fwd(m, l3d_elem(a->ln2, at, roff), a->rstd2, a->h, LW(ln2),
                                       (int)rows, at, wt));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows, at));
-    L3D_CHECK(ctx, linear_fwd(m, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_fwd(m, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f, at, wt));
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F, at));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
     if (sp) {
-        L3D_CHECK(ctx, linear_fwd(m, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f, at, wt));
+        L3D_CHECK(ctx, linear_fwd(m, ROW, a->sp_tmp, C, sw, LW(wd), N, F, C, 0.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_scatter_rows(m, a->sp_tmp, x_out, rows, at));
         return l3d_dev_add(dev, x_out, x_out, a->h, rows * C, at);
     }
     L3D_CHECK(ctx, l3d_tp_residual_init(m, x_out, a->h, (size_t)N * C, at));
-    L3D_CHECK(ctx, linear_fwd(m, x_out, C, sw, LW(wd), N, F, C, 1.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, ROW, x_out, C, sw, LW(wd), N, F, C, 1.0f, at, wt));
     L3D_CHECK(ctx, l3d_tp_allreduce(m, x_out, (size_t)N * C, at));
     return L3D_OK;
 }
@@ -363,33 +374,32 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtyp
     // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
     GATHER_D();
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF, at));
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wd), D, sw, N, F, C, at));
-    L3D_CHECK(ctx, linear_bwd_x(m, sw, D, LW(wd), N, F, C, 0.0f, at, wt));  // sw <- dsw
+    L3D_CHECK(ctx, linear_bwd(m, ROW, sw, 0.0f, GW(wd), D, sw, LW(wd), N, F, C, at, wt));  // sw <- dsw
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF, at));
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wg), acts->dgate, a->ln2, N, C, F, at));
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wu), acts->dup, a->ln2, N, C, F, at));
-    L3D_CHECK(ctx, linear_bwd_x(m, acts->dln, acts->dgate, LW(wg), N, C, F, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_bwd_x(m, acts->dln, acts->dup, LW(wu), N, C, F, 1.0f, at, wt));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wg), acts->dgate, a->ln2, LW(wg), N, C,
+                              F, at, wt));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wu), acts->dup, a->ln2, LW(wu), N, C,
+                              F, at, wt));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_tp_rmsnorm_bwd(m, dres, GW(ln2), dln, a->h, LW(ln2), a->rstd2, (int)rows,
                                       at, wt));
     // attention: h = x_in + att Wo^T
     GATHER_D();
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wo), D, a->att, N, HD, C, at));
-    L3D_CHECK(ctx, linear_bwd_x(m, acts->datt, D, LW(wo), N, HD, C, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_bwd(m, ROW, acts->datt, 0.0f, GW(wo), D, a->att, LW(wo), N, HD, C, at,
+                              wt));
     l3d_attn_dims_t dims = {B, T, T, m->H, m->KVH, m->D, 0};
     L3D_CHECK(ctx, l3d_dev_attention_bwd(dev, acts->dq, acts->dk, acts->dv, acts->datt, a->q,
                                          a->k, a->v, a->att, a->lse, &dims, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1,
                                 at));
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wq), acts->dq, a->ln1, N, C, HD, at));
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wk), acts->dk, a->ln1, N, C, KD, at));
-    L3D_CHECK(ctx, linear_bwd_w(m, GW(wv), acts->dv, a->ln1, N, C, KD, at));
-    L3D_CHECK(ctx, linear_bwd_x(m, acts->dln, acts->dq, LW(wq), N, C, HD, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_bwd_x(m, acts->dln, acts->dk, LW(wk), N, C, KD, 1.0f, at, wt));
-    L3D_CHECK(ctx, linear_bwd_x(m, acts->dln, acts->dv, LW(wv), N, C, KD, 1.0f, at, wt));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wq), acts->dq, a->ln1, LW(wq), N, C,
+                              HD, at, wt));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wk), acts->dk, a->ln1, LW(wk), N, C,
+                              KD, at, wt));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wv), acts->dv, a->ln1, LW(wv), N, C,
+                              KD, at, wt));
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_tp_rmsnorm_bwd(m, dres, GW(ln1), dln, a->x_in, LW(ln1), a->rstd1,
                                       (int)rows, at, wt));
@@ -505,7 +515,7 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows, at));
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
-    L3D_CHECK(ctx, linear_fwd(m, a->logits, V, a->lnf, w, N, C, V, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->logits, V, a->lnf, w, N, C, V, 0.0f, at, wt));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_head(m)));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
 
@@ -529,11 +539,13 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     double sum = 0.0;
     for (int i = 0; i < N; i++) sum += losses[i];
     l3d_free(ctx, staged, lbytes, "staging");
-    // 2d: these are micro-batch slice i's rows; the grid column holds the other slices
-    if (m->tp.mode == 2) {
-        l3d_status st = l3d_comm_sum_double(m->tp.g->col, &sum);
+    // 2d: these are micro-batch slice i's rows; the grid column holds the other slices.
+    // 3d: slice i*q + l's; plane j holds every slice once.
+    l3d_comm_t *lc = m->tp.mode == 2 ? m->tp.g->col : m->tp.mode == 3 ? m->tp.g3->plane[1] : NULL;
+    if (lc) {
+        l3d_status st = l3d_comm_sum_double(lc, &sum);
         if (st < 0) return l3d_error(ctx, st, "tensor parallel loss sum: %s",
-                                     l3d_ctx_last_error(l3d_comm_ctx(m->tp.g->col)));
+                                     l3d_ctx_last_error(l3d_comm_ctx(lc)));
     }
     *loss_sum_p = sum;
     return L3D_OK;
@@ -569,9 +581,9 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         int gi_head = l3d_model_group_head(m), gi_norm = l3d_model_group_norm(m);
         L3D_CHECK(ctx, group_grads(m, a, G, gi_head, &gh));
         L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
-        L3D_CHECK(ctx, linear_bwd_w(m, gh, a->logits, a->lnf, N, C, V, at));
         L3D_CHECK(ctx, params_get(m, a, gi_head, 1, &w));
-        L3D_CHECK(ctx, linear_bwd_x(m, a->dln, a->logits, w, N, C, V, 0.0f, at, wt));
+        L3D_CHECK(ctx, linear_bwd(m, COL, a->dln, 0.0f, gh, a->logits, a->lnf, w, N, C, V, at,
+                                  wt));
         L3D_CHECK(ctx, params_done(m, a, gi_head));
         // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
         void *dln = l3d_elem(a->dln, at, roff);

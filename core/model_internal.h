@@ -62,8 +62,16 @@ typedef struct l3d_tp {
     // SUMMA products, RMSNorm sums its row statistic over grid row i, attention and SwiGLU
     // are local (q divides the heads and key/value heads), the head's vocabulary is split
     // over grid row i for the cross-entropy. 1: Megatron 1D (everything above).
+    // Tensor parallelism "3d" (mode 3; being built, core/tp3d.h): the tp group is a q x q x q
+    // cube; rank (i, j, l) holds the residual stream's rows of micro-batch slice i*q + j (B/q^2
+    // sequences), columns l, and, between a layer's "A" and "B" products (attention, SwiGLU,
+    // the logits), rows of slice i*q + l, columns j (heads j). Weights are tp3d.h's 1/q^3
+    // blocks; the norms and the embedding (columns l) are replicated over the q^2 ranks of
+    // plane l, the head's vocabulary split along j for the cross-entropy.
     int mode;
-    struct l3d_tp2d *g;  // the grid (owned; NULL in 1D)
+    int q;                // the grid's or the cube's side (1 in 1D)
+    struct l3d_tp2d *g;   // the grid (owned; NULL unless 2d)
+    struct l3d_tp3d *g3;  // the cube (owned; NULL unless 3d)
 } l3d_tp_t;
 
 // Offsets (in floats) of one layer's tensors in the arena.
@@ -98,7 +106,8 @@ typedef struct l3d_layer_acts {
 // Whether this rank's copy of tensor p is the one that counts when copies are written or
 // counted once: not the last pipeline stage's copy of a tied embedding, and of `repl` tp
 // ranks with identical copies the first -- tp rank % repl == 0 in 1D (a kv head's ranks are
-// consecutive), grid row 0 in 2d (the copies run down a grid column).
+// consecutive), grid row 0 in 2d (the copies run down a grid column), the ranks (0, 0, l) in
+// 3d (the copies fill plane l).
 static inline int l3d_param_primary(const struct l3d_model *m, const l3d_param_t *p);
 
 // Element i of a tensor of dtype t at p (activations: the dtype of their l3d_acts_t).
@@ -211,7 +220,8 @@ struct l3d_model {
 static inline int l3d_param_primary(const struct l3d_model *m, const l3d_param_t *p) {
     if (p->pp_copy) return 0;
     if (p->repl <= 1) return 1;
-    return m->tp.mode == 2 ? m->tp.rank < p->repl : m->tp.rank % p->repl == 0;
+    // 2d: grid row 0 (rank < q); 3d: the ranks (0, 0, l) (rank < q)
+    return m->tp.mode >= 2 ? m->tp.rank < m->tp.size / p->repl : m->tp.rank % p->repl == 0;
 }
 
 // Floats in the parameter arena (and in each of the gradient and optimizer arenas) for cfg,
@@ -226,12 +236,19 @@ void l3d_model_set_dims(l3d_model_t *m, const l3d_model_config_t *cfg);
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank);
 // The same for rank `rank` of tensor parallelism "2d" on a q x q grid (l3d_tp2d_check).
 void l3d_model_set_dims_2d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank);
-// set_dims_tp or, tp_mode 2, set_dims_2d on the sqrt(tp) x sqrt(tp) grid.
+// And of tensor parallelism "3d" on a q x q x q cube (l3d_tp3d_check).
+void l3d_model_set_dims_3d(l3d_model_t *m, const l3d_model_config_t *cfg, int q, int rank);
+// set_dims_tp or, tp_mode 2, set_dims_2d on the sqrt(tp) x sqrt(tp) grid, or, tp_mode 3,
+// set_dims_3d on the cbrt(tp) cube.
 void l3d_model_set_dims_mode(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int tp_mode,
                              int rank);
 // The sequences of a micro-batch of mb this rank's activations hold: [*b0, *b0 + *nb) -- all
-// of them, or under tensor parallelism "2d" grid row i's slice (mb / q from i * mb / q).
+// of them, or under tensor parallelism "2d" grid row i's slice (mb / q from i * mb / q), or
+// under "3d" slice i*q + j of q^2 (the tokens: the residual stream's rows).
 void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb);
+// The first sequence of the same number whose targets this rank's logits hold: *b0 of
+// l3d_model_batch_slice, but under "3d" slice i*q + l.
+int l3d_model_target_first(const l3d_model_t *m, int mb);
 // Tensor parallelism "2d" preconditions on a q x q grid: q divides hidden, heads, key/value
 // heads, ffn and vocabulary; untied embeddings; L3D_ERR_CONFIG naming what does not.
 l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
@@ -241,6 +258,17 @@ l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
 // micro-batch slice's B (l3d_model_batch_slice), whose tokens and targets the caller puts in
 // a->tokens / a->targets; a stage's boundary activations are its (B T, C/q) block.
 l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
+                               l3d_comm_t *tp_comm, int pp, int v, int stage,
+                               const int *layers_per_stage, l3d_model_t **model_p);
+// Tensor parallelism "3d" preconditions on a q-cube: q divides the heads and key/value heads;
+// q^2 divides hidden, ffn, vocabulary and the q/k/v widths; untied embeddings; L3D_ERR_CONFIG
+// naming what does not.
+l3d_status l3d_tp3d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
+// A model holding rank (i, j, l) of tensor parallelism "3d" (tp rank (i*q + j)*q + l, size
+// q^3), as l3d_model_create_2d: activations for l3d_model_batch_slice's B, tokens from its
+// slice, targets from l3d_model_target_first's; a stage's boundary activations are its
+// (B T, C/q) block.
+l3d_status l3d_model_create_3d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int pp, int v, int stage,
                                const int *layers_per_stage, l3d_model_t **model_p);
 // Restricts m to pipeline stage `stage` of `pp` with v model chunks (virtual stages; 1: no
@@ -293,7 +321,8 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
 // same key/value heads.
 l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
 // Sequence parallelism: rows of a norm's input are split, so its weight gradient g (C floats)
-// is partial: sums it over tp. 2d: over the grid column (the replicas of the block).
+// is partial: sums it over tp. 2d: over the grid column (the replicas of the block); 3d: over
+// plane l.
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
 // 2d: what one rank counts (l3d_comm_get_stats) on its grid row [0] and column [1] in one
 // training micro-batch of B sequences (its slice) of T tokens on a stage of L layers, with
@@ -304,10 +333,17 @@ l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
 void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
                           int B, int T, int recompute, int sync, int es, uint64_t bytes[2],
                           uint64_t calls[2]);
-// 2d: sums the embedding's gradient (Vemb x C) over the grid column; a no-op in 1D.
+// 3d: the same on the cube, per communicator: axes i, j, l [0..2], planes j [3] and l [4]
+// (l3d_tp3d_t). B is the slice's sequences (B/q^2 of the micro-batch).
+enum { L3D_TP3D_COMMS = 5 };
+void l3d_tp3d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
+                          int B, int T, int recompute, int sync, int es,
+                          uint64_t bytes[L3D_TP3D_COMMS], uint64_t calls[L3D_TP3D_COMMS]);
+// 2d: sums the embedding's gradient (Vemb x C) over the grid column, 3d over plane l; a no-op
+// in 1D.
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
 // RMSNorm of `rows` rows (rmsnorm_fwd/bwd's contracts): the device op, or in 2d the split-row
-// form (row statistics summed over the grid row).
+// form (row statistics summed over the grid row; 3d: along axis l).
 l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
                               const void *w, int rows, l3d_dtype at, l3d_dtype wt);
 l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,

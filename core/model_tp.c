@@ -13,6 +13,7 @@
 
 #include "core/model_internal.h"
 #include "core/tp2d.h"
+#include "core/tp3d.h"
 
 static l3d_status comm_fail(l3d_model_t *m, l3d_comm_t *c, l3d_status st, const char *what) {
     return l3d_error(m->ctx, st, "tensor parallel %s: %s", what,
@@ -26,23 +27,23 @@ static l3d_status allreduce(l3d_model_t *m, l3d_comm_t *c, void *x, size_t n, l3
     return st < 0 ? comm_fail(m, c, st, what) : L3D_OK;
 }
 
-// (2d: the SUMMA products leave every block complete; nothing to sum)
+// (2d, 3d: the block products leave every block complete; nothing to sum)
 l3d_status l3d_tp_allreduce(l3d_model_t *m, void *x, size_t n, l3d_dtype t) {
-    if (m->tp.size == 1 || m->tp.mode == 2) return L3D_OK;
+    if (m->tp.size == 1 || m->tp.mode >= 2) return L3D_OK;
     return allreduce(m, m->tp.comm, x, n, t, L3D_SUM, "all-reduce");
 }
 
 l3d_status l3d_tp_residual_init(l3d_model_t *m, void *dst, const void *residual, size_t n,
                                 l3d_dtype t) {
-    if (m->tp.rank == 0 || m->tp.mode == 2)  // (2d: every rank's block is its own)
+    if (m->tp.rank == 0 || m->tp.mode >= 2)  // (2d, 3d: every rank's block is its own)
         return l3d_dev_copy(m->dev, dst, residual, n * l3d_dtype_size(t), L3D_COPY_D2D);
     return l3d_dev_memset(m->dev, dst, 0, n * l3d_dtype_size(t));
 }
 
 l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const void *table,
                                 const int32_t *tokens, int N, l3d_dtype at, l3d_dtype wt) {
-    // (2d: the table's columns j for this rank's tokens, the block itself)
-    if (m->tp.size == 1 || m->tp.mode == 2)
+    // (2d, 3d: the table's columns j (l) for this rank's tokens, the block itself)
+    if (m->tp.size == 1 || m->tp.mode >= 2)
         return l3d_dev_embedding_fwd(m->dev, out, tokens, table, N, m->C, m->Vemb, at, wt);
     L3D_CHECK(m->ctx, l3d_dev_embedding_fwd_vp(m->dev, out, tokens, table, N, m->C, m->tp.v0,
                                                m->V, m->cfg.vocab_size, at, wt));
@@ -58,7 +59,7 @@ l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const void *t
 
 l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
                                 const int32_t *tokens, int N, l3d_dtype at) {
-    if (m->tp.size == 1 || m->tp.mode == 2)
+    if (m->tp.size == 1 || m->tp.mode >= 2)
         return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C, at, L3D_FLOAT32);
     return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V, at,
                                     L3D_FLOAT32);
@@ -71,8 +72,11 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
                                     grad_scale, at);
     l3d_device_t *dev = m->dev;
     int Vl = m->V, v0 = m->tp.v0;
-    // the ranks holding the other vocabulary columns of these rows (2d: the grid row)
-    l3d_comm_t *vc = m->tp.mode == 2 ? m->tp.g->row : m->tp.comm;
+    // the ranks holding the other vocabulary columns of these rows (2d: the grid row; 3d:
+    // axis j)
+    l3d_comm_t *vc = m->tp.mode == 2   ? m->tp.g->row
+                     : m->tp.mode == 3 ? m->tp.g3->axis[1]
+                                       : m->tp.comm;
     L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl, at));
     L3D_CHECK(m->ctx, allreduce(m, vc, a->vp_max, (size_t)N, L3D_FLOAT32, L3D_MAX,
                                 "cross-entropy max"));
@@ -91,16 +95,21 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {
     return allreduce(m, m->tp.kv_comm, gv, n, L3D_FLOAT32, L3D_SUM, "v_proj gradient");
 }
 
+// The replicas of a block of the norms and the embedding: 2d's grid column, 3d's plane l.
+static l3d_comm_t *replicas(const l3d_model_t *m) {
+    return m->tp.mode == 2 ? m->tp.g->col : m->tp.mode == 3 ? m->tp.g3->plane[2] : NULL;
+}
+
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g) {
-    if (m->tp.mode == 2)
-        return allreduce(m, m->tp.g->col, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
+    if (m->tp.mode >= 2)
+        return allreduce(m, replicas(m), g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
     if (!m->tp.sp) return L3D_OK;
     return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
 }
 
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
-    if (m->tp.mode != 2) return L3D_OK;
-    return allreduce(m, m->tp.g->col, g, (size_t)m->Vemb * (size_t)m->C, L3D_FLOAT32, L3D_SUM,
+    if (m->tp.mode < 2) return L3D_OK;
+    return allreduce(m, replicas(m), g, (size_t)m->Vemb * (size_t)m->C, L3D_FLOAT32, L3D_SUM,
                      "embedding gradient");
 }
 
@@ -145,9 +154,66 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
     bytes[0] = b[0], bytes[1] = b[1], calls[0] = c[0], calls[1] = c[1];
 }
 
+// 3d: cube products (core/tp3d.h) of N rows from I to O (per rank) of orientation `kind`,
+// forward (passes 1) or backward (2: dx and dW with one gather of dy), into bytes/calls per
+// axis.
+static void cube_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int kind, int passes,
+                       uint64_t es, uint64_t *b, uint64_t *c) {
+    int a = kind == L3D_TP3D_A ? 2 : 1, o = kind == L3D_TP3D_A ? 1 : 2;
+    uint64_t xb = q * N * I * es, wb = O * I * es, yb = q * N * O * es;  // gathered / partial
+    if (passes == 1) {
+        b[o] += xb, b[0] += wb, b[a] += yb;  // gather x, gather W, scatter y
+        c[o]++, c[0]++, c[a]++;
+    } else {
+        b[a] += yb, b[0] += 2 * wb, b[o] += 2 * xb;  // gather dy; gather W, scatter dW;
+        c[a]++, c[0] += 2, c[o] += 2;                // gather x, scatter dx
+    }
+}
+
+void l3d_tp3d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
+                          int B, int T, int recompute, int sync, int es,
+                          uint64_t bytes[L3D_TP3D_COMMS], uint64_t calls[L3D_TP3D_COMMS]) {
+    uint64_t N = (uint64_t)B * T, C = cfg->hidden_size / q, F = cfg->intermediate_size / q;
+    uint64_t HD = (uint64_t)cfg->num_attention_heads / q * cfg->head_dim;
+    uint64_t KD = (uint64_t)cfg->num_key_value_heads / q * cfg->head_dim;
+    uint64_t V = cfg->vocab_size / q, Ve = cfg->vocab_size, h = head != 0, e = es;
+    uint64_t b[L3D_TP3D_COMMS] = {0}, c[L3D_TP3D_COMMS] = {0};
+    // a layer's products: q, k, v, o, gate, up, down
+    static const int kinds[7] = {L3D_TP3D_A, L3D_TP3D_A, L3D_TP3D_A, L3D_TP3D_B,
+                                 L3D_TP3D_A, L3D_TP3D_A, L3D_TP3D_B};
+    uint64_t prod[7][2] = {{C, HD}, {C, KD}, {C, KD}, {HD, C}, {C, F}, {C, F}, {F, C}};
+    int fwd_passes = recompute ? 2 : 1;  // the rebuild repeats the forward
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < 7; k++) {
+            for (int p = 0; p < fwd_passes; p++)
+                cube_bytes(q, N, prod[k][0], prod[k][1], kinds[k], 1, e, b, c);
+            cube_bytes(q, N, prod[k][0], prod[k][1], kinds[k], 2, e, b, c);
+        }
+        // two norms: an all-reduce of N row statistics along l per forward and per backward
+        b[2] += (uint64_t)(2 * fwd_passes + 2) * N * 4, c[2] += (uint64_t)(2 * fwd_passes + 2);
+    }
+    if (head) {
+        b[2] += 2 * N * 4, c[2] += 2;  // the final norm, forward and backward
+        cube_bytes(q, N, C, V, L3D_TP3D_A, 1, e, b, c);  // the head
+        cube_bytes(q, N, C, V, L3D_TP3D_A, 2, e, b, c);
+        b[1] += 3 * N * 4, c[1] += 2;                // cross-entropy: max (N), sums (2N)
+        b[3] += 8 * (uint64_t)q * q, c[3] += 1;      // the loss: an all-gather of one double
+    }
+    if (sync) {  // replicated norms and the embedding, over plane l
+        b[4] += ((2 * (uint64_t)L + h) * C + (embed ? Ve * C : 0)) * 4;
+        c[4] += 2 * (uint64_t)L + h + (embed != 0);
+    }
+    for (int k = 0; k < L3D_TP3D_COMMS; k++) bytes[k] = b[k], calls[k] = c[k];
+}
+
 l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
                               const void *w, int rows, l3d_dtype at, l3d_dtype wt) {
     float eps = m->cfg.rms_norm_eps;
+    if (m->tp.mode == 3) {
+        l3d_status st = l3d_tp3d_rmsnorm_fwd(m->tp.g3, 2, out, rstd, x, w, rows, m->C,
+                                             m->cfg.hidden_size, eps, at, wt);
+        return st < 0 ? comm_fail(m, m->tp.g3->axis[2], st, "norm statistics") : L3D_OK;
+    }
     if (m->tp.mode != 2)
         return l3d_dev_rmsnorm_fwd(m->dev, out, rstd, x, w, rows, m->C, eps, at, wt);
     l3d_status st = l3d_tp2d_rmsnorm_fwd(m->tp.g, out, rstd, x, w, rows, m->C,
@@ -158,6 +224,11 @@ l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void
 l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,
                               const void *x, const void *w, const float *rstd, int rows,
                               l3d_dtype at, l3d_dtype wt) {
+    if (m->tp.mode == 3) {
+        l3d_status st = l3d_tp3d_rmsnorm_bwd(m->tp.g3, 2, dx, dw, dout, x, w, rstd, rows, m->C,
+                                             m->cfg.hidden_size, at, wt, L3D_FLOAT32);
+        return st < 0 ? comm_fail(m, m->tp.g3->axis[2], st, "norm statistics") : L3D_OK;
+    }
     if (m->tp.mode != 2)
         return l3d_dev_rmsnorm_bwd(m->dev, dx, dw, dout, x, w, rstd, rows, m->C, at, wt,
                                    L3D_FLOAT32);
@@ -239,8 +310,7 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
     for (int j = 0; j < tp && st >= 0; j++) {
         peer[j].tensors = pt + (size_t)j * m->n_tensors;
         peer[j].layer = pl + (size_t)j * m->L;
-        if (m->tp.mode == 2) l3d_model_set_dims_2d(&peer[j], &m->cfg, m->tp.g->q, j);
-        else l3d_model_set_dims_tp(&peer[j], &m->cfg, tp, j);
+        l3d_model_set_dims_mode(&peer[j], &m->cfg, tp, m->tp.mode, j);
         // the same stage, chunks and layers as this rank
         l3d_model_set_stage(&peer[j], m->pp_size, m->nchunks, m->pp_rank, NULL);
         peer[j].l0 = m->l0;

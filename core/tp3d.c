@@ -24,6 +24,11 @@ l3d_status l3d_tp3d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp3d_t **g_p) 
         int o1 = g->c[(ax + 1) % 3], o2 = g->c[(ax + 2) % 3];
         st = l3d_comm_split(tp, o1 * q + o2, g->c[ax], &g->axis[ax]);
     }
+    for (int ax = 1; ax < 3 && st >= 0; ax++) {
+        // color: this coordinate; key: the other two
+        int o1 = g->c[(ax + 1) % 3], o2 = g->c[(ax + 2) % 3];
+        st = l3d_comm_split(tp, g->c[ax], ax == 1 ? o2 * q + o1 : o1 * q + o2, &g->plane[ax]);
+    }
     if (st < 0) {
         l3d_tp3d_destroy(g);
         return st;
@@ -38,7 +43,7 @@ void l3d_tp3d_destroy(l3d_tp3d_t *g) {
     size_t caps[] = {g->cap_a, g->cap_b, g->cap_c, g->cap_d, g->cap_stat};
     for (int k = 0; k < 5; k++)
         if (*bufs[k]) l3d_dev_free(g->dev, *bufs[k], caps[k] * sizeof(float), "tp3d");
-    for (int ax = 0; ax < 3; ax++) l3d_comm_destroy(g->axis[ax]);
+    for (int ax = 0; ax < 3; ax++) l3d_comm_destroy(g->axis[ax]), l3d_comm_destroy(g->plane[ax]);
     l3d_free(g->ctx, g, sizeof(*g), "tp3d");
 }
 
@@ -122,18 +127,20 @@ l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, 
     size_t xs = (size_t)Nr * Iq, ws = (size_t)(Oq / q) * Iq, ys = (size_t)Nr * Oq;
     // dY(i, s_b) along a: (q Nr, Oq), into c2
     L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[a], dy, g->c2, ys, L3D_FLOAT32));
+    // dW first: x is read before dx is written, so dx may be x's buffer (a layer's input
+    // gradient overwriting the input it no longer needs)
+    if (dw) {
+        // partial dW's block (s_b, s_a) = dY^T X over row block i, summed along i; the slice
+        // i*Oq/q.. of it is this rank's
+        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, L3D_FLOAT32));
+        L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, M, g->c2, g->a, g->d));  // (Oq, Iq)
+        L3D_CHECK(g->ctx, scatter_into(g, 0, dw, g->d, ws, 1.0f, g->b));
+    }
     if (dx) {
         // partial dX(i, s_a) = dY W over this rank's output columns s_b, summed along b
         L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, L3D_FLOAT32));
         L3D_CHECK(g->ctx, gemm(g, 0, 0, M, Iq, Oq, g->c2, g->b, g->a));  // (q Nr, Iq)
         L3D_CHECK(g->ctx, scatter_into(g, b, dx, g->a, xs, beta, g->d));
-    }
-    if (dw) {
-        // partial dW's block (s_b, s_a) = dY^T X over row block i, summed along i; the slice
-        // i*Oq/q.. of it is this rank's
-        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, L3D_FLOAT32));
-        L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, M, g->c2, g->a, g->b));  // (Oq, Iq)
-        L3D_CHECK(g->ctx, scatter_into(g, 0, dw, g->b, ws, 1.0f, g->d));
     }
     return L3D_OK;
 }

@@ -39,6 +39,11 @@ typedef struct l3d_tp3d {
     int q, c[3];          // cube side; this rank's coordinates i, j, l
     l3d_comm_t *axis[3];  // the q ranks differing from this one only in coordinate 0, 1, 2,
                           // ordered by it (owned)
+    l3d_comm_t *plane[3];  // the q^2 ranks sharing coordinate 1 (j) or 2 (l) with this one,
+                           // ordered by (i, the other); [0] NULL (owned). Plane 2 holds the
+                           // copies of what the residual stream's columns l replicate (norms,
+                           // the embedding's columns), plane 1 every row block of the
+                           // cross-entropy's vocabulary block j.
     float *a, *b, *c2, *d;  // scratch: gathered x or dy, gathered W, partial y/dx, partial dW
     float *stat;            // (rows) a split-row RMSNorm's statistic
     size_t cap_a, cap_b, cap_c, cap_d, cap_stat;  // their lengths in floats
@@ -56,7 +61,8 @@ void l3d_tp3d_destroy(l3d_tp3d_t *g);
 l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, float *y, const float *x,
                               const float *w, int Nr, int Iq, int Oq, float beta);
 // dx (Nr, Iq) = (beta 0) or += (beta 1) the block of dy W (NULL: not wanted); dw (Oq/q, Iq) +=
-// the block of dy^T x (NULL: not wanted). dy is gathered once for both.
+// the block of dy^T x (NULL: not wanted). dy is gathered once for both; dx may be x (dw is
+// computed first).
 l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, float *dw,
                               const float *dy, const float *x, const float *w, int Nr, int Iq,
                               int Oq);

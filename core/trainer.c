@@ -8,6 +8,7 @@
 #include "core/data.h"
 #include "core/model_internal.h"
 #include "core/tp2d.h"
+#include "core/tp3d.h"
 #include "core/trainer_internal.h"
 #include "platform/platform.h"
 
@@ -86,6 +87,11 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
     if (cfg->tp_mode == 2)
         L3D_CHECK_GOTO(ctx, l3d_model_create_2d(ctx, t->dev, &cfg->model,
+                                                t->mesh->group[L3D_MESH_TP], cfg->pp, v,
+                                                t->mesh->coord[L3D_MESH_PP],
+                                                l3d_train_config_lps(cfg), &t->model), st, err);
+    else if (cfg->tp_mode == 3)
+        L3D_CHECK_GOTO(ctx, l3d_model_create_3d(ctx, t->dev, &cfg->model,
                                                 t->mesh->group[L3D_MESH_TP], cfg->pp, v,
                                                 t->mesh->coord[L3D_MESH_PP],
                                                 l3d_train_config_lps(cfg), &t->model), st, err);
@@ -205,11 +211,14 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     int Bg = cfg->train_batch_size, T = cfg->seq_len;
     double t0 = l3d_time_now();
 
-    // (2d: the grid's rows and columns carry the tensor-parallel traffic)
-    l3d_comm_t *groups[7] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
-                             t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm,
-                             m->tp.g ? m->tp.g->row : NULL, m->tp.g ? m->tp.g->col : NULL};
-    for (int g = 0; g < 7; g++) l3d_comm_reset_stats(groups[g]);
+    // (2d: the grid's rows and columns carry the tensor-parallel traffic; 3d: the cube's axes
+    // and planes)
+    l3d_comm_t *groups[12] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
+                              t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm,
+                              m->tp.g ? m->tp.g->row : NULL, m->tp.g ? m->tp.g->col : NULL};
+    for (int k = 0; m->tp.g3 && k < 3; k++) groups[7 + k] = m->tp.g3->axis[k];
+    for (int k = 1; m->tp.g3 && k < 3; k++) groups[9 + k] = m->tp.g3->plane[k];
+    for (int g = 0; g < 12; g++) l3d_comm_reset_stats(groups[g]);
     if (t->dp.zero2)  // (in host memory when the optimizer is offloaded)
         L3D_CHECK(ctx, l3d_dev_memset(t->dp.stage ? t->off.hdev : dev, t->dp.gshard, 0,
                                       t->dp.shard_len * sizeof(float)));
@@ -285,11 +294,11 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         stats->eval_loss = eval_loss;
         stats->eval_time_s = eval_dt;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
-        for (int g = 0; g < 7; g++) {
+        for (int g = 0; g < 12; g++) {
             l3d_comm_stats_t cs;
             l3d_comm_get_stats(groups[g], &cs);
-            // the kv replica group and the 2d grid's rows and columns are part of tp, the
-            // tied-embedding group part of pp
+            // the kv replica group, the 2d grid's rows and columns and the 3d cube's axes and
+            // planes are part of tp, the tied-embedding group part of pp
             int grp = g == 3 || g >= 5 ? L3D_MESH_TP : g == 4 ? L3D_MESH_PP : g;
             if (g < 3) stats->comm_calls[grp] = stats->comm_bytes[grp] = 0;
             stats->comm_calls[grp] += cs.calls;

@@ -95,6 +95,7 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
     int b0, nb;  // (2d: this grid row's sequences, C/q columns)
     l3d_model_batch_slice(m, cfg->micro_batch_size, &b0, &nb);
     size_t nl = (size_t)nb * cfg->seq_len, o = (size_t)b0 * cfg->seq_len;
+    size_t ot = (size_t)l3d_model_target_first(m, cfg->micro_batch_size) * cfg->seq_len;
     size_t nc = nl * (size_t)m->C;
     if (m->tp.sp) nc /= (size_t)m->tp.size;
     l3d_status st;
@@ -106,7 +107,7 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
             L3D_CHECK(t->ctx, wait_req(t, &p->fsend[slot]));
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o,
                                            nl * sizeof(int32_t), L3D_COPY_H2D));
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets + o,
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets + ot,
                                            nl * sizeof(int32_t), L3D_COPY_H2D));
             if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
                                              down)) < 0)

@@ -94,11 +94,13 @@ static l3d_status load_micro(l3d_trainer_t *t, l3d_acts_t *a, int j) {
     const l3d_train_config_t *cfg = &t->cfg;
     int b0, nb, T = cfg->seq_len;
     l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
+    // (3d: the logits' rows are another slice than the tokens')
     size_t n = (size_t)nb * T, o = (size_t)b0 * T;
+    size_t ot = (size_t)l3d_model_target_first(t->model, cfg->micro_batch_size) * T;
     l3d_train_load_batch(t, t->step, j);
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o, n * sizeof(int32_t),
                                    L3D_COPY_H2D));
-    return l3d_dev_copy(t->dev, a->targets, t->h_targets + o, n * sizeof(int32_t),
+    return l3d_dev_copy(t->dev, a->targets, t->h_targets + ot, n * sizeof(int32_t),
                         L3D_COPY_H2D);
 }
 

@@ -37,7 +37,7 @@ Test(parallel_tp2d, resume_across_modes, .timeout = 300) {
     layout_t t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0}, d2t2 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 0};
     layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
     untied_reference();
-    knobs_t d1 = {NULL, NULL, 0}, d2 = {NULL, NULL, 2};
+    knobs_t d1 = {NULL, NULL, 0, 0}, d2 = {NULL, NULL, 2, 0};
     resume_knobs(&t4, d2, &one, d1, &ref, NULL);   // 2d -> single rank
     resume_knobs(&d2t2, d1, &t4, d2, &ref, NULL);  // 1d (dp 2 x tp 2) -> 2d
 }

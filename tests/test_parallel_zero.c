@@ -35,7 +35,7 @@ Test(parallel, zero3_knobs, .timeout = 240) {
     // per-rank shards), from which one rank resumes the run.
     static const z3_knobs_t gather = {0, 0, 0, 1};
     layout_t z3 = {2, 2, 1, 3, 0, 8, 0, 0.25f, 0, 0}, one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
-    resume_knobs(&z3, (knobs_t){&gather, NULL, 0}, &one, (knobs_t){NULL, NULL, 0}, &g_ref,
+    resume_knobs(&z3, (knobs_t){&gather, NULL, 0, 0}, &one, (knobs_t){NULL, NULL, 0, 0}, &g_ref,
                  "test -f %s/model.safetensors -a ! -e %s/shards.json");
 }
 
@@ -83,8 +83,8 @@ Test(parallel, offload, .timeout = 240) {
     }
     layout_t z3 = {2, 1, 2, 3, 0, 8, 0, 0.25f, 0, 0}, z1 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 0};
     g_off = NULL;
-    resume_knobs(&z3, (knobs_t){NULL, &both, 0}, &z1, (knobs_t){NULL, NULL, 0}, &g_ref, NULL);
-    resume_knobs(&z1, (knobs_t){NULL, NULL, 0}, &z3, (knobs_t){NULL, &opt, 0}, &g_ref, NULL);
+    resume_knobs(&z3, (knobs_t){NULL, &both, 0, 0}, &z1, (knobs_t){NULL, NULL, 0, 0}, &g_ref, NULL);
+    resume_knobs(&z1, (knobs_t){NULL, NULL, 0, 0}, &z3, (knobs_t){NULL, &opt, 0, 0}, &g_ref, NULL);
 }
 
 // activation_checkpointing's partition_activations (each saved layer input keeps 1/tp of its

@@ -196,7 +196,8 @@ typedef struct l3d_train_config {
                                  // (interleaved 1F1B; 0 = 2 when interleaved, else 1)
     int sequence_parallel;       // parallel.sequence_parallel (with tp > 1)
     int tp_mode;                 // parallel.tp_mode: 0/1 "1d" (Megatron), 2 "2d" (SUMMA on a
-                                 // sqrt(tp) x sqrt(tp) grid; docs/parallel.md)
+                                 // sqrt(tp) x sqrt(tp) grid), 3 "3d" (the cbrt(tp) cube of
+                                 // Agarwal / Bian et al.; docs/parallel.md)
     int n_layers_per_stage;      // parallel.layers_per_stage: pp entries (0 = balanced)
     int layers_per_stage[64];
     char device[32];             // train.device ("cpu")

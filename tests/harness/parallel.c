@@ -19,6 +19,7 @@ const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is 
 int g_comm_dtype = -1;
 int g_bf16;
 int g_tp_mode;
+int g_micro;  // train_micro_batch_size_per_gpu while set (else 2)
 int g_untied;
 int g_fp16;
 int g_layers;      // num_hidden_layers while set (else 3)
@@ -51,7 +52,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     if (g_untied) m->tie_word_embeddings = 0;
     snprintf(cfg->data_path, sizeof(cfg->data_path), "%s", g_data);
     cfg->seq_len = 32;
-    cfg->micro_batch_size = 2;
+    cfg->micro_batch_size = g_micro ? g_micro : 2;
     cfg->dp = L->dp;
     cfg->tp = L->tp;
     cfg->pp = L->pp;
@@ -175,6 +176,7 @@ static void *rank_main(void *p) {
 int run_ranks(const layout_t *L, result_t *res, const char *save, const char *resume,
                      char err[][256]) {
     int n = L->dp * L->tp * L->pp, failed = 0;
+    cr_assert_leq(n, MAXR, "a layout of %d ranks: the harness holds %d", n, MAXR);
     l3d_ctx_t *wctx;
     cr_assert_eq(l3d_ctx_create(NULL, &wctx), L3D_OK);
     l3d_comm_t *comms[MAXR] = {0};
@@ -429,7 +431,7 @@ void compare_keep(const layout_t *L, const result_t *ref, result_t *keep) {
     int n = snprintf(name, sizeof(name), "(dp %d, tp %d, pp %d) zero %d recompute %d bucket %g"
                      "%s%s%s%s", L->dp, L->tp, L->pp, L->zero, L->recompute, L->bucket,
                      L->gpipe == 1 ? " gpipe" : "", L->gpipe >= 2 ? " interleaved" : "",
-                     L->sp ? " sp" : "", g_tp_mode == 2 ? " 2d" : "");
+                     L->sp ? " sp" : "", g_tp_mode == 2 ? " 2d" : g_tp_mode == 3 ? " 3d" : "");
     if (L->zero == 3 && g_z3)
         snprintf(name + n, sizeof(name) - (size_t)n, " persist %g prefetch %g live %g",
                  g_z3->persist, g_z3->prefetch, g_z3->live);
@@ -456,20 +458,21 @@ void resume_knobs(const layout_t *from, knobs_t kf, const layout_t *to, knobs_t 
     char ck[128], cmd[512];
     snprintf(ck, sizeof(ck), "%s/ck", dir);
     result_t a = {0}, b = {0};
-    g_z3 = kf.z3, g_off = kf.off, g_tp_mode = kf.tp_mode;
+    g_z3 = kf.z3, g_off = kf.off, g_tp_mode = kf.tp_mode, g_micro = kf.micro;
     run_layout_ckpt(from, &a, ck, NULL);
     if (dir_test) {
         snprintf(cmd, sizeof(cmd), dir_test, ck, ck);
         cr_assert_eq(system(cmd), 0, "the saved directory fails: %s", cmd);
     }
-    g_z3 = kt.z3, g_off = kt.off, g_tp_mode = kt.tp_mode;
+    g_z3 = kt.z3, g_off = kt.off, g_tp_mode = kt.tp_mode, g_micro = kt.micro;
     run_layout_ckpt(to, &b, NULL, ck);
-    g_z3 = NULL, g_off = NULL, g_tp_mode = 0;
+    g_z3 = NULL, g_off = NULL, g_tp_mode = 0, g_micro = 0;
     char name[128];
     snprintf(name, sizeof(name), "(%d,%d,%d) zero %d%s%s -> (%d,%d,%d) zero %d%s%s", from->dp,
              from->tp, from->pp, from->zero, kf.off ? " offload" : "",
-             kf.tp_mode == 2 ? " 2d" : "", to->dp, to->tp, to->pp, to->zero,
-             kt.off ? " offload" : "", kt.tp_mode == 2 ? " 2d" : "");
+             kf.tp_mode >= 2 ? (kf.tp_mode == 2 ? " 2d" : " 3d") : "", to->dp, to->tp, to->pp,
+             to->zero, kt.off ? " offload" : "",
+             kt.tp_mode >= 2 ? (kt.tp_mode == 2 ? " 2d" : " 3d") : "");
     check_run(name, &b, ref, STEPS / 2);
     free_result(&a);
     free_result(&b);
@@ -478,7 +481,7 @@ void resume_knobs(const layout_t *from, knobs_t kf, const layout_t *to, knobs_t 
 }
 
 void resume_case_to(const layout_t *from, const layout_t *to, const result_t *ref) {
-    resume_knobs(from, (knobs_t){NULL, NULL, 0}, to, (knobs_t){NULL, NULL, 0}, ref, NULL);
+    resume_knobs(from, (knobs_t){NULL, NULL, 0, 0}, to, (knobs_t){NULL, NULL, 0, 0}, ref, NULL);
 }
 
 void resume_case(const layout_t *from, const layout_t *to) {

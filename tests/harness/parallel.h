@@ -8,7 +8,7 @@
 #include "core/trainer_internal.h"
 #include "llama3d/llama3d.h"
 
-enum { STEPS = 20, MAXR = 8 };
+enum { STEPS = 20, MAXR = 16 };  // (3d: a 2 x 2 x 2 cube times dp or pp 2)
 
 typedef struct layout {
     int dp, tp, pp, zero, recompute, accum_total;
@@ -41,6 +41,7 @@ typedef struct knobs {
     const z3_knobs_t *z3;
     const off_knobs_t *off;
     int tp_mode;  // g_tp_mode
+    int micro;    // g_micro
 } knobs_t;
 
 typedef struct result {
@@ -72,7 +73,9 @@ extern int g_layers;            // num_hidden_layers (else 3)
 extern int g_consolidated;      // train.save_consolidated
 extern int g_comm_dtype;        // communication_data_type (an l3d_dtype; -1: unset)
 extern int g_bf16;              // bf16.enabled
-extern int g_tp_mode;           // parallel.tp_mode: 0 (1d, the default) or 2 ("2d")
+extern int g_tp_mode;           // parallel.tp_mode: 0 (1d, the default), 2 ("2d") or 3 ("3d")
+extern int g_micro;             // train_micro_batch_size_per_gpu (0: 2; train_batch_size is
+                                // it times accum_total)
 extern int g_untied;            // tie_word_embeddings false (the default model ties them)
 extern int g_fp16;              // fp16.enabled with the static loss scale 2^g_fp16 (0: off)
 extern const char *g_init_dir;  // the single-rank reference saves its initial weights there
