@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# parallel.tp_mode from the command line: "2d" (tp 4 as a 2 x 2 grid, as threads of one process
-# and as processes over each built network transport) trains to the single rank's losses
-# (1e-5 relative per step, the 1D layouts' standard in cli_parallel.sh), and what 2d does not
-# take is refused with exit 2 naming it.
+# parallel.tp_mode from the command line: "2d" (tp 4 as a 2 x 2 grid) and "3d" (tp 8 as a
+# 2 x 2 x 2 cube, micro-batches of 4 = q^2 slices with half the accumulation: the same 8
+# sequences a step), as threads of one process and as processes over each built network
+# transport, train to the single rank's losses (1e-5 relative per step, the 1D layouts'
+# standard in cli_parallel.sh), and what 2d and 3d do not take is refused with exit 2 naming it.
 # Usage: cli_tp_modes.sh /path/to/l3d
 set -u
 L3D=$1
@@ -19,7 +20,7 @@ same_losses() {
     END { exit (n > 0 && bad == 0) ? 0 : 1 }'
 }
 
-# llama3-tiny's shape with untied embeddings (2d does not take tied ones yet)
+# llama3-tiny's shape with untied embeddings (2d and 3d do not take tied ones yet)
 cat >"$tmp/model.json" <<'J'
 {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
  "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 264, "max_position_embeddings": 1024,
@@ -31,6 +32,9 @@ cat >"$tmp/one.json" <<'J'
  "steps_per_print": 100, "train": {"steps": 4, "threads": 1}, "data": {"seq_len": 32}}
 J
 sed 's/"train": {/"parallel": {"tp": 4, "tp_mode": "2d"}, "train": {/' "$tmp/one.json" >"$tmp/2d.json"
+sed -e 's/"train": {/"parallel": {"tp": 8, "tp_mode": "3d"}, "train": {/' \
+    -e 's/"train_micro_batch_size_per_gpu": 2/"train_micro_batch_size_per_gpu": 4/' \
+    "$tmp/one.json" >"$tmp/3d.json"
 
 "$L3D" train --model "$tmp/model.json" --config "$tmp/one.json" --metrics "$tmp/one.jsonl" >"$tmp/out" 2>&1
 if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/one.jsonl")" -eq 4 ]; then ok "single-rank reference"; else fail "single-rank reference" "$tmp/out"; fi
@@ -52,29 +56,42 @@ else
   fail "tp 4 as 2d x pp 2, threads (exit $rc)" "$tmp/out" "$tmp/2dpp.jsonl" "$tmp/one.jsonl"
 fi
 
+"$L3D" train --model "$tmp/model.json" --config "$tmp/3d.json" --metrics "$tmp/3d.jsonl" >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && same_losses "$tmp/3d.jsonl" "$tmp/one.jsonl" && grep -q "tensor 3d on a cube of tp 8" "$tmp/out"; then
+  ok "tp 8 as 3d, threads: the single rank's losses"
+else
+  fail "tp 8 as 3d, threads (exit $rc)" "$tmp/out" "$tmp/3d.jsonl" "$tmp/one.jsonl"
+fi
+
 built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
 for tp in $built; do
   [ "$tp" = local ] && continue
-  "$L3D" launch -n 4 --transport "$tp" -- "$L3D" train --model "$tmp/model.json" \
-    --config "$tmp/2d.json" --metrics "$tmp/$tp.jsonl" >"$tmp/out" 2>&1
-  rc=$?
-  if [ $rc -eq 0 ] && same_losses "$tmp/$tp.jsonl" "$tmp/one.jsonl"; then
-    ok "$tp: tp 4 as 2d in 4 processes: the single rank's losses"
-  else
-    fail "$tp: tp 4 as 2d (exit $rc)" "$tmp/out" "$tmp/$tp.jsonl"
-  fi
+  for mode in "2d 4" "3d 8"; do
+    set -- $mode
+    "$L3D" launch -n "$2" --transport "$tp" -- "$L3D" train --model "$tmp/model.json" \
+      --config "$tmp/$1.json" --metrics "$tmp/$tp.$1.jsonl" >"$tmp/out" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && same_losses "$tmp/$tp.$1.jsonl" "$tmp/one.jsonl"; then
+      ok "$tp: tp $2 as $1 in $2 processes: the single rank's losses"
+    else
+      fail "$tp: tp $2 as $1 (exit $rc)" "$tmp/out" "$tmp/$tp.$1.jsonl"
+    fi
+  done
 done
 
 # refusals: exit 2 and the reason
-refuse() {  # name, expected text, sed expression on 2d.json
-  sed "$3" "$tmp/2d.json" >"$tmp/bad.json"
+refuse() {  # name, expected text, sed expression on 2d.json (3d.json with a 4th argument)
+  sed "$3" "$tmp/${4:-2d}.json" >"$tmp/bad.json"
   "$L3D" train --model "$tmp/model.json" --config "$tmp/bad.json" >"$tmp/out" 2>&1
   rc=$?
   if [ $rc -eq 2 ] && grep -q -- "$2" "$tmp/out"; then ok "refused: $1"; else fail "refused: $1 (exit $rc)" "$tmp/out"; fi
 }
 refuse "tp not a square" 'needs a square tp' 's/"tp": 4/"tp": 2/'
 refuse "an unknown mode" 'expected "1d"' 's/"2d"/"4d"/'
-refuse "3d" '"3d" is not built yet' 's/"2d"/"3d"/'
+refuse "3d: tp not a cube" 'needs a cube tp' 's/"2d"/"3d"/'
+refuse "3d: micro-batch not a multiple of q^2" 'a multiple of 4' 's/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 2/' 3d
+refuse "3d: ZeRO-3" '"3d" does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/' 3d
 refuse "ZeRO-3" 'does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/'
 refuse "bf16" 'does not take bf16' 's/"steps_per_print"/"bf16": {"enabled": true}, "steps_per_print"/'
 "$L3D" train --config "$tmp/2d.json" >"$tmp/out" 2>&1
