@@ -1,23 +1,25 @@
 #!/usr/bin/env bash
-# Tensor-parallel modes side by side: the same tp size as Megatron's 1d split and as 2d SUMMA
-# (parallel.tp_mode), measured here: bytes and calls per step on the tp group (rank 0's last
-# step, from the metrics JSONL; 2d counts its grid rows and columns there) and the median
-# step time of steps 3..N, with 2d's ratio to 1d.
+# Tensor-parallel modes side by side (parallel.tp_mode): Megatron's 1d split, 2d SUMMA on a
+# q x q grid and the 3d cube, pairwise at the same tp size, measured here: bytes and calls per
+# step on the tp group (rank 0's last step, from the metrics JSONL; 2d and 3d count their grid
+# or cube communicators there) and the median step time of steps 3..N, with the second
+# mode's ratio to the first.
 # Usage: bench/tp_modes.sh [BUILD_DIR]     (default ./build)
 #
-# The model is made for both modes: hidden 256, ffn 1024, 8 heads, 4 kv heads (q = 2 divides
-# them all), vocab 264, untied embeddings, 2 layers; batch 8 = micro 4 x accumulation 2, seq_len
-# 64, one thread per rank. Layouts: tp 4 (1d, and 2d on a 2 x 2 grid) and dp 2 x tp 4, as
-# ranks of `l3d launch --transport ucx` when ucx is built, else as threads of one process.
-# A 2-core machine runs the 4-8 ranks time-shared, so the step times say how the modes compare
-# here, not on a GPU cluster; the bytes are exact.
+# Measured pairs: tp 4 as 1d and 2d (2 x 2), dp 2 x tp 4 likewise, tp 8 as 1d and 3d
+# (2 x 2 x 2) on a model made for all three (hidden 256, ffn 1024, 8 heads, 4 kv heads, vocab
+# 264, untied embeddings, 2 layers; batch 8 = micro 4 x accumulation 2, seq_len 64) as ranks
+# of `l3d launch --transport ucx` when ucx is built, else as threads of one process; and tp
+# 64, the smallest size both a grid (8 x 8) and a cube (4 x 4 x 4) take, as 2d and 3d on a
+# model made for both (8 kv heads, vocab 272; micro 16 = one step) as 64 threads of one
+# process. A 2-core machine runs the ranks time-shared, so the step times say how the modes
+# compare here, not on a GPU cluster; the bytes are exact.
 #
 # Planned (the second table): `l3d plan` searches every layout of Llama 3 70B and 405B and a
 # 175B model (GPT-3's shape in Llama's form) on 64-4096 H100 and H200 GPUs (8 per node,
-# NVLink 4 inside, IB NDR400 between; seq 8192, global batch 1024 sequences) once with 1d and
-# once with 2d tensor parallelism (a q x q grid), and prints each mode's best step time, MFU,
-# tensor-parallel communication time and layout: dp x 2d against dp x 1d, the guide's
-# reading (a) of "3D". Reading (b), the 3d cube against 2d SUMMA, waits for tp_mode 3d.
+# NVLink 4 inside, IB NDR400 between; seq 8192, global batch 1024 sequences) once per mode
+# and prints each mode's best step time and tensor-parallel communication time: dp x 2d
+# against dp x 1d is the guide's reading (a) of "3D", the 3d cube against 2d SUMMA reading (b).
 # Environment: L3D_BENCH_STEPS (default 8), UCX_TLS (default posix,self).
 set -u
 case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
@@ -41,10 +43,17 @@ cat >"$tmp/model.json" <<'J'
  "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
  "bos_token_id": 256, "eos_token_id": 257}
 J
+cat >"$tmp/model64.json" <<'J'
+{"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 2, "num_attention_heads": 8,
+ "num_key_value_heads": 8, "head_dim": 32, "vocab_size": 272, "max_position_embeddings": 1024,
+ "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": false,
+ "bos_token_id": 256, "eos_token_id": 257}
+J
 conf() {  # dp tp mode -> config file
-  local f="$tmp/c.$1.$2.$3.json"
+  local f="$tmp/c.$1.$2.$3.json" mb=4 b=$((8 * $1))
+  [ "$2" -eq 64 ] && mb=16 b=16  # (the cube's 16 slices)
   cat >"$f" <<J
-{"train_batch_size": $((8 * $1)), "train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+{"train_batch_size": $b, "train_micro_batch_size_per_gpu": $mb, "steps_per_print": 1000,
  "parallel": {"dp": $1, "tp": $2, "tp_mode": "$3"},
  "train": {"steps": $STEPS, "threads": 1}, "data": {"seq_len": 64}}
 J
@@ -62,31 +71,33 @@ measure() {  # metrics file
   [ -n "$t" ] && [ -n "$last" ] && echo "$t $last"
 }
 run() {  # dp tp mode -> "time calls bytes", or fails
-  local c m n=$(($1 * $2))
+  local c m n=$(($1 * $2)) model="$tmp/model.json" how=" $built "
   c=$(conf "$1" "$2" "$3")
   m="$tmp/m.$1.$2.$3.jsonl"
-  case " $built " in
-    *" ucx "*) "$L3D" launch -n "$n" --transport ucx -- "$L3D" train --model "$tmp/model.json" \
+  [ "$2" -eq 64 ] && model="$tmp/model64.json" how=threads
+  case $how in
+    *" ucx "*) "$L3D" launch -n "$n" --transport ucx -- "$L3D" train --model "$model" \
                  --config "$c" --metrics "$m" >"$tmp/log" 2>&1 ;;
-    *) "$L3D" train --model "$tmp/model.json" --config "$c" --metrics "$m" >"$tmp/log" 2>&1 ;;
+    *) "$L3D" train --model "$model" --config "$c" --metrics "$m" >"$tmp/log" 2>&1 ;;
   esac || { sed 's/^/    /' "$tmp/log" | tail -5 >&2; return 1; }
   measure "$m"
 }
 
 how=threads; case " $built " in *" ucx "*) how="ucx processes" ;; esac
 echo "tp_modes.sh: model hidden 256 ffn 1024 heads 8/4 vocab 264, 2 layers; $STEPS steps; $how" >&2
-echo "| layout | mode | tp bytes/step | tp calls/step | step time (s) | 2d / 1d bytes | 2d / 1d time |"
+echo "| layout | mode | tp bytes/step | tp calls/step | step time (s) | bytes vs first | time vs first |"
 echo "|---|---|---|---|---|---|---|"
 fails=0
-for lay in "1 4" "2 4"; do
+for lay in "1 4 1d 2d" "2 4 1d 2d" "1 8 1d 3d" "1 64 2d 3d"; do
   set -- $lay
-  r1=$(run "$1" "$2" 1d) || { echo "| dp $1 x tp $2 | 1d | failed | | | | |"; fails=$((fails + 1)); continue; }
-  r2=$(run "$1" "$2" 2d) || { echo "| dp $1 x tp $2 | 2d | failed | | | | |"; fails=$((fails + 1)); continue; }
-  set -- $1 $2 $r1 $r2
-  dp=$1 tp=$2 t1=$3 c1=$4 b1=$5 t2=$6 c2=$7 b2=$8
-  echo "| dp $dp x tp $tp | 1d | $b1 | $c1 | $t1 | | |"
+  dp=$1 tp=$2 ma=$3 mb=$4
+  r1=$(run "$dp" "$tp" "$ma") || { echo "| dp $dp x tp $tp | $ma | failed | | | | |"; fails=$((fails + 1)); continue; }
+  r2=$(run "$dp" "$tp" "$mb") || { echo "| dp $dp x tp $tp | $mb | failed | | | | |"; fails=$((fails + 1)); continue; }
+  set -- $r1 $r2
+  t1=$1 c1=$2 b1=$3 t2=$4 c2=$5 b2=$6
+  echo "| dp $dp x tp $tp | $ma | $b1 | $c1 | $t1 | | |"
   awk -v b1="$b1" -v b2="$b2" -v t1="$t1" -v t2="$t2" -v c2="$c2" -v l="dp $dp x tp $tp" \
-    'BEGIN { printf "| %s | 2d (2 x 2) | %d | %d | %s | %.2f | %.2f |\n", l, b2, c2, t2, b2 / b1, t2 / t1 }'
+    -v m="$mb" -v a="$ma" 'BEGIN { printf "| %s | %s | %d | %d | %s | %.2f | %.2f |\n", l, m, b2, c2, t2, b2 / b1, t2 / t1 }'
 done
 
 # ---- planned --------------------------------------------------------------------------------
@@ -108,21 +119,20 @@ print("%.3f %.1f %.3f %s%s" % (r["step_time_s"], 100 * r["mfu"], r["comm_s"]["tp
       "" if r["fits"] else " (does not fit)"))'
 }
 echo
-echo "| model | GPUs | 1d step s | 1d MFU | 1d tp s | 2d step s | 2d MFU | 2d tp s | 2d / 1d time | 1d layout | 2d layout |"
+echo "| model | GPUs | 1d step s (tp s) | 2d step s (tp s) | 3d step s (tp s) | 2d / 1d time | 3d / 2d time | 3d / 2d tp s | 1d layout | 2d layout | 3d layout |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
 for model in llama3-70b "$tmp/175b.json" llama3-405b; do
   name=$model; [ "$model" = "$tmp/175b.json" ] && name=175b
   for gpu in h100-sxm h200-sxm; do
     for n in 64 512 4096; do
-      a=$(best "$model" "$gpu" "$n" 1d) || a=""
-      b=$(best "$model" "$gpu" "$n" 2d) || b=""
-      if [ -z "$a" ] || [ -z "$b" ]; then
-        echo "| $name ($gpu) | $n | ${a:-none fits the search} | | | ${b:-none} | | | | | |"; continue
-      fi
-      set -- $a; t1=$1 m1=$2 c1=$3; shift 3; l1="$*"
-      set -- $b; t2=$1 m2=$2 c2=$3; shift 3; l2="$*"
-      r=$(awk -v a="$t1" -v b="$t2" 'BEGIN { printf "%.2f", b / a }')
-      echo "| $name ($gpu) | $n | $t1 | $m1% | $c1 | $t2 | $m2% | $c2 | $r | $l1 | $l2 |"
+      cells=() ts=() cs=() lays=()
+      for mode in 1d 2d 3d; do
+        r=$(best "$model" "$gpu" "$n" "$mode") || r=""
+        if [ -z "$r" ]; then cells+=("none"); ts+=(""); cs+=(""); lays+=(""); continue; fi
+        set -- $r; ts+=("$1"); cs+=("$3"); cells+=("$1 ($3)"); shift 3; lays+=("$*")
+      done
+      ratio() { [ -n "$1" ] && [ -n "$2" ] && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b / a }'; }
+      echo "| $name ($gpu) | $n | ${cells[0]} | ${cells[1]} | ${cells[2]} | $(ratio "${ts[0]}" "${ts[1]}") | $(ratio "${ts[1]}" "${ts[2]}") | $(ratio "${cs[1]}" "${cs[2]}") | ${lays[0]} | ${lays[1]} | ${lays[2]} |"
     done
   done
 done

@@ -162,7 +162,8 @@ static void print_table(const l3d_plan_result_t *res, int n) {
         const l3d_plan_layout_t *l = &r->layout;
         char lay[160];
         snprintf(lay, sizeof(lay), "dp=%d tp=%d%s pp=%d cp=%d v=%d mb=%d zero=%d rc=%s sp=%d",
-                 l->dp, l->tp, l->tp_mode == 2 ? "(2d)" : "", l->pp, l->cp, l->v,
+                 l->dp, l->tp, l->tp_mode == 2 ? "(2d)" : l->tp_mode == 3 ? "(3d)" : "", l->pp,
+                 l->cp, l->v,
                  l->micro_batch, l->zero_stage, k_rc[l->recompute], l->sp);
         printf("%-4d %-54s %8.2f %4s %9.3f %5.1f%% %9.0f %8.3f %8.3f %8.3f %8.3f  %.3f, %.3f\n",
                i + 1, lay, r->mem_bytes / GiB, r->fits ? "yes" : "no", r->step_time_s,

@@ -9,6 +9,7 @@ typedef struct terms {
     l3d_comm_term_t *t;
     int n, max;
     int group, per_mb;
+    int ranks, stride;  // the sub-group of the next terms (l3d_comm_term_t)
 } terms_t;
 
 enum { GRAD = 0, AFTER = 1 };
@@ -18,7 +19,7 @@ static void add_when(terms_t *s, int op, int after, uint64_t calls, uint64_t byt
     if (!calls && !bytes) return;
     if (s->n < s->max)
         s->t[s->n] = (l3d_comm_term_t){s->group, (l3d_comm_op_kind)op, s->per_mb, after, calls,
-                                       bytes};
+                                       bytes, s->ranks, s->stride};
     s->n++;
 }
 
@@ -37,7 +38,7 @@ void l3d_train_config_comm(const l3d_train_config_t *cfg, l3d_comm_stats_t plan[
 }
 
 int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *out, int max) {
-    terms_t terms = {out, 0, max, 0, 0}, *s = &terms;
+    terms_t terms = {out, 0, max, 0, 0, 0, 0}, *s = &terms;
     const l3d_model_config_t *mc = &cfg->model;
     // f: float32 (gradients, row statistics); e: an activation element (bf16/fp16 training).
     uint64_t f = sizeof(float), A = (uint64_t)cfg->grad_accum_steps;
@@ -77,10 +78,14 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         l3d_tp2d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 1,
                              (int)e, bs, cs);
         s->per_mb = 1;
-        add_op(s, L3D_COMM_OP_BCAST, A * (c[0] + c[1]), A * (b[0] + b[1]));
+        s->ranks = q, s->stride = 1;  // the grid's rows
+        add_op(s, L3D_COMM_OP_BCAST, A * c[0], A * b[0]);
+        s->stride = q;  // its columns
+        add_op(s, L3D_COMM_OP_BCAST, A * c[1], A * b[1]);
         s->per_mb = zero2;
         add_op(s, AR, Ag * (cs[1] - c[1]), Ag * (bs[1] - b[1]));
         s->per_mb = 0;
+        s->ranks = s->stride = 0;
         add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
     } else if (cfg->tp_mode == 3 && tp > 1) {
         // 3d (docs/parallel.md): the cube's axes and planes, counted with the tp group. Per
@@ -95,16 +100,22 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
                              (int)e, b, c);
         l3d_tp3d_micro_bytes(mc, q, (int)L, m0.has_embed, last, mbl, cfg->seq_len, rc, 1,
                              (int)e, bs, cs);
+        // Row statistics: the norms' along l (axis 2), the cross-entropy's along j (axis 1).
         uint64_t lst = (uint64_t)last, fp = rc ? 2 : 1;
-        uint64_t stat_calls = (2 * fp + 2) * L + 4 * lst;  // norms; final norm, cross-entropy
-        uint64_t stat_bytes = ((2 * fp + 2) * L + 2 * lst) * Nl * f + lst * 3 * Nl * f;
-        uint64_t all_c = c[0] + c[1] + c[2] + c[3], all_b = b[0] + b[1] + b[2] + b[3];
+        uint64_t st_c[3] = {0, 2 * lst, (2 * fp + 2) * L + 2 * lst};
+        uint64_t st_b[3] = {0, 3 * Nl * f * lst, st_c[2] * Nl * f};
         s->per_mb = 1;
-        add_op(s, GA, A * (all_c - stat_calls), A * (all_b - stat_bytes));
-        add_op(s, AR, A * stat_calls, A * stat_bytes);
+        for (int k = 0; k < 3; k++) {  // axis k: q ranks q^(2-k) apart
+            s->ranks = q, s->stride = k == 0 ? q * q : k == 1 ? q : 1;
+            add_op(s, GA, A * (c[k] - st_c[k]), A * (b[k] - st_b[k]));
+            add_op(s, AR, A * st_c[k], A * st_b[k]);
+        }
+        s->ranks = q * q, s->stride = q;  // the planes (their ranks q apart at most)
+        add_op(s, GA, A * c[3], A * b[3]);
         s->per_mb = zero2;
         add_op(s, AR, Ag * (cs[4] - c[4]), Ag * (bs[4] - b[4]));
         s->per_mb = 0;
+        s->ranks = s->stride = 0;
         add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
     } else if (sp) {
         // Sequence parallelism: per micro-batch the embedding's reduce-scatter, per layer 2

@@ -20,7 +20,7 @@ const char *l3d_plan_layout_str(const l3d_plan_layout_t *l, char *buf, size_t ca
     snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,v=%d,mb=%d,zero=%d,recompute=%s,sp=%d%s", l->dp,
              l->tp, l->pp, l->cp, l->v, l->micro_batch, l->zero_stage,
              rc[l->recompute >= 0 && l->recompute <= 2 ? l->recompute : 0], l->sp,
-             l->tp_mode == 2 ? ",tp_mode=2d" : "");
+             l->tp_mode == 2 ? ",tp_mode=2d" : l->tp_mode == 3 ? ",tp_mode=3d" : "");
     return buf;
 }
 
@@ -76,8 +76,8 @@ static layer_time_t layer_time(const l3d_plan_request_t *r, const l3d_plan_layou
     // Korthikanti et al. 2022 count as stored activations per layer, 34 C bytes per token
     // (10 C + 24 C / t without sequence parallelism), and 5 (H/t) T bytes per token of stored
     // scores, times mem_traffic.
-    // (2d keeps a 1/t block of every activation, as sequence parallelism does)
-    double tok = (l->sp || l->tp_mode == 2) && l->tp > 1 ? 34 * C / t : 10 * C + 24 * C / t;
+    // (2d and 3d keep a 1/t block of every activation, as sequence parallelism does)
+    double tok = (l->sp || l->tp_mode >= 2) && l->tp > 1 ? 34 * C / t : 10 * C + 24 * C / t;
     double scores = flash ? 0 : 5 * (H / t) * T;
     double el = r->runtime.mem_traffic * es / 2 * n * (tok + scores) / r->gpu.mem_bw;
     double el_scores = r->runtime.mem_traffic * es / 2 * n * scores / r->gpu.mem_bw;
@@ -179,9 +179,8 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
         l->sp < 0 || l->sp > 1 || (long)l->dp * l->tp * l->pp * l->cp != r->gpus)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: layout %s does not make %d GPUs",
                          l3d_plan_layout_str(l, ls, sizeof(ls)), r->gpus);
-    if (l->tp_mode != 1 && l->tp_mode != 2)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "plan: tp_mode %dd is not built yet; plan "
-                         "with 1d or 2d", l->tp_mode);
+    if (l->tp_mode < 1 || l->tp_mode > 3)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: tp_mode %d: 1, 2 or 3", l->tp_mode);
     l3d_train_config_t *cfg = &sc->cfg;
     L3D_CHECK(ctx, layout_config(ctx, r, l, sc));
     memset(res, 0, sizeof(*res));
@@ -223,9 +222,13 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
         res->comm_calls[g] += t->calls;
         l3d_comm_term_t tt = *t;
         if (g == L3D_MESH_PP && t->per_mb && r->runtime.pp_scatter_gather && !l->sp &&
-            l->tp_mode != 2)  // (2d sends its block already)
+            l->tp_mode < 2)  // (2d and 3d send their block already)
             tt.bytes /= (uint64_t)l->tp;  // each rank sends its 1/tp over the network
-        double s = term_s(group_link(r, stride[g], size[g]), &tt, size[g]);
+        // a term on part of its group (a grid's row, a cube's axis): its ranks, on the link
+        // their span needs
+        int n = t->ranks ? t->ranks : size[g];
+        long st = stride[g] * (t->stride ? t->stride : 1);
+        double s = term_s(group_link(r, st, n), &tt, n);
         if (g == L3D_MESH_TP) tp_mb += s / A;  // per micro-batch, inside its compute
         else if (g == L3D_MESH_PP && t->per_mb) pp_mb += s / A;
         else if (g == L3D_MESH_PP) pp_after += s;

@@ -57,10 +57,10 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: need gpus, gpus per node, seq, "
                          "global batch >= 1 and room for one result");
     const l3d_plan_layout_t *f = &req->fixed;
-    if (f->tp_mode > 2)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "plan: tp_mode %dd is not built yet; plan "
-                         "with 1d or 2d", f->tp_mode);
-    int mode = f->tp_mode == 2 ? 2 : 1;  // (the search keeps 1d unless 2d is asked for)
+    if (f->tp_mode > 3)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: tp_mode %d: 1, 2 or 3", f->tp_mode);
+    // (the search keeps 1d unless 2d or 3d is asked for)
+    int mode = f->tp_mode >= 2 ? f->tp_mode : 1;
     l3d_plan_scratch_t *sc = l3d_calloc(ctx, 1, sizeof(*sc), "plan");
     if (!sc) return L3D_ERR_NOMEM;
     enum { MAXD = 256 };
@@ -78,8 +78,9 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
     for (int a = 0; a < nd; a++) {
         int tp = div[a];
         if ((f->tp && tp != f->tp) || req->model.num_attention_heads % tp) continue;
-        int q = (int)lround(sqrt((double)tp));
+        int q = (int)lround(sqrt((double)tp)), c3 = (int)lround(cbrt((double)tp));
         if (mode == 2 && (tp < 4 || q * q != tp)) continue;  // 2d: a q x q grid
+        if (mode == 3 && (tp < 8 || c3 * c3 * c3 != tp)) continue;  // 3d: a q^3 cube
         for (int b = 0; b < nd; b++) {
             int cp = div[b];
             if ((f->cp && cp != f->cp) || (!f->cp && cp > 1 && cp > 64) ||
@@ -104,7 +105,7 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
                             if (zs[z] > 0 && dp == 1 && f->zero_stage < 0) continue;
                             for (int k = 0; k < nrc; k++)
                                 for (int s = 0; s < nsp; s++) {
-                                    if (sps[s] && (tp == 1 || mode == 2) && f->sp < 0) continue;
+                                    if (sps[s] && (tp == 1 || mode >= 2) && f->sp < 0) continue;
                                     l3d_plan_layout_t l = {dp,     tp,       pp,     cp,
                                                            mode,   vs[i],    mbs[j], zs[z],
                                                            rcs[k], sps[s] && tp > 1};

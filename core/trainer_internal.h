@@ -286,6 +286,9 @@ typedef struct l3d_comm_term {
     l3d_comm_op_kind op;
     int per_mb, after;
     uint64_t calls, bytes;
+    // The part of the group it runs on: `ranks` members `stride` group ranks apart (a 2d
+    // grid's row or column, a 3d cube's axis or plane); 0, 0: the whole group.
+    int ranks, stride;
 } l3d_comm_term_t;
 enum { L3D_COMM_TERMS_MAX = 24 };
 // Writes up to max terms, returns how many there are (at most L3D_COMM_TERMS_MAX).

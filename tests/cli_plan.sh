@@ -25,11 +25,19 @@ usage "missing link file" "cannot read measured link $tmp/none.json" "${base[@]}
 usage "layout key" "unknown key 'tpp'" "${base[@]}" --layout tpp=2
 usage "layout value" "--layout tp: 'x'" "${base[@]}" --layout tp=x
 usage "recompute value" "not none, selective or full" "${base[@]}" --layout recompute=some
-usage "tp_mode not built" "tp_mode 3d is not built yet" "${base[@]}" --layout tp_mode=3d
+usage "tp_mode value" "is not 1d, 2d or 3d" "${base[@]}" --layout tp_mode=4d
 usage "unknown model" "unknown model preset 'llama9'" --model llama9 --gpus 8 --seq 64 --global-batch 8
 usage "no layout" "no valid layout of 16 GPUs" "${base[@]}" --layout tp=3
 echo '{"train_batch_size": 8, "zero_optimization": {"stage": 9}}' >"$tmp/bad.json"
 usage "bad config" "zero_optimization.stage" "${base[@]}" --config "$tmp/bad.json"
+
+# tp_mode=3d plans q^3 cubes: 16 GPUs hold one of 8 (2 x 2 x 2) with dp or pp 2
+"$L3D" plan "${base[@]}" --layout tp_mode=3d --top 3 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 0 ] && grep -q "tp=8(3d)" "$tmp/out" && ! grep -qE "tp=[0-9]+ |tp=[0-9]+\(2d\)" "$tmp/out"; then
+  ok "tp_mode=3d plans cubes"
+else
+  fail "tp_mode=3d plans cubes" "$tmp/out" "$tmp/err"
+fi
 
 # --json: a list of --top objects with the documented keys; tp=2,zero=1 kept by every one
 "$L3D" plan "${base[@]}" --layout tp=2,zero=1 --top 4 --json >"$tmp/p.json" 2>"$tmp/err"

@@ -126,7 +126,7 @@ Test(plan, search_contract) {
     }
     cr_assert(res[0].fits, "70B on 64 H100 at tp 8 and ZeRO-1: nothing fits?");
     // 2d: only q x q grids without sequence parallelism, with the grid's traffic on the tp
-    // group; 3d is not planned until it is built
+    // group; 3d likewise with q^3 cubes
     req.fixed.tp_mode = 2;
     req.fixed.tp = 0;  // (8 is no square)
     cr_assert_eq(l3d_plan_search(ctx, &req, res, 8, &n, NULL), L3D_OK, "%s",
@@ -143,7 +143,21 @@ Test(plan, search_contract) {
         cr_assert(r->comm_bytes[0] > 0 && r->comm_s[0] > 0);  // (group 0: tp)
     }
     req.fixed.tp_mode = 3;
-    cr_assert(l3d_plan_search(ctx, &req, res, 1, &n, NULL) == L3D_ERR_UNSUPPORTED);
+    cr_assert_eq(l3d_plan_search(ctx, &req, res, 8, &n, NULL), L3D_OK, "%s",
+                 l3d_ctx_last_error(ctx));
+    cr_assert(n > 0);
+    for (int i = 0; i < n; i++) {
+        const l3d_plan_layout_t *l = &res[i].layout;
+        cr_assert(l->tp_mode == 3 && (l->tp == 8 || l->tp == 64) && !l->sp,
+                  "3d layout tp %d sp %d", l->tp, l->sp);
+        const l3d_plan_result_t *r = &res[i];
+        double sum = r->compute_s + r->bubble_s;
+        for (int g = 0; g < L3D_PLAN_GROUPS; g++) sum += r->comm_s[g];
+        cr_assert(fabs(sum - r->step_time_s) <= 1e-9 * r->step_time_s);
+        cr_assert(r->comm_bytes[0] > 0 && r->comm_s[0] > 0);
+    }
+    req.fixed.tp_mode = 4;
+    cr_assert(l3d_plan_search(ctx, &req, res, 1, &n, NULL) == L3D_ERR_INVALID_ARG);
     req.fixed.tp_mode = 1;
     req.fixed.tp = 8;
     l3d_plan_layout_t bad = {3, 8, 1, 1, 1, 1, 1, 1, 0, 0};
