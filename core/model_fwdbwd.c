@@ -374,7 +374,8 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtyp
     // MLP: x_out = h + sw Wd^T, sw = silu(gate) * up (recomputed: cheaper than storing it)
     GATHER_D();
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, NF, at));
-    L3D_CHECK(ctx, linear_bwd(m, ROW, sw, 0.0f, GW(wd), D, sw, LW(wd), N, F, C, at, wt));  // sw <- dsw
+    // (sw <- dsw: the weight gradient reads sw first)
+    L3D_CHECK(ctx, linear_bwd(m, ROW, sw, 0.0f, GW(wd), D, sw, LW(wd), N, F, C, at, wt));
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF, at));
     L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wg), acts->dgate, a->ln2, LW(wg), N, C,
                               F, at, wt));

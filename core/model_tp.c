@@ -156,17 +156,14 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
 
 // 3d: cube products (core/tp3d.h) of N rows from I to O (per rank) of orientation `kind`,
 // forward (passes 1) or backward (2: dx and dW with one gather of dy), into bytes/calls per
-// axis.
+// axis, elements of es bytes.
 static void cube_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int kind, int passes,
                        uint64_t es, uint64_t *b, uint64_t *c) {
-    int a = kind == L3D_TP3D_A ? 2 : 1, o = kind == L3D_TP3D_A ? 1 : 2;
-    uint64_t xb = q * N * I * es, wb = O * I * es, yb = q * N * O * es;  // gathered / partial
-    if (passes == 1) {
-        b[o] += xb, b[0] += wb, b[a] += yb;  // gather x, gather W, scatter y
-        c[o]++, c[0]++, c[a]++;
-    } else {
-        b[a] += yb, b[0] += 2 * wb, b[o] += 2 * xb;  // gather dy; gather W, scatter dW;
-        c[a]++, c[0] += 2, c[o] += 2;                // gather x, scatter dx
+    uint64_t fb[3], bb[3], fc[3], bc[3];
+    l3d_tp3d_linear_bytes(q, kind, (int)(N * q * q), (int)(I * q), (int)(O * q), fb, bb, fc, bc);
+    for (int k = 0; k < 3; k++) {  // (the formula counts float32 elements)
+        b[k] += (passes == 1 ? fb[k] : bb[k]) / sizeof(float) * es;
+        c[k] += passes == 1 ? fc[k] : bc[k];
     }
 }
 

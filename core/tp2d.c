@@ -39,13 +39,18 @@ void l3d_tp2d_destroy(l3d_tp2d_t *g) {
 }
 
 // Scratch blocks live in the device's memory, where the GEMMs and the communicator read them.
-static l3d_status grow(l3d_tp2d_t *g, float **p, size_t *cap, size_t n) {
+l3d_status l3d_tp_scratch_grow(l3d_ctx_t *ctx, l3d_device_t *dev, float **p, size_t *cap,
+                               size_t n, const char *tag) {
     if (*cap >= n) return L3D_OK;
     void *q = NULL;
-    L3D_CHECK(g->ctx, l3d_dev_alloc(g->dev, n * sizeof(float), "tp2d", &q));
-    if (*p) l3d_dev_free(g->dev, *p, *cap * sizeof(float), "tp2d");
+    L3D_CHECK(ctx, l3d_dev_alloc(dev, n * sizeof(float), tag, &q));
+    if (*p) l3d_dev_free(dev, *p, *cap * sizeof(float), tag);
     *p = q, *cap = n;
     return L3D_OK;
+}
+
+static l3d_status grow(l3d_tp2d_t *g, float **p, size_t *cap, size_t n) {
+    return l3d_tp_scratch_grow(g->ctx, g->dev, p, cap, n, "tp2d");
 }
 
 // The block sizes, after checking that q divides every dimension.
@@ -139,35 +144,45 @@ l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float 
     return l3d_tp2d_block_bwd_w(g, dw, dy, x, Nq, Iq, Oq);
 }
 
-// The split-row RMSNorm's statistic: this block's part summed over the row (the ranks holding
-// the other columns of the same rows).
-static l3d_status row_stat(l3d_tp2d_t *g, int N, float **stat) {
-    L3D_CHECK(g->ctx, grow(g, &g->stat, &g->cap_stat, (size_t)(N > 0 ? N : 1)));
-    *stat = g->stat;
-    return L3D_OK;
+l3d_status l3d_tp_split_rmsnorm_fwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
+                                    const char *tag, float **stat, size_t *cap, void *out,
+                                    float *rstd, const void *x, const void *w, int N, int C,
+                                    int C_full, float eps, l3d_dtype at, l3d_dtype wt) {
+    L3D_CHECK(ctx, l3d_tp_scratch_grow(ctx, dev, stat, cap, (size_t)(N > 0 ? N : 1), tag));
+    float *ss = *stat;
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_rowdot(dev, ss, x, x, NULL, N, C, at, wt));
+    L3D_CHECK(ctx, l3d_dev_sync(dev));
+    L3D_CHECK(ctx, l3d_comm_allreduce(comm, ss, ss, (size_t)N, L3D_FLOAT32, L3D_SUM));
+    return l3d_dev_rmsnorm_rows_fwd(dev, out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
 }
 
+l3d_status l3d_tp_split_rmsnorm_bwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
+                                    const char *tag, float **stat, size_t *cap, void *dx, void *dw,
+                                    const void *dout, const void *x, const void *w,
+                                    const float *rstd, int N, int C, int C_full, l3d_dtype at,
+                                    l3d_dtype wt, l3d_dtype gt) {
+    L3D_CHECK(ctx, l3d_tp_scratch_grow(ctx, dev, stat, cap, (size_t)(N > 0 ? N : 1), tag));
+    float *dot = *stat;
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_rowdot(dev, dot, dout, x, w, N, C, at, wt));
+    L3D_CHECK(ctx, l3d_dev_sync(dev));
+    L3D_CHECK(ctx, l3d_comm_allreduce(comm, dot, dot, (size_t)N, L3D_FLOAT32, L3D_SUM));
+    return l3d_dev_rmsnorm_rows_bwd(dev, dx, dw, dout, x, w, rstd, dot, N, C, C_full, at, wt, gt);
+}
+
+// The split-row RMSNorm over the grid row (the ranks holding the other columns of the same
+// rows).
 l3d_status l3d_tp2d_rmsnorm_fwd(l3d_tp2d_t *g, void *out, float *rstd, const void *x,
                                 const void *w, int N, int C, int C_full, float eps,
                                 l3d_dtype at, l3d_dtype wt) {
-    float *ss;
-    L3D_CHECK(g->ctx, row_stat(g, N, &ss));
-    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, ss, x, x, NULL, N, C, at, wt));
-    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
-    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->row, ss, ss, (size_t)N, L3D_FLOAT32, L3D_SUM));
-    return l3d_dev_rmsnorm_rows_fwd(g->dev, out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
+    return l3d_tp_split_rmsnorm_fwd(g->ctx, g->dev, g->row, "tp2d", &g->stat, &g->cap_stat, out,
+                                    rstd, x, w, N, C, C_full, eps, at, wt);
 }
 
 l3d_status l3d_tp2d_rmsnorm_bwd(l3d_tp2d_t *g, void *dx, void *dw, const void *dout,
                                 const void *x, const void *w, const float *rstd, int N, int C,
                                 int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
-    float *dot;
-    L3D_CHECK(g->ctx, row_stat(g, N, &dot));
-    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, dot, dout, x, w, N, C, at, wt));
-    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
-    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->row, dot, dot, (size_t)N, L3D_FLOAT32, L3D_SUM));
-    return l3d_dev_rmsnorm_rows_bwd(g->dev, dx, dw, dout, x, w, rstd, dot, N, C, C_full, at, wt,
-                                    gt);
+    return l3d_tp_split_rmsnorm_bwd(g->ctx, g->dev, g->row, "tp2d", &g->stat, &g->cap_stat, dx,
+                                    dw, dout, x, w, rstd, N, C, C_full, at, wt, gt);
 }
 
 void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],

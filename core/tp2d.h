@@ -68,6 +68,22 @@ l3d_status l3d_tp2d_rmsnorm_fwd(l3d_tp2d_t *g, void *out, float *rstd, const voi
 l3d_status l3d_tp2d_rmsnorm_bwd(l3d_tp2d_t *g, void *dx, void *dw, const void *dout,
                                 const void *x, const void *w, const float *rstd, int N, int C,
                                 int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
+// Shared with 3d (core/tp3d.c). Grows a float32 scratch in dev's memory to at least n floats
+// (its contents are not kept).
+l3d_status l3d_tp_scratch_grow(l3d_ctx_t *ctx, l3d_device_t *dev, float **p, size_t *cap,
+                               size_t n, const char *tag);
+// RMSNorm of rows split by columns over `comm` (the ranks holding the other columns of the
+// same rows): the row statistic in *stat (a scratch grown to N floats under `tag`),
+// all-reduced over comm.
+l3d_status l3d_tp_split_rmsnorm_fwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
+                                    const char *tag, float **stat, size_t *cap, void *out, float *rstd,
+                                    const void *x, const void *w, int N, int C, int C_full,
+                                    float eps, l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_tp_split_rmsnorm_bwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
+                                    const char *tag, float **stat, size_t *cap, void *dx, void *dw,
+                                    const void *dout, const void *x, const void *w,
+                                    const float *rstd, int N, int C, int C_full, l3d_dtype at,
+                                    l3d_dtype wt, l3d_dtype gt);
 // Bytes one rank counts (l3d_comm_get_stats) in a forward and a backward, on its row [0] and
 // column [1] communicator, and calls.
 void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/l3d_core.h"
+#include "core/tp2d.h"
 #include "core/tp3d.h"
 #include "devices/device.h"
 
@@ -47,14 +48,8 @@ void l3d_tp3d_destroy(l3d_tp3d_t *g) {
     l3d_free(g->ctx, g, sizeof(*g), "tp3d");
 }
 
-// Scratch blocks live in the device's memory, where the GEMMs and the communicator read them.
 static l3d_status grow(l3d_tp3d_t *g, float **p, size_t *cap, size_t n) {
-    if (*cap >= n) return L3D_OK;
-    void *q = NULL;
-    L3D_CHECK(g->ctx, l3d_dev_alloc(g->dev, n * sizeof(float), "tp3d", &q));
-    if (*p) l3d_dev_free(g->dev, *p, *cap * sizeof(float), "tp3d");
-    *p = q, *cap = n;
-    return L3D_OK;
+    return l3d_tp_scratch_grow(g->ctx, g->dev, p, cap, n, "tp3d");
 }
 
 // C(M,N) = op(A) op(B), float32, row-major, dense.
@@ -145,35 +140,18 @@ l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, 
     return L3D_OK;
 }
 
-// The split-row RMSNorm's statistic: this block's part summed along the axis holding the
-// other columns of the same rows.
-static l3d_status row_stat(l3d_tp3d_t *g, int N, float **stat) {
-    L3D_CHECK(g->ctx, grow(g, &g->stat, &g->cap_stat, (size_t)(N > 0 ? N : 1)));
-    *stat = g->stat;
-    return L3D_OK;
-}
-
 l3d_status l3d_tp3d_rmsnorm_fwd(l3d_tp3d_t *g, int ax, void *out, float *rstd, const void *x,
                                 const void *w, int N, int C, int C_full, float eps,
                                 l3d_dtype at, l3d_dtype wt) {
-    float *ss;
-    L3D_CHECK(g->ctx, row_stat(g, N, &ss));
-    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, ss, x, x, NULL, N, C, at, wt));
-    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
-    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->axis[ax], ss, ss, (size_t)N, L3D_FLOAT32, L3D_SUM));
-    return l3d_dev_rmsnorm_rows_fwd(g->dev, out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
+    return l3d_tp_split_rmsnorm_fwd(g->ctx, g->dev, g->axis[ax], "tp3d", &g->stat,
+                                    &g->cap_stat, out, rstd, x, w, N, C, C_full, eps, at, wt);
 }
 
 l3d_status l3d_tp3d_rmsnorm_bwd(l3d_tp3d_t *g, int ax, void *dx, void *dw, const void *dout,
                                 const void *x, const void *w, const float *rstd, int N, int C,
                                 int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
-    float *dot;
-    L3D_CHECK(g->ctx, row_stat(g, N, &dot));
-    L3D_CHECK(g->ctx, l3d_dev_rmsnorm_rowdot(g->dev, dot, dout, x, w, N, C, at, wt));
-    L3D_CHECK(g->ctx, l3d_dev_sync(g->dev));
-    L3D_CHECK(g->ctx, l3d_comm_allreduce(g->axis[ax], dot, dot, (size_t)N, L3D_FLOAT32,
-                                         L3D_SUM));
-    return l3d_dev_rmsnorm_rows_bwd(g->dev, dx, dw, dout, x, w, rstd, dot, N, C, C_full, at, wt,
+    return l3d_tp_split_rmsnorm_bwd(g->ctx, g->dev, g->axis[ax], "tp3d", &g->stat,
+                                    &g->cap_stat, dx, dw, dout, x, w, rstd, N, C, C_full, at, wt,
                                     gt);
 }
 

@@ -7,13 +7,14 @@
 //
 // Tolerance, derived (as tests/test_comm_tp2d_model.c): both runs evaluate the same function
 // in float32 and differ only in the order of their sums (a cube product adds K in q blocks, the
-// norms add each row's squares in q parts, the cross-entropy its row in q parts). A sum of K terms carries at most gamma_K ~ K u of its
-// terms' magnitude (u = 2^-24, Higham 3.1), and an error entering one step reaches the
-// gradients through the chain of later steps: forward about 7 sums per layer (2 norms, q/k/v,
-// attention's two, o, gate/up, down), backward twice that, plus the final norm, the head and
-// the cross-entropy: d = 21 L + 4 steps. At this random initialisation the steps neither
-// amplify nor cancel much (the weights' scale keeps activations O(1)), so each tensor's
-// difference stays below d * K_max * u of its largest element, K_max the longest sum.
+// norms add each row's squares in q parts, the cross-entropy its row in q parts). A sum of K
+// terms carries at most gamma_K ~ K u of its terms' magnitude (u = 2^-24, Higham 3.1), and an
+// error entering one step reaches the gradients through the chain of later steps: forward
+// about 7 sums per layer (2 norms, q/k/v, attention's two, o, gate/up, down), backward twice
+// that, plus the final norm, the head and the cross-entropy: d = 21 L + 4 steps. At this
+// random initialisation the steps neither amplify nor cancel much (the weights' scale keeps
+// activations O(1)), so each tensor's difference stays below d * K_max * u of its largest
+// element, K_max the longest sum.
 // Measured (AMD Zen, Haswell, Sandybridge and SkylakeX kernels): 0.8-1.2/100 of that. A real
 // fault is O(1): the check below that an unsummed norm gradient is caught shows it, and a
 // logits block on the wrong vocabulary columns was tried and caught.
@@ -138,7 +139,8 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
     double tol = d * kmax * u, worst = 0;
     // the loss: a sum of B*T per-token losses, each O(log V)
     double lt = tol * B * T * log(cfg.vocab_size);
-    if (!(fabs(loss2 - loss1) <= lt)) FAILF("loss %.9g, single rank %.9g (tol %.3g)", loss2, loss1, lt);
+    if (!(fabs(loss2 - loss1) <= lt))
+        FAILF("loss %.9g, single rank %.9g (tol %.3g)", loss2, loss1, lt);
     for (int k = 0; k < m->n_tensors; k++) {
         const l3d_param_t *p = &m->tensors[k];
         double scale = 0, e = 0;
