@@ -3,12 +3,8 @@
 // against a float64 product of the whole matrices, and the bytes and calls each rank counts
 // on its row and column communicators against l3d_tp2d_linear_bytes.
 //
-// Tolerance, derived: an element of a float32 product of length K is a sum of K products,
-// each rounded once, added in some order (the block products, then the reduction over the
-// grid): |computed - exact| <= gamma_K * sum_k |a_k b_k|, gamma_K = K u / (1 - K u), u = 2^-24
-// (Higham, Accuracy and Stability of Numerical Algorithms, 3.1); dW's += adds one rounding:
-// gamma_{K+1} over (sum |a_k b_k| + |dW0|). The float64 reference's own error is below
-// 2^-53 K of the same sum: negligible beside it.
+// Tolerance: gamma_K of the product's terms (gamma_{K+1} for dW's +=), derived in
+// tests/harness/dense_ref.h.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -17,31 +13,10 @@
 
 #include "core/tp2d.h"
 #include "llama3d/llama3d.h"
+#include "tests/harness/dense_ref.h"
 #include "tests/harness/world.h"
 
 enum { N = 24, I = 18, O = 30 };  // multiples of 2 and 3
-
-// Deterministic values in [-1, 1): every rank builds the same full matrices.
-static float val(int which, int r, int c) {
-    uint32_t h = (uint32_t)(which * 7919 + r * 104729 + c * 1299709) * 2654435761u;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    return (float)((double)(h & 0xffffff) / (double)(1 << 23) - 1.0);
-}
-
-static double gamma_k(int k) {
-    double u = ldexp(1.0, -24);
-    return k * u / (1 - k * u);
-}
-
-// full[r*cols + c] of matrix `which` (rows x cols)
-static float *full(int which, int rows, int cols) {
-    float *m = malloc((size_t)rows * cols * sizeof(float));
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) m[r * cols + c] = val(which, r, c);
-    return m;
-}
 
 // block (bi, bj) of a rows x cols matrix cut q x q
 static float *block(const float *m, int rows, int cols, int q, int bi, int bj) {
@@ -52,29 +27,6 @@ static float *block(const float *m, int rows, int cols, int q, int bi, int bj) {
     return b;
 }
 
-// Block (rows R0.., columns C0..) of C = A B (+ C0m): C[R][Cc] = sum_k A[R*ar + k*ak] *
-// B[k*bk + Cc*bc], in float64, against `got` (br x bc') within gamma_K (gamma_{K+1} with C0m).
-static int check(const char *what, const float *got, int br, int bcols, int R0, int C0, int K,
-                 const float *A, int ar, int ak, const float *B, int bk, int bc, const float *C0m,
-                 int ldc0, char *err, size_t errlen) {
-    for (int r = 0; r < br; r++)
-        for (int c = 0; c < bcols; c++) {
-            int R = R0 + r, Cc = C0 + c;
-            double e = C0m ? C0m[R * ldc0 + Cc] : 0, s = fabs(e);
-            for (int k = 0; k < K; k++) {
-                double p = (double)A[R * ar + k * ak] * B[k * bk + Cc * bc];
-                e += p, s += fabs(p);
-            }
-            double v = got[r * bcols + c], bound = gamma_k(K + (C0m != NULL)) * s;
-            if (fabs(v - e) > bound) {
-                snprintf(err, errlen, "%s[%d][%d] = %.9g, float64 %.9g (bound %.3g)", what, R, Cc,
-                         v, e, bound);
-                return 1;
-            }
-        }
-    return 0;
-}
-
 static int rank_body(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
     (void)arg;
     l3d_ctx_t *ctx = l3d_comm_ctx(world);
@@ -82,7 +34,8 @@ static int rank_body(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
     l3d_device_params_t dp = {.num_threads = 1};
     l3d_tp2d_t *g = NULL;
     int rc = 1;
-    float *X = full(1, N, I), *W = full(2, O, I), *dY = full(3, N, O), *dW0 = full(4, O, I);
+    float *X = l3d_ref_full(1, N, I), *W = l3d_ref_full(2, O, I);
+    float *dY = l3d_ref_full(3, N, O), *dW0 = l3d_ref_full(4, O, I);
     float *x = NULL, *w = NULL, *dy = NULL, *dw = NULL, *y = NULL, *dx = NULL;
     if (l3d_device_create(ctx, "cpu", &dp, &dev) < 0 || l3d_tp2d_create(world, dev, &g) < 0) {
         snprintf(err, errlen, "setup: %s", l3d_ctx_last_error(ctx));
@@ -112,9 +65,12 @@ static int rank_body(l3d_comm_t *world, void *arg, char *err, size_t errlen) {
     l3d_comm_get_stats(g->row, &sb[0]);
     l3d_comm_get_stats(g->col, &sb[1]);
     // y(i,j) of X W^T; dx(i,j) of dY W; dw: rows j*Oq.., columns i*Iq.. of dW0 + dY^T X
-    if (check("y", y, Nq, Oq, i * Nq, j * Oq, I, X, I, 1, W, 1, I, NULL, 0, err, errlen) ||
-        check("dx", dx, Nq, Iq, i * Nq, j * Iq, O, dY, O, 1, W, I, 1, NULL, 0, err, errlen) ||
-        check("dW", dw, Oq, Iq, j * Oq, i * Iq, N, dY, 1, O, X, I, 1, dW0, I, err, errlen))
+    if (l3d_ref_check("y", y, Nq, Oq, i * Nq, j * Oq, I, X, I, 1, W, 1, I, NULL, 0, err,
+                      errlen) ||
+        l3d_ref_check("dx", dx, Nq, Iq, i * Nq, j * Iq, O, dY, O, 1, W, I, 1, NULL, 0, err,
+                      errlen) ||
+        l3d_ref_check("dW", dw, Oq, Iq, j * Oq, i * Iq, N, dY, 1, O, X, I, 1, dW0, I, err,
+                      errlen))
         goto out;
     uint64_t bf[2], bb[2], cf[2], cb[2];
     l3d_tp2d_linear_bytes(q, N, I, O, bf, bb, cf, cb);

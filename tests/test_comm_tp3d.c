@@ -5,14 +5,8 @@
 // l3d_tp3d_linear_bytes. A chain of an "A" layer feeding a "B" layer checks that y's layout is
 // the next layer's x layout.
 //
-// Tolerance, derived: an element of a float32 product of length K is a sum of K products,
-// each rounded once, added in some order (the block product, then the reduce-scatter over the
-// cube): |computed - exact| <= gamma_K * sum_k |a_k b_k|, gamma_K = K u / (1 - K u),
-// u = 2^-24 (Higham, Accuracy and Stability of Numerical Algorithms, 3.1); an accumulating
-// (+=) result adds one rounding: gamma_{K+1} over (sum |a_k b_k| + |start|). The float64
-// reference's own error is below 2^-53 K of the same sum: negligible beside it. The chained
-// layer's input is the first layer's float32 output, read back as exact: the bound is the
-// second product's alone.
+// Tolerance: gamma_K of the product's terms (gamma_{K+1} for +=), derived in
+// tests/harness/dense_ref.h; the chain's is derived at its check.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -21,30 +15,10 @@
 
 #include "core/tp3d.h"
 #include "llama3d/llama3d.h"
+#include "tests/harness/dense_ref.h"
 #include "tests/harness/world.h"
 
 enum { N = 36, I = 18, O = 36, O2 = 36 };  // for q = 2 and 3: N, O, O2 multiples of q^2, I of q
-
-// Deterministic values in [-1, 1): every rank builds the same full matrices.
-static float val(int which, int r, int c) {
-    uint32_t h = (uint32_t)(which * 7919 + r * 104729 + c * 1299709) * 2654435761u;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    return (float)((double)(h & 0xffffff) / (double)(1 << 23) - 1.0);
-}
-
-static double gamma_k(int k) {
-    double u = ldexp(1.0, -24);
-    return k * u / (1 - k * u);
-}
-
-static float *full(int which, int rows, int cols) {
-    float *m = malloc((size_t)rows * cols * sizeof(float));
-    for (int r = 0; r < rows; r++)
-        for (int c = 0; c < cols; c++) m[r * cols + c] = val(which, r, c);
-    return m;
-}
 
 // rows [r0, r0+nr), columns [c0, c0+nc) of a matrix with `cols` columns
 static float *sub(const float *m, int cols, int r0, int nr, int c0, int nc) {
@@ -52,28 +26,6 @@ static float *sub(const float *m, int cols, int r0, int nr, int c0, int nc) {
     for (int r = 0; r < nr; r++)
         memcpy(b + (size_t)r * nc, m + (size_t)(r0 + r) * cols + c0, (size_t)nc * sizeof(float));
     return b;
-}
-
-// got (nr x nc) against rows R0.., columns C0.. of A B (+ C0m): A[R*ar + k*ak], B[k*bk + C*bc].
-static int check(const char *what, const float *got, int nr, int nc, int R0, int C0, int K,
-                 const float *A, int ar, int ak, const float *B, int bk, int bc, const float *C0m,
-                 int ldc0, char *err, size_t errlen) {
-    for (int r = 0; r < nr; r++)
-        for (int c = 0; c < nc; c++) {
-            int R = R0 + r, Cc = C0 + c;
-            double e = C0m ? C0m[R * ldc0 + Cc] : 0, s = fabs(e);
-            for (int k = 0; k < K; k++) {
-                double p = (double)A[R * ar + k * ak] * B[k * bk + Cc * bc];
-                e += p, s += fabs(p);
-            }
-            double v = got[r * nc + c], bound = gamma_k(K + (C0m != NULL)) * s;
-            if (fabs(v - e) > bound) {
-                snprintf(err, errlen, "%s[%d][%d] = %.9g, float64 %.9g (bound %.3g)", what, R, Cc,
-                         v, e, bound);
-                return 1;
-            }
-        }
-    return 0;
 }
 
 // This rank's coordinates on the contracted (sa) and output (sb) axes of an orientation.
@@ -110,8 +62,9 @@ static void snap(l3d_tp3d_t *g, l3d_comm_stats_t s[3]) {
 static int one_layer(l3d_tp3d_t *g, int orient, char *err, size_t errlen) {
     int q = g->q, i = g->c[0], sa, sb, Nr = N / (q * q), Iq = I / q, Oq = O / q, Ow = Oq / q;
     coords(g, orient, &sa, &sb);
-    float *X = full(1, N, I), *W = full(2, O, I), *dY = full(3, N, O), *dW0 = full(4, O, I);
-    float *Y0 = full(5, N, O), *dX0 = full(6, N, I);
+    float *X = l3d_ref_full(1, N, I), *W = l3d_ref_full(2, O, I);
+    float *dY = l3d_ref_full(3, N, O), *dW0 = l3d_ref_full(4, O, I);
+    float *Y0 = l3d_ref_full(5, N, O), *dX0 = l3d_ref_full(6, N, I);
     int xr = (i * q + sb) * Nr, yr = (i * q + sa) * Nr, wr = sb * Oq + i * Ow;
     float *x = sub(X, I, xr, Nr, sa * Iq, Iq), *w = sub(W, I, wr, Ow, sa * Iq, Iq);
     float *dy = sub(dY, O, yr, Nr, sb * Oq, Oq), *dw = sub(dW0, I, wr, Ow, sa * Iq, Iq);
@@ -131,11 +84,15 @@ static int one_layer(l3d_tp3d_t *g, int orient, char *err, size_t errlen) {
         goto fail;
     // y's block: rows yr.., columns sb*Oq.. of X W^T; dx: rows xr.., columns sa*Iq.. of dY W;
     // dW: rows wr.., columns sa*Iq.. of dW0 + dY^T X
-    if (check("y", y1, Nr, Oq, yr, sb * Oq, I, X, I, 1, W, 1, I, NULL, 0, err, errlen) ||
-        check("y+=", y, Nr, Oq, yr, sb * Oq, I, X, I, 1, W, 1, I, Y0, O, err, errlen) ||
-        check("dx", dx1, Nr, Iq, xr, sa * Iq, O, dY, O, 1, W, I, 1, NULL, 0, err, errlen) ||
-        check("dx+=", dx, Nr, Iq, xr, sa * Iq, O, dY, O, 1, W, I, 1, dX0, I, err, errlen) ||
-        check("dW", dw, Ow, Iq, wr, sa * Iq, N, dY, 1, O, X, I, 1, dW0, I, err, errlen) ||
+    if (l3d_ref_check("y", y1, Nr, Oq, yr, sb * Oq, I, X, I, 1, W, 1, I, NULL, 0, err,
+                      errlen) ||
+        l3d_ref_check("y+=", y, Nr, Oq, yr, sb * Oq, I, X, I, 1, W, 1, I, Y0, O, err, errlen) ||
+        l3d_ref_check("dx", dx1, Nr, Iq, xr, sa * Iq, O, dY, O, 1, W, I, 1, NULL, 0, err,
+                      errlen) ||
+        l3d_ref_check("dx+=", dx, Nr, Iq, xr, sa * Iq, O, dY, O, 1, W, I, 1, dX0, I, err,
+                      errlen) ||
+        l3d_ref_check("dW", dw, Ow, Iq, wr, sa * Iq, N, dY, 1, O, X, I, 1, dW0, I, err,
+                      errlen) ||
         stats_match(g, s0, s1, s2, orient, err, errlen))
         goto out;
     rc = 0;
@@ -152,7 +109,7 @@ out:
 static int chain(l3d_tp3d_t *g, char *err, size_t errlen) {
     int q = g->q, i = g->c[0], j = g->c[1], l = g->c[2], Nr = N / (q * q), Iq = I / q;
     int Oq = O / q, O2q = O2 / q;
-    float *X = full(1, N, I), *W = full(2, O, I), *V = full(7, O2, O);
+    float *X = l3d_ref_full(1, N, I), *W = l3d_ref_full(2, O, I), *V = l3d_ref_full(7, O2, O);
     // A: contracted l, output j. B: contracted j, output l.
     float *x = sub(X, I, (i * q + j) * Nr, Nr, l * Iq, Iq);
     float *w = sub(W, I, j * Oq + i * (Oq / q), Oq / q, l * Iq, Iq);
@@ -177,7 +134,7 @@ static int chain(l3d_tp3d_t *g, char *err, size_t errlen) {
     // within (gamma_I + u) of Y's terms (its own error plus Y's rounding): that error through V
     // (sy), and the second product's gamma_O over |y V| <= s + that error.
     {
-        double gI = gamma_k(I) + ldexp(1.0, -24);
+        double gI = l3d_ref_gamma(I) + ldexp(1.0, -24);
         for (int r = 0; r < Nr; r++)
             for (int c = 0; c < O2q; c++) {
                 int R = (i * q + j) * Nr + r, Cc = l * O2q + c;
@@ -189,7 +146,7 @@ static int chain(l3d_tp3d_t *g, char *err, size_t errlen) {
                     s += fabs((double)Y[R * O + k] * V[Cc * O + k]);
                     sy += ay * fabs((double)V[Cc * O + k]);
                 }
-                double bound = gamma_k(O) * s + gI * sy * (1 + gamma_k(O));
+                double bound = l3d_ref_gamma(O) * s + gI * sy * (1 + l3d_ref_gamma(O));
                 if (fabs(z[r * O2q + c] - e) > bound) {
                     snprintf(err, errlen, "chain z[%d][%d] = %.9g, float64 %.9g (bound %.3g)", R,
                              Cc, z[r * O2q + c], e, bound);
