@@ -11,12 +11,7 @@
 
 static result_t ref;
 
-static void untied_reference(void) {
-    g_untied = 1;
-    make_data();
-    layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
-    reference_run(&one, &ref);
-}
+static void untied_reference(void) { reference_untied(&ref); }
 
 // {dp, tp, pp, zero, recompute, accum_total, bucket, clip, gpipe, sp}
 Test(parallel_tp3d, layouts_reproduce_one_rank, .timeout = 600) {

@@ -93,6 +93,9 @@ void free_result(result_t *r);
 // The single-rank reference with its float64 trajectory and the float32 runs' spread.
 void reference_run(const layout_t *one, result_t *ref);
 void reference(void);
+// reference_run of the model with untied embeddings (sets g_untied; 2d and 3d take no tied
+// ones yet) into *ref.
+void reference_untied(result_t *ref);
 // Steps from s0 on and the final weights of `got` against ref's float64 trajectory.
 void check_run(const char *name, const result_t *got, const result_t *ref, int s0);
 // The counted communication of rank 0's last step equals the plan per group, and its

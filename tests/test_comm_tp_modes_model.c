@@ -1,23 +1,23 @@
-// Tensor parallelism "3d" on the whole model: a 2 x 2 x 2 cube (8 ranks, in-process) runs one
-// training micro-batch -- embedding, two layers (cube linear layers alternating their
-// orientation, split-row RMSNorm, local attention and SwiGLU), final norm, head and the
-// vocabulary-split cross-entropy -- and its loss and every rank's gradient blocks must equal
-// the single-rank model's on the same weights and tokens; the bytes and calls each rank counts
-// on its three axes and two planes equal l3d_tp3d_micro_bytes exactly.
+// Tensor parallelism "2d" and "3d" on the whole model: a 2 x 2 grid (4 ranks) and a 2 x 2 x 2
+// cube (8 ranks), in-process, each run one training micro-batch -- embedding, two layers
+// (SUMMA or cube linear layers, split-row RMSNorm, local attention and SwiGLU), final norm,
+// head and the vocabulary-split cross-entropy -- and its loss and every rank's gradient blocks
+// must equal the single-rank model's on the same weights and tokens; the bytes and calls each
+// rank counts on its grid row and column (2d) or its three axes and two planes (3d) equal
+// l3d_tp2d_micro_bytes / l3d_tp3d_micro_bytes exactly.
 //
-// Tolerance, derived (as tests/test_comm_tp2d_model.c): both runs evaluate the same function
-// in float32 and differ only in the order of their sums (a cube product adds K in q blocks, the
-// norms add each row's squares in q parts, the cross-entropy its row in q parts). A sum of K
-// terms carries at most gamma_K ~ K u of its terms' magnitude (u = 2^-24, Higham 3.1), and an
-// error entering one step reaches the gradients through the chain of later steps: forward
-// about 7 sums per layer (2 norms, q/k/v, attention's two, o, gate/up, down), backward twice
-// that, plus the final norm, the head and the cross-entropy: d = 21 L + 4 steps. At this
-// random initialisation the steps neither amplify nor cancel much (the weights' scale keeps
-// activations O(1)), so each tensor's difference stays below d * K_max * u of its largest
-// element, K_max the longest sum.
-// Measured (AMD Zen, Haswell, Sandybridge and SkylakeX kernels): 0.8-1.2/100 of that. A real
-// fault is O(1): the check below that an unsummed norm gradient is caught shows it, and a
-// logits block on the wrong vocabulary columns was tried and caught.
+// Tolerance, derived: both runs evaluate the same function in float32 and differ only in the
+// order of their sums (a SUMMA or cube product adds K in q blocks, the norms add each row's
+// squares in q parts, the cross-entropy its row in q parts). A sum of K terms carries at most
+// gamma_K ~ K u of its terms' magnitude (u = 2^-24, Higham 3.1), and an error entering one
+// step reaches the gradients through the chain of later steps: forward about 7 sums per layer
+// (2 norms, q/k/v, attention's two, o, gate/up, down), backward twice that, plus the final
+// norm, the head and the cross-entropy: d = 21 L + 4 steps. At this random initialisation the
+// steps neither amplify nor cancel much (the weights' scale keeps activations O(1)), so each
+// tensor's difference stays below d * K_max * u of its largest element, K_max the longest sum.
+// Measured (AMD Zen, Haswell, Sandybridge and SkylakeX kernels): about 1/100 of that in 2d,
+// 0.8-1.2/100 in 3d. A real fault is O(1): the checks below that unsummed replica gradients are
+// caught show it, and a 3d logits block on the wrong vocabulary columns was tried and caught.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "core/model_internal.h"
+#include "core/tp2d.h"
 #include "core/tp3d.h"
 #include "llama3d/llama3d.h"
 #include "tests/harness/world.h"
@@ -53,6 +54,7 @@ static l3d_model_config_t config(void) {
 static int32_t token(int b, int t) { return (int32_t)((b * 131 + t * 17 + 5) % 40); }
 
 typedef struct run_arg {
+    int mode;       // 2 or 3
     int recompute;
     int sync;       // tp_sync_grads: 0 leaves the replicated norms' gradients partial
     double worst;   // out: the largest error / tolerance over every rank and tensor (rank 0)
@@ -103,38 +105,58 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
     double loss1, loss2;
     OK(micro(full, 0, 0, B, 0, 1, &loss1, &g1));
 
-    OK(l3d_model_create_3d(ctx, dev, &cfg, c, 1, 1, 0, NULL, &m));
+    // the mode's communicators and what it moves per micro-batch (docs/parallel.md)
+    enum { MAXC = L3D_TP3D_COMMS };
+    l3d_comm_t *comms[MAXC] = {0};
+    const char *cname[MAXC] = {0};
+    uint64_t wb[MAXC], wc[MAXC];
+    int ncomm, b0, nb;
+    if (arg->mode == 2) {
+        OK(l3d_model_create_2d(ctx, dev, &cfg, c, 1, 1, 0, NULL, &m));
+        l3d_tp2d_t *g = m->tp.g;
+        int q = g->q;
+        l3d_model_batch_slice(m, B, &b0, &nb);
+        if (nb != B / q || b0 != g->i * nb || l3d_model_target_first(m, B) != b0)
+            FAILF("slices: tokens from %d (%d), targets from %d", b0, nb,
+                  l3d_model_target_first(m, B));
+        ncomm = 2;
+        comms[0] = g->row, comms[1] = g->col, cname[0] = "grid row", cname[1] = "grid column";
+        l3d_tp2d_micro_bytes(&cfg, q, L, 1, 1, nb, T, arg->recompute, arg->sync, 4, wb, wc);
+    } else {
+        OK(l3d_model_create_3d(ctx, dev, &cfg, c, 1, 1, 0, NULL, &m));
+        l3d_tp3d_t *g3 = m->tp.g3;
+        int q = g3->q;
+        l3d_model_batch_slice(m, B, &b0, &nb);
+        if (nb != B / (q * q) || b0 != (g3->c[0] * q + g3->c[1]) * nb ||
+            l3d_model_target_first(m, B) != (g3->c[0] * q + g3->c[2]) * nb)
+            FAILF("slices: tokens from %d (%d), targets from %d", b0, nb,
+                  l3d_model_target_first(m, B));
+        ncomm = L3D_TP3D_COMMS;
+        l3d_comm_t *cs[L3D_TP3D_COMMS] = {g3->axis[0], g3->axis[1], g3->axis[2], g3->plane[1],
+                                          g3->plane[2]};
+        static const char *names[L3D_TP3D_COMMS] = {"axis i", "axis j", "axis l", "plane j",
+                                                    "plane l"};
+        for (int k = 0; k < ncomm; k++) comms[k] = cs[k], cname[k] = names[k];
+        l3d_tp3d_micro_bytes(&cfg, q, L, 1, 1, nb, T, arg->recompute, arg->sync, 4, wb, wc);
+    }
     l3d_model_tp_slice(m, full, full->params, m->params);
-    l3d_tp3d_t *g3 = m->tp.g3;
-    int q = g3->q, b0, nb;
-    l3d_model_batch_slice(m, B, &b0, &nb);
-    if (nb != B / (q * q) || b0 != (g3->c[0] * q + g3->c[1]) * nb ||
-        l3d_model_target_first(m, B) != (g3->c[0] * q + g3->c[2]) * nb)
-        FAILF("slices: tokens from %d (%d), targets from %d", b0, nb,
-              l3d_model_target_first(m, B));
-    l3d_comm_t *comms[L3D_TP3D_COMMS] = {g3->axis[0], g3->axis[1], g3->axis[2], g3->plane[1],
-                                         g3->plane[2]};
-    static const char *cname[L3D_TP3D_COMMS] = {"axis i", "axis j", "axis l", "plane j",
-                                                "plane l"};
-    for (int k = 0; k < L3D_TP3D_COMMS; k++) l3d_comm_reset_stats(comms[k]);
+    for (int k = 0; k < ncomm; k++) l3d_comm_reset_stats(comms[k]);
     OK(micro(m, b0, l3d_model_target_first(m, B), nb, arg->recompute, arg->sync, &loss2, &g2));
-    // what the cube moved, counted, against the analytic table (docs/parallel.md)
-    uint64_t wb[L3D_TP3D_COMMS], wc[L3D_TP3D_COMMS];
-    l3d_tp3d_micro_bytes(&cfg, q, L, 1, 1, nb, T, arg->recompute, arg->sync, 4, wb, wc);
-    for (int k = 0; k < L3D_TP3D_COMMS; k++) {
+    for (int k = 0; k < ncomm; k++) {
         l3d_comm_stats_t cs;
         l3d_comm_get_stats(comms[k], &cs);
         if (cs.bytes != wb[k] || cs.calls != wc[k])
-            FAILF("%s: counted %llu bytes in %llu calls, the formula %llu in %llu", cname[k],
-                  (unsigned long long)cs.bytes, (unsigned long long)cs.calls,
-                  (unsigned long long)wb[k], (unsigned long long)wc[k]);
+            FAILF("%dd %s: counted %llu bytes in %llu calls, the formula %llu in %llu",
+                  arg->mode, cname[k], (unsigned long long)cs.bytes,
+                  (unsigned long long)cs.calls, (unsigned long long)wb[k],
+                  (unsigned long long)wc[k]);
     }
     want = calloc(m->n_params, sizeof(float));
     l3d_model_tp_slice(m, full, g1, want);
 
     double u = ldexp(1.0, -24), d = 21.0 * L + 4;
-    int kmax = cfg.intermediate_size;  // the longest sum: F (> V/q, C, HD, T; the weight
-                                       // gradients' q*nb*T rows)
+    int kmax = cfg.intermediate_size;  // the longest sum: F (> V/q, C, HD, T, and the weight
+                                       // gradients' rows per rank)
     if (cfg.vocab_size > kmax) kmax = cfg.vocab_size;
     double tol = d * kmax * u, worst = 0;
     // the loss: a sum of B*T per-token losses, each O(log V)
@@ -166,32 +188,45 @@ out:
     return rc;
 }
 
-Test(tp3d_model, micro_batch_matches_one_rank) {
+static void matches(int mode, int ranks) {
     for (int rc = 0; rc <= 1; rc++) {
-        run_arg_t arg = {rc, 1, 0};
+        run_arg_t arg = {mode, rc, 1, 0};
         char err[512] = "";
-        cr_assert_eq(l3d_world_run("local", 8, run, &arg, 120, err, sizeof(err)), 0,
-                     "recompute %d: %s", rc, err);
-        cr_log_info("recompute %d: largest error %.3g of the tolerance", rc, arg.worst);
+        cr_assert_eq(l3d_world_run("local", ranks, run, &arg, 120, err, sizeof(err)), 0,
+                     "%dd, recompute %d: %s", mode, rc, err);
+        cr_log_info("%dd, recompute %d: largest error %.3g of the tolerance", mode, rc,
+                    arg.worst);
     }
 }
 
+Test(tp_modes_model, micro_batch_2d_matches_one_rank) { matches(2, 4); }
+Test(tp_modes_model, micro_batch_3d_matches_one_rank) { matches(3, 8); }
+
 // The negative control: without summing the replicated norm and embedding gradients over the
-// plane l, each block holds only its micro-batch slice's part, and the check fails.
-Test(tp3d_model, unsummed_replica_gradients_are_caught) {
-    run_arg_t arg = {0, 0, 0};
+// grid column (2d) or plane l (3d), each block holds only its micro-batch slice's part, and
+// the check fails.
+static void unsummed(int mode, int ranks) {
+    run_arg_t arg = {mode, 0, 0, 0};
     char err[512] = "";
-    cr_assert_neq(l3d_world_run("local", 8, run, &arg, 120, err, sizeof(err)), 0);
+    cr_assert_neq(l3d_world_run("local", ranks, run, &arg, 120, err, sizeof(err)), 0);
     cr_assert(strstr(err, "layernorm") || strstr(err, "embed") || strstr(err, "norm"),
               "%s", err);
 }
 
-// What 3d does not take yet is refused with the reason.
-Test(tp3d_model, unsupported_shapes_are_refused) {
+Test(tp_modes_model, unsummed_replica_gradients_are_caught) {
+    unsummed(2, 4);
+    unsummed(3, 8);
+}
+
+// What 2d and 3d do not take yet is refused with the reason.
+Test(tp_modes_model, unsupported_shapes_are_refused) {
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
     l3d_model_config_t cfg = config();
     cfg.num_key_value_heads = 1;
+    cr_assert_eq(l3d_tp2d_check(ctx, &cfg, 2), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "num_key_value_heads 1"), "%s",
+              l3d_ctx_last_error(ctx));
     cr_assert_eq(l3d_tp3d_check(ctx, &cfg, 2), L3D_ERR_CONFIG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "num_key_value_heads 1"), "%s",
               l3d_ctx_last_error(ctx));
@@ -201,6 +236,8 @@ Test(tp3d_model, unsupported_shapes_are_refused) {
     cr_assert(strstr(l3d_ctx_last_error(ctx), "hidden_size 18"), "%s", l3d_ctx_last_error(ctx));
     cfg = config();
     cfg.tie_word_embeddings = 1;
+    cr_assert_eq(l3d_tp2d_check(ctx, &cfg, 2), L3D_ERR_UNSUPPORTED);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "tied"), "%s", l3d_ctx_last_error(ctx));
     cr_assert_eq(l3d_tp3d_check(ctx, &cfg, 2), L3D_ERR_UNSUPPORTED);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "tied"), "%s", l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
