@@ -111,8 +111,8 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
 // parallel.tp_mode "2d" / "3d": what the model's 2d and 3d paths take so far
 // (core/model_internal.h). planning: a run l3d plan costs, not one this build runs: only the
 // grid's or cube's shape matters.
-static l3d_status check_2d(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin,
-                           int planning) {
+static l3d_status check_grid_cube(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                                  const char *origin, int planning) {
     int d = cfg->tp_mode, q = (int)lround(d == 3 ? cbrt((double)cfg->tp) : sqrt((double)cfg->tp));
     int slices = d == 3 ? q * q : q;  // the micro-batch's slices: grid rows, or q^2 in the cube
     const char *no = NULL;
@@ -183,7 +183,7 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
                          cfg->pp, v, cfg->model.num_hidden_layers);
     if (cfg->pp > 1 && !planning)
         L3D_CHECK(ctx, l3d_pp_validate(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
-    if (cfg->tp_mode >= 2) L3D_CHECK(ctx, check_2d(ctx, cfg, origin, planning));
+    if (cfg->tp_mode >= 2) L3D_CHECK(ctx, check_grid_cube(ctx, cfg, origin, planning));
     else L3D_CHECK(ctx, l3d_tp_check(ctx, &cfg->model, cfg->tp));
     if (cfg->sequence_parallel && cfg->tp > 1) {
         long long N = (long long)cfg->micro_batch_size * cfg->seq_len;

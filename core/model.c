@@ -51,6 +51,10 @@ static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t row
     *off += (numel + 15) & ~(size_t)15;
 }
 
+// Under 3d every weight's rows are cut once more, by the cube's i (core/tp3d.h): the divisor
+// of their row counts (1 otherwise).
+static int64_t weight_rows_div(const l3d_model_t *m) { return m->tp.mode == 3 ? m->tp.q : 1; }
+
 void l3d_model_layout(l3d_model_t *m) {
     size_t off = 0;
     char name[64];
@@ -78,10 +82,9 @@ void l3d_model_layout(l3d_model_t *m) {
         dn = (slice_t){Cf, Ff, j * C, i * F, 1, 0};
         head = (slice_t){Vf, Cf, j * m->V, i * C, 1, 0};
     }
-    // 3d: every weight's rows are cut once more, by i (core/tp3d.h): an "A" product's W rows
-    // j*O/q + i*O/q^2.., columns l*I/q..; a "B" product's (o, down) rows l*O/q + i*O/q^2..,
-    // columns j*I/q..
-    int64_t wr = m->tp.mode == 3 ? m->tp.q : 1;
+    // 3d: an "A" product's W rows j*O/q + i*O/q^2.., columns l*I/q..; a "B" product's (o,
+    // down) rows l*O/q + i*O/q^2.., columns j*I/q..
+    int64_t wr = weight_rows_div(m);
     if (m->tp.mode == 3) {
         int64_t qq = wr, Cf = c->hidden_size, i = r / (qq * qq), j = r / qq % qq, l = r % qq;
         vocab = (slice_t){Vf, Cf, 0, l * C, (int)(qq * qq), 0};
@@ -139,8 +142,8 @@ int l3d_model_grad_groups(const l3d_model_t *m) {
 
 void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, int *alone) {
     size_t C = (size_t)m->C, HD = (size_t)m->H * m->D, KD = (size_t)m->KVH * m->D;
-    size_t F = (size_t)m->F, wr = m->tp.mode == 3 ? (size_t)m->tp.q : 1;
-    size_t V = (size_t)m->V / wr;  // (3d: weights' rows cut by i too)
+    size_t F = (size_t)m->F, wr = (size_t)weight_rows_div(m);
+    size_t V = (size_t)m->V / wr;
     size_t emb = m->has_embed ? al16((size_t)m->Vemb * C) : 0;
     size_t layer = 2 * al16(C) + 2 * al16(HD / wr * C) + 2 * al16(KD / wr * C) +
                    3 * al16(F / wr * C);
@@ -434,6 +437,14 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
             l3d_free(ctx, m, sizeof(*m), "other");
             return st;
         }
+        l3d_tp_t *t = &m->tp;
+        if (mode == 2) {
+            t->norm_comm = t->vocab_comm = t->g->row;
+            t->repl_comm = t->loss_comm = t->g->col;
+        } else {
+            t->norm_comm = t->g3->axis[2], t->vocab_comm = t->g3->axis[1];
+            t->repl_comm = t->g3->plane[2], t->loss_comm = t->g3->plane[1];
+        }
     }
     if (m->tp.kv_rep > 1) {
         // Ranks sharing a key/value head: r / kv_rep names the head.
@@ -480,6 +491,7 @@ err_free:
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_tp2d_destroy(m->tp.g);
     l3d_tp3d_destroy(m->tp.g3);
+    if (m->tp.stat) l3d_dev_free(dev, m->tp.stat, m->tp.cap_stat * sizeof(float), "tp");
     l3d_free(ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(ctx, m->tensors, (size_t)max_tensors * sizeof(l3d_param_t), "other");
     l3d_free(ctx, m, sizeof(*m), "other");
@@ -497,6 +509,7 @@ void l3d_model_destroy(l3d_model_t *m) {
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_tp2d_destroy(m->tp.g);
     l3d_tp3d_destroy(m->tp.g3);
+    if (m->tp.stat) l3d_dev_free(dev, m->tp.stat, m->tp.cap_stat * sizeof(float), "tp");
     l3d_free(m->ctx, m->layer, (size_t)m->L * sizeof(l3d_layer_params_t), "other");
     l3d_free(m->ctx, m->tensors, (size_t)(3 + 9 * m->L) * sizeof(l3d_param_t), "other");
     l3d_free(m->ctx, m, sizeof(*m), "other");

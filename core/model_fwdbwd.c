@@ -24,7 +24,8 @@
 // back. Both float32, contiguous rows.
 enum { COL = L3D_TP3D_A, ROW = L3D_TP3D_B };
 
-static l3d_status check_2d(l3d_model_t *m, int ld, int cols, l3d_dtype at, l3d_dtype wt) {
+static l3d_status check_block_dtypes(l3d_model_t *m, int ld, int cols, l3d_dtype at,
+                                     l3d_dtype wt) {
     if (at == L3D_FLOAT32 && wt == L3D_FLOAT32 && ld == cols) return L3D_OK;
     return l3d_error(m->ctx, L3D_ERR_UNSUPPORTED, "tp_mode %dd: float32 activations and weights "
                      "only so far (got %s, %s)", m->tp.mode, l3d_dtype_name(at),
@@ -36,11 +37,11 @@ static l3d_status linear_fwd(l3d_model_t *m, int kind, void *y, int ldy, const v
                              const void *W, int N, int I, int O, float beta, l3d_dtype at,
                              l3d_dtype wt) {
     if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, check_2d(m, ldy, O, at, wt));
+        L3D_CHECK(m->ctx, check_block_dtypes(m, ldy, O, at, wt));
         return l3d_tp2d_block_fwd(m->tp.g, y, x, W, N, I, O, beta);
     }
     if (m->tp.mode == 3) {
-        L3D_CHECK(m->ctx, check_2d(m, ldy, O, at, wt));
+        L3D_CHECK(m->ctx, check_block_dtypes(m, ldy, O, at, wt));
         return l3d_tp3d_block_fwd(m->tp.g3, kind, y, x, W, N, I, O, beta);
     }
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
@@ -54,12 +55,12 @@ static l3d_status linear_bwd(l3d_model_t *m, int kind, void *dx, float beta, flo
                              const void *dy, const void *x, const void *W, int N, int I, int O,
                              l3d_dtype at, l3d_dtype wt) {
     if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, check_2d(m, I, I, at, wt));
+        L3D_CHECK(m->ctx, check_block_dtypes(m, I, I, at, wt));
         L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, dW, dy, x, N, I, O));
         return l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta);
     }
     if (m->tp.mode == 3) {
-        L3D_CHECK(m->ctx, check_2d(m, I, I, at, wt));
+        L3D_CHECK(m->ctx, check_block_dtypes(m, I, I, at, wt));
         return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, dW, dy, x, W, N, I, O);
     }
     l3d_gemm_t gw = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
@@ -542,7 +543,7 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     l3d_free(ctx, staged, lbytes, "staging");
     // 2d: these are micro-batch slice i's rows; the grid column holds the other slices.
     // 3d: slice i*q + l's; plane j holds every slice once.
-    l3d_comm_t *lc = m->tp.mode == 2 ? m->tp.g->col : m->tp.mode == 3 ? m->tp.g3->plane[1] : NULL;
+    l3d_comm_t *lc = m->tp.loss_comm;
     if (lc) {
         l3d_status st = l3d_comm_sum_double(lc, &sum);
         if (st < 0) return l3d_error(ctx, st, "tensor parallel loss sum: %s",

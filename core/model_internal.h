@@ -72,6 +72,14 @@ typedef struct l3d_tp {
     int q;                // the grid's or the cube's side (1 in 1D)
     struct l3d_tp2d *g;   // the grid (owned; NULL unless 2d)
     struct l3d_tp3d *g3;  // the cube (owned; NULL unless 3d)
+    // 2d and 3d: the part of the grid or cube each step talks over (borrowed from g or g3;
+    // NULL in 1D). norm: the other columns of this rank's rows (2d's row, 3d's axis l);
+    // vocab: the other vocabulary blocks of the logits' rows (2d's row, 3d's axis j); repl:
+    // the replicas of the norms' and the embedding's blocks (2d's column, 3d's plane l); loss:
+    // one rank per micro-batch slice and vocabulary block (2d's column, 3d's plane j).
+    l3d_comm_t *norm_comm, *vocab_comm, *repl_comm, *loss_comm;
+    float *stat;      // (rows) the split-row RMSNorm's statistic (owned scratch)
+    size_t cap_stat;  // its length in floats
 } l3d_tp_t;
 
 // Offsets (in floats) of one layer's tensors in the arena.
@@ -339,6 +347,9 @@ enum { L3D_TP3D_COMMS = 5 };
 void l3d_tp3d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
                           int B, int T, int recompute, int sync, int es,
                           uint64_t bytes[L3D_TP3D_COMMS], uint64_t calls[L3D_TP3D_COMMS]);
+// The grid's or the cube's communicators (2d: row, column; 3d: axes i, j, l, planes j, l)
+// into out (up to L3D_TP3D_COMMS); how many (0 in 1D).
+int l3d_tp_sub_comms(const l3d_model_t *m, l3d_comm_t *out[L3D_TP3D_COMMS]);
 // 2d: sums the embedding's gradient (Vemb x C) over the grid column, 3d over plane l; a no-op
 // in 1D.
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);

@@ -72,11 +72,8 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
                                     grad_scale, at);
     l3d_device_t *dev = m->dev;
     int Vl = m->V, v0 = m->tp.v0;
-    // the ranks holding the other vocabulary columns of these rows (2d: the grid row; 3d:
-    // axis j)
-    l3d_comm_t *vc = m->tp.mode == 2   ? m->tp.g->row
-                     : m->tp.mode == 3 ? m->tp.g3->axis[1]
-                                       : m->tp.comm;
+    // the ranks holding the other vocabulary columns of these rows
+    l3d_comm_t *vc = m->tp.mode >= 2 ? m->tp.vocab_comm : m->tp.comm;
     L3D_CHECK(m->ctx, l3d_dev_xent_vp_max(dev, a->logits, a->vp_max, N, Vl, at));
     L3D_CHECK(m->ctx, allreduce(m, vc, a->vp_max, (size_t)N, L3D_FLOAT32, L3D_MAX,
                                 "cross-entropy max"));
@@ -95,21 +92,17 @@ l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {
     return allreduce(m, m->tp.kv_comm, gv, n, L3D_FLOAT32, L3D_SUM, "v_proj gradient");
 }
 
-// The replicas of a block of the norms and the embedding: 2d's grid column, 3d's plane l.
-static l3d_comm_t *replicas(const l3d_model_t *m) {
-    return m->tp.mode == 2 ? m->tp.g->col : m->tp.mode == 3 ? m->tp.g3->plane[2] : NULL;
-}
-
 l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g) {
     if (m->tp.mode >= 2)
-        return allreduce(m, replicas(m), g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
+        return allreduce(m, m->tp.repl_comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM,
+                         "norm gradient");
     if (!m->tp.sp) return L3D_OK;
     return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
 }
 
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
     if (m->tp.mode < 2) return L3D_OK;
-    return allreduce(m, replicas(m), g, (size_t)m->Vemb * (size_t)m->C, L3D_FLOAT32, L3D_SUM,
+    return allreduce(m, m->tp.repl_comm, g, (size_t)m->Vemb * (size_t)m->C, L3D_FLOAT32, L3D_SUM,
                      "embedding gradient");
 }
 
@@ -203,35 +196,56 @@ void l3d_tp3d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
     for (int k = 0; k < L3D_TP3D_COMMS; k++) bytes[k] = b[k], calls[k] = c[k];
 }
 
+// RMSNorm of rows whose columns are split (2d, 3d): each rank sums its C columns' squares
+// (or, backward, dout.w.x) into the row statistic, the ranks holding the other columns
+// (norm_comm) all-reduce it, and the device finishes the rows over the whole C_full.
+static l3d_status row_stat(l3d_model_t *m, int rows, float **stat) {
+    L3D_CHECK(m->ctx, l3d_tp_scratch_grow(m->ctx, m->dev, &m->tp.stat, &m->tp.cap_stat,
+                                          (size_t)(rows > 0 ? rows : 1), "tp"));
+    *stat = m->tp.stat;
+    return L3D_OK;
+}
+
+static l3d_status sum_row_stat(l3d_model_t *m, float *stat, int rows) {
+    return allreduce(m, m->tp.norm_comm, stat, (size_t)rows, L3D_FLOAT32, L3D_SUM,
+                     "norm statistics");
+}
+
 l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
                               const void *w, int rows, l3d_dtype at, l3d_dtype wt) {
-    float eps = m->cfg.rms_norm_eps;
-    if (m->tp.mode == 3) {
-        l3d_status st = l3d_tp3d_rmsnorm_fwd(m->tp.g3, 2, out, rstd, x, w, rows, m->C,
-                                             m->cfg.hidden_size, eps, at, wt);
-        return st < 0 ? comm_fail(m, m->tp.g3->axis[2], st, "norm statistics") : L3D_OK;
-    }
-    if (m->tp.mode != 2)
+    float eps = m->cfg.rms_norm_eps, *ss;
+    if (m->tp.mode < 2)
         return l3d_dev_rmsnorm_fwd(m->dev, out, rstd, x, w, rows, m->C, eps, at, wt);
-    l3d_status st = l3d_tp2d_rmsnorm_fwd(m->tp.g, out, rstd, x, w, rows, m->C,
-                                         m->cfg.hidden_size, eps, at, wt);
-    return st < 0 ? comm_fail(m, m->tp.g->row, st, "norm statistics") : L3D_OK;
+    L3D_CHECK(m->ctx, row_stat(m, rows, &ss));
+    L3D_CHECK(m->ctx, l3d_dev_rmsnorm_rowdot(m->dev, ss, x, x, NULL, rows, m->C, at, wt));
+    L3D_CHECK(m->ctx, sum_row_stat(m, ss, rows));
+    return l3d_dev_rmsnorm_rows_fwd(m->dev, out, rstd, x, w, ss, rows, m->C, m->cfg.hidden_size,
+                                    eps, at, wt);
 }
 
 l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,
                               const void *x, const void *w, const float *rstd, int rows,
                               l3d_dtype at, l3d_dtype wt) {
-    if (m->tp.mode == 3) {
-        l3d_status st = l3d_tp3d_rmsnorm_bwd(m->tp.g3, 2, dx, dw, dout, x, w, rstd, rows, m->C,
-                                             m->cfg.hidden_size, at, wt, L3D_FLOAT32);
-        return st < 0 ? comm_fail(m, m->tp.g3->axis[2], st, "norm statistics") : L3D_OK;
-    }
-    if (m->tp.mode != 2)
+    float *dot;
+    if (m->tp.mode < 2)
         return l3d_dev_rmsnorm_bwd(m->dev, dx, dw, dout, x, w, rstd, rows, m->C, at, wt,
                                    L3D_FLOAT32);
-    l3d_status st = l3d_tp2d_rmsnorm_bwd(m->tp.g, dx, dw, dout, x, w, rstd, rows, m->C,
-                                         m->cfg.hidden_size, at, wt, L3D_FLOAT32);
-    return st < 0 ? comm_fail(m, m->tp.g->row, st, "norm statistics") : L3D_OK;
+    L3D_CHECK(m->ctx, row_stat(m, rows, &dot));
+    L3D_CHECK(m->ctx, l3d_dev_rmsnorm_rowdot(m->dev, dot, dout, x, w, rows, m->C, at, wt));
+    L3D_CHECK(m->ctx, sum_row_stat(m, dot, rows));
+    return l3d_dev_rmsnorm_rows_bwd(m->dev, dx, dw, dout, x, w, rstd, dot, rows, m->C,
+                                    m->cfg.hidden_size, at, wt, L3D_FLOAT32);
+}
+
+int l3d_tp_sub_comms(const l3d_model_t *m, l3d_comm_t *out[L3D_TP3D_COMMS]) {
+    if (m->tp.g) {
+        out[0] = m->tp.g->row, out[1] = m->tp.g->col;
+        return 2;
+    }
+    if (!m->tp.g3) return 0;
+    for (int k = 0; k < 3; k++) out[k] = m->tp.g3->axis[k];
+    out[3] = m->tp.g3->plane[1], out[4] = m->tp.g3->plane[2];
+    return L3D_TP3D_COMMS;
 }
 
 l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t) {

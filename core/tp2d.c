@@ -32,7 +32,6 @@ void l3d_tp2d_destroy(l3d_tp2d_t *g) {
     if (g->a) l3d_dev_free(g->dev, g->a, g->cap_a * sizeof(float), "tp2d");
     if (g->b) l3d_dev_free(g->dev, g->b, g->cap_b * sizeof(float), "tp2d");
     if (g->c) l3d_dev_free(g->dev, g->c, g->cap_c * sizeof(float), "tp2d");
-    if (g->stat) l3d_dev_free(g->dev, g->stat, g->cap_stat * sizeof(float), "tp2d");
     l3d_comm_destroy(g->row);
     l3d_comm_destroy(g->col);
     l3d_free(g->ctx, g, sizeof(*g), "tp2d");
@@ -142,47 +141,6 @@ l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float 
     L3D_CHECK(g->ctx, blocks(g, N, I, O, &Nq, &Iq, &Oq));
     L3D_CHECK(g->ctx, l3d_tp2d_block_bwd_x(g, dx, dy, w, Nq, Iq, Oq, 0.0f));
     return l3d_tp2d_block_bwd_w(g, dw, dy, x, Nq, Iq, Oq);
-}
-
-l3d_status l3d_tp_split_rmsnorm_fwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
-                                    const char *tag, float **stat, size_t *cap, void *out,
-                                    float *rstd, const void *x, const void *w, int N, int C,
-                                    int C_full, float eps, l3d_dtype at, l3d_dtype wt) {
-    L3D_CHECK(ctx, l3d_tp_scratch_grow(ctx, dev, stat, cap, (size_t)(N > 0 ? N : 1), tag));
-    float *ss = *stat;
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_rowdot(dev, ss, x, x, NULL, N, C, at, wt));
-    L3D_CHECK(ctx, l3d_dev_sync(dev));
-    L3D_CHECK(ctx, l3d_comm_allreduce(comm, ss, ss, (size_t)N, L3D_FLOAT32, L3D_SUM));
-    return l3d_dev_rmsnorm_rows_fwd(dev, out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
-}
-
-l3d_status l3d_tp_split_rmsnorm_bwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
-                                    const char *tag, float **stat, size_t *cap, void *dx, void *dw,
-                                    const void *dout, const void *x, const void *w,
-                                    const float *rstd, int N, int C, int C_full, l3d_dtype at,
-                                    l3d_dtype wt, l3d_dtype gt) {
-    L3D_CHECK(ctx, l3d_tp_scratch_grow(ctx, dev, stat, cap, (size_t)(N > 0 ? N : 1), tag));
-    float *dot = *stat;
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_rowdot(dev, dot, dout, x, w, N, C, at, wt));
-    L3D_CHECK(ctx, l3d_dev_sync(dev));
-    L3D_CHECK(ctx, l3d_comm_allreduce(comm, dot, dot, (size_t)N, L3D_FLOAT32, L3D_SUM));
-    return l3d_dev_rmsnorm_rows_bwd(dev, dx, dw, dout, x, w, rstd, dot, N, C, C_full, at, wt, gt);
-}
-
-// The split-row RMSNorm over the grid row (the ranks holding the other columns of the same
-// rows).
-l3d_status l3d_tp2d_rmsnorm_fwd(l3d_tp2d_t *g, void *out, float *rstd, const void *x,
-                                const void *w, int N, int C, int C_full, float eps,
-                                l3d_dtype at, l3d_dtype wt) {
-    return l3d_tp_split_rmsnorm_fwd(g->ctx, g->dev, g->row, "tp2d", &g->stat, &g->cap_stat, out,
-                                    rstd, x, w, N, C, C_full, eps, at, wt);
-}
-
-l3d_status l3d_tp2d_rmsnorm_bwd(l3d_tp2d_t *g, void *dx, void *dw, const void *dout,
-                                const void *x, const void *w, const float *rstd, int N, int C,
-                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
-    return l3d_tp_split_rmsnorm_bwd(g->ctx, g->dev, g->row, "tp2d", &g->stat, &g->cap_stat, dx,
-                                    dw, dout, x, w, rstd, N, C, C_full, at, wt, gt);
 }
 
 void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],

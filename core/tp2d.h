@@ -14,8 +14,8 @@
 // broadcasting W(k,j) and row i reducing to (i,k); dW(k,j) += sum_i dy(i,j)^T x(i,k), row i
 // broadcasting x(i,k) and column j reducing to (k,j).
 // defines: l3d_tp2d_t, l3d_tp2d_create, l3d_tp2d_destroy, l3d_tp2d_linear_fwd,
-//          l3d_tp2d_linear_bwd, l3d_tp2d_block_*, l3d_tp2d_rmsnorm_fwd/bwd,
-//          l3d_tp2d_linear_bytes
+//          l3d_tp2d_linear_bwd, l3d_tp2d_block_*, l3d_tp2d_linear_bytes,
+//          l3d_tp_scratch_grow
 #ifndef L3D_TP2D_H
 #define L3D_TP2D_H
 
@@ -32,8 +32,7 @@ typedef struct l3d_tp2d {
     l3d_comm_t *row;      // the q ranks of row i, ordered by column (owned)
     l3d_comm_t *col;      // the q ranks of column j, ordered by row (owned)
     float *a, *b, *c;     // received x block, received W block, partial product
-    float *stat;          // (rows) a split-row RMSNorm's statistic
-    size_t cap_a, cap_b, cap_c, cap_stat;  // their lengths in floats
+    size_t cap_a, cap_b, cap_c;  // their lengths in floats
 } l3d_tp2d_t;
 
 // Collective over tp (size q^2; otherwise L3D_ERR_CONFIG naming the size): splits it into
@@ -59,31 +58,10 @@ l3d_status l3d_tp2d_block_bwd_x(l3d_tp2d_t *g, float *dx, const float *dy, const
                                 int Nq, int Iq, int Oq, float beta);
 l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const float *dy, const float *x,
                                 int Nq, int Iq, int Oq);
-// RMSNorm of rows whose C_full columns are split over grid row i (this rank: C of them, its
-// block of rows N): rmsnorm_fwd/bwd's contracts (devices/device.h), the row statistics
-// all-reduced over the row communicator (N floats each).
-l3d_status l3d_tp2d_rmsnorm_fwd(l3d_tp2d_t *g, void *out, float *rstd, const void *x,
-                                const void *w, int N, int C, int C_full, float eps,
-                                l3d_dtype at, l3d_dtype wt);
-l3d_status l3d_tp2d_rmsnorm_bwd(l3d_tp2d_t *g, void *dx, void *dw, const void *dout,
-                                const void *x, const void *w, const float *rstd, int N, int C,
-                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
-// Shared with 3d (core/tp3d.c). Grows a float32 scratch in dev's memory to at least n floats
-// (its contents are not kept).
+// Shared with 3d (core/tp3d.c) and the model's split-row RMSNorm (core/model_tp.c): grows a
+// float32 scratch in dev's memory to at least n floats (its contents are not kept).
 l3d_status l3d_tp_scratch_grow(l3d_ctx_t *ctx, l3d_device_t *dev, float **p, size_t *cap,
                                size_t n, const char *tag);
-// RMSNorm of rows split by columns over `comm` (the ranks holding the other columns of the
-// same rows): the row statistic in *stat (a scratch grown to N floats under `tag`),
-// all-reduced over comm.
-l3d_status l3d_tp_split_rmsnorm_fwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
-                                    const char *tag, float **stat, size_t *cap, void *out, float *rstd,
-                                    const void *x, const void *w, int N, int C, int C_full,
-                                    float eps, l3d_dtype at, l3d_dtype wt);
-l3d_status l3d_tp_split_rmsnorm_bwd(l3d_ctx_t *ctx, l3d_device_t *dev, l3d_comm_t *comm,
-                                    const char *tag, float **stat, size_t *cap, void *dx, void *dw,
-                                    const void *dout, const void *x, const void *w,
-                                    const float *rstd, int N, int C, int C_full, l3d_dtype at,
-                                    l3d_dtype wt, l3d_dtype gt);
 // Bytes one rank counts (l3d_comm_get_stats) in a forward and a backward, on its row [0] and
 // column [1] communicator, and calls.
 void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],

@@ -40,9 +40,9 @@ l3d_status l3d_tp3d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp3d_t **g_p) 
 
 void l3d_tp3d_destroy(l3d_tp3d_t *g) {
     if (!g) return;
-    float **bufs[] = {&g->a, &g->b, &g->c2, &g->d, &g->stat};
-    size_t caps[] = {g->cap_a, g->cap_b, g->cap_c, g->cap_d, g->cap_stat};
-    for (int k = 0; k < 5; k++)
+    float **bufs[] = {&g->a, &g->b, &g->c2, &g->d};
+    size_t caps[] = {g->cap_a, g->cap_b, g->cap_c, g->cap_d};
+    for (int k = 0; k < 4; k++)
         if (*bufs[k]) l3d_dev_free(g->dev, *bufs[k], caps[k] * sizeof(float), "tp3d");
     for (int ax = 0; ax < 3; ax++) l3d_comm_destroy(g->axis[ax]), l3d_comm_destroy(g->plane[ax]);
     l3d_free(g->ctx, g, sizeof(*g), "tp3d");
@@ -138,21 +138,6 @@ l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, 
         L3D_CHECK(g->ctx, scatter_into(g, b, dx, g->a, xs, beta, g->d));
     }
     return L3D_OK;
-}
-
-l3d_status l3d_tp3d_rmsnorm_fwd(l3d_tp3d_t *g, int ax, void *out, float *rstd, const void *x,
-                                const void *w, int N, int C, int C_full, float eps,
-                                l3d_dtype at, l3d_dtype wt) {
-    return l3d_tp_split_rmsnorm_fwd(g->ctx, g->dev, g->axis[ax], "tp3d", &g->stat,
-                                    &g->cap_stat, out, rstd, x, w, N, C, C_full, eps, at, wt);
-}
-
-l3d_status l3d_tp3d_rmsnorm_bwd(l3d_tp3d_t *g, int ax, void *dx, void *dw, const void *dout,
-                                const void *x, const void *w, const float *rstd, int N, int C,
-                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
-    return l3d_tp_split_rmsnorm_bwd(g->ctx, g->dev, g->axis[ax], "tp3d", &g->stat,
-                                    &g->cap_stat, dx, dw, dout, x, w, rstd, N, C, C_full, at, wt,
-                                    gt);
 }
 
 void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, uint64_t fwd[3],

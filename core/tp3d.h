@@ -20,7 +20,7 @@
 // head); "B" = (a j, b l) takes that back (o, down). Attention and SwiGLU run in between on
 // whole sequences (rows) and q's share of the heads (columns j) without exchange.
 // defines: l3d_tp3d_t, l3d_tp3d_create, l3d_tp3d_destroy, l3d_tp3d_block_fwd,
-//          l3d_tp3d_block_bwd, l3d_tp3d_rmsnorm_fwd/bwd, l3d_tp3d_linear_bytes
+//          l3d_tp3d_block_bwd, l3d_tp3d_linear_bytes
 #ifndef L3D_TP3D_H
 #define L3D_TP3D_H
 
@@ -45,8 +45,7 @@ typedef struct l3d_tp3d {
                            // the embedding's columns), plane 1 every row block of the
                            // cross-entropy's vocabulary block j.
     float *a, *b, *c2, *d;  // scratch: gathered x or dy, gathered W, partial y/dx, partial dW
-    float *stat;            // (rows) a split-row RMSNorm's statistic
-    size_t cap_a, cap_b, cap_c, cap_d, cap_stat;  // their lengths in floats
+    size_t cap_a, cap_b, cap_c, cap_d;  // their lengths in floats
 } l3d_tp3d_t;
 
 // Collective over tp (size q^3; otherwise L3D_ERR_CONFIG naming the size): splits it into the
@@ -66,16 +65,6 @@ l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, float *y, const float *
 l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, float *dw,
                               const float *dy, const float *x, const float *w, int Nr, int Iq,
                               int Oq);
-// RMSNorm of rows whose C_full columns are split along axis `ax` (this rank: C of them, its
-// block of rows N): rmsnorm_fwd/bwd's contracts (devices/device.h), the row statistics
-// all-reduced along that axis (N floats each). The residual stream splits its columns along
-// axis 2 (l).
-l3d_status l3d_tp3d_rmsnorm_fwd(l3d_tp3d_t *g, int ax, void *out, float *rstd, const void *x,
-                                const void *w, int N, int C, int C_full, float eps,
-                                l3d_dtype at, l3d_dtype wt);
-l3d_status l3d_tp3d_rmsnorm_bwd(l3d_tp3d_t *g, int ax, void *dx, void *dw, const void *dout,
-                                const void *x, const void *w, const float *rstd, int N, int C,
-                                int C_full, l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
 // Bytes one rank counts (l3d_comm_get_stats) in one forward and one backward (dx and dw) of
 // a layer of full sizes N, I, O and orientation `orient`, on each axis communicator, and calls.
 void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, uint64_t fwd[3],

@@ -7,8 +7,6 @@
 #include "core/config_train_internal.h"
 #include "core/data.h"
 #include "core/model_internal.h"
-#include "core/tp2d.h"
-#include "core/tp3d.h"
 #include "core/trainer_internal.h"
 #include "platform/platform.h"
 
@@ -213,12 +211,12 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
 
     // (2d: the grid's rows and columns carry the tensor-parallel traffic; 3d: the cube's axes
     // and planes)
-    l3d_comm_t *groups[12] = {t->mesh->group[L3D_MESH_TP], t->mesh->group[L3D_MESH_DP],
-                              t->mesh->group[L3D_MESH_PP], m->tp.kv_comm, t->pp.emb_comm,
-                              m->tp.g ? m->tp.g->row : NULL, m->tp.g ? m->tp.g->col : NULL};
-    for (int k = 0; m->tp.g3 && k < 3; k++) groups[7 + k] = m->tp.g3->axis[k];
-    for (int k = 1; m->tp.g3 && k < 3; k++) groups[9 + k] = m->tp.g3->plane[k];
-    for (int g = 0; g < 12; g++) l3d_comm_reset_stats(groups[g]);
+    l3d_comm_t *groups[5 + L3D_TP3D_COMMS] = {t->mesh->group[L3D_MESH_TP],
+                                              t->mesh->group[L3D_MESH_DP],
+                                              t->mesh->group[L3D_MESH_PP], m->tp.kv_comm,
+                                              t->pp.emb_comm};
+    int ngroups = 5 + l3d_tp_sub_comms(m, groups + 5);
+    for (int g = 0; g < ngroups; g++) l3d_comm_reset_stats(groups[g]);
     if (t->dp.zero2)  // (in host memory when the optimizer is offloaded)
         L3D_CHECK(ctx, l3d_dev_memset(t->dp.stage ? t->off.hdev : dev, t->dp.gshard, 0,
                                       t->dp.shard_len * sizeof(float)));
@@ -294,7 +292,7 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         stats->eval_loss = eval_loss;
         stats->eval_time_s = eval_dt;
         stats->mem_peak = l3d_ctx_mem_peak(ctx);
-        for (int g = 0; g < 12; g++) {
+        for (int g = 0; g < ngroups; g++) {
             l3d_comm_stats_t cs;
             l3d_comm_get_stats(groups[g], &cs);
             // the kv replica group, the 2d grid's rows and columns and the 3d cube's axes and
