@@ -129,7 +129,10 @@ void l3d_sched_fini(l3d_sched_t *s) {
     for (uint32_t i = 0; i < s->nt; i++) tmp_free(s, s->tmp[i].p, s->tmp[i].n);
     l3d_world_t *w = s->world;
     if (w && !w->spare) w->spare = l3d_calloc(s->ctx, L3D_SPARE_SCHEDS, sizeof(*w->spare), "comm");
-    if (w && w->spare && w->nspare < L3D_SPARE_SCHEDS && s->cap_p) {
+    // Kept whenever it owns an array: a native or copy-only schedule has rounds but no p2p
+    // ops, and freeing its arrays cost a malloc/free pair on every small call.
+    if (w && w->spare && w->nspare < L3D_SPARE_SCHEDS &&
+        (s->cap_p || s->cap_l || s->cap_r || s->cap_t)) {
         sched_take_arrays(&w->spare[w->nspare++], s);
         return;
     }
