@@ -235,6 +235,85 @@ ParameterizedTest(l3d_tp_param_t *p, p2p, icollectives_reverse, .timeout = 200) 
     run_all(p->name, icoll_fn, all_ranks, 6);
 }
 
+// ---- many small non-blocking collectives in flight, one large among them -------------------
+// More small calls than the in-process transport keeps slots for (its eager path has four per
+// communicator, so later calls publish only once earlier ones completed), of every kind, in
+// place and not, with a large call (the rendezvous path) in the middle, completed in reverse
+// order. Integer sums: exact.
+enum { NSMALL = 15, BIG = 5000 };
+
+static int kind_of(int i) { return i % 4; }  // allreduce, allgather, broadcast, reduce_scatter
+
+static int32_t small_in(int i, int me, int j) { return (int32_t)(i * 7919 + me * 131 + j); }
+
+static int small_ring_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    int n = l3d_comm_size(c), me = l3d_comm_rank(c);
+    int32_t in[NSMALL][64], out[NSMALL][64];
+    int32_t *big = malloc(BIG * 4), *bigout = malloc(BIG * 4);
+    l3d_request_t *r[NSMALL + 1];
+    size_t cnt[NSMALL];
+    for (int i = 0; i < NSMALL; i++) {
+        cnt[i] = 1 + (size_t)i % 3;
+        for (int j = 0; j < 64; j++) in[i][j] = out[i][j] = small_in(i, me, j);
+        int inplace = i % 2;
+        switch (kind_of(i)) {
+        case 0:
+            CHECK_OK(l3d_comm_iallreduce(c, inplace ? out[i] : in[i], out[i], cnt[i], L3D_INT32,
+                                         L3D_SUM, &r[i]));
+            break;
+        case 1:
+            CHECK_OK(l3d_comm_iallgather(c, in[i], out[i], cnt[i], L3D_INT32, &r[i]));
+            break;
+        case 2:
+            CHECK_OK(l3d_comm_ibroadcast(c, in[i], out[i], cnt[i], L3D_INT32, i % n, &r[i]));
+            break;
+        default:
+            CHECK_OK(l3d_comm_ireduce_scatter(c, in[i], out[i], cnt[i], L3D_INT32, L3D_SUM,
+                                              &r[i]));
+            break;
+        }
+        if (i == NSMALL / 2) {
+            for (int j = 0; j < BIG; j++) big[j] = me + j;
+            CHECK_OK(l3d_comm_iallreduce(c, big, bigout, BIG, L3D_INT32, L3D_SUM, &r[NSMALL]));
+        }
+    }
+    CHECK_OK(l3d_request_wait(r[NSMALL]));
+    for (int i = NSMALL - 1; i >= 0; i--) CHECK_OK(l3d_request_wait(r[i]));
+    for (int j = 0; j < BIG; j++)
+        if (bigout[j] != n * j + n * (n - 1) / 2) FAILF("large allreduce [%d] = %d", j, bigout[j]);
+    for (int i = 0; i < NSMALL; i++)
+        for (size_t j = 0; j < cnt[i]; j++) {
+            int32_t want = 0;
+            switch (kind_of(i)) {
+            case 0:
+                for (int p = 0; p < n; p++) want += small_in(i, p, (int)j);
+                break;
+            case 2:
+                want = small_in(i, i % n, (int)j);
+                break;
+            case 3:
+                for (int p = 0; p < n; p++) want += small_in(i, p, me * (int)cnt[i] + (int)j);
+                break;
+            }
+            if (kind_of(i) == 1) {
+                for (int p = 0; p < n; p++)
+                    if (out[i][(size_t)p * cnt[i] + j] != small_in(i, p, (int)j))
+                        FAILF("call %d allgather [%d][%zu] = %d", i, p, j,
+                              out[i][(size_t)p * cnt[i] + j]);
+            } else if (out[i][j] != want) {
+                FAILF("call %d (kind %d) [%zu] = %d want %d", i, kind_of(i), j, out[i][j], want);
+            }
+        }
+    free(big);
+    free(bigout);
+    return 0;
+}
+
+ParameterizedTestParameters(p2p, small_icollectives_ring) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, small_icollectives_ring, .timeout = 200) {
+    run_all(p->name, small_ring_fn, multi_ranks, 5);
+}
+
 // ---- argument checks and queries ----------------------------------------------------------------
 Test(p2p, queries_and_bad_args) {
     l3d_ctx_t *ctx = NULL;

@@ -278,7 +278,7 @@ static l3d_status local_irecv(l3d_transport_t *tp, int peer, uint64_t tag, void 
 }
 
 static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done_p, size_t *len_p) {
-    if (r->kind == LREQ_COLL) {
+    if (r->kind != LREQ_P2P) {
         if (len_p) *len_p = 0;
         return l3d_local_coll_test(tp, r, done_p);
     }
@@ -301,7 +301,7 @@ static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done
 static l3d_status local_progress(l3d_transport_t *tp) { return L3D_OK; }
 
 static void local_cancel(l3d_transport_t *tp, l3d_tp_request_t *r) {
-    if (r->kind == LREQ_COLL) {
+    if (r->kind != LREQ_P2P) {
         l3d_local_coll_cancel(tp, r);
         return;
     }
@@ -321,7 +321,7 @@ static void local_abort(l3d_transport_t *tp) {
 
 static int local_waiting_on(const l3d_transport_t *tp, const l3d_tp_request_t *r, char *buf,
                             size_t len) {
-    if (r->kind == LREQ_COLL) return l3d_local_coll_waiting_on(tp, r, buf, len);
+    if (r->kind != LREQ_P2P) return l3d_local_coll_waiting_on(tp, r, buf, len);
     int peer = r->send ? r->dst : r->src;
     snprintf(buf, len, "rank %d has not matched the %s", peer, r->send ? "send" : "recv");
     return peer;

@@ -31,8 +31,9 @@
 #include "core/reduce.h"
 #include "transports/local/local.h"
 
-enum { LC_ALLREDUCE, LC_REDUCE_SCATTER, LC_ALLGATHER, LC_BROADCAST };
-static const char *lc_name[] = {"allreduce", "reduce_scatter", "allgather", "broadcast"};
+const char *const l3d_local_coll_name[4] = {"allreduce", "reduce_scatter", "allgather",
+                                           "broadcast"};
+#define lc_name l3d_local_coll_name
 
 enum { PH_ARRIVED = 0, PH_WORKED = 1 };
 
@@ -57,8 +58,7 @@ struct lrdv {
 
 static local_ep_t *ep_of(const l3d_transport_t *tp) { return tp->priv; }
 
-static l3d_status fail(l3d_transport_t *tp, l3d_status st, const char *fmt, ...) L3D_PRINTF(3, 4);
-static l3d_status fail(l3d_transport_t *tp, l3d_status st, const char *fmt, ...) {
+l3d_status l3d_local_fail(l3d_transport_t *tp, l3d_status st, const char *fmt, ...) {
     local_ep_t *ep = ep_of(tp);
     va_list ap;
     va_start(ap, fmt);
@@ -160,28 +160,32 @@ static void req_drop(l3d_transport_t *tp, lreq_t *r) {
 }
 
 // ---- the work of one member ------------------------------------------------------------------
+void l3d_local_reduce(local_ep_t *ep, const void *const *src, int n, l3d_dtype dt, l3d_redop op,
+                      size_t boff, size_t m, void *out) {
+    l3d_dtype wdt = l3d_reduce_wire_type(dt);
+    void *acc = ep->acc;
+    if (wdt == dt) {
+        l3d_reduce_apply(acc, (const char *)src[0] + boff, (const char *)src[1] + boff, m, wdt,
+                         op);
+        for (int j = 2; j < n; j++)
+            l3d_reduce_apply(acc, acc, (const char *)src[j] + boff, m, wdt, op);
+    } else {
+        float *facc = acc, *wid = (float *)ep->aux;
+        l3d_reduce_to_f32(facc, (const char *)src[0] + boff, m, dt);
+        for (int j = 1; j < n; j++) {
+            l3d_reduce_to_f32(wid, (const char *)src[j] + boff, m, dt);
+            l3d_reduce_apply(facc, facc, wid, m, wdt, op);
+        }
+    }
+    l3d_reduce_final(out, acc, m, dt, op, n);
+}
+
 // out (dt) = reduction over members of elements [off, off+m) of every sendbuf (at byte offset
 // base in each), m <= L3D_LOCAL_BLOCK. out must not overlap a range still to be read.
 static void reduce_block(local_ep_t *ep, const lrdv_t *d, size_t base, size_t off, size_t m,
                          void *out) {
-    l3d_dtype dt = d->dt, wdt = l3d_reduce_wire_type(dt);
-    size_t esz = l3d_dtype_size(dt), boff = base + off * esz;
-    int n = d->n;
-    void *acc = ep->acc;
-    if (wdt == dt) {
-        l3d_reduce_apply(acc, (const char *)d->send[0] + boff, (const char *)d->send[1] + boff,
-                         m, wdt, d->op);
-        for (int j = 2; j < n; j++)
-            l3d_reduce_apply(acc, acc, (const char *)d->send[j] + boff, m, wdt, d->op);
-    } else {
-        float *facc = acc, *wid = (float *)ep->aux;
-        l3d_reduce_to_f32(facc, (const char *)d->send[0] + boff, m, dt);
-        for (int j = 1; j < n; j++) {
-            l3d_reduce_to_f32(wid, (const char *)d->send[j] + boff, m, dt);
-            l3d_reduce_apply(facc, facc, wid, m, wdt, d->op);
-        }
-    }
-    l3d_reduce_final(out, acc, m, dt, d->op, n);
+    size_t boff = base + off * l3d_dtype_size(d->dt);
+    l3d_local_reduce(ep, (const void *const *)d->send, d->n, d->dt, d->op, boff, m, out);
 }
 
 static void block_of(size_t count, int n, int i, size_t *off, size_t *cnt) {
@@ -240,8 +244,9 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
     local_hub_t *h = ep->hub;
     int n = a->n;
     if (n < 2 || a->me < 0 || a->me >= n || a->ranks[a->me] != ep->rank)
-        return fail(tp, L3D_ERR_INVALID_ARG, "local %s: member %d of %d is not rank %d",
+        return l3d_local_fail(tp, L3D_ERR_INVALID_ARG, "local %s: member %d of %d is not rank %d",
                     lc_name[kind], a->me, n, ep->rank);
+    if (l3d_local_eager_fits(kind, a)) return l3d_local_eager_start(tp, kind, a, req_p);
     lreq_t *r = l3d_local_req_get(ep, tp->ctx);
     if (!r) return L3D_ERR_NOMEM;
     pthread_mutex_lock(&h->cmu);
@@ -290,7 +295,7 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
         rdv_abandon(h, d, a->me, mismatch);
         rdv_release(h, d);
         l3d_local_req_put(ep, tp->ctx, r);
-        return fail(tp, L3D_ERR_INVALID_ARG, "local %s: %s", lc_name[kind], mismatch);
+        return l3d_local_fail(tp, L3D_ERR_INVALID_ARG, "local %s: %s", lc_name[kind], mismatch);
     }
     atomic_fetch_add(&d->arrived, 1);  // seq_cst, after the pointers (mutex released above)
     r->cnext = ep->colls;
@@ -324,16 +329,18 @@ const l3d_transport_coll_ops_t l3d_local_coll_ops = {
 };
 
 // ---- test / cancel ----------------------------------------------------------------------------
-// The first gone member of the call, or -1.
-static int gone_member(const local_hub_t *h, const lrdv_t *d, int *why) {
-    for (int j = 0; j < d->n; j++) {
-        int g = atomic_load(&h->gone[d->ranks[j]]);
-        if (g) {
-            *why = g;
-            return d->ranks[j];
-        }
+int l3d_local_gone_cause(const local_ep_t *ep, const int *ranks, int n, const char *what,
+                         char *cause, size_t len) {
+    for (int j = 0; j < n; j++) {
+        int g = ranks[j], why = atomic_load(&ep->hub->gone[g]);
+        if (!why) continue;
+        if (g == ep->rank) snprintf(cause, len, "this rank aborted");
+        else
+            snprintf(cause, len, "rank %d %s during the %s", g,
+                     why == GONE_LEFT ? "left (its endpoint was finalized)" : "aborted", what);
+        return 1;
     }
-    return -1;
+    return 0;
 }
 
 // Fails this rank's part: the record is abandoned with `cause` (peers fail with it too).
@@ -346,6 +353,7 @@ static l3d_status fail_req(l3d_transport_t *tp, lreq_t *r, const char *cause) {
 }
 
 l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
+    if (r->kind == LREQ_EAGER) return l3d_local_eager_test(tp, r, done_p);
     local_ep_t *ep = ep_of(tp);
     lrdv_t *d = r->rdv;
     *done_p = 0;
@@ -364,16 +372,9 @@ l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
         req_drop(tp, r);
         return L3D_OK;
     }
-    int why = 0, g = gone_member(ep->hub, d, &why);
-    if (g >= 0) {
-        char cause[96];
-        if (g == ep->rank) snprintf(cause, sizeof(cause), "this rank aborted");
-        else
-            snprintf(cause, sizeof(cause), "rank %d %s during the %s", g,
-                     why == GONE_LEFT ? "left (its endpoint was finalized)" : "aborted",
-                     lc_name[d->kind]);
+    char cause[96];
+    if (l3d_local_gone_cause(ep, d->ranks, d->n, lc_name[d->kind], cause, sizeof(cause)))
         return fail_req(tp, r, cause);
-    }
     // A member that abandoned with a reason (a mismatched call) fails the others now; one that
     // merely cancelled (its own timeout or failure) leaves them to their own timeout and the
     // core's failure notices, which name the rank that actually stopped.
@@ -389,6 +390,7 @@ l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
 
 int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *buf,
                                size_t len) {
+    if (r->kind == LREQ_EAGER) return l3d_local_eager_waiting_on(tp, r, buf, len);
     const lrdv_t *d = r->rdv;
     int lvl = atomic_load(&d->arrived) < d->n ? 1 : 2;  // waiting for arrivals, or for work
     for (int j = 0; j < d->n; j++)
@@ -402,6 +404,10 @@ int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *
 }
 
 void l3d_local_coll_cancel(l3d_transport_t *tp, lreq_t *r) {
+    if (r->kind == LREQ_EAGER) {
+        l3d_local_eager_cancel(tp, r);
+        return;
+    }
     rdv_abandon(ep_of(tp)->hub, r->rdv, r->me, NULL);
     req_drop(tp, r);
 }
@@ -409,6 +415,7 @@ void l3d_local_coll_cancel(l3d_transport_t *tp, lreq_t *r) {
 void l3d_local_coll_fini(l3d_transport_t *tp) {
     local_ep_t *ep = ep_of(tp);
     while (ep->colls) l3d_local_coll_cancel(tp, ep->colls);
+    l3d_local_eager_ep_fini(tp);
 }
 
 void l3d_local_coll_hub_free(local_hub_t *h) {
@@ -418,4 +425,5 @@ void l3d_local_coll_hub_free(local_hub_t *h) {
             rdv_free(h->ctx, d);
         }
     h->rdvs = h->free_rdvs = NULL;
+    l3d_local_eager_hub_free(h);
 }
