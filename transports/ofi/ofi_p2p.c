@@ -343,6 +343,8 @@ l3d_status l3d_ofi_test(l3d_transport_t *tp, l3d_tp_request_t *req, int *done_p,
 
 l3d_status l3d_ofi_progress(l3d_transport_t *tp) { return l3d_ofi_drain(tp->priv); }
 
+static void ofi_close_ep(l3d_ofi_t *o);
+
 void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
     l3d_ofi_t *o = tp->priv;
     if (!req) return;
@@ -357,10 +359,13 @@ void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
         // above its inject size in segments as both sides progress), and the contract gives the
         // buffer back to the caller, so drive the CQ until then while the peer lives. Sends
         // usually cannot be cancelled but may be about to finish: a short while for them.
+        // A send to a dead peer is driven too: the provider may still be pushing it (tcp
+        // retries the connection) and must fail or finish it while the buffer is the sender's.
         req->cancelled = 1;
         (void)fi_cancel(&o->ep->fid, &req->fictx);
         double t0 = l3d_time_now(), budget = recv ? OFI_CANCEL_RECV_BUDGET_S : OFI_CANCEL_BUDGET_S;
-        while (!req->done && !o->peer_dead[req->peer] && l3d_time_now() - t0 < budget)
+        while (!req->done && (!recv || !o->peer_dead[req->peer]) &&
+               l3d_time_now() - t0 < budget)
             if (l3d_ofi_drain(o) < 0) break;
     }
     if (req->detached) {  // the peer failed meanwhile: the provider still holds the context
@@ -379,6 +384,18 @@ void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
                 "in %.1f s; closing the endpoint so that it cannot write the freed buffer",
                 o->rank, req->peer, OFI_CANCEL_RECV_BUDGET_S);
         l3d_ofi_abort(tp);
+        l3d_ofi_req_free(o, req);
+        return;
+    }
+    if (!recv) {
+        // The provider may read the buffer again on any later progress (seen under ASan: tcp
+        // sending from a freed buffer at fini, after a peer aborted): only closing the
+        // endpoint stops it. Peers see this rank's connections reset.
+        l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
+                "ofi: rank %d: a send to rank %d could be neither cancelled nor completed in "
+                "%.1f s; closing the endpoint so that it cannot read the caller's buffer",
+                o->rank, req->peer, OFI_CANCEL_BUDGET_S);
+        ofi_close_ep(o);
         l3d_ofi_req_free(o, req);
         return;
     }
@@ -511,6 +528,11 @@ void l3d_ofi_abort(l3d_transport_t *tp) {
             if (p != o->rank && !o->peer_dead[p]) (void)ofi_ctrl_send(o, p, L3D_OFI_CTRL_ABORT, 100);
         ofi_ctrl_flush(o, OFI_ABORT_BUDGET_S);
     }
+    ofi_close_ep(o);
+}
+
+// Closes the endpoint: the provider holds nothing after this; what was pending fails.
+static void ofi_close_ep(l3d_ofi_t *o) {
     // Endpoint-bound registrations must go before their endpoint.
     if (o->mr_endpoint)
         for (l3d_ofi_mr_t *m = o->mrs.next; m != &o->mrs; m = m->next)
