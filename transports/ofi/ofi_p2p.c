@@ -5,9 +5,11 @@
 //
 // Request life: allocated and linked into o->live, posted (the provider owns its fi_context2),
 // completed by the CQ (done = 1, result in st/len), then freed when test reports it or cancel
-// drops it. A request is never freed while the provider may still write its context: one that
-// cannot be cancelled quickly becomes an orphan, freed by its completion or at fini after the
-// endpoint is closed.
+// drops it. A request is never freed while the provider may still write its context: a
+// receive from a dead peer that cannot be cancelled quickly becomes an orphan, freed by its
+// completion or at fini after the endpoint is closed; a send, or a receive from a live peer,
+// that can be neither cancelled nor completed closes the endpoint (its buffer is the caller's
+// again once cancel returns).
 //
 // Failure of a peer. libfabric reports a peer's death only as error completions of operations
 // with it, and 1.17 rarely does even that (shm never; tcp;ofi_rxm logs the refused reconnect
@@ -376,26 +378,19 @@ void l3d_ofi_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
         l3d_ofi_req_free(o, req);
         return;
     }
-    if (recv && !o->peer_dead[req->peer]) {
-        // A live peer may still complete it into a buffer that is the caller's again: only
-        // closing the endpoint stops the provider writing there (this rank gives up, as abort).
+    if (!recv || !o->peer_dead[req->peer]) {
+        // A live peer may still complete a receive into a buffer that is the caller's again,
+        // and the provider may read a send's buffer on any later progress (seen under ASan: tcp
+        // sending from a freed buffer at fini, after a peer aborted): only closing the endpoint
+        // stops it. A receive gives up as abort does; a send (usually to a dead peer) closes
+        // without notices, so that the peers keep blaming the rank that stopped.
         l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
-                "ofi: rank %d: a receive from rank %d could be neither cancelled nor completed "
-                "in %.1f s; closing the endpoint so that it cannot write the freed buffer",
-                o->rank, req->peer, OFI_CANCEL_RECV_BUDGET_S);
-        l3d_ofi_abort(tp);
-        l3d_ofi_req_free(o, req);
-        return;
-    }
-    if (!recv) {
-        // The provider may read the buffer again on any later progress (seen under ASan: tcp
-        // sending from a freed buffer at fini, after a peer aborted): only closing the
-        // endpoint stops it. Peers see this rank's connections reset.
-        l3d_log(o->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
-                "ofi: rank %d: a send to rank %d could be neither cancelled nor completed in "
-                "%.1f s; closing the endpoint so that it cannot read the caller's buffer",
-                o->rank, req->peer, OFI_CANCEL_BUDGET_S);
-        ofi_close_ep(o);
+                "ofi: rank %d: a %s rank %d could be neither cancelled nor completed in %.1f s; "
+                "closing the endpoint so that it cannot %s the caller's buffer",
+                o->rank, recv ? "receive from" : "send to", req->peer,
+                recv ? OFI_CANCEL_RECV_BUDGET_S : OFI_CANCEL_BUDGET_S, recv ? "write" : "read");
+        if (recv) l3d_ofi_abort(tp);
+        else ofi_close_ep(o);
         l3d_ofi_req_free(o, req);
         return;
     }
