@@ -33,7 +33,7 @@
 
 const char *const l3d_local_coll_name[4] = {"allreduce", "reduce_scatter", "allgather",
                                            "broadcast"};
-#define lc_name l3d_local_coll_name
+static const char *const *const lc_name = l3d_local_coll_name;
 
 enum { PH_ARRIVED = 0, PH_WORKED = 1 };
 
@@ -244,8 +244,9 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
     local_hub_t *h = ep->hub;
     int n = a->n;
     if (n < 2 || a->me < 0 || a->me >= n || a->ranks[a->me] != ep->rank)
-        return l3d_local_fail(tp, L3D_ERR_INVALID_ARG, "local %s: member %d of %d is not rank %d",
-                    lc_name[kind], a->me, n, ep->rank);
+        return l3d_local_fail(tp, L3D_ERR_INVALID_ARG,
+                              "local %s: member %d of %d is not rank %d", lc_name[kind], a->me,
+                              n, ep->rank);
     if (l3d_local_eager_fits(kind, a)) return l3d_local_eager_start(tp, kind, a, req_p);
     lreq_t *r = l3d_local_req_get(ep, tp->ctx);
     if (!r) return L3D_ERR_NOMEM;
