@@ -375,20 +375,18 @@ Test(parallel, four_layers, .timeout = 240) {
 }
 
 // Interleaved 1F1B (virtual stages): more layers than the default 3, each count with its own
-// single-rank reference; stage 0's later chunks receive from the last stage.
-Test(parallel, interleaved, .timeout = 240) {
-    static const struct {
-        int layers;
-        layout_t L;
-    } cases[] = {
-        {4, {1, 1, 2, 0, 0, 8, 0, 0.25f, 2, 0}},  {4, {2, 1, 2, 1, 0, 8, 0, 0.25f, 2, 0}},
-        {4, {1, 2, 2, 0, 1, 8, 0, 0.25f, 2, 1}},  {4, {2, 2, 2, 2, 1, 8, 777, 0.25f, 2, 0}},
-        {6, {1, 1, 3, 0, 0, 6, 0, 0.25f, 2, 0}},  {6, {2, 1, 3, 1, 1, 12, 0, 0.25f, 2, 0}},
-        {6, {1, 1, 2, 0, 0, 8, 0, 0.25f, 3, 0}},  {8, {1, 1, 4, 0, 0, 8, 0, 0.25f, 2, 0}},
-        {8, {1, 2, 4, 2, 0, 8, 0, 0.25f, 2, 0}},  {4, {2, 1, 2, 3, 1, 8, 0, 0.25f, 2, 0}},
-    };
+// single-rank reference; stage 0's later chunks receive from the last stage. Four tests of a
+// few cases each, so that no one of them nears its limit: the whole list took 42 s alone
+// (82 s under the sanitizers) and outgrew 240 s in the sanitizer stage of CI, with ctest and
+// Criterion each running two at once on two cores.
+typedef struct {
+    int layers;
+    layout_t L;
+} interleaved_case_t;
+
+static void interleaved_cases(const interleaved_case_t *cases, size_t n) {
     make_data();
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    for (size_t i = 0; i < n; i++) {
         g_layers = cases[i].layers;
         result_t ref = {0};
         layout_t one = {1, 1, 1, 0, 0, cases[i].L.accum_total, 0, 0.25f, 0, 0};
@@ -396,7 +394,37 @@ Test(parallel, interleaved, .timeout = 240) {
         compare_to(&cases[i].L, &ref);
         free_result(&ref);
     }
-    // Checkpoints move between interleaved and plain pipelines (4 layers).
+    g_layers = 0;
+}
+
+Test(parallel, interleaved, .timeout = 240) {
+    static const interleaved_case_t cases[] = {
+        {4, {1, 1, 2, 0, 0, 8, 0, 0.25f, 2, 0}},  {4, {2, 1, 2, 1, 0, 8, 0, 0.25f, 2, 0}},
+        {4, {1, 2, 2, 0, 1, 8, 0, 0.25f, 2, 1}},  {4, {2, 2, 2, 2, 1, 8, 777, 0.25f, 2, 0}},
+        {4, {2, 1, 2, 3, 1, 8, 0, 0.25f, 2, 0}},
+    };
+    interleaved_cases(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+Test(parallel, interleaved_deeper, .timeout = 240) {
+    static const interleaved_case_t cases[] = {
+        {6, {1, 1, 3, 0, 0, 6, 0, 0.25f, 2, 0}},  {6, {2, 1, 3, 1, 1, 12, 0, 0.25f, 2, 0}},
+        {6, {1, 1, 2, 0, 0, 8, 0, 0.25f, 3, 0}},
+    };
+    interleaved_cases(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+Test(parallel, interleaved_eight_layers, .timeout = 240) {
+    static const interleaved_case_t cases[] = {
+        {8, {1, 1, 4, 0, 0, 8, 0, 0.25f, 2, 0}},
+        {8, {1, 2, 4, 2, 0, 8, 0, 0.25f, 2, 0}},
+    };
+    interleaved_cases(cases, sizeof(cases) / sizeof(cases[0]));
+}
+
+// Checkpoints move between interleaved and plain pipelines (4 layers).
+Test(parallel, interleaved_resume, .timeout = 240) {
+    make_data();
     g_layers = 4;
     result_t ref = {0};
     layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}, p2 = {1, 1, 2, 0, 0, 8, 0, 0.25f, 0, 0};
