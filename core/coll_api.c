@@ -99,16 +99,23 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
         l3d_sched_round(&s);
         if (op != L3D_COLL_BARRIER) l3d_sched_copy(&s, -1, recvbuf, sendbuf, count * esz);
     } else {
+        // A small call among processes that share a segment goes through it (comm_shm.c),
+        // chosen as a native entry would be: unless L3D_ALGO names another algorithm.
         l3d_tp_coll_fn nf = native_fn(c, op);
-        l3d_algo al = l3d_coll_select(c, op, bytes, dt, nf != NULL);
+        int shm = l3d_comm_shm_fits(c, op, count, dt);
+        l3d_algo al = l3d_coll_select(c, op, bytes, dt, nf != NULL || shm);
         l3d_status st = L3D_OK;
         if (al == L3D_ALGO_NATIVE) {
             l3d_tp_coll_args_t na = {.ranks = c->ranks, .n = n, .me = me,
                                      .seq = ((uint64_t)c->id << 32) | seq, .sendbuf = sendbuf,
                                      .recvbuf = recvbuf, .count = count, .dt = dt, .op = rop,
                                      .root = root};
-            l3d_sched_round(&s);
-            l3d_sched_native(&s, nf, &na);
+            if (shm) {
+                l3d_sched_shm(&s, c, op, &na);
+            } else {
+                l3d_sched_round(&s);
+                l3d_sched_native(&s, nf, &na);
+            }
         } else {
             st = builder(op, al)(&s, &a);
         }

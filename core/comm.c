@@ -128,6 +128,13 @@ l3d_status l3d_comm_create_local(l3d_ctx_t *ctx, int nranks, l3d_comm_t **comms)
         return st;
     }
     l3d_free(ctx, w, (size_t)nranks * sizeof(*w), "comm");
+    if ((st = l3d_comm_shm_setup_local(comms, nranks)) < 0) {
+        for (int i = 0; i < nranks; i++) {
+            l3d_comm_destroy(comms[i]);
+            comms[i] = NULL;
+        }
+        return st;
+    }
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_COMM, "local world of %d ranks", nranks);
     return L3D_OK;
 fail:
@@ -216,6 +223,11 @@ l3d_status l3d_comm_create_env(l3d_ctx_t *ctx, const char *transport, l3d_comm_t
         l3d_free(ctx, ranks, (size_t)env.size * sizeof(int), "comm");
         goto fail_tp;
     }
+    if ((st = l3d_comm_shm_setup_boot(*comm_p, bs)) < 0) {
+        l3d_comm_destroy(*comm_p);  // releases the world too
+        *comm_p = NULL;
+        return st;
+    }
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_COMM, "rank %d of %d over %s (launched by %s)", env.rank,
             env.size, ops->name, env.source);
     return L3D_OK;
@@ -282,6 +294,11 @@ l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **new
         l3d_free(ctx, ranks, (size_t)m * sizeof(int), "comm");
         return st;
     }
+    if ((st = l3d_comm_shm_setup(*newcomm_p)) < 0) {
+        l3d_comm_destroy(*newcomm_p);
+        *newcomm_p = NULL;
+        return st;
+    }
     l3d_log(ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM, "split: color %d key %d -> rank %d of %d, id %u",
             color, key, me, m, id);
     return L3D_OK;
@@ -296,6 +313,7 @@ l3d_ctx_t *l3d_comm_ctx(const l3d_comm_t *c) { return c ? c->ctx : NULL; }
 void l3d_comm_destroy(l3d_comm_t *c) {
     if (!c) return;
     l3d_comm_drop_requests(c);
+    l3d_comm_shm_free(c);
     if (c->group) {
         l3d_sched_fini(c->group);
         l3d_free(c->ctx, c->group, sizeof(*c->group), "comm");

@@ -156,6 +156,7 @@ struct l3d_comm {
     int in_group;
     struct l3d_sched *group;
     l3d_comm_stats_t stats;  // l3d_comm_get_stats
+    struct l3d_comm_shm *shm;  // the segment of small calls (comm_shm.c), or NULL
 };
 
 // ---- schedules ---------------------------------------------------------------------------------
@@ -171,7 +172,8 @@ typedef struct l3d_sched_p2p {
     size_t len;
     int peer;  // communicator rank (-1: the native collective)
     uint32_t step;
-    uint8_t send;  // 0 recv, 1 send, 2 the transport's native collective (s->native)
+    uint8_t send;  // 0 recv, 1 send, 2 the transport's native collective (s->native),
+                   // 3 a call through the communicator's shared segment (comm_shm.c)
 } l3d_sched_p2p_t;
 
 typedef struct l3d_sched_lop {
@@ -204,6 +206,8 @@ typedef struct l3d_sched {
     uint32_t nt, cap_t;
     l3d_tp_coll_fn native;        // the transport entry of the one native op (if any)
     l3d_tp_coll_args_t nargs;     // its arguments (nargs.ranks points at comm->ranks)
+    uint8_t shm_op, shm_pub;      // the shared-segment op: its l3d_coll, published yet
+    uint64_t shm_k;               // its index among the communicator's segment calls
     l3d_status st;  // sticky build error (allocation)
 } l3d_sched_t;
 
@@ -330,6 +334,29 @@ l3d_status l3d_coll_allreduce_tree(l3d_sched_t *s, const l3d_coll_args_t *a);
 // coll_alltoall.c
 l3d_status l3d_coll_alltoall_pairwise(l3d_sched_t *s, const l3d_coll_args_t *a);
 l3d_status l3d_coll_barrier_dissemination(l3d_sched_t *s, const l3d_coll_args_t *a);
+
+// comm_shm.c: small collectives through a segment the members' processes share.
+typedef struct l3d_comm_shm l3d_comm_shm_t;
+// Collective over c (two small calls through the transport): maps a shared segment when every
+// member can (c->shm), else leaves c->shm NULL. Errors are those of the two calls.
+l3d_status l3d_comm_shm_setup(l3d_comm_t *c);
+// The same for a world communicator of l3d_comm_create_env, through the bootstrap store.
+struct l3d_bootstrap;
+l3d_status l3d_comm_shm_setup_boot(l3d_comm_t *c, struct l3d_bootstrap *bs);
+// The same for the n world communicators of l3d_comm_create_local, made by one thread.
+l3d_status l3d_comm_shm_setup_local(l3d_comm_t *const *comms, int n);
+void l3d_comm_shm_free(l3d_comm_t *c);
+// Whether the call (op, count per member, dt) takes the segment; the same on every member.
+int l3d_comm_shm_fits(const l3d_comm_t *c, l3d_coll op, size_t count, l3d_dtype dt);
+// Opens a round holding the segment call (args as for a native call); takes its call index.
+void l3d_sched_shm(l3d_sched_t *s, l3d_comm_t *c, l3d_coll op, const l3d_tp_coll_args_t *args);
+// The request machinery's entries for a send == 3 op: post (publishes when the slot is free),
+// test (nonblocking; an error has gone through l3d_comm_fail), the member awaited (world rank
+// or -1, described in buf), cancel.
+void l3d_comm_shm_post(l3d_comm_t *c, l3d_sched_t *s);
+l3d_status l3d_comm_shm_test(l3d_comm_t *c, l3d_sched_t *s, const char *what, int *done_p);
+int l3d_comm_shm_waiting_on(const l3d_comm_t *c, const l3d_sched_t *s, char *buf, size_t len);
+void l3d_comm_shm_cancel(l3d_comm_t *c);
 
 // coll_select.c
 // Parses L3D_ALGO into algo[] (L3D_ALGO_AUTO where not named).

@@ -542,7 +542,8 @@ static void req_cancel_posted(l3d_request_t *r) {
     l3d_sched_round_t *rd = &r->s.rd[r->round];
     for (uint32_t i = 0; i < rd->np; i++)
         if (r->state[i] == 1) {
-            l3d_tp_cancel(&r->comm->world->tp, r->treq[i]);
+            if (r->s.p2p[rd->p0 + i].send == 3) l3d_comm_shm_cancel(r->comm);
+            else l3d_tp_cancel(&r->comm->world->tp, r->treq[i]);
             r->state[i] = 0;
         }
 }
@@ -567,10 +568,15 @@ static void req_pending(l3d_request_t *r, char *buf, size_t len) {
         if (p->peer < 0) {
             const l3d_transport_t *t = &r->comm->world->tp;
             char why[128] = "";
-            if (t->ops->waiting_on && r->state[i] == 1) t->ops->waiting_on(t, r->treq[i], why, sizeof(why));
-            o += (size_t)snprintf(buf + o, len - o, "%sthe native %s of transport %s%s%s%s",
-                                  shown ? ", " : "", r->what, t->ops->name, why[0] ? " (" : "",
-                                  why, why[0] ? ")" : "");
+            int shm = p->send == 3;
+            if (shm) (void)l3d_comm_shm_waiting_on(r->comm, &r->s, why, sizeof(why));
+            else if (t->ops->waiting_on && r->state[i] == 1)
+                t->ops->waiting_on(t, r->treq[i], why, sizeof(why));
+            o += (size_t)snprintf(buf + o, len - o, "%sthe %s %s%s%s%s%s", shown ? ", " : "",
+                                  shm ? "shared-memory" : "native", r->what,
+                                  shm ? "" : " of transport ", shm ? "" : t->ops->name,
+                                  why[0] ? " (" : "", why);
+            if (o < len && why[0]) o += (size_t)snprintf(buf + o, len - o, ")");
             if (o >= len) break;
             shown++;
             continue;
@@ -592,9 +598,12 @@ static void req_blame(l3d_request_t *r) {
         if (r->s.p2p[rd->p0 + i].peer < 0) {  // native: the transport may know whom it awaits
             const l3d_transport_t *t = &w->tp;
             char why[8];
-            wr = t->ops->waiting_on && r->state[i] == 1
-                     ? t->ops->waiting_on(t, r->treq[i], why, sizeof(why))
-                     : -1;
+            if (r->s.p2p[rd->p0 + i].send == 3)
+                wr = l3d_comm_shm_waiting_on(r->comm, &r->s, why, sizeof(why));
+            else
+                wr = t->ops->waiting_on && r->state[i] == 1
+                         ? t->ops->waiting_on(t, r->treq[i], why, sizeof(why))
+                         : -1;
             if (wr < 0 || wr == w->rank) continue;
         } else {
             wr = r->comm->ranks[r->s.p2p[rd->p0 + i].peer];
@@ -633,6 +642,11 @@ static int member_blamed(const l3d_comm_t *c) {
 static l3d_status post_op(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_tp_request_t **tr) {
     l3d_world_t *w = r->comm->world;
     if (p->send == 2) return r->s.native(&w->tp, &r->s.nargs, tr);
+    if (p->send == 3) {
+        *tr = NULL;
+        l3d_comm_shm_post(r->comm, &r->s);
+        return L3D_OK;
+    }
     void *mr = NULL;
     if (w->caps.needs_mr) L3D_CHECK(w->ctx, l3d_world_mr(w, p->buf, p->len, &mr));
     uint64_t tag = r->tag | ((uint64_t)p->step & l3d_tag_step_mask(&w->tags));
@@ -710,7 +724,15 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
         for (uint32_t i = 0; i < rd->np; i++) {
             if (r->state[i] != 1) continue;
             int done = 0;
-            st = l3d_tp_test(&w->tp, r->treq[i], &done, NULL);
+            if (ops[i].send == 3) {
+                st = l3d_comm_shm_test(c, &r->s, r->what, &done);
+                if (st < 0) {
+                    r->state[i] = 2;
+                    return req_finish(r, st);  // named by l3d_comm_shm_test
+                }
+            } else {
+                st = l3d_tp_test(&w->tp, r->treq[i], &done, NULL);
+            }
             if (st < 0) {
                 r->state[i] = 2;  // the transport freed it
                 return op_failed(r, &ops[i], st);

@@ -25,6 +25,9 @@ static const l3d_setting_row_t settings_rows[] = {
      "largest message collectives send, in bytes (0 = the transport's limit; for debugging)"},
     {"L3D_COMM_MAX_INFLIGHT", "0",
      "messages in flight per peer and direction (0 = the transport's limit; for debugging)"},
+    {"L3D_COMM_SHM", "1",
+     "0: small collectives among the processes of one machine go through the transport's "
+     "messages, not a shared-memory segment (for comparison and debugging)"},
     {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
     {"L3D_CACHE_DIR", "$XDG_CACHE_HOME/llama3d",
      "where token caches of text data sets go when the text's own directory is not writable "
@@ -50,6 +53,7 @@ void l3d_settings_default(l3d_settings_t *s) {
     s->log_level = L3D_LOG_WARN;
     s->log_subsys = L3D_SUBSYS_ALL;
     s->comm_timeout_s = 300.0;
+    s->comm_shm = 1;
     snprintf(s->device, sizeof(s->device), "cpu");
 }
 
@@ -160,6 +164,13 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
             return L3D_ERR_CONFIG;
         }
         s->comm_max_inflight = (int)d;
+    }
+    if ((v = getenv("L3D_COMM_SHM")) && *v) {
+        if (strcmp(v, "0") && strcmp(v, "1")) {
+            snprintf(err, errlen, "L3D_COMM_SHM: '%s' is not 0 or 1", v);
+            return L3D_ERR_CONFIG;
+        }
+        s->comm_shm = v[0] == '1';
     }
     if ((v = getenv("L3D_TRANSPORT")) && *v) {
         if (!built_name(v, "L3D_TRANSPORT", "transport", transport_name, err, errlen))

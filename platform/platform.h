@@ -101,6 +101,18 @@ int l3d_proc_is_dead(int64_t pid);
 // a pid means something only where this matches. -ENOENT where it cannot be known.
 int l3d_host_id(char *buf, size_t cap);
 
+// ---- memory shared between processes (platform/shm.c) -------------------------------------
+// A zeroed region of `bytes` that other processes of this machine (same user and pid
+// namespace) can map while *fd_p stays open: an anonymous memfd, never named in /dev/shm, so a
+// killed process leaves nothing behind. l3d_shm_attach maps the region that process `pid`
+// holds as descriptor `fd` (our own pid: the descriptor itself, for threads); -EINVAL when
+// that descriptor is not a region of `bytes` (the caller checks the contents too). Release with l3d_shm_close_fd (the creator, once every
+// process has attached or given up) and l3d_shm_unmap.
+int l3d_shm_create(size_t bytes, int *fd_p, void **addr_p);
+int l3d_shm_attach(int64_t pid, int fd, size_t bytes, void **addr_p);
+void l3d_shm_close_fd(int fd);
+void l3d_shm_unmap(void *addr, size_t bytes);
+
 // ---- output files (platform/outfile.c) ---------------------------------------------------
 // Side-channel files (metrics, monitors): opened where the path points (symlinks and devices
 // followed, not replaced), written a whole piece at a time.

@@ -23,10 +23,12 @@ typedef struct fail_param {
     char tp[16];
     int mode;
     char algo[32];
+    int small;  // 8 floats: the process transports' shared segment, the local eager slots
 } fail_param_t;
 
 typedef struct fail_arg {
     int mode;
+    int n;
 } fail_arg_t;
 
 static double now(void) {
@@ -38,8 +40,8 @@ static double now(void) {
 static int fail_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     const fail_arg_t *fa = arg;
     int me = l3d_comm_rank(c);
-    enum { N = 4099 };
-    float *x = malloc(N * 4), *y = malloc(N * 4);
+    const int N = fa->n;
+    float *x = malloc((size_t)N * 4), *y = malloc((size_t)N * 4);
     for (int i = 0; i < N; i++) x[i] = (float)me;
     // One healthy collective first: the failure happens in the middle of the job. Rank 2 may
     // finish its part of it and die while the others are still completing it, so the
@@ -90,8 +92,8 @@ static int fail_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
 }
 
 static struct criterion_test_params fail_params(void) {
-    static const char *algos[] = {"", "allreduce:ring", "allreduce:rabenseifner"};
-    static fail_param_t ps[8 * 2 * 3];
+    static const char *algos[] = {"", "allreduce:ring", "allreduce:rabenseifner", ""};
+    static fail_param_t ps[8 * 2 * 4];
     const char *names[8];
     int nt = l3d_world_transports(names, 8);
     size_t n = 0;
@@ -99,10 +101,11 @@ static struct criterion_test_params fail_params(void) {
         int local = !strcmp(names[t], "local");
         int modes[2] = {MODE_ABORT, local ? MODE_SILENT : MODE_EXIT};
         for (int m = 0; m < 2; m++)
-            for (int a = 0; a < 3; a++) {
+            for (int a = 0; a < 4; a++) {
                 snprintf(ps[n].tp, sizeof(ps[n].tp), "%s", names[t]);
                 ps[n].mode = modes[m];
                 snprintf(ps[n].algo, sizeof(ps[n].algo), "%s", algos[a]);
+                ps[n].small = a == 3;
                 n++;
             }
     }
@@ -115,14 +118,15 @@ ParameterizedTest(fail_param_t *p, comm_fail, dead_rank, .timeout = 120) {
     snprintf(v, sizeof(v), "%g", TIMEOUT_S);
     setenv("L3D_COMM_TIMEOUT", v, 1);
     setenv("L3D_ALGO", p->algo, 1);
-    fail_arg_t fa = {p->mode};
+    fail_arg_t fa = {p->mode, p->small ? 8 : 4099};
     for (int n = 4; n <= 5; n++) {
         int rcs[8];
         char errs[8][256];
         cr_assert_eq(l3d_world_run_all(p->tp, n, fail_fn, &fa, 60, rcs, errs), 0);
         for (int r = 0; r < n; r++)
-            cr_expect_eq(rcs[r], 0, "%s %s [%s] %d ranks: rank %d: rc %d: %s", p->tp,
-                         mode_name[p->mode], p->algo, n, r, rcs[r], errs[r]);
+            cr_expect_eq(rcs[r], 0, "%s %s [%s]%s %d ranks: rank %d: rc %d: %s", p->tp,
+                         mode_name[p->mode], p->algo, p->small ? " small" : "", n, r, rcs[r],
+                         errs[r]);
     }
 }
 
@@ -164,9 +168,10 @@ ParameterizedTest(fail_param_t *p, comm_fail, early_abort, .timeout = 60) {
                  err);
 }
 
-// Mismatched calls (a rank asks for a different count) on the local transport's native
-// collectives: every rank fails at once with L3D_ERR_INVALID_ARG or PEER_FAILED and a detail
-// naming both shapes, instead of reading past a peer's buffer or waiting for the timeout.
+// Mismatched calls (a rank asks for a different count) of small collectives (the local
+// transport's eager slots, the process transports' shared segment): every rank fails at once
+// with L3D_ERR_INVALID_ARG or PEER_FAILED and a detail naming both shapes, instead of reading
+// past a peer's buffer or waiting for the timeout.
 static int mismatch_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     int me = l3d_comm_rank(c);
     float x[64] = {0}, y[64];
@@ -187,11 +192,18 @@ static int mismatch_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
     return 0;
 }
 
-Test(comm_fail, native_mismatch, .timeout = 60) {
+ParameterizedTestParameters(comm_fail, small_mismatch) {
+    static fail_param_t ps[8];
+    const char *names[8];
+    int nt = l3d_world_transports(names, 8);
+    for (int t = 0; t < nt; t++) snprintf(ps[t].tp, sizeof(ps[t].tp), "%s", names[t]);
+    return cr_make_param_array(fail_param_t, ps, (size_t)nt);
+}
+ParameterizedTest(fail_param_t *p, comm_fail, small_mismatch, .timeout = 60) {
     setenv("L3D_COMM_TIMEOUT", "30", 1);
     setenv("L3D_ALGO", "", 1);
     int rcs[8];
     char errs[8][256];
-    cr_assert_eq(l3d_world_run_all("local", 3, mismatch_fn, NULL, 30, rcs, errs), 0);
-    for (int r = 0; r < 3; r++) cr_expect_eq(rcs[r], 0, "rank %d: %s", r, errs[r]);
+    cr_assert_eq(l3d_world_run_all(p->tp, 3, mismatch_fn, NULL, 30, rcs, errs), 0);
+    for (int r = 0; r < 3; r++) cr_expect_eq(rcs[r], 0, "%s: rank %d: %s", p->tp, r, errs[r]);
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "llama3d/comm.h"
 #include "tests/harness/world.h"
@@ -370,4 +371,96 @@ Test(p2p, create_env_local_refused_for_processes) {
     cr_assert_eq(l3d_comm_create_env(ctx, "nosuch", &c), L3D_ERR_UNSUPPORTED);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "built"), "%s", l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
+}
+
+// ---- the shared segment of small calls: the world and a split communicator each map one (the
+// processes' debug logs say so) and their sums are exact; L3D_COMM_SHM=0 keeps the calls on the
+// transport (messages; the local transport's native collectives) with the same sums. Every
+// rank checks the sums of an allreduce, a reduce_scatter, an allgather, a broadcast, a reduce
+// and a barrier.
+static int shm_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    (void)arg;
+    l3d_comm_t *half = NULL;
+    CHECK_OK(l3d_comm_split(c, l3d_comm_rank(c) % 2, 0, &half));
+    l3d_comm_t *cs[2] = {c, half};
+    for (int w = 0; w < 2; w++) {
+        l3d_comm_t *cc = cs[w];
+        int n = l3d_comm_size(cc), me = l3d_comm_rank(cc);
+        int32_t x[16 * 4], y[16 * 4];
+        for (int i = 0; i < 16 * n; i++) x[i] = val(me, w, i);
+        CHECK_OK(l3d_comm_allreduce(cc, x, y, 16, L3D_INT32, L3D_SUM));
+        for (int i = 0; i < 16; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < n; r++) want += val(r, w, i);
+            if (y[i] != want) FAILF("comm %d allreduce [%d] = %d, want %d", w, i, y[i], want);
+        }
+        CHECK_OK(l3d_comm_reduce_scatter(cc, x, y, 16, L3D_INT32, L3D_SUM));
+        for (int i = 0; i < 16; i++) {
+            int32_t want = 0;
+            for (int r = 0; r < n; r++) want += val(r, w, me * 16 + i);
+            if (y[i] != want) FAILF("comm %d reduce_scatter [%d] = %d", w, i, y[i]);
+        }
+        CHECK_OK(l3d_comm_allgather(cc, x, y, 16, L3D_INT32));
+        for (int i = 0; i < 16 * n; i++)
+            if (y[i] != val(i / 16, w, i % 16)) FAILF("comm %d allgather [%d] = %d", w, i, y[i]);
+        int root = n - 1;
+        CHECK_OK(l3d_comm_broadcast(cc, x, y, 16, L3D_INT32, root));
+        for (int i = 0; i < 16; i++)
+            if (y[i] != val(root, w, i)) FAILF("comm %d broadcast [%d] = %d", w, i, y[i]);
+        memset(y, 0, sizeof(y));
+        CHECK_OK(l3d_comm_reduce(cc, x, y, 16, L3D_INT32, L3D_MAX, 0));
+        for (int i = 0; i < 16 && me == 0; i++)
+            if (y[i] != val(n - 1, w, i)) FAILF("comm %d reduce [%d] = %d", w, i, y[i]);
+        CHECK_OK(l3d_comm_barrier(cc));
+    }
+    l3d_comm_destroy(half);
+    return 0;
+}
+
+// The debug lines of a run's rank logs that say a communicator maps a segment.
+static int shm_log_lines(const char *dir, int n) {
+    int lines = 0;
+    for (int r = 0; r < n; r++) {
+        char path[256], line[512];
+        snprintf(path, sizeof(path), "%s/rank%d.log", dir, r);
+        FILE *f = fopen(path, "r");
+        cr_assert(f, "no log %s", path);
+        while (fgets(line, sizeof(line), f))
+            if (strstr(line, "share a") && strstr(line, "segment for small calls")) lines++;
+        fclose(f);
+        remove(path);
+    }
+    return lines;
+}
+
+ParameterizedTestParameters(p2p, shm_segment) { return l3d_world_transport_params(); }
+ParameterizedTest(l3d_tp_param_t *p, p2p, shm_segment, .timeout = 200) {
+    int local = !strcmp(p->name, "local");  // thread ranks share one log: sums only
+    char dir[] = "/tmp/l3d-shm-test.XXXXXX", file[64];
+    cr_assert(mkdtemp(dir));
+    snprintf(file, sizeof(file), "%s/rank%%r.log", dir);
+    if (!local) {
+        setenv("L3D_LOG", "debug", 1);
+        setenv("L3D_LOG_SUBSYS", "comm", 1);
+        setenv("L3D_LOG_FILE", file, 1);
+    }
+    for (int on = 1; on >= 0; on--) {
+        setenv("L3D_COMM_SHM", on ? "1" : "0", 1);
+        for (int n = 2; n <= 4; n++) {
+            char err[512] = "";
+            cr_assert_eq(l3d_world_run(p->name, n, shm_fn, NULL, 120, err, sizeof(err)), 0,
+                         "%s %d ranks, L3D_COMM_SHM=%d: %s", p->name, n, on, err);
+            // Per rank: the world, and its half when that has two members or more.
+            int want = 0;
+            for (int r = 0; r < n && on; r++) want += 1 + ((n + 1 - r % 2) / 2 >= 2);
+            if (!local)
+                cr_expect_eq(shm_log_lines(dir, n), want, "%s %d ranks, L3D_COMM_SHM=%d",
+                             p->name, n, on);
+        }
+    }
+    unsetenv("L3D_LOG");
+    unsetenv("L3D_LOG_SUBSYS");
+    unsetenv("L3D_LOG_FILE");
+    unsetenv("L3D_COMM_SHM");
+    rmdir(dir);
 }

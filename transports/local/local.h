@@ -1,8 +1,8 @@
-// Internals shared by the three parts of the in-process transport: local.c (point-to-point
-// matching), local_coll.c (native collectives over peers' buffers) and local_eager.c (small
-// native collectives through per-communicator slots).
-// defines: lreq_t (struct l3d_tp_request), local_hub_t, local_ep_t, lrdv_t, legroup_t,
-//          l3d_local_coll_ops, l3d_local_coll_test/cancel/waiting_on/fini, l3d_local_eager_*
+// Internals shared by the two parts of the in-process transport: local.c (point-to-point
+// matching) and local_coll.c (native collectives over peers' buffers). Small collectives do
+// not reach it: the core sends them through the communicator's shared segment (comm_shm.c).
+// defines: lreq_t (struct l3d_tp_request), local_hub_t, local_ep_t, lrdv_t,
+//          l3d_local_coll_ops, l3d_local_coll_test/cancel/waiting_on/fini
 #ifndef L3D_TRANSPORT_LOCAL_H
 #define L3D_TRANSPORT_LOCAL_H
 
@@ -14,17 +14,13 @@
 
 enum { ST_QUEUED = 0, ST_COPYING = 1, ST_DONE = 2 };
 enum { GONE_NO = 0, GONE_ABORTED = 1, GONE_LEFT = 2 };
-enum { LREQ_P2P = 0, LREQ_COLL = 1, LREQ_EAGER = 2 };
+enum { LREQ_P2P = 0, LREQ_COLL = 1 };
 enum { LC_ALLREDUCE, LC_REDUCE_SCATTER, LC_ALLGATHER, LC_BROADCAST };
-extern const char *const l3d_local_coll_name[4];
 
 typedef struct lrdv lrdv_t;
-typedef struct legroup legroup_t;
-typedef struct lestate lestate_t;
 
 // One request: a point-to-point envelope (kind LREQ_P2P) or this rank's part of a native
-// collective (LREQ_COLL: rdv, me, phase; LREQ_EAGER: es, k, ckind, me, phase and the call's
-// arguments in buf (recvbuf), sbuf, len (count), dt, op, root).
+// collective (LREQ_COLL: rdv, me, phase).
 struct l3d_tp_request {
     struct l3d_tp_request *next;
     int kind;
@@ -35,14 +31,10 @@ struct l3d_tp_request {
     atomic_int state;
     l3d_status st;
     int why_rank, why;  // failure: which rank, GONE_* (or -1: truncation)
-    // LREQ_COLL, LREQ_EAGER
+    // LREQ_COLL
     lrdv_t *rdv;
     int me, phase;
     struct l3d_tp_request *cnext;  // the endpoint's pending collectives
-    lestate_t *es;
-    uint64_t k;  // the call's index among the communicator's eager calls
-    const void *sbuf;
-    int ckind, dt, op, root;
 };
 typedef struct l3d_tp_request lreq_t;
 
@@ -61,7 +53,6 @@ typedef struct local_hub {
     lrdv_t *rdvs;         // collective calls some member has started and not all released
     lrdv_t *free_rdvs;    // released records kept for the next calls (under cmu)
     int nfree_rdvs;
-    legroup_t *egroups;   // the slots of every communicator that made an eager call (cmu)
 } local_hub_t;
 
 // Scratch for native reductions: one block of partial sums in the working type and one of
@@ -75,7 +66,6 @@ typedef struct local_ep {
     lreq_t *colls;  // pending native collectives of this endpoint
     lreq_t *free_reqs;  // finished request objects kept for the next calls
     int nfree_reqs;
-    lestate_t *es;      // this rank's view of each communicator's eager slots (a list)
     _Alignas(16) unsigned char acc[L3D_LOCAL_BLOCK * 8];  // partials (up to int64)
     _Alignas(16) unsigned char aux[L3D_LOCAL_BLOCK * 8];  // widened inputs / rounded outputs
 } local_ep_t;
@@ -104,25 +94,5 @@ l3d_status l3d_local_fail(l3d_transport_t *tp, l3d_status st, const char *fmt, .
 // what") to cause and returns 1.
 int l3d_local_gone_cause(const local_ep_t *ep, const int *ranks, int n, const char *what,
                          char *cause, size_t len);
-
-// out (dt) = the reduction of m elements at byte offset boff of src[0], ..., src[n-1], in that
-// order (partials in the wire type, half types rounded once): the same bits whatever the path.
-// out may be ep->acc or ep->aux only as the block the partials end in; m <= L3D_LOCAL_BLOCK.
-void l3d_local_reduce(local_ep_t *ep, const void *const *src, int n, l3d_dtype dt, l3d_redop op,
-                      size_t boff, size_t m, void *out);
-
-// Small calls (local_eager.c). fits: whether a call of these arguments takes the eager path
-// (the same answer on every member of a matching call). start: as the native entries. test,
-// cancel, waiting_on: of an LREQ_EAGER request. ep_fini: this endpoint's views; hub_free: the
-// slots.
-int l3d_local_eager_fits(int kind, const l3d_tp_coll_args_t *a);
-l3d_status l3d_local_eager_start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
-                                 l3d_tp_request_t **req_p);
-l3d_status l3d_local_eager_test(l3d_transport_t *tp, lreq_t *r, int *done_p);
-void l3d_local_eager_cancel(l3d_transport_t *tp, lreq_t *r);
-int l3d_local_eager_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *buf,
-                               size_t len);
-void l3d_local_eager_ep_fini(l3d_transport_t *tp);
-void l3d_local_eager_hub_free(local_hub_t *h);
 
 #endif

@@ -31,9 +31,8 @@
 #include "core/reduce.h"
 #include "transports/local/local.h"
 
-const char *const l3d_local_coll_name[4] = {"allreduce", "reduce_scatter", "allgather",
+static const char *const lc_name[4] = {"allreduce", "reduce_scatter", "allgather",
                                            "broadcast"};
-static const char *const *const lc_name = l3d_local_coll_name;
 
 enum { PH_ARRIVED = 0, PH_WORKED = 1 };
 
@@ -160,8 +159,12 @@ static void req_drop(l3d_transport_t *tp, lreq_t *r) {
 }
 
 // ---- the work of one member ------------------------------------------------------------------
-void l3d_local_reduce(local_ep_t *ep, const void *const *src, int n, l3d_dtype dt, l3d_redop op,
-                      size_t boff, size_t m, void *out) {
+// out (dt) = the reduction of m elements at byte offset boff of src[0], ..., src[n-1], in that
+// order (partials in the wire type, half types rounded once), as the core's shared-segment
+// path for small calls reduces its slots: the same bits whatever the size. out may be ep->acc
+// or ep->aux only as the block the partials end in; m <= L3D_LOCAL_BLOCK.
+static void local_reduce(local_ep_t *ep, const void *const *src, int n, l3d_dtype dt,
+                         l3d_redop op, size_t boff, size_t m, void *out) {
     l3d_dtype wdt = l3d_reduce_wire_type(dt);
     void *acc = ep->acc;
     if (wdt == dt) {
@@ -185,7 +188,7 @@ void l3d_local_reduce(local_ep_t *ep, const void *const *src, int n, l3d_dtype d
 static void reduce_block(local_ep_t *ep, const lrdv_t *d, size_t base, size_t off, size_t m,
                          void *out) {
     size_t boff = base + off * l3d_dtype_size(d->dt);
-    l3d_local_reduce(ep, (const void *const *)d->send, d->n, d->dt, d->op, boff, m, out);
+    local_reduce(ep, (const void *const *)d->send, d->n, d->dt, d->op, boff, m, out);
 }
 
 static void block_of(size_t count, int n, int i, size_t *off, size_t *cnt) {
@@ -247,7 +250,6 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
         return l3d_local_fail(tp, L3D_ERR_INVALID_ARG,
                               "local %s: member %d of %d is not rank %d", lc_name[kind], a->me,
                               n, ep->rank);
-    if (l3d_local_eager_fits(kind, a)) return l3d_local_eager_start(tp, kind, a, req_p);
     lreq_t *r = l3d_local_req_get(ep, tp->ctx);
     if (!r) return L3D_ERR_NOMEM;
     pthread_mutex_lock(&h->cmu);
@@ -354,7 +356,6 @@ static l3d_status fail_req(l3d_transport_t *tp, lreq_t *r, const char *cause) {
 }
 
 l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
-    if (r->kind == LREQ_EAGER) return l3d_local_eager_test(tp, r, done_p);
     local_ep_t *ep = ep_of(tp);
     lrdv_t *d = r->rdv;
     *done_p = 0;
@@ -391,7 +392,6 @@ l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
 
 int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *buf,
                                size_t len) {
-    if (r->kind == LREQ_EAGER) return l3d_local_eager_waiting_on(tp, r, buf, len);
     const lrdv_t *d = r->rdv;
     int lvl = atomic_load(&d->arrived) < d->n ? 1 : 2;  // waiting for arrivals, or for work
     for (int j = 0; j < d->n; j++)
@@ -405,10 +405,6 @@ int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *
 }
 
 void l3d_local_coll_cancel(l3d_transport_t *tp, lreq_t *r) {
-    if (r->kind == LREQ_EAGER) {
-        l3d_local_eager_cancel(tp, r);
-        return;
-    }
     rdv_abandon(ep_of(tp)->hub, r->rdv, r->me, NULL);
     req_drop(tp, r);
 }
@@ -416,7 +412,6 @@ void l3d_local_coll_cancel(l3d_transport_t *tp, lreq_t *r) {
 void l3d_local_coll_fini(l3d_transport_t *tp) {
     local_ep_t *ep = ep_of(tp);
     while (ep->colls) l3d_local_coll_cancel(tp, ep->colls);
-    l3d_local_eager_ep_fini(tp);
 }
 
 void l3d_local_coll_hub_free(local_hub_t *h) {
@@ -426,5 +421,4 @@ void l3d_local_coll_hub_free(local_hub_t *h) {
             rdv_free(h->ctx, d);
         }
     h->rdvs = h->free_rdvs = NULL;
-    l3d_local_eager_hub_free(h);
 }
