@@ -182,9 +182,8 @@ static void ofi_complete_err(l3d_ofi_t *o) {
     } else if (e.err == FI_ECANCELED) {
         r->st = L3D_ERR_INTERNAL;  // only cancel() and fini cancel; they never report it
     } else if (e.err == FI_ETRUNC) {
-        r->st = L3D_ERR_INTERNAL;
-        r->len = e.len;
-        r->olen = e.olen;
+        r->st = L3D_ERR_INTERNAL;  // r->len stays the posted length
+        r->olen = e.olen;  // the excess; shm 1.17 reports 0 (and len 0)
     } else {
         r->st = l3d_ofi_status(e.err);
         if (r->kind == L3D_OFI_REQ_CTRL_SEND) r->st = L3D_ERR_PEER_FAILED;
@@ -312,11 +311,16 @@ l3d_status l3d_ofi_irecv(l3d_transport_t *tp, int peer, uint64_t tag, void *buf,
 static l3d_status ofi_req_error(l3d_ofi_t *o, const l3d_tp_request_t *r) {
     unsigned long long tag = (unsigned long long)(r->tag & L3D_OFI_TAG_USER_MASK);
     const char *k = ofi_kind_name(r->kind);
-    if (r->fi_err == FI_ETRUNC)
+    if (r->fi_err == FI_ETRUNC && r->olen)
         return l3d_error(o->ctx, L3D_ERR_INTERNAL,
                          "ofi: rank %d: message from rank %d tag 0x%llx is %zu bytes longer "
                          "than the %zu-byte receive",
                          o->rank, r->peer, tag, r->olen, r->len);
+    if (r->fi_err == FI_ETRUNC)
+        return l3d_error(o->ctx, L3D_ERR_INTERNAL,
+                         "ofi: rank %d: message from rank %d tag 0x%llx is longer than the "
+                         "%zu-byte receive",
+                         o->rank, r->peer, tag, r->len);
     if (r->st == L3D_ERR_PEER_FAILED && o->peer_dead[r->peer])
         return l3d_error(o->ctx, L3D_ERR_PEER_FAILED,
                          "ofi: rank %d: %s rank %d tag 0x%llx failed: peer rank %d failed: %s",
