@@ -99,8 +99,9 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
         l3d_sched_round(&s);
         if (op != L3D_COLL_BARRIER) l3d_sched_copy(&s, -1, recvbuf, sendbuf, count * esz);
     } else {
-        // A small call among processes that share a segment goes through it (comm_shm.c),
-        // chosen as a native entry would be: unless L3D_ALGO names another algorithm.
+        // A small call on a communicator with a shared segment (members on one machine,
+        // threads or processes) goes through it (comm_shm.c), chosen as a native entry would
+        // be: unless L3D_ALGO names another algorithm.
         l3d_tp_coll_fn nf = native_fn(c, op);
         int shm = l3d_comm_shm_fits(c, op, count, dt);
         l3d_algo al = l3d_coll_select(c, op, bytes, dt, nf != NULL || shm);

@@ -82,7 +82,6 @@ _Static_assert(sizeof(shhead_t) <= SH_HEAD, "header page");
 struct l3d_comm_shm {
     void *mem;
     size_t bytes;
-    shhead_t *head;
     shslot_t *slot;  // [n * SH_RING]: member j's slot of call k at j * SH_RING + k % SH_RING
     shdone_t *done;  // [n]
     int n, me;
@@ -167,7 +166,6 @@ static l3d_status adopt(l3d_comm_t *c, void *mem, size_t bytes) {
     int n = c->size;
     sh->mem = mem;
     sh->bytes = bytes;
-    sh->head = mem;
     sh->slot = (shslot_t *)((char *)mem + SH_HEAD);
     sh->done = (shdone_t *)((char *)mem + SH_HEAD + (size_t)n * SH_RING * sizeof(shslot_t));
     sh->n = n;
