@@ -161,7 +161,7 @@ for lay in "${LAYOUTS[@]}"; do
   v=1; [ "$5" = i ] && v=2
   run "$tmp/plan.json" "$L3D" plan --config "$c" --gpus "$n" --gpu measured --gpu-threads 1 \
     --intra "$links" --seq 64 --global-batch 8 \
-    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=2,zero=$z,recompute=none,sp=0" --top 1 --json
+    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=2,zero=$z,recompute=none,sp=0,tp_mode=1d" --top 1 --json
   plan[$lay]=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[0]; b=r["comm_bytes"]
 print(b["tp"], b["dp"], b["pp"], r["step_time_s"])' "$tmp/plan.json" 2>/dev/null)
   if [ -z "${plan[$lay]}" ]; then

@@ -59,8 +59,9 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
     const l3d_plan_layout_t *f = &req->fixed;
     if (f->tp_mode > 3)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: tp_mode %d: 1, 2 or 3", f->tp_mode);
-    // (the search keeps 1d unless 2d or 3d is asked for)
-    int mode = f->tp_mode >= 2 ? f->tp_mode : 1;
+    // tp_mode 0 searches all three; a mode is only tried at the sizes it can lay out
+    int modes[3] = {1, 2, 3}, nmodes = 3;
+    if (f->tp_mode) modes[0] = f->tp_mode, nmodes = 1;
     l3d_plan_scratch_t *sc = l3d_calloc(ctx, 1, sizeof(*sc), "plan");
     if (!sc) return L3D_ERR_NOMEM;
     enum { MAXD = 256 };
@@ -75,12 +76,14 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
     top_t top = {res, max, 0, req->ignore_fit};
     long searched = 0;
     char why[512] = "";
-    for (int a = 0; a < nd; a++) {
-        int tp = div[a];
-        if ((f->tp && tp != f->tp) || req->model.num_attention_heads % tp) continue;
+    for (int a = 0; a < nd * nmodes; a++) {
+        int tp = div[a % nd], mode = modes[a / nd];
+        if (f->tp && tp != f->tp) continue;
         int q = (int)lround(sqrt((double)tp)), c3 = (int)lround(cbrt((double)tp));
         if (mode == 2 && (tp < 4 || q * q != tp)) continue;  // 2d: a q x q grid
         if (mode == 3 && (tp < 8 || c3 * c3 * c3 != tp)) continue;  // 3d: a q^3 cube
+        // the heads split over tp (1d), a grid's q, a cube's q (the config check has the rest)
+        if (req->model.num_attention_heads % (mode == 1 ? tp : mode == 2 ? q : c3)) continue;
         for (int b = 0; b < nd; b++) {
             int cp = div[b];
             if ((f->cp && cp != f->cp) || (!f->cp && cp > 1 && cp > 64) ||

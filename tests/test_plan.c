@@ -156,6 +156,27 @@ Test(plan, search_contract) {
         cr_assert(fabs(sum - r->step_time_s) <= 1e-9 * r->step_time_s);
         cr_assert(r->comm_bytes[0] > 0 && r->comm_s[0] > 0);
     }
+    // tp_mode left open (0): the search is the three modes' searches together, its best the
+    // best of theirs (tp 64 is a 64-head 1d split, an 8 x 8 grid and a 4^3 cube)
+    req.fixed.tp = 64;
+    long cnt[4];
+    l3d_plan_result_t best[4];
+    for (int mode = 0; mode <= 3; mode++) {
+        req.fixed.tp_mode = mode;
+        cr_assert_eq(l3d_plan_search(ctx, &req, res, 1, &n, &cnt[mode]), L3D_OK, "%s",
+                     l3d_ctx_last_error(ctx));
+        cr_assert(n == 1 && cnt[mode] > 0 && (!mode || res[0].layout.tp_mode == mode));
+        best[mode] = res[0];
+    }
+    cr_assert_eq(cnt[0], cnt[1] + cnt[2] + cnt[3]);
+    int m0 = best[0].layout.tp_mode;
+    cr_assert(best[0].step_time_s == best[m0].step_time_s && best[0].fits == best[m0].fits);
+    for (int mode = 1; mode <= 3; mode++)
+        if (best[mode].fits == best[0].fits)
+            cr_assert(best[0].fits ? best[0].step_time_s <= best[mode].step_time_s
+                                   : best[0].mem_bytes <= best[mode].mem_bytes);
+        else
+            cr_assert(best[0].fits, "a mode's fitting layout ranked below one that does not");
     req.fixed.tp_mode = 4;
     cr_assert(l3d_plan_search(ctx, &req, res, 1, &n, NULL) == L3D_ERR_INVALID_ARG);
     req.fixed.tp_mode = 1;

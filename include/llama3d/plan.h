@@ -72,7 +72,8 @@ enum { L3D_RECOMPUTE_NONE = 0, L3D_RECOMPUTE_SELECTIVE = 1, L3D_RECOMPUTE_FULL =
 // One layout. In a request's `fixed`, 0 (-1 for zero_stage, recompute, sp) means "search".
 typedef struct l3d_plan_layout {
     int dp, tp, pp, cp;  // data, tensor, pipeline, context parallel sizes
-    int tp_mode;         // 1 ("1d", Megatron), 2 ("2d" SUMMA grid), 3 ("3d" cube)
+    int tp_mode;         // 1 ("1d", Megatron), 2 ("2d" SUMMA grid), 3 ("3d" cube); a
+                         // search tries 2d at square tp, 3d at cubes
     int v;               // model chunks per pipeline rank (> 1: interleaved 1F1B)
     int micro_batch;     // sequences per micro-batch
     int zero_stage;      // 0..3
