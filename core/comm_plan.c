@@ -164,9 +164,9 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         add_when(s, AR, AFTER, 2, 16 * (uint64_t)pp);  // the loss and the gradient norm, a double
                                                        // per stage
         if (mc->tie_word_embeddings) {  // embedding + tied head gradients, first + last stage
-            uint64_t V = (uint64_t)mc->vocab_size, vl = V / (uint64_t)tp + (V % (uint64_t)tp != 0);
+            // rank 0's table: 1d its vocabulary rows, 2d/3d every row of its columns
             // ZeRO-2: this rank's piece of the table's bucket (16-float aligned, padded to dp)
-            uint64_t n = vl * C, a = (n + 15) / 16 * 16, q = (a + (uint64_t)dp - 1) / (uint64_t)dp;
+            uint64_t n = (uint64_t)m0.Vemb * Cl, a = (n + 15) / 16 * 16, q = (a + (uint64_t)dp - 1) / (uint64_t)dp;
             add_op(s, AR, 1, (zero2 ? q : n) * f);
         }
     }

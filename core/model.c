@@ -99,6 +99,8 @@ void l3d_model_layout(l3d_model_t *m) {
     // Pipeline stages hold their layers only: the embedding on the first, the final norm and
     // the head on the last. A tied head on a last stage that is not also the first is a copy
     // of the embedding under its name (same initialisation; the two stages sum its gradient).
+    // 2d and 3d tie the head to the embedding's columns as they lie: 3d's head block is a row
+    // range of them, 2d's comes from the transposed grid rank (core/model_tp.c).
     if (m->has_embed)
         add_param(m, &off, "model.embed_tokens.weight", m->Vemb, C, 1, &m->embed, vocab);
     for (int l = 0; l < m->L; l++) {
@@ -124,7 +126,7 @@ void l3d_model_layout(l3d_model_t *m) {
         } else if (m->cfg.tie_word_embeddings) {
             slice_t copy = vocab;
             copy.pp_copy = 1;
-            add_param(m, &off, "model.embed_tokens.weight", m->V, C, 1, &m->head, copy);
+            add_param(m, &off, "model.embed_tokens.weight", m->Vemb, C, 1, &m->head, copy);
         } else {
             add_param(m, &off, "lm_head.weight", m->V / wr, C, 1, &m->head, head);
         }
@@ -160,8 +162,8 @@ void l3d_model_grad_group(const l3d_model_t *m, int i, size_t *lo, size_t *n, in
         *lo = layers_end;  // the final norm
         *n = al16(C);
     } else {
-        *lo = layers_end + al16(C);  // a head of its own
-        *n = al16(V * C);
+        *lo = layers_end + al16(C);  // a head of its own (tied: the embedding's copy)
+        *n = al16((m->cfg.tie_word_embeddings ? (size_t)m->Vemb : V) * C);
         is_alone = 1;
     }
     if (alone) *alone = is_alone;
@@ -281,9 +283,6 @@ l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) 
         if (dims[i].v % q)
             return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d on a %d x %d grid: %s %d is not a "
                              "multiple of %d", q, q, dims[i].name, dims[i].v, q);
-    if (cfg->tie_word_embeddings)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 2d: tied embeddings are not "
-                         "supported yet (the embedding splits columns, the head a 2D block)");
     return L3D_OK;
 }
 
@@ -304,9 +303,6 @@ l3d_status l3d_tp3d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) 
             return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 3d on a %d x %d x %d cube: %s %ld is "
                              "not a multiple of %ld", q, q, q, dims[i].name, dims[i].v,
                              dims[i].by);
-    if (cfg->tie_word_embeddings)
-        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "tp_mode 3d: tied embeddings are not "
-                         "supported yet (the embedding splits columns, the head a 3D block)");
     return L3D_OK;
 }
 

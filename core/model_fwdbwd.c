@@ -176,6 +176,11 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     a->rstdf = take(ar, N * f);
     a->lnf = take(ar, N * C * es);
     a->logits = take(ar, (head ? N * V : 0) * es);  // last stage only
+    // 2d with tied embeddings: the head's block of the table and its gradient (model_tp.c)
+    size_t tb = head && m->tp.mode == 2 && m->cfg.tie_word_embeddings ? V * C : 0;
+    a->tied_w = take(ar, tb * l3d_dtype_size(m->wt));
+    a->tied_g = take(ar, tb * f);
+    a->tied_r = take(ar, tb * f);
     a->losses = take(ar, N * f);
     a->vp_max = take(ar, N * f);
     a->vp_stats = take(ar, 2 * N * f);
@@ -517,6 +522,8 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows, at));
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
+    float *unused;
+    L3D_CHECK(ctx, l3d_tp_tied_head_w(m, a, w, NULL, &w, &unused));
     L3D_CHECK(ctx, linear_fwd(m, COL, a->logits, V, a->lnf, w, N, C, V, 0.0f, at, wt));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_head(m)));
     L3D_CHECK(ctx, l3d_tp_xent(m, a, N, grad_scale));
@@ -584,8 +591,11 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
         L3D_CHECK(ctx, group_grads(m, a, G, gi_head, &gh));
         L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
         L3D_CHECK(ctx, params_get(m, a, gi_head, 1, &w));
-        L3D_CHECK(ctx, linear_bwd(m, COL, a->dln, 0.0f, gh, a->logits, a->lnf, w, N, C, V, at,
+        float *ghb;  // (tied under 2d/3d: the head's block of the table's gradient)
+        L3D_CHECK(ctx, l3d_tp_tied_head_w(m, a, w, gh, &w, &ghb));
+        L3D_CHECK(ctx, linear_bwd(m, COL, a->dln, 0.0f, ghb, a->logits, a->lnf, w, N, C, V, at,
                                   wt));
+        L3D_CHECK(ctx, l3d_tp_tied_head_g(m, a, gh));
         L3D_CHECK(ctx, params_done(m, a, gi_head));
         // vocabulary-parallel head: the partial dL/dlnf summed (onto this rank's rows with SP)
         void *dln = l3d_elem(a->dln, at, roff);
@@ -597,6 +607,9 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
                                           (int)rows, at, wt));
         L3D_CHECK(ctx, params_done(m, a, gi_norm));
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_norm_grad(m, gn));
+        // a tied head's copy of the table (no embedding here) is replicated as the table is
+        if (a->tp_sync_grads && m->cfg.tie_word_embeddings && !embed)
+            L3D_CHECK(ctx, l3d_tp_sum_embed_grad(m, gh));
         // Arena order is embed, layers, norm, head (HF): the backward completes it from the
         // end. A tied head shares offset 0 with the embedding, which completes last.
         if (a->grad_ready) L3D_CHECK(ctx, a->grad_ready(a->grad_ready_arg, m->norm));

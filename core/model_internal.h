@@ -148,6 +148,10 @@ typedef struct l3d_acts {
     float *rstdf, *losses;
     void *sw;                  // (N,F) SwiGLU output scratch
     float *vp_max, *vp_stats;  // (N), (N,2): vocabulary-parallel cross-entropy reductions
+    // 2d with tied embeddings (head only): the head's block of the table (V/q, C/q; weight
+    // dtype) and its gradient, sent and received (float32)
+    void *tied_w;
+    float *tied_g, *tied_r;
     int tp_sync_grads;         // last micro-batch of a step: sum replicated kv-head gradients
     // backward scratch
     void *dres, *dln, *datt, *dq, *dk, *dv, *dgate, *dup;
@@ -353,6 +357,21 @@ int l3d_tp_sub_comms(const l3d_model_t *m, l3d_comm_t *out[L3D_TP3D_COMMS]);
 // 2d: sums the embedding's gradient (Vemb x C) over the grid column, 3d over plane l; a no-op
 // in 1D.
 l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
+// Tied embeddings under 2d and 3d: the head's weight block from the table E (Vemb x C, this
+// rank's columns; weight dtype) and its gradient back into E's gradient gE. 3d: the block is
+// rows (j*q + i)*V/q^2.. of E itself (*w and *gw point there; nothing moves). 2d: rank (i, j)
+// needs rows j*V/q.. of columns i, which rank (j, i) holds: in the forward (gE NULL)
+// l3d_tp_tied_head_w sends rows i*V/q.. of E to it and receives its own block into a->tied_w;
+// in the backward it reuses that block (*w = a->tied_w) and zeroes *gw = a->tied_g;
+// l3d_tp_tied_head_g sends a->tied_g back and adds what rank (j, i) sent
+// to rows i*V/q.. of gE. The diagonal copies. 1D, or untied: *w = E, *gw = gE, no-op.
+l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, float *gE,
+                              const void **w, float **gw);
+l3d_status l3d_tp_tied_head_g(l3d_model_t *m, l3d_acts_t *a, float *gE);
+// 2d with tied embeddings: what l3d_tp_tied_head_w + _g count on the grid's communicator per
+// micro-batch at grid rank (i, j) (weights of wes bytes): 0 on the diagonal.
+void l3d_tp2d_tied_bytes(const l3d_model_config_t *cfg, int q, int i, int j, int wes,
+                         uint64_t *bytes, uint64_t *calls);
 // RMSNorm of `rows` rows (rmsnorm_fwd/bwd's contracts): the device op, or in 2d the split-row
 // form (row statistics summed over the grid row; 3d: along axis l).
 l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,

@@ -106,6 +106,74 @@ l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
                      "embedding gradient");
 }
 
+// ---- tied embeddings under 2d and 3d ------------------------------------------------------
+// The table E (Vemb x C) lies as the embedding needs it: every row, this rank's columns (2d:
+// j, 3d: l). The head's block is 3d's rows (j*q + i)*V/q^2.. of those columns, so it reads E
+// in place; 2d's is rows j*V/q.. of columns i, held by the transposed grid rank (j, i).
+
+// 2d: rank (i, j)'s partner (j, i) on the grid communicator; the diagonal is its own.
+static int tied_partner(const l3d_model_t *m) {
+    int q = m->tp.q, i = m->tp.rank / q, j = m->tp.rank % q;
+    return j * q + i;
+}
+
+// Sends n elements of `send` to the partner and receives n into `recv` (grouped, so the two
+// directions cannot deadlock); the diagonal copies.
+static l3d_status tied_swap(l3d_model_t *m, const void *send, void *recv, size_t n,
+                            l3d_dtype t, const char *what) {
+    int peer = tied_partner(m);
+    if (peer == m->tp.rank)
+        return l3d_dev_copy(m->dev, recv, send, n * l3d_dtype_size(t), L3D_COPY_D2D);
+    L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));  // host transports read device results
+    l3d_comm_t *c = m->tp.comm;
+    l3d_status st = l3d_comm_group_start(c);
+    if (st >= 0) {
+        l3d_status s1 = l3d_comm_send(c, send, n, t, peer);
+        l3d_status s2 = l3d_comm_recv(c, recv, n, t, peer);
+        st = l3d_comm_group_end(c);  // (ends the group even when a post failed)
+        if (st >= 0) st = s1 < 0 ? s1 : s2;
+    }
+    return st < 0 ? comm_fail(m, c, st, what) : L3D_OK;
+}
+
+l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, float *gE,
+                              const void **w, float **gw) {
+    *w = E, *gw = gE;
+    if (!m->cfg.tie_word_embeddings || m->tp.mode < 2) return L3D_OK;
+    size_t C = (size_t)m->C, V = (size_t)m->V, es = l3d_dtype_size(m->wt);
+    int q = m->tp.q, r = m->tp.rank;
+    if (m->tp.mode == 3) {
+        size_t row = (size_t)(r / q % q) * V + (size_t)(r / (q * q)) * (V / (size_t)q);
+        *w = (const char *)E + row * C * es;
+        if (gE) *gw = gE + row * C;
+        return L3D_OK;
+    }
+    *w = a->tied_w, *gw = a->tied_g;
+    if (gE)  // the backward: the forward of these activations fetched the block
+        return l3d_dev_memset(m->dev, a->tied_g, 0, V * C * sizeof(float));
+    size_t i = (size_t)(r / q);
+    return tied_swap(m, (const char *)E + i * V * C * es, a->tied_w, V * C, m->wt,
+                     "tied head weights");
+}
+
+l3d_status l3d_tp_tied_head_g(l3d_model_t *m, l3d_acts_t *a, float *gE) {
+    if (!m->cfg.tie_word_embeddings || m->tp.mode != 2) return L3D_OK;
+    size_t C = (size_t)m->C, V = (size_t)m->V, i = (size_t)(m->tp.rank / m->tp.q);
+    L3D_CHECK(m->ctx, tied_swap(m, a->tied_g, a->tied_r, V * C, L3D_FLOAT32,
+                                "tied head gradient"));
+    float *rows = gE + i * V * C;
+    return l3d_dev_add(m->dev, rows, rows, a->tied_r, V * C, L3D_FLOAT32);
+}
+
+void l3d_tp2d_tied_bytes(const l3d_model_config_t *cfg, int q, int i, int j, int wes,
+                         uint64_t *bytes, uint64_t *calls) {
+    uint64_t blk = (uint64_t)(cfg->vocab_size / q) * (uint64_t)(cfg->hidden_size / q);
+    int off = cfg->tie_word_embeddings && i != j;
+    // forward: send + recv of the weight block; backward: of its float32 gradient
+    *bytes = off ? blk * ((uint64_t)wes + sizeof(float)) : 0;
+    *calls = off ? 4 : 0;
+}
+
 // SUMMA products (core/tp2d.h), forward (passes 1) or backward (2: dx and dW), of N rows
 // from I to O (per rank) into bytes/calls.
 static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int passes, uint64_t es,

@@ -1,8 +1,8 @@
 // parallel.tp_mode "2d" in the trainer: 20 steps of every 2d layout that fits here reproduce
 // the single-rank run's float64 trajectory to the standard of the 1D layouts
-// (tests/harness/parallel.c, above check_run), and checkpoints move between the modes. The
-// model is the harness's with untied embeddings (2d does not take tied ones yet), so these
-// tests run their own single-rank reference.
+// (tests/harness/parallel.c, above check_run), and checkpoints move between the modes. Most
+// run the harness's model with untied embeddings (its own single-rank reference), so that the
+// head is a SUMMA product of its own; tied_embeddings runs the default, tied model.
 #include <criterion/criterion.h>
 
 #include "tests/harness/parallel.h"
@@ -24,6 +24,21 @@ Test(parallel_tp2d, layouts_reproduce_one_rank, .timeout = 300) {
     untied_reference();
     g_tp_mode = 2;
     for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++) compare_to(&ls[i], &ref);
+    g_tp_mode = 0;
+}
+
+// Tied embeddings (the harness's default model): the head's block comes from the transposed
+// grid rank and its gradient goes back there, on one stage and as the last stage's copy of
+// the table; ZeRO-2 takes the head's gradient in the embedding's window.
+Test(parallel_tp2d, tied_embeddings, .timeout = 300) {
+    layout_t ls[] = {
+        {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0},  // one 2 x 2 grid
+        {2, 4, 1, 2, 0, 8, 0, 0.25f, 0, 0},  // dp 2 x 2d, ZeRO-2
+        {1, 4, 2, 0, 0, 8, 0, 0.25f, 0, 0},  // 2d x pp 2, 1F1B: the table on both stages
+    };
+    reference();
+    g_tp_mode = 2;
+    for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++) compare_to(&ls[i], &g_ref);
     g_tp_mode = 0;
 }
 

@@ -1,10 +1,11 @@
 // parallel.tp_mode "3d" in the trainer: 20 steps of every 3d layout that fits here (a 2 x 2 x 2
 // cube, alone and with dp 2 or pp 2: 16 threads) reproduce the single-rank run's float64
 // trajectory to the standard of the 1D layouts (tests/harness/parallel.c, above check_run),
-// and checkpoints move between the modes. The model is the harness's with untied embeddings
-// (3d does not take tied ones yet); its micro-batches are 4 sequences (the cube splits them
-// into q^2 = 4 slices) with half the accumulation steps, so each step sees the same 16
-// sequences as the single-rank reference's 8 micro-batches of 2.
+// and checkpoints move between the modes. Most run the harness's model with untied
+// embeddings (the head a cube product of its own); tied_embeddings runs the default, tied
+// one. Micro-batches are 4 sequences (the cube splits them into q^2 = 4 slices) with half the
+// accumulation steps, so each step sees the same 16 sequences as the single-rank reference's
+// 8 micro-batches of 2.
 #include <criterion/criterion.h>
 
 #include "tests/harness/parallel.h"
@@ -26,6 +27,19 @@ Test(parallel_tp3d, layouts_reproduce_one_rank, .timeout = 600) {
     untied_reference();
     g_tp_mode = 3, g_micro = 4;
     for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++) compare_to(&ls[i], &ref);
+    g_tp_mode = 0, g_micro = 0;
+}
+
+// Tied embeddings (the harness's default model): the head reads a row range of the table's
+// columns in place, on one stage and as the last stage's copy of the table.
+Test(parallel_tp3d, tied_embeddings, .timeout = 600) {
+    layout_t ls[] = {
+        {1, 8, 1, 0, 0, 4, 0, 0.25f, 0, 0},  // one 2 x 2 x 2 cube
+        {1, 8, 2, 0, 0, 4, 0, 0.25f, 0, 0},  // 3d x pp 2, 1F1B: the table on both stages
+    };
+    reference();
+    g_tp_mode = 3, g_micro = 4;
+    for (size_t i = 0; i < sizeof(ls) / sizeof(ls[0]); i++) compare_to(&ls[i], &g_ref);
     g_tp_mode = 0, g_micro = 0;
 }
 
