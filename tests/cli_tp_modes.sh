@@ -20,7 +20,8 @@ same_losses() {
     END { exit (n > 0 && bad == 0) ? 0 : 1 }'
 }
 
-# llama3-tiny's shape with untied embeddings (2d and 3d do not take tied ones yet)
+# llama3-tiny's shape with untied embeddings (the head a product of its own); the tied model
+# itself runs at the end
 cat >"$tmp/model.json" <<'J'
 {"hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
  "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 264, "max_position_embeddings": 1024,
@@ -94,9 +95,20 @@ refuse "3d: micro-batch not a multiple of q^2" 'a multiple of 4' 's/"train_micro
 refuse "3d: ZeRO-3" '"3d" does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/' 3d
 refuse "ZeRO-3" 'does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/'
 refuse "bf16" 'does not take bf16' 's/"steps_per_print"/"bf16": {"enabled": true}, "steps_per_print"/'
-"$L3D" train --config "$tmp/2d.json" >"$tmp/out" 2>&1
-rc=$?
-if [ $rc -eq 2 ] && grep -q "tied embeddings" "$tmp/out"; then ok "refused: tied embeddings (llama3-tiny)"; else fail "refused: tied (exit $rc)" "$tmp/out"; fi
+
+# llama3-tiny itself (the default model: tied embeddings) as 2d and 3d threads
+"$L3D" train --config "$tmp/one.json" --metrics "$tmp/tied.jsonl" >"$tmp/out" 2>&1
+if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/tied.jsonl")" -eq 4 ]; then ok "tied single-rank reference"; else fail "tied single-rank reference" "$tmp/out"; fi
+for mode in "2d 4" "3d 8"; do
+  set -- $mode
+  "$L3D" train --config "$tmp/$1.json" --metrics "$tmp/tied.$1.jsonl" >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && same_losses "$tmp/tied.$1.jsonl" "$tmp/tied.jsonl"; then
+    ok "llama3-tiny (tied) as tp $2 $1, threads: the single rank's losses"
+  else
+    fail "llama3-tiny (tied) as tp $2 $1 (exit $rc)" "$tmp/out" "$tmp/tied.$1.jsonl" "$tmp/tied.jsonl"
+  fi
+done
 
 echo "$passes passed, $fails failed"
 [ "$fails" -eq 0 ]
