@@ -3,11 +3,12 @@
 # Usage: bench/layouts.sh [BUILD_DIR]            (default ./build; needs BUILD_DIR/l3d with ucx)
 #
 # Each layout trains llama3-tiny for 12 steps (batch 8 = micro 2 x accumulation 8/(2 dp) x dp,
-# seq_len 64, one thread per rank) as ranks of `l3d launch --transport ucx`; (1,1,1) runs as a
-# single process without launch. Layouts with dp > 1 run with ZeRO stage 0, 1 and 2; pipelines
-# with 1F1B and interleaved 1F1B (2 chunks per stage). reduce_bucket_size is 100000 elements
-# (about one of llama3-tiny's layers at tp 2; a layer is never split, so at tp 1 each layer is
-# a bucket too), so that ZeRO-2's windows hold a layer each rather than all of them. The
+# seq_len 64, one thread per rank; tp_mode 3d: micro 4, the cube's 4 slices) as ranks of
+# `l3d launch --transport ucx`; (1,1,1) runs as a single process without launch. Layouts with
+# dp > 1 run with ZeRO stage 0, 1 and 2; pipelines with 1F1B and interleaved 1F1B (2 chunks
+# per stage); tp 4 also as a 2d grid (alone, with dp 2, with pp 2) and tp 8 as a 3d cube.
+# reduce_bucket_size is 100000 elements (about one of llama3-tiny's layers at tp 2; a layer is
+# never split, so at tp 1 each layer is a bucket too), so that ZeRO-2's windows hold a layer each rather than all of them. The
 # gradient memory of rank 0 comes from the dry run (ZeRO-2: its 1/dp shard plus the reduction
 # windows). From rank 0's metrics JSONL the script takes the median tokens_per_s of steps 3..12 (global tokens per
 # second: 512 tokens / rank 0's step time), the last step's comm_calls/comm_bytes per group and
@@ -75,6 +76,11 @@ for z in 0 1 2; do
  "train": {"steps": 12, "threads": 1}, "data": {"seq_len": 64}}
 EOF
   sed 's/"train": {/"parallel": {"schedule": "interleaved"}, "train": {/' "$tmp/z$z.json" >"$tmp/z${z}i.json"
+  # tp_mode 2d, and 3d with micro-batches of 4 (its q^2 = 4 slices; accumulation halves)
+  sed 's/"train": {/"parallel": {"tp_mode": "2d"}, "train": {/' "$tmp/z$z.json" >"$tmp/z${z}2d.json"
+  sed -e 's/"train": {/"parallel": {"tp_mode": "3d"}, "train": {/' \
+      -e 's/"train_micro_batch_size_per_gpu": 2/"train_micro_batch_size_per_gpu": 4/' \
+      "$tmp/z$z.json" >"$tmp/z${z}3d.json"
 done
 
 # run LOG CMD...: run CMD under a timeout in the background (so a signal to this script is
@@ -132,10 +138,12 @@ for op in allreduce allgather pingpong; do
   fi
   links="$links${links:+,}$tmp/link.$op.json"
 done
-# (dp tp pp zero schedule) in table order; schedule i: interleaved 1F1B, -: 1F1B (or none)
+# (dp tp pp zero schedule) in table order; schedule i: interleaved 1F1B, -: 1F1B (or none);
+# 2d / 3d: that parallel.tp_mode (1F1B), else 1d
 LAYOUTS=("1 1 1 0 -" "2 1 1 0 -" "2 1 1 1 -" "2 1 1 2 -" "1 2 1 0 -" "2 2 1 0 -" "2 2 1 1 -"
          "4 1 1 0 -" "4 1 1 1 -" "4 1 1 2 -" "1 4 1 0 -" "1 1 2 0 -" "1 1 2 0 i" "2 1 2 1 -"
-         "2 1 2 1 i" "1 2 2 0 -" "2 2 2 1 -" "2 2 2 2 -" "2 2 2 2 i" "1 1 4 0 -")
+         "2 1 2 1 i" "1 2 2 0 -" "2 2 2 1 -" "2 2 2 2 -" "2 2 2 2 i" "1 1 4 0 -"
+         "1 4 1 0 2d" "2 4 1 1 2d" "1 4 2 0 2d" "1 8 1 0 3d")
 declare -A pred best bestm err gmem plan
 
 # Pass 1: the dry run's prediction of every layout.
@@ -159,9 +167,13 @@ for lay in "${LAYOUTS[@]}"; do
   gmem[$lay]=$(sed -nE 's/.*gradients ([0-9.]+) MiB.*/\1/p' "$tmp/dry.log" | head -n 1)
   # l3d plan's view of the same layout: "tp_bytes dp_bytes pp_bytes step_s"
   v=1; [ "$5" = i ] && v=2
+  mode=1d; mb=2
+  case $5 in 2d | 3d) mode=$5 ;; esac
+  [ "$5" = 3d ] && mb=4
   run "$tmp/plan.json" "$L3D" plan --config "$c" --gpus "$n" --gpu measured --gpu-threads 1 \
     --intra "$links" --seq 64 --global-batch 8 \
-    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=2,zero=$z,recompute=none,sp=0,tp_mode=1d" --top 1 --json
+    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=$mb,zero=$z,recompute=none,sp=0,tp_mode=$mode" \
+    --top 1 --json
   plan[$lay]=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[0]; b=r["comm_bytes"]
 print(b["tp"], b["dp"], b["pp"], r["step_time_s"])' "$tmp/plan.json" 2>/dev/null)
   if [ -z "${plan[$lay]}" ]; then
@@ -213,6 +225,7 @@ for lay in "${LAYOUTS[@]}"; do
   sched="—"
   [ "$pp" -gt 1 ] && sched=1f1b
   [ "$5" = i ] && sched="interleaved ×2"
+  case $5 in 2d | 3d) name="$name $5" ;; esac
   gm=${gmem[$lay]:-?}
   got=""
   [ -n "${bestm[$lay]:-}" ] && got=$(counted "${bestm[$lay]}")
