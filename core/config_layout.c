@@ -141,9 +141,7 @@ static l3d_status check_grid_cube(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
     if (planning && cfg->sequence_parallel)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: tp_mode %dd splits the rows already: no "
                          "sequence parallelism", origin, d);
-    l3d_model_config_t mc = cfg->model;
-    if (planning) mc.tie_word_embeddings = 0;  // (costed as an untied head)
-    return d == 3 ? l3d_tp3d_check(ctx, &mc, q) : l3d_tp2d_check(ctx, &mc, q);
+    return d == 3 ? l3d_tp3d_check(ctx, &cfg->model, q) : l3d_tp2d_check(ctx, &cfg->model, q);
 }
 
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
