@@ -24,12 +24,12 @@
 // back. Both float32, contiguous rows.
 enum { COL = L3D_TP3D_A, ROW = L3D_TP3D_B };
 
-static l3d_status check_block_dtypes(l3d_model_t *m, int ld, int cols, l3d_dtype at,
-                                     l3d_dtype wt) {
-    if (at == L3D_FLOAT32 && wt == L3D_FLOAT32 && ld == cols) return L3D_OK;
-    return l3d_error(m->ctx, L3D_ERR_UNSUPPORTED, "tp_mode %dd: float32 activations and weights "
-                     "only so far (got %s, %s)", m->tp.mode, l3d_dtype_name(at),
-                     l3d_dtype_name(wt));
+// 2d and 3d products write dense blocks (k and v land in a cache only when decoding, which
+// 2d and 3d do not do).
+static l3d_status check_block_ld(l3d_model_t *m, int ld, int cols) {
+    if (ld == cols) return L3D_OK;
+    return l3d_error(m->ctx, L3D_ERR_UNSUPPORTED, "tp_mode %dd: a strided output (%d of %d "
+                     "columns)", m->tp.mode, cols, ld);
 }
 
 // y(N,O) = x(N,I) W(O,I)^T, beta = 0 overwrites, 1 accumulates. ldy lets k/v land in a cache.
@@ -37,12 +37,12 @@ static l3d_status linear_fwd(l3d_model_t *m, int kind, void *y, int ldy, const v
                              const void *W, int N, int I, int O, float beta, l3d_dtype at,
                              l3d_dtype wt) {
     if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, check_block_dtypes(m, ldy, O, at, wt));
-        return l3d_tp2d_block_fwd(m->tp.g, y, x, W, N, I, O, beta);
+        L3D_CHECK(m->ctx, check_block_ld(m, ldy, O));
+        return l3d_tp2d_block_fwd(m->tp.g, y, x, W, N, I, O, beta, at, wt);
     }
     if (m->tp.mode == 3) {
-        L3D_CHECK(m->ctx, check_block_dtypes(m, ldy, O, at, wt));
-        return l3d_tp3d_block_fwd(m->tp.g3, kind, y, x, W, N, I, O, beta);
+        L3D_CHECK(m->ctx, check_block_ld(m, ldy, O));
+        return l3d_tp3d_block_fwd(m->tp.g3, kind, y, x, W, N, I, O, beta, at, wt);
     }
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
                     .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy,
@@ -55,14 +55,11 @@ static l3d_status linear_bwd(l3d_model_t *m, int kind, void *dx, float beta, flo
                              const void *dy, const void *x, const void *W, int N, int I, int O,
                              l3d_dtype at, l3d_dtype wt) {
     if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, check_block_dtypes(m, I, I, at, wt));
-        L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, dW, dy, x, N, I, O));
-        return l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta);
+        L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, dW, dy, x, N, I, O, at));
+        return l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta, at, wt);
     }
-    if (m->tp.mode == 3) {
-        L3D_CHECK(m->ctx, check_block_dtypes(m, I, I, at, wt));
-        return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, dW, dy, x, W, N, I, O);
-    }
+    if (m->tp.mode == 3)
+        return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, dW, dy, x, W, N, I, O, at, wt);
     l3d_gemm_t gw = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
                      .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I,
                      .a_type = at, .b_type = at};
@@ -201,15 +198,16 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
     return l3d_acts_bytes_part(cfg, 1, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32,
-                               NULL);
+                               L3D_FLOAT32, NULL);
 }
 
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *lps, int chunk, int B, int T, int recompute,
-                           int sp, l3d_dtype at, size_t *host_bytes) {
+                           int sp, l3d_dtype at, l3d_dtype wt, size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_mode(&m, cfg, tp, tp_mode, 0);
+    m.wt = wt;
     l3d_model_set_stage(&m, pp, v, stage, lps);
     int b0;
     l3d_model_batch_slice(&m, B, &b0, &B);  // (2d: the grid row's sequences)

@@ -433,10 +433,12 @@ void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_mo
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
 // The same for chunk `chunk` of tp rank 0 of `tp` (tp_mode 2: of the 2d grid, micro-batches
 // of B split over its rows) on pipeline stage `stage` of `pp` (v chunks), sequence-parallel
-// when sp, activations in at; *host_bytes (may be NULL) gets the host part (L3D_CKPT_CPU).
+// when sp, activations in at, weights read in wt; *host_bytes (may be NULL) gets the host
+// part (L3D_CKPT_CPU).
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *layers_per_stage, int chunk, int B, int T,
-                           int recompute, int sp, l3d_dtype at, size_t *host_bytes);
+                           int recompute, int sp, l3d_dtype at, l3d_dtype wt,
+                           size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);

@@ -174,12 +174,16 @@ void l3d_tp2d_tied_bytes(const l3d_model_config_t *cfg, int q, int i, int j, int
     *calls = off ? 4 : 0;
 }
 
-// SUMMA products (core/tp2d.h), forward (passes 1) or backward (2: dx and dW), of N rows
-// from I to O (per rank) into bytes/calls.
-static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int passes, uint64_t es,
+// SUMMA products (core/tp2d.h) of N rows from I to O (per rank): fwd forwards and one
+// backward (dx and dW), into bytes/calls (l3d_tp2d_linear_bytes's).
+static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int fwd, uint64_t es,
                         uint64_t b[2], uint64_t c[2]) {
-    b[0] += (uint64_t)passes * q * N * I * es, c[0] += (uint64_t)passes * q;
-    b[1] += (uint64_t)passes * q * O * I * es, c[1] += (uint64_t)passes * q;
+    uint64_t fb[2], bb[2], fc[2], bc[2];
+    l3d_tp2d_linear_bytes(q, (int)(N * q), (int)(I * q), (int)(O * q), (int)es, fb, bb, fc, bc);
+    for (int k = 0; k < 2; k++) {
+        b[k] += (uint64_t)fwd * fb[k] + bb[k];
+        c[k] += (uint64_t)fwd * fc[k] + bc[k];
+    }
 }
 
 void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed, int head,
@@ -194,17 +198,14 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
     uint64_t prod[7][2] = {{C, HD}, {C, KD}, {C, KD}, {HD, C}, {C, F}, {C, F}, {F, C}};
     int fwd_passes = recompute ? 2 : 1;  // the rebuild repeats the forward
     for (int l = 0; l < L; l++) {
-        for (int k = 0; k < 7; k++) {
+        for (int k = 0; k < 7; k++)
             summa_bytes(q, N, prod[k][0], prod[k][1], fwd_passes, (uint64_t)es, b, c);
-            summa_bytes(q, N, prod[k][0], prod[k][1], 2, (uint64_t)es, b, c);
-        }
         // two norms: an all-reduce of N row statistics per forward and per backward
         b[0] += (uint64_t)(2 * fwd_passes + 2) * N * 4, c[0] += (uint64_t)(2 * fwd_passes + 2);
     }
     if (head) {
         b[0] += 2 * N * 4, c[0] += 2;        // the final norm, forward and backward
         summa_bytes(q, N, C, V, 1, (uint64_t)es, b, c);  // the head
-        summa_bytes(q, N, C, V, 2, (uint64_t)es, b, c);
         b[0] += 3 * N * 4, c[0] += 2;        // cross-entropy: max (N), sums (2N)
         b[1] += 8 * (uint64_t)q, c[1] += 1;  // the loss: an all-gather of one double
     }
@@ -221,9 +222,10 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
 static void cube_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int kind, int passes,
                        uint64_t es, uint64_t *b, uint64_t *c) {
     uint64_t fb[3], bb[3], fc[3], bc[3];
-    l3d_tp3d_linear_bytes(q, kind, (int)(N * q * q), (int)(I * q), (int)(O * q), fb, bb, fc, bc);
-    for (int k = 0; k < 3; k++) {  // (the formula counts float32 elements)
-        b[k] += (passes == 1 ? fb[k] : bb[k]) / sizeof(float) * es;
+    l3d_tp3d_linear_bytes(q, kind, (int)(N * q * q), (int)(I * q), (int)(O * q), (int)es, fb, bb,
+                          fc, bc);
+    for (int k = 0; k < 3; k++) {
+        b[k] += passes == 1 ? fb[k] : bb[k];
         c[k] += passes == 1 ? fc[k] : bc[k];
     }
 }

@@ -31,8 +31,9 @@ typedef struct l3d_tp2d {
     int q, i, j;          // grid side; this rank's row and column
     l3d_comm_t *row;      // the q ranks of row i, ordered by column (owned)
     l3d_comm_t *col;      // the q ranks of column j, ordered by row (owned)
-    float *a, *b, *c;     // received x block, received W block, partial product
-    size_t cap_a, cap_b, cap_c;  // their lengths in floats
+    float *a, *b, *c, *d;  // received x block, received W block, float32 product, its
+                           // 16-bit rounding
+    size_t cap_a, cap_b, cap_c, cap_d;  // their lengths in floats
 } l3d_tp2d_t;
 
 // Collective over tp (size q^2; otherwise L3D_ERR_CONFIG naming the size): splits it into
@@ -51,20 +52,22 @@ l3d_status l3d_tp2d_linear_bwd(l3d_tp2d_t *g, float *dx, float *dw, const float 
                                const float *x, const float *w, int N, int I, int O);
 // The same on this rank's blocks, sizes per rank (Nq = N/q, ...), as the model's layers call
 // them: y += (beta 1) or = (beta 0) the block of x W^T; dx likewise the block of dy W;
-// dw += the block of dy^T x. Collective over the grid.
-l3d_status l3d_tp2d_block_fwd(l3d_tp2d_t *g, float *y, const float *x, const float *w, int Nq,
-                              int Iq, int Oq, float beta);
-l3d_status l3d_tp2d_block_bwd_x(l3d_tp2d_t *g, float *dx, const float *dy, const float *w,
-                                int Nq, int Iq, int Oq, float beta);
-l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const float *dy, const float *x,
-                                int Nq, int Iq, int Oq);
+// dw += the block of dy^T x. Collective over the grid. x, y, dx, dy are of dtype at, w of wt,
+// dw float32 (the training dtypes: 16-bit blocks are broadcast and reduced as they are, the
+// products summed in float32 and rounded once; dw's partials are reduced in float32).
+l3d_status l3d_tp2d_block_fwd(l3d_tp2d_t *g, void *y, const void *x, const void *w, int Nq,
+                              int Iq, int Oq, float beta, l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_tp2d_block_bwd_x(l3d_tp2d_t *g, void *dx, const void *dy, const void *w, int Nq,
+                                int Iq, int Oq, float beta, l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const void *dy, const void *x, int Nq,
+                                int Iq, int Oq, l3d_dtype at);
 // Shared with 3d (core/tp3d.c) and the model's split-row RMSNorm (core/model_tp.c): grows a
 // float32 scratch in dev's memory to at least n floats (its contents are not kept).
 l3d_status l3d_tp_scratch_grow(l3d_ctx_t *ctx, l3d_device_t *dev, float **p, size_t *cap,
                                size_t n, const char *tag);
 // Bytes one rank counts (l3d_comm_get_stats) in a forward and a backward, on its row [0] and
-// column [1] communicator, and calls.
-void l3d_tp2d_linear_bytes(int q, int N, int I, int O, uint64_t fwd[2], uint64_t bwd[2],
+// column [1] communicator, and calls, with es bytes an activation and weight element.
+void l3d_tp2d_linear_bytes(int q, int N, int I, int O, int es, uint64_t fwd[2], uint64_t bwd[2],
                            uint64_t calls_fwd[2], uint64_t calls_bwd[2]);
 
 #endif

@@ -40,9 +40,9 @@ l3d_status l3d_tp3d_create(l3d_comm_t *tp, l3d_device_t *dev, l3d_tp3d_t **g_p) 
 
 void l3d_tp3d_destroy(l3d_tp3d_t *g) {
     if (!g) return;
-    float **bufs[] = {&g->a, &g->b, &g->c2, &g->d};
-    size_t caps[] = {g->cap_a, g->cap_b, g->cap_c, g->cap_d};
-    for (int k = 0; k < 4; k++)
+    float **bufs[] = {&g->a, &g->b, &g->c2, &g->d, &g->e};
+    size_t caps[] = {g->cap_a, g->cap_b, g->cap_c, g->cap_d, g->cap_e};
+    for (int k = 0; k < 5; k++)
         if (*bufs[k]) l3d_dev_free(g->dev, *bufs[k], caps[k] * sizeof(float), "tp3d");
     for (int ax = 0; ax < 3; ax++) l3d_comm_destroy(g->axis[ax]), l3d_comm_destroy(g->plane[ax]);
     l3d_free(g->ctx, g, sizeof(*g), "tp3d");
@@ -52,12 +52,12 @@ static l3d_status grow(l3d_tp3d_t *g, float **p, size_t *cap, size_t n) {
     return l3d_tp_scratch_grow(g->ctx, g->dev, p, cap, n, "tp3d");
 }
 
-// C(M,N) = op(A) op(B), float32, row-major, dense.
-static l3d_status gemm(l3d_tp3d_t *g, int ta, int tb, int M, int N, int K, const float *A,
-                       const float *B, float *C) {
+// C(M,N) = op(A) op(B), row-major, dense; A and B of their dtypes, C float32.
+static l3d_status gemm(l3d_tp3d_t *g, int ta, int tb, int M, int N, int K, const void *A,
+                       l3d_dtype at, const void *B, l3d_dtype bt, float *C) {
     l3d_gemm_t p = {.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .alpha = 1.0f,
                     .beta = 0.0f, .A = A, .lda = ta ? M : K, .B = B, .ldb = tb ? K : N, .C = C,
-                    .ldc = N};
+                    .ldc = N, .a_type = at, .b_type = bt, .c_type = L3D_FLOAT32};
     return l3d_dev_gemm(g->dev, &p);
 }
 
@@ -76,82 +76,90 @@ static l3d_status sizes_ok(l3d_tp3d_t *g, int Nr, int Iq, int Oq) {
 }
 
 // The gathered blocks this layer's products read, sizes (q Nr, Iq) and (Oq, Iq); the partial
-// products (q Nr, Oq) and (Oq, Iq).
+// products (q Nr, Oq) and (Oq, Iq), float32; e: a partial rounded to 16 bits, or a received
+// block to add. In floats (a 16-bit block uses half).
 static l3d_status scratch(l3d_tp3d_t *g, int Nr, int Iq, int Oq) {
     size_t xs = (size_t)g->q * Nr * Iq, ws = (size_t)Oq * Iq, ys = (size_t)g->q * Nr * Oq;
-    L3D_CHECK(g->ctx, grow(g, &g->a, &g->cap_a, xs > ys ? xs : ys));
+    size_t big = xs > ys ? xs : ys, all = big > ws ? big : ws;
+    L3D_CHECK(g->ctx, grow(g, &g->a, &g->cap_a, big));
     L3D_CHECK(g->ctx, grow(g, &g->b, &g->cap_b, ws));
-    L3D_CHECK(g->ctx, grow(g, &g->c2, &g->cap_c, xs > ys ? xs : ys));
-    size_t ds = ws > xs ? ws : xs;
-    return grow(g, &g->d, &g->cap_d, ds > ys ? ds : ys);
+    L3D_CHECK(g->ctx, grow(g, &g->c2, &g->cap_c, big));
+    L3D_CHECK(g->ctx, grow(g, &g->d, &g->cap_d, all));
+    return grow(g, &g->e, &g->cap_e, all);
 }
 
-// Reduce-scatters `part` (q*cnt floats) along axis ax into out (= when beta 0, += when 1;
-// `tmp` holds the received block for the add).
-static l3d_status scatter_into(l3d_tp3d_t *g, int ax, float *out, const float *part, size_t cnt,
-                               float beta, float *tmp) {
-    if (beta == 0.0f)
-        return l3d_comm_reduce_scatter(g->axis[ax], part, out, cnt, L3D_FLOAT32, L3D_SUM);
-    L3D_CHECK(g->ctx, l3d_comm_reduce_scatter(g->axis[ax], part, tmp, cnt, L3D_FLOAT32, L3D_SUM));
-    return l3d_dev_add(g->dev, out, out, tmp, cnt, L3D_FLOAT32);
+// Reduce-scatters the float32 partial `part` (q*cnt elements) along axis ax into out (dtype
+// t: = when beta 0, += when 1), in out's dtype: a 16-bit partial is rounded into e first.
+// `tmp` (not part's buffer) receives the block to add.
+static l3d_status scatter_into(l3d_tp3d_t *g, int ax, void *out, const float *part, size_t cnt,
+                               float beta, void *tmp, l3d_dtype t) {
+    const void *send = part;
+    if (t != L3D_FLOAT32) {
+        L3D_CHECK(g->ctx, l3d_dev_convert(g->dev, g->e, t, part, L3D_FLOAT32, cnt * g->q));
+        send = g->e;
+    }
+    if (beta == 0.0f) return l3d_comm_reduce_scatter(g->axis[ax], send, out, cnt, t, L3D_SUM);
+    L3D_CHECK(g->ctx, l3d_comm_reduce_scatter(g->axis[ax], send, tmp, cnt, t, L3D_SUM));
+    return l3d_dev_add(g->dev, out, out, tmp, cnt, t);
 }
 
-l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, float *y, const float *x,
-                              const float *w, int Nr, int Iq, int Oq, float beta) {
+l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, void *y, const void *x, const void *w,
+                              int Nr, int Iq, int Oq, float beta, l3d_dtype at, l3d_dtype wt) {
     L3D_CHECK(g->ctx, sizes_ok(g, Nr, Iq, Oq));
     L3D_CHECK(g->ctx, scratch(g, Nr, Iq, Oq));
     int a, b, q = g->q, M = q * Nr;
     axes(orient, &a, &b);
     size_t xs = (size_t)Nr * Iq, ws = (size_t)(Oq / q) * Iq, ys = (size_t)Nr * Oq;
     // X(i, s_a) along b: (q Nr, Iq); W^T's block (s_a, s_b) along i: (Oq, Iq)
-    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, L3D_FLOAT32));
-    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, L3D_FLOAT32));
+    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, at));
+    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, wt));
     // partial Y(i, s_b) = X W^T over this rank's columns s_a    (q Nr, Iq) x (Oq, Iq)^T
-    L3D_CHECK(g->ctx, gemm(g, 0, 1, M, Oq, Iq, g->a, g->b, g->c2));
+    L3D_CHECK(g->ctx, gemm(g, 0, 1, M, Oq, Iq, g->a, at, g->b, wt, g->c2));
     // summed along a, rows (i*q + s_a) to this rank
-    return scatter_into(g, a, y, g->c2, ys, beta, g->d);
+    return scatter_into(g, a, y, g->c2, ys, beta, g->d, at);
 }
 
-l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, float *dw,
-                              const float *dy, const float *x, const float *w, int Nr, int Iq,
-                              int Oq) {
+l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, void *dx, float beta, float *dw,
+                              const void *dy, const void *x, const void *w, int Nr, int Iq,
+                              int Oq, l3d_dtype at, l3d_dtype wt) {
     L3D_CHECK(g->ctx, sizes_ok(g, Nr, Iq, Oq));
     L3D_CHECK(g->ctx, scratch(g, Nr, Iq, Oq));
     int a, b, q = g->q, M = q * Nr;
     axes(orient, &a, &b);
     size_t xs = (size_t)Nr * Iq, ws = (size_t)(Oq / q) * Iq, ys = (size_t)Nr * Oq;
     // dY(i, s_b) along a: (q Nr, Oq), into c2
-    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[a], dy, g->c2, ys, L3D_FLOAT32));
+    L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[a], dy, g->c2, ys, at));
     // dW first: x is read before dx is written, so dx may be x's buffer (a layer's input
     // gradient overwriting the input it no longer needs)
     if (dw) {
-        // partial dW's block (s_b, s_a) = dY^T X over row block i, summed along i; the slice
-        // i*Oq/q.. of it is this rank's
-        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, L3D_FLOAT32));
-        L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, M, g->c2, g->a, g->d));  // (Oq, Iq)
-        L3D_CHECK(g->ctx, scatter_into(g, 0, dw, g->d, ws, 1.0f, g->b));
+        // partial dW's block (s_b, s_a) = dY^T X over row block i, summed along i (in float32,
+        // as the gradient is kept); the slice i*Oq/q.. of it is this rank's
+        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[b], x, g->a, xs, at));
+        L3D_CHECK(g->ctx, gemm(g, 1, 0, Oq, Iq, M, g->c2, at, g->a, at, g->d));  // (Oq, Iq)
+        L3D_CHECK(g->ctx, scatter_into(g, 0, dw, g->d, ws, 1.0f, g->b, L3D_FLOAT32));
     }
     if (dx) {
         // partial dX(i, s_a) = dY W over this rank's output columns s_b, summed along b
-        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, L3D_FLOAT32));
-        L3D_CHECK(g->ctx, gemm(g, 0, 0, M, Iq, Oq, g->c2, g->b, g->a));  // (q Nr, Iq)
-        L3D_CHECK(g->ctx, scatter_into(g, b, dx, g->a, xs, beta, g->d));
+        L3D_CHECK(g->ctx, l3d_comm_allgather(g->axis[0], w, g->b, ws, wt));
+        L3D_CHECK(g->ctx, gemm(g, 0, 0, M, Iq, Oq, g->c2, at, g->b, wt, g->a));  // (q Nr, Iq)
+        L3D_CHECK(g->ctx, scatter_into(g, b, dx, g->a, xs, beta, g->d, at));
     }
     return L3D_OK;
 }
 
-void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, uint64_t fwd[3],
+void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, int es, uint64_t fwd[3],
                            uint64_t bwd[3], uint64_t calls_fwd[3], uint64_t calls_bwd[3]) {
     int a, b;
     axes(orient, &a, &b);
     // every all-gather and reduce-scatter counts its whole buffer: a gathered or a partial
-    // block, (N/q, I/q), (O/q, I/q) or (N/q, O/q)
-    uint64_t f = sizeof(float), xb = (uint64_t)(N / q) * (uint64_t)(I / q) * f;
-    uint64_t wb = (uint64_t)(O / q) * (uint64_t)(I / q) * f;
-    uint64_t yb = (uint64_t)(N / q) * (uint64_t)(O / q) * f;
+    // block, (N/q, I/q), (O/q, I/q) or (N/q, O/q), in es bytes an element; the weight
+    // gradient's partials in float32
+    uint64_t e = (uint64_t)es, xb = (uint64_t)(N / q) * (uint64_t)(I / q);
+    uint64_t wb = (uint64_t)(O / q) * (uint64_t)(I / q), yb = (uint64_t)(N / q) * (uint64_t)(O / q);
     for (int k = 0; k < 3; k++) fwd[k] = bwd[k] = calls_fwd[k] = calls_bwd[k] = 0;
-    fwd[b] += xb, fwd[0] += wb, fwd[a] += yb;             // gather x, gather W, scatter y
+    fwd[b] += xb * e, fwd[0] += wb * e, fwd[a] += yb * e;  // gather x, gather W, scatter y
     calls_fwd[b]++, calls_fwd[0]++, calls_fwd[a]++;
-    bwd[a] += yb, bwd[0] += 2 * wb, bwd[b] += 2 * xb;     // gather dy; gather W, scatter dW;
-    calls_bwd[a]++, calls_bwd[0] += 2, calls_bwd[b] += 2;  // scatter dx, gather x
+    bwd[a] += yb * e, bwd[0] += wb * (e + sizeof(float)), bwd[b] += 2 * xb * e;
+    calls_bwd[a]++, calls_bwd[0] += 2, calls_bwd[b] += 2;  // gather dy; gather W, scatter dW;
+                                                            // scatter dx, gather x
 }

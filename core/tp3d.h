@@ -44,8 +44,9 @@ typedef struct l3d_tp3d {
                            // copies of what the residual stream's columns l replicate (norms,
                            // the embedding's columns), plane 1 every row block of the
                            // cross-entropy's vocabulary block j.
-    float *a, *b, *c2, *d;  // scratch: gathered x or dy, gathered W, partial y/dx, partial dW
-    size_t cap_a, cap_b, cap_c, cap_d;  // their lengths in floats
+    float *a, *b, *c2, *d, *e;  // scratch: gathered x or dy, gathered W, partial y/dx,
+                                // partial dW, a 16-bit partial or a block to add
+    size_t cap_a, cap_b, cap_c, cap_d, cap_e;  // their lengths in floats
 } l3d_tp3d_t;
 
 // Collective over tp (size q^3; otherwise L3D_ERR_CONFIG naming the size): splits it into the
@@ -55,19 +56,22 @@ void l3d_tp3d_destroy(l3d_tp3d_t *g);
 
 // This rank's blocks of a layer of orientation `orient` (L3D_TP3D_A or _B), per-rank sizes
 // Nr = N/q^2 rows, Iq = I/q, Oq = O/q (W's block is (Oq/q, Iq); q divides Oq). Collective over
-// the cube; float32.
+// the cube. x, y, dx, dy are of dtype at, w of wt, dw float32 (the training dtypes: 16-bit
+// blocks are gathered as they are, products summed in float32 and rounded once to be
+// reduce-scattered in at; dw's partials are reduce-scattered in float32).
 // y (Nr, Oq) = (beta 0) or += (beta 1) this rank's block of x W^T.
-l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, float *y, const float *x,
-                              const float *w, int Nr, int Iq, int Oq, float beta);
+l3d_status l3d_tp3d_block_fwd(l3d_tp3d_t *g, int orient, void *y, const void *x, const void *w,
+                              int Nr, int Iq, int Oq, float beta, l3d_dtype at, l3d_dtype wt);
 // dx (Nr, Iq) = (beta 0) or += (beta 1) the block of dy W (NULL: not wanted); dw (Oq/q, Iq) +=
 // the block of dy^T x (NULL: not wanted). dy is gathered once for both; dx may be x (dw is
 // computed first).
-l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, float *dx, float beta, float *dw,
-                              const float *dy, const float *x, const float *w, int Nr, int Iq,
-                              int Oq);
+l3d_status l3d_tp3d_block_bwd(l3d_tp3d_t *g, int orient, void *dx, float beta, float *dw,
+                              const void *dy, const void *x, const void *w, int Nr, int Iq,
+                              int Oq, l3d_dtype at, l3d_dtype wt);
 // Bytes one rank counts (l3d_comm_get_stats) in one forward and one backward (dx and dw) of
-// a layer of full sizes N, I, O and orientation `orient`, on each axis communicator, and calls.
-void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, uint64_t fwd[3],
+// a layer of full sizes N, I, O and orientation `orient`, on each axis communicator, and
+// calls, with es bytes an activation and weight element.
+void l3d_tp3d_linear_bytes(int q, int orient, int N, int I, int O, int es, uint64_t fwd[3],
                            uint64_t bwd[3], uint64_t calls_fwd[3], uint64_t calls_bwd[3]);
 
 #endif

@@ -377,7 +377,9 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
                                                          cfg->micro_batch_size, cfg->seq_len,
                                                          l3d_train_config_ckpt(cfg),
                                                          cfg->sequence_parallel,
-                                                         l3d_train_config_act_dtype(cfg), &host);
+                                                         l3d_train_config_act_dtype(cfg),
+                                                         l3d_train_config_weight_dtype(cfg),
+                                                         &host);
         mem->host_acts += (size_t)slots * host;
     }
 }

@@ -94,7 +94,19 @@ refuse "3d: tp not a cube" 'needs a cube tp' 's/"2d"/"3d"/'
 refuse "3d: micro-batch not a multiple of q^2" 'a multiple of 4' 's/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 2/' 3d
 refuse "3d: ZeRO-3" '"3d" does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/' 3d
 refuse "ZeRO-3" 'does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/'
-refuse "bf16" 'does not take bf16' 's/"steps_per_print"/"bf16": {"enabled": true}, "steps_per_print"/'
+
+# bf16 on the grid and the cube (tests/test_parallel_tp2d.c and tp3d.c hold them to the
+# float64 trajectory): they run and learn
+for mode in 2d 3d; do
+  sed 's/"steps_per_print"/"bf16": {"enabled": true}, "steps_per_print"/' "$tmp/$mode.json" >"$tmp/b$mode.json"
+  "$L3D" train --model "$tmp/model.json" --config "$tmp/b$mode.json" --metrics "$tmp/b$mode.jsonl" >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && losses "$tmp/b$mode.jsonl" | awk 'NR == 1 { f = $1 } { l = $1 } END { exit !(NR == 4 && l < f) }'; then
+    ok "$mode in bf16: runs and learns"
+  else
+    fail "$mode in bf16 (exit $rc)" "$tmp/out" "$tmp/b$mode.jsonl"
+  fi
+done
 
 # llama3-tiny itself (the default model: tied embeddings) as 2d and 3d threads
 "$L3D" train --config "$tmp/one.json" --metrics "$tmp/tied.jsonl" >"$tmp/out" 2>&1

@@ -74,7 +74,6 @@ Test(parallel_bf16, checkpointing_changes_no_bit, .timeout = 600) {
 // pipeline layout and ZeRO-3).
 static const z3_knobs_t k_persist = {5000, 0, 0, 0};  // the norms stay whole (< 5000 elements)
 static const off_knobs_t k_offload = {1, 1};
-static double tracks_bound(int fp16);
 
 Test(parallel_bf16, layouts_match_plan_and_estimate, .timeout = 900) {
     static const layout_t cases[] = {
@@ -128,23 +127,7 @@ Test(parallel_bf16, layouts_match_plan_and_estimate, .timeout = 900) {
     }
 }
 
-// The bound. check_run's argument (tests/harness/parallel.c): a run is the float64 trajectory
-// plus rounding errors amplified by the training dynamics, and sigma is the size float32's
-// rounding gives. A 16-bit run adds one rounding to each stored activation, activation gradient
-// and weight the passes read (and, data-parallel, to each gradient reduced in the 16-bit
-// communication_data_type), of at most 2^-8 (bfloat16) or 2^-11 (float16) relative where
-// float32's roundings are 2^-24: to first order the trajectory's error scales with the
-// rounding, so a bfloat16 run stays within 2^16 sigma of the float64 trajectory and a float16
-// one within 2^13, with T_BOUND (10) on top as for every layout; checked on the loss over all
-// steps. Measured: bfloat16 about 5000-7000 sigma (1.7e-3 on a loss near 4.5), float16 about
-// 250-450, on one rank and dp 2 x tp 2 with SP. A wrong element size or offset anywhere gives
-// a loss off by O(1) or NaN, far outside.
-// float16 runs under a static loss scale of 2^12 (fp16.loss_scale): every gradient this small
-// model makes stays inside float16's normal range with it (no overflow: each loss is finite
-// and every step applies; 2^-14 smallest normal), so only rounding is measured.
-static double tracks_bound(int fp16) {
-    return (fp16 ? 8192.0 : 65536.0) * 10;  // 2^-11 or 2^-8 over 2^-24, T_BOUND 10
-}
+// The bound: tracks_bound (tests/harness/parallel.c).
 
 static void tracks_float64(const char *kind, int *knob, int value) {
     reference();

@@ -42,6 +42,22 @@ Test(parallel_tp2d, tied_embeddings, .timeout = 300) {
     g_tp_mode = 0;
 }
 
+// 16-bit training on the grid: its blocks broadcast and reduced in the training dtype, the
+// weight gradients' partials in float32; the counted bytes and the memory as planned, the loss
+// on the float64 trajectory within the 16-bit bound (tracks_bound), and the tp traffic below
+// float32's. bf16 and fp16 alternate over one grid, dp 2 with ZeRO-1 and pp 2 (tied model).
+Test(parallel_tp2d, bf16_fp16, .timeout = 600) {
+    layout_t ls[] = {
+        {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0},  // one 2 x 2 grid, bf16
+        {2, 4, 1, 1, 0, 8, 0, 0.25f, 0, 0},  // dp 2 x 2d, ZeRO-1, fp16
+        {1, 4, 2, 0, 1, 8, 0, 0.25f, 0, 0},  // 2d x pp 2, recompute, bf16
+    };
+    reference();
+    g_tp_mode = 2;
+    check_16bit(ls, 3);
+    g_tp_mode = 0;
+}
+
 // A checkpoint holds the single-rank layout, so it resumes under either mode.
 Test(parallel_tp2d, resume_across_modes, .timeout = 300) {
     layout_t t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0}, d2t2 = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 0};

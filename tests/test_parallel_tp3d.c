@@ -43,6 +43,19 @@ Test(parallel_tp3d, tied_embeddings, .timeout = 600) {
     g_tp_mode = 0, g_micro = 0;
 }
 
+// 16-bit training on the cube (check_16bit, tests/harness/parallel.c): bf16 on one cube, fp16
+// with pp 2 (tied model).
+Test(parallel_tp3d, bf16_fp16, .timeout = 600) {
+    layout_t ls[] = {
+        {1, 8, 1, 0, 0, 4, 0, 0.25f, 0, 0},  // one 2 x 2 x 2 cube, bf16
+        {1, 8, 2, 0, 0, 4, 0, 0.25f, 0, 0},  // 3d x pp 2, fp16
+    };
+    reference();
+    g_tp_mode = 3, g_micro = 4;
+    check_16bit(ls, 2);
+    g_tp_mode = 0, g_micro = 0;
+}
+
 // A checkpoint holds the single-rank layout, so it resumes under any mode.
 Test(parallel_tp3d, resume_across_modes, .timeout = 600) {
     layout_t t8 = {1, 8, 1, 0, 0, 4, 0, 0.25f, 0, 0}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0};

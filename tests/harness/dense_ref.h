@@ -40,10 +40,12 @@ static inline float *l3d_ref_full(int which, int rows, int cols) {
 
 // got (nr x nc) against rows R0.., columns C0.. of A B (+ C0m, ldc0 columns):
 // A[R*ar + k*ak], B[k*bk + C*bc], k < K; 0 if within the bound, else 1 with err set.
-static inline int l3d_ref_check(const char *what, const float *got, int nr, int nc, int R0,
-                                int C0, int K, const float *A, int ar, int ak, const float *B,
-                                int bk, int bc, const float *C0m, int ldc0, char *err,
-                                size_t errlen) {
+// rel: roundings to a narrower dtype on the way (a 16-bit partial product, a 16-bit result),
+// each at most its unit roundoff of the same sum: the bound grows by rel * sum |a_k b_k|.
+static inline int l3d_ref_check_rel(const char *what, const float *got, int nr, int nc, int R0,
+                                    int C0, int K, const float *A, int ar, int ak,
+                                    const float *B, int bk, int bc, const float *C0m, int ldc0,
+                                    double rel, char *err, size_t errlen) {
     for (int r = 0; r < nr; r++)
         for (int c = 0; c < nc; c++) {
             int R = R0 + r, Cc = C0 + c;
@@ -52,7 +54,7 @@ static inline int l3d_ref_check(const char *what, const float *got, int nr, int 
                 double p = (double)A[R * ar + k * ak] * B[k * bk + Cc * bc];
                 e += p, s += fabs(p);
             }
-            double v = got[r * nc + c], bound = l3d_ref_gamma(K + (C0m != NULL)) * s;
+            double v = got[r * nc + c], bound = (l3d_ref_gamma(K + (C0m != NULL)) + rel) * s;
             if (fabs(v - e) > bound) {
                 snprintf(err, errlen, "%s[%d][%d] = %.9g, float64 %.9g (bound %.3g)", what, R, Cc,
                          v, e, bound);
@@ -60,6 +62,14 @@ static inline int l3d_ref_check(const char *what, const float *got, int nr, int 
             }
         }
     return 0;
+}
+
+static inline int l3d_ref_check(const char *what, const float *got, int nr, int nc, int R0,
+                                int C0, int K, const float *A, int ar, int ak, const float *B,
+                                int bk, int bc, const float *C0m, int ldc0, char *err,
+                                size_t errlen) {
+    return l3d_ref_check_rel(what, got, nr, nc, R0, C0, K, A, ar, ak, B, bk, bc, C0m, ldc0, 0.0,
+                             err, errlen);
 }
 
 #endif

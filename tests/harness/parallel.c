@@ -495,3 +495,50 @@ void resume_case(const layout_t *from, const layout_t *to) {
     reference();
     resume_case_to(from, to, &g_ref);
 }
+
+// The 16-bit bound. check_run's argument (above): a run is the float64 trajectory
+// plus rounding errors amplified by the training dynamics, and sigma is the size float32's
+// rounding gives. A 16-bit run adds one rounding to each stored activation, activation gradient
+// and weight the passes read (and, data-parallel, to each gradient reduced in the 16-bit
+// communication_data_type), of at most 2^-8 (bfloat16) or 2^-11 (float16) relative where
+// float32's roundings are 2^-24: to first order the trajectory's error scales with the
+// rounding, so a bfloat16 run stays within 2^16 sigma of the float64 trajectory and a float16
+// one within 2^13, with T_BOUND (10) on top as for every layout; checked on the loss over all
+// steps. Measured: bfloat16 about 5000-7000 sigma (1.7e-3 on a loss near 4.5), float16 about
+// 250-450, on one rank and dp 2 x tp 2 with SP (tests/test_parallel_bf16.c). A wrong element
+// size or offset anywhere gives a loss off by O(1) or NaN, far outside.
+// float16 runs under a static loss scale of 2^12 (fp16.loss_scale): every gradient this small
+// model makes stays inside float16's normal range with it (no overflow: each loss is finite
+// and every step applies; 2^-14 smallest normal), so only rounding is measured.
+double tracks_bound(int fp16) {
+    return (fp16 ? 8192.0 : 65536.0) * 10;  // 2^-11 or 2^-8 over 2^-24, T_BOUND 10
+}
+
+// 16-bit runs of the layouts ls[0..n), bfloat16 and float16 alternating (from bfloat16), each
+// beside the float32 run of the same layout: the counted bytes and the memory as planned
+// (check_plan_memory), the tp and pp traffic and the activations below float32's, the loss
+// within tracks_bound of the float64 reference g_ref (reference() first).
+void check_16bit(const layout_t *ls, int n) {
+    for (int i = 0; i < n; i++) {
+        result_t f32 = {0}, b16 = {0};
+        int fp16 = i % 2 == 1, *knob = fp16 ? &g_fp16 : &g_bf16;
+        run_layout(&ls[i], &f32);
+        *knob = fp16 ? 12 : 1;
+        run_layout(&ls[i], &b16);
+        *knob = 0;
+        char name[96];
+        snprintf(name, sizeof(name), "(%d,%d,%d) zero %d tp_mode %d %s", ls[i].dp, ls[i].tp,
+                 ls[i].pp, ls[i].zero, g_tp_mode, fp16 ? "fp16" : "bf16");
+        check_plan_memory(name, &b16);
+        uint64_t a16 = b16.plan[L3D_MESH_TP].bytes + b16.plan[L3D_MESH_PP].bytes;
+        uint64_t a32 = f32.plan[L3D_MESH_TP].bytes + f32.plan[L3D_MESH_PP].bytes;
+        cr_assert(a16 < a32, "%s: activation traffic %llu, float32 %llu", name,
+                  (unsigned long long)a16, (unsigned long long)a32);
+        cr_assert_lt(b16.mem[0].acts, f32.mem[0].acts, "%s", name);
+        double dl = 0, bound = tracks_bound(fp16) * g_ref.sigma[2];
+        for (int s = 0; s < STEPS; s++) dl = fmax(dl, fabs(b16.loss[s] - g_ref.loss64[s]));
+        cr_assert(dl <= bound, "%s: loss error %.3g, bound %.3g", name, dl, bound);
+        cr_log_info("%s: loss error %.0f sigma", name, dl / g_ref.sigma[2]);
+        free_result(&f32), free_result(&b16);
+    }
+}

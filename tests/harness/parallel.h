@@ -98,6 +98,12 @@ void reference(void);
 void reference_untied(result_t *ref);
 // Steps from s0 on and the final weights of `got` against ref's float64 trajectory.
 void check_run(const char *name, const result_t *got, const result_t *ref, int s0);
+// A 16-bit run's loss stays within tracks_bound(fp16) float32 sigmas of the float64
+// trajectory (derived above its definition).
+double tracks_bound(int fp16);
+// 16-bit runs of n layouts (bf16, fp16 alternating) against their float32 runs, the plan and
+// the float64 reference g_ref
+void check_16bit(const layout_t *ls, int n);
 // The counted communication of rank 0's last step equals the plan per group, and its
 // allocations the memory estimate, category by category.
 void check_plan_memory(const char *name, const result_t *got);
