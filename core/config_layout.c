@@ -129,8 +129,6 @@ static l3d_status check_grid_cube(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                          cfg->micro_batch_size, slices, slices);
     if (planning) no = NULL;
     else if (cfg->sequence_parallel) no = "parallel.sequence_parallel";
-    else if (cfg->zero_stage > 2) no = "ZeRO stage 3";
-    else if (cfg->offload_optimizer || cfg->offload_param) no = "ZeRO offload";
     else if (cfg->activation_checkpointing && (cfg->partition_activations ||
                                                cfg->cpu_checkpointing))
         no = "partition_activations / cpu_checkpointing";

@@ -92,8 +92,8 @@ refuse "tp not a square" 'needs a square tp' 's/"tp": 4/"tp": 2/'
 refuse "an unknown mode" 'expected "1d"' 's/"2d"/"4d"/'
 refuse "3d: tp not a cube" 'needs a cube tp' 's/"2d"/"3d"/'
 refuse "3d: micro-batch not a multiple of q^2" 'a multiple of 4' 's/"train_micro_batch_size_per_gpu": 4/"train_micro_batch_size_per_gpu": 2/' 3d
-refuse "3d: ZeRO-3" '"3d" does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/' 3d
-refuse "ZeRO-3" 'does not take ZeRO stage 3' 's/"steps_per_print"/"zero_optimization": {"stage": 3}, "steps_per_print"/'
+refuse "3d: sequence parallelism" '"3d" does not take parallel.sequence_parallel' 's/"tp_mode": "3d"/"tp_mode": "3d", "sequence_parallel": true/' 3d
+refuse "sequence parallelism" '"2d" does not take parallel.sequence_parallel' 's/"tp_mode": "2d"/"tp_mode": "2d", "sequence_parallel": true/'
 
 # bf16 on the grid and the cube (tests/test_parallel_tp2d.c and tp3d.c hold them to the
 # float64 trajectory): they run and learn

@@ -45,16 +45,32 @@ Test(parallel_tp2d, tied_embeddings, .timeout = 300) {
 // 16-bit training on the grid: its blocks broadcast and reduced in the training dtype, the
 // weight gradients' partials in float32; the counted bytes and the memory as planned, the loss
 // on the float64 trajectory within the 16-bit bound (tracks_bound), and the tp traffic below
-// float32's. bf16 and fp16 alternate over one grid, dp 2 with ZeRO-1 and pp 2 (tied model).
+// float32's. bf16 and fp16 alternate over one grid, dp 2 with ZeRO-1, pp 2 and dp 2 with
+// ZeRO-3 (tied model).
 Test(parallel_tp2d, bf16_fp16, .timeout = 600) {
     layout_t ls[] = {
         {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0},  // one 2 x 2 grid, bf16
         {2, 4, 1, 1, 0, 8, 0, 0.25f, 0, 0},  // dp 2 x 2d, ZeRO-1, fp16
         {1, 4, 2, 0, 1, 8, 0, 0.25f, 0, 0},  // 2d x pp 2, recompute, bf16
+        {2, 4, 1, 3, 0, 8, 0, 0.25f, 0, 0},  // dp 2 x 2d, ZeRO-3 (16-bit gathers), fp16
     };
     reference();
     g_tp_mode = 2;
-    check_16bit(ls, 3);
+    check_16bit(ls, 4);
+    g_tp_mode = 0;
+}
+
+// ZeRO-3 (each rank's blocks partitioned over dp, gathered per layer) and ZeRO offload on the
+// grid: the trajectory, the counted bytes and the memory as for 1D.
+Test(parallel_tp2d, zero3_and_offload, .timeout = 300) {
+    static const off_knobs_t both = {1, 1};
+    layout_t z3 = {2, 4, 1, 3, 0, 8, 0, 0.25f, 0, 0};  // dp 2 x 2d, ZeRO-3
+    reference();
+    g_tp_mode = 2;
+    compare_to(&z3, &g_ref);
+    g_off = &both;  // the optimizer and the parameters in host memory
+    compare_to(&z3, &g_ref);
+    g_off = NULL;
     g_tp_mode = 0;
 }
 

@@ -56,6 +56,18 @@ Test(parallel_tp3d, bf16_fp16, .timeout = 600) {
     g_tp_mode = 0, g_micro = 0;
 }
 
+// ZeRO-3 on the cube (16 threads), with the optimizer and the parameters offloaded.
+Test(parallel_tp3d, zero3_and_offload, .timeout = 600) {
+    static const off_knobs_t both = {1, 1};
+    layout_t z3 = {2, 8, 1, 3, 0, 4, 0, 0.25f, 0, 0};  // dp 2 x 3d, ZeRO-3
+    reference();
+    g_tp_mode = 3, g_micro = 4;
+    g_off = &both;
+    compare_to(&z3, &g_ref);
+    g_off = NULL;
+    g_tp_mode = 0, g_micro = 0;
+}
+
 // A checkpoint holds the single-rank layout, so it resumes under any mode.
 Test(parallel_tp3d, resume_across_modes, .timeout = 600) {
     layout_t t8 = {1, 8, 1, 0, 0, 4, 0, 0.25f, 0, 0}, t4 = {1, 4, 1, 0, 0, 8, 0, 0.25f, 0, 0};
