@@ -60,6 +60,7 @@ typedef struct l3d_ucx_peer {
     void *close_req;    // an unfinished ucp_ep_close_nbx
     int failed;         // error handler fired, the peer aborted, or a send to it was cancelled
     int npending;       // requests with this peer that UCX still owns
+    int stuck;          // a cancel with it waited its second in vain: later ones do not wait
     int watch;          // same host, error mode NONE: liveness is checked by pid (see ucx_addr.c)
     int sent;           // a send was posted since the last flush (fini flushes only these)
     int err_mode_peer;  // the endpoint was created with UCP_ERR_HANDLING_MODE_PEER

@@ -369,13 +369,18 @@ void l3d_ucx_cancel(l3d_transport_t *tp, l3d_tp_request_t *req) {
                 l3d_ucx_progress_all(u);  // the sweep closes the endpoint
             }
         }
-        // A receive matched to a rendezvous in progress finishes by itself shortly.
-        wait_done(u, req, 1.0);
-        if (!req->done && !req->abandoned)
+        // A receive matched to a rendezvous in progress finishes by itself shortly. A peer
+        // that let one cancel wait its second (stopped, not dead) gets no second wait: a
+        // failing rank cancels all its requests with it, one after the other.
+        l3d_ucx_peer_t *p = req->peer >= 0 && req->peer < u->nranks ? &u->peers[req->peer] : NULL;
+        wait_done(u, req, p && p->stuck ? 0.0 : 1.0);
+        if (!req->done && !req->abandoned && !(p && p->stuck)) {
             l3d_log(u->ctx, L3D_LOG_WARN, L3D_SUBSYS_COMM,
                     "ucx: cancelling a %s with rank %d did not finish within 1 s; its request "
-                    "is released when ucx completes it", req->is_send ? "send" : "recv",
-                    req->peer);
+                    "(and any later one with it) is released when ucx completes it",
+                    req->is_send ? "send" : "recv", req->peer);
+            if (p) p->stuck = 1;
+        }
     }
     if (req->done) {
         req_put(u, req);
