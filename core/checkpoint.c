@@ -20,8 +20,6 @@
 #include "platform/platform.h"
 
 #define TRAINER_STATE_FORMAT "llama3d-trainer-1"
-// The float32 masters of weights saved narrower (HF names, as model.safetensors).
-#define MASTER_FILE "master.safetensors"
 
 static l3d_status sys_error(l3d_ctx_t *ctx, int rc, const char *what, const char *path) {
     return l3d_error(ctx, L3D_ERR_IO, "%s %s: %s", what, path, strerror(-rc));
@@ -282,7 +280,7 @@ static l3d_status fill_trainer(void *arg, const char *tmp) {
     L3D_CHECK(t->ctx, write_model_files(m, tmp));
     // Weights saved narrower than float32: the float32 masters go beside them, and a resume
     // reads those (it continues the run exactly; the model files serve and fine-tune as HF's).
-    join(path, sizeof(path), tmp, MASTER_FILE);
+    join(path, sizeof(path), tmp, L3D_CKPT_MASTER_FILE);
     if (m->save.dtype != L3D_ST_F32) L3D_CHECK(t->ctx, write_arena(m, m->params, path, ""));
     join(path, sizeof(path), tmp, "optimizer.safetensors");
     L3D_CHECK(t->ctx, write_arena(m, cs->full ? cs->fm : cs->m, path, ".exp_avg"));
@@ -617,7 +615,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     // Any layout reads the single-rank layout: each rank converts only its own shards (the
     // float32 masters instead of narrower weights when the save kept them).
     st = load_weights(m, dir);
-    join(path, sizeof(path), dir, MASTER_FILE);
+    join(path, sizeof(path), dir, L3D_CKPT_MASTER_FILE);
     if (st >= 0 && l3d_path_exists(path)) st = read_file(m, m->params, path, "");
     join(path, sizeof(path), dir, "optimizer.safetensors");
     if (st >= 0) st = read_file(m, cs.m, path, ".exp_avg");

@@ -46,7 +46,8 @@ int l3d_ckpt_is_own_file(const char *name) {
     static const char *const own[] = {"config.json",          "model.safetensors",
                                       "optimizer.safetensors", "optimizer_sq.safetensors",
                                       "trainer_state.json",   "shards.json",
-                                      "model.safetensors.index.json", MARKER_NAME};
+                                      "model.safetensors.index.json", L3D_CKPT_MASTER_FILE,
+                                      MARKER_NAME};
     for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
         if (!strcmp(name, own[i])) return 1;
     for (const char *const *c = l3d_ckpt_carried_files; *c; c++)
@@ -260,6 +261,17 @@ void l3d_ckpt_tmp_remove(const char *tmp) { remove_marked(tmp); }
 
 l3d_status l3d_ckpt_tmp_publish(l3d_ctx_t *ctx, const char *tmp, const char *target) {
     char again[1100], marker[1200], *text = NULL;
+    // What is published here is what the next save to target vets: a file this save wrote
+    // that l3d_ckpt_is_own_file does not name would make that save refuse the directory (a
+    // bug in llama3d, caught at the first save rather than the second).
+    foreign_t f;
+    int rc = l3d_dir_each(tmp, find_foreign, &f);
+    if (rc == 1)
+        return l3d_error(ctx, L3D_ERR_INTERNAL, "saving %s: the save wrote '%s'%s, which the "
+                         "next save to it would refuse as foreign (a bug in llama3d; the "
+                         "previous version is kept)", target, f.name,
+                         f.is_file ? "" : " (not a regular file)");
+    if (rc) return io_error(ctx, rc, "listing", tmp);
     L3D_CHECK(ctx, l3d_ckpt_target_resolve(ctx, target, again, sizeof(again)));
     if (strcmp(again, target))
         return l3d_error(ctx, L3D_ERR_CONFIG, "save target %s became a symlink (to %s) while "
@@ -267,7 +279,7 @@ l3d_status l3d_ckpt_tmp_publish(l3d_ctx_t *ctx, const char *tmp, const char *tar
     // The version being replaced gets this save's marker first: after the swap it sits at
     // the temporary's name, and a kill while it is removed leaves it marked as ours.
     snprintf(marker, sizeof(marker), "%s/" MARKER_NAME, tmp);
-    int rc = l3d_file_read_all(marker, 4096, &text, NULL);
+    rc = l3d_file_read_all(marker, 4096, &text, NULL);
     if (rc) return io_error(ctx, rc, "reading", marker);
     if (l3d_path_is_dir(target)) rc = put_marker(target, text);
     free(text);

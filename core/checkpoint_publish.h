@@ -20,8 +20,11 @@
 #include "llama3d/ctx.h"
 #include "llama3d/status.h"
 
+// The float32 master weights a save writes beside weights saved narrower (core/checkpoint.c).
+#define L3D_CKPT_MASTER_FILE "master.safetensors"
 // 1 when `name` is a file llama3d writes into a checkpoint directory: its own files, Hugging
-// Face weight shards and index, and l3d_ckpt_carried_files.
+// Face weight shards and index, and l3d_ckpt_carried_files. A save that wrote any other name
+// could not be replaced by the next one: l3d_ckpt_tmp_publish refuses to publish it.
 int l3d_ckpt_is_own_file(const char *name);
 // What a Hugging Face model directory carries beside its weights, which a save copies from the
 // directory the weights came from (NULL-terminated): tokenizer.json, tokenizer.model,
@@ -35,8 +38,9 @@ l3d_status l3d_ckpt_target_resolve(l3d_ctx_t *ctx, const char *dir, char *out, s
 l3d_status l3d_ckpt_tmp_create(l3d_ctx_t *ctx, const char *target, int64_t pid, char *tmp,
                                size_t cap);
 // Vets `target` again (it may have changed while the files were written), swaps tmp in for
-// target and removes the previous version (marked as this save's, its marker last). On
-// failure the caller removes tmp with l3d_ckpt_tmp_remove.
+// target and removes the previous version (marked as this save's, its marker last). A tmp
+// holding a file that l3d_ckpt_is_own_file does not name is L3D_ERR_INTERNAL (the next save
+// would refuse the directory). On failure the caller removes tmp with l3d_ckpt_tmp_remove.
 l3d_status l3d_ckpt_tmp_publish(l3d_ctx_t *ctx, const char *tmp, const char *target);
 // Removes a temporary, its marker last (a kill midway leaves it recognisably ours).
 void l3d_ckpt_tmp_remove(const char *tmp);
