@@ -708,8 +708,10 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
     int lim = w->caps.max_inflight > 0 ? w->caps.max_inflight : 1 << 30;
     while (r->round < r->s.nr) {
         const l3d_sched_round_t *rd = &r->s.rd[r->round];
-        const l3d_sched_p2p_t *ops = &r->s.p2p[rd->p0];
-        const l3d_sched_lop_t *lops = &r->s.lop[rd->l0];
+        // A round without p2p or local ops may belong to a schedule whose array is NULL:
+        // &NULL[0] is undefined behaviour (UBSan stops every multi-rank run on it).
+        const l3d_sched_p2p_t *ops = rd->np ? &r->s.p2p[rd->p0] : NULL;
+        const l3d_sched_lop_t *lops = rd->nl ? &r->s.lop[rd->l0] : NULL;
         for (uint32_t i = 0; i < rd->np; i++) {
             if (r->state[i] != 0) continue;
             int native = ops[i].peer < 0, dummy = 0;
