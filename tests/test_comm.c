@@ -55,14 +55,22 @@ static uint16_t to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 static float from_bf16(uint16_t h) { return u2f((uint32_t)h << 16); }
+// The compiler's IEEE half conversion is the reference: _Float16, or where clang has no
+// _Float16 on x86 (before clang 15: the sanitizer build) its storage-only __fp16, which
+// converts with the same round-to-nearest-even.
+#if defined(__clang__) && __clang_major__ < 15
+typedef __fp16 ref_half;
+#else
+typedef _Float16 ref_half;
+#endif
 static uint16_t to_f16(float f) {
-    _Float16 h = (_Float16)f;
+    ref_half h = (ref_half)f;
     uint16_t u;
     memcpy(&u, &h, 2);
     return u;
 }
 static float from_f16(uint16_t u) {
-    _Float16 h;
+    ref_half h;
     memcpy(&h, &u, 2);
     return (float)h;
 }
