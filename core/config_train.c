@@ -395,18 +395,14 @@ static l3d_status check_eval(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, cons
     return L3D_OK;
 }
 
-// What the file alone decides; the batch identity and the layout wait for
-// l3d_train_config_finalize (core/config_layout.c).
+// What the file alone decides; seq_len against the model, the batch identity and the layout
+// wait for l3d_train_config_finalize (core/config_layout.c).
 static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *origin) {
     int perm[3];
     L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
     l3d_pp_kind kind;
     L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
     L3D_CHECK(ctx, l3d_model_config_validate(ctx, &cfg->model));
-    if (cfg->seq_len < 1 || cfg->seq_len > cfg->model.max_position_embeddings)
-        return l3d_error(ctx, L3D_ERR_CONFIG,
-                         "%s: data.seq_len: %d must be in [1, max_position_embeddings %d]",
-                         origin, cfg->seq_len, cfg->model.max_position_embeddings);
     if (cfg->steps < 0 || cfg->save_interval < 0 || cfg->num_threads < 0)
         return l3d_error(ctx, L3D_ERR_CONFIG,
                          "%s: train: steps %d, save_interval %d, threads %d must be >= 0", origin,
@@ -449,6 +445,13 @@ l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     if (!cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "train config: NULL argument");
     const char *origin = cfg->origin[0] ? cfg->origin : "train config";
     L3D_CHECK(ctx, finalize(ctx, cfg, origin));
+    // seq_len against the model's context waits for the flags too: --model or --seq-len may
+    // replace either side of what the file gave (a file's data.seq_len 4096 was refused
+    // against the default model before --model llama3-8b was read).
+    if (cfg->seq_len < 1 || cfg->seq_len > cfg->model.max_position_embeddings)
+        return l3d_error(ctx, L3D_ERR_CONFIG,
+                         "%s: data.seq_len: %d must be in [1, max_position_embeddings %d]",
+                         origin, cfg->seq_len, cfg->model.max_position_embeddings);
     // Text is tokenized with data.tokenizer, else the tokenizer the model's directory carries
     // (a Hugging Face model's own), else bytes.
     if (!cfg->tokenizer_path[0] && cfg->model_dir[0] && l3d_tokenizer_dir_has(cfg->model_dir))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # l3d train's configuration as a user meets it: the batch identity checked once (after the
-# file, the flags and the launcher's world), --dry-run refusing what the run refuses, the
-# DeepSpeed spelling --deepspeed_config, --resume without --model, the start-up summary's
-# schedule, and bad L3D_* environment values named. Every case takes a second or two.
+# file, the flags and the launcher's world), --model and --seq-len against the file's
+# seq_len, --dry-run refusing what the run refuses, the DeepSpeed spelling
+# --deepspeed_config, --resume without --model, the start-up summary's schedule, and bad L3D_*
+# environment values named. Every case takes a second or two.
 # Usage: cli_config.sh /path/to/l3d
 set -u
 L3D=$1
@@ -56,6 +57,22 @@ expect "--dp 2 with a file whose batch holds for dp 2" 0 "batch 32 = micro 4 x a
 expect "--dp 4 with that file names dp 4 and the fix" 2 \
   "dp 4 \(= 64\); set gradient_accumulation_steps to 2" \
   "$L3D" train --config "$tmp/dp2.json" --dp 4 --dry-run
+
+# ---- --model and --seq-len are read with the file, then checked once ------------------------
+# A file's data.seq_len 4096 was checked against the default model (llama3-tiny, 1024
+# positions) before --model was applied, and before --seq-len could replace it.
+echo '{"data": {"seq_len": 4096}}' >"$tmp/seq4096.json"
+expect "--model llama3-8b with the file's seq_len 4096" 0 "seq_len 4096 -> 32768 tokens" \
+  "$L3D" train --config "$tmp/seq4096.json" --model llama3-8b --dry-run
+expect "--seq-len 512 replaces the file's seq_len 4096" 0 "seq_len 512" \
+  "$L3D" train --config "$tmp/seq4096.json" --seq-len 512 --dry-run
+expect "the file's seq_len 4096 on llama3-tiny is still refused" 2 \
+  "data.seq_len: 4096 must be in \[1, max_position_embeddings 1024\]" \
+  "$L3D" train --config "$tmp/seq4096.json" --dry-run
+echo '{"model": "llama3-8b", "data": {"seq_len": 4096}}' >"$tmp/m8b.json"
+expect "--model llama3-tiny over a file's llama3-8b refuses its seq_len 4096" 2 \
+  "max_position_embeddings 1024" \
+  "$L3D" train --config "$tmp/m8b.json" --model llama3-tiny --dry-run
 
 # ---- --dry-run refuses what the run refuses, with the same message --------------------------
 for bad in "--tp 3" "--pp 5"; do

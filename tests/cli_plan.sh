@@ -79,6 +79,13 @@ assert a["comm_bytes"]["tp"] > b["comm_bytes"]["tp"], (a["comm_bytes"], b["comm_
 EOF
 then ok "config"; else fail "config" "$tmp/a.json" "$tmp/b.json" "$tmp/err"; fi
 
+# --config and --model are one configuration: the file's seq_len 4096 is not checked against
+# the default model (llama3-tiny, 1024 positions) before --model llama3-8b replaces it.
+echo '{"train_batch_size": 64, "data": {"seq_len": 4096}}' >"$tmp/seq4096.json"
+"$L3D" plan --config "$tmp/seq4096.json" "${base[@]}" --top 1 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 0 ] && ! grep -q max_position_embeddings "$tmp/err"; then ok "config seq_len with --model"
+else fail "config seq_len with --model" "$tmp/out" "$tmp/err"; fi
+
 # a measured link: bench comm --json on 2 thread ranks, read back by --intra
 "$L3D" bench comm allreduce -b 8 -e 64K -f 8 -n 20 -w 5 -c 0 --json "$tmp/ar.json" >/dev/null 2>"$tmp/err" &&
 "$L3D" plan --model llama3-tiny --gpus 2 --seq 64 --global-batch 8 --intra "$tmp/ar.json" --top 1 >"$tmp/out" 2>>"$tmp/err"

@@ -474,8 +474,8 @@ Test(config, model_sources) {
     // Inline: errors carry the file and section.
     ASSERT_ERR_HAS(ds_fresh("{\"model\": {\"hidden_size\": 64}}", &c), L3D_ERR_CONFIG,
                    "ds.json: model: intermediate_size: missing");
-    // seq_len beyond the model's context.
-    ASSERT_ERR_HAS(ds_fresh("{\"data\": {\"seq_len\": 2048}}", &c), L3D_ERR_CONFIG,
+    // seq_len beyond the model's context: once the flags are read too (finalize).
+    ASSERT_ERR_HAS(ds_final("{\"data\": {\"seq_len\": 2048}}", &c), L3D_ERR_CONFIG,
                    "data.seq_len");
 }
 

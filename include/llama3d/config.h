@@ -225,12 +225,14 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
 // as not yet effective, or rejected with L3D_ERR_CONFIG naming the key, its path and the
 // nearest valid key. The batch numbers are recorded (0: to be inferred), not yet resolved:
 // the identity involves dp, which command-line flags or a launcher's world may still set.
+// Likewise data.seq_len is not yet checked against the model (a flag may replace either).
 l3d_status l3d_train_config_from_json(l3d_ctx_t *ctx, const char *text, size_t len,
                                       const char *origin, l3d_train_config_t *cfg);
 l3d_status l3d_train_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_train_config_t *cfg);
-// Once the file, the overrides and dp, tp, pp are all known: resolves the batch identity with
-// DeepSpeed's rules (any two of the three numbers determine the third with dp; a mismatch is
-// an error naming all three, dp and the fix) and checks the layout against the model, the
+// Once the file, the overrides and dp, tp, pp are all known: checks seq_len against the
+// model's max_position_embeddings, resolves the batch identity with DeepSpeed's rules (any
+// two of the three numbers determine the third with dp; a mismatch is an error naming all
+// three, dp and the fix) and checks the layout against the model, the
 // pipeline schedule and the device, the same checks l3d_trainer_create_parallel makes.
 l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
 // Learning rate at optimizer step `step` (0-based) for the configured schedule.
