@@ -416,12 +416,19 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, z, zp, "stage3_max_live_parameters", L3D_NUM_GT0,
                                           &v, &have));
     if (have) cfg->stage3_max_live_parameters = v;
-    // The fp16 spelling is DeepSpeed's older name for the same switch.
-    int g16 = 0, gfp16 = 0;
+    // The fp16 spelling is DeepSpeed's older name for the same switch: both given must agree
+    // (either value would otherwise win without a word).
+    int g16 = 0, gfp16 = 0, have16 = 0, havefp16 = 0;
     L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, z, zp, "stage3_gather_16bit_weights_on_model_save",
-                                           &g16, NULL));
+                                           &g16, &have16));
     L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, z, zp, "stage3_gather_fp16_weights_on_model_save",
-                                           &gfp16, NULL));
+                                           &gfp16, &havefp16));
+    if (have16 && havefp16 && g16 != gfp16)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: zero_optimization.stage3_gather_16bit_weights_on_model_save %s and "
+                         "its old spelling stage3_gather_fp16_weights_on_model_save %s "
+                         "contradict each other; give one", j->origin, g16 ? "true" : "false",
+                         gfp16 ? "true" : "false");
     cfg->stage3_gather_16bit_weights_on_model_save = g16 || gfp16;
     L3D_CHECK(j->ctx, parse_offload(p, z, "offload_optimizer", &cfg->offload_optimizer,
                                     &cfg->offload_optimizer_pin));

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # l3d train's configuration as a user meets it: the batch identity checked once (after the
 # file, the flags and the launcher's world), --model and --seq-len against the file's
-# seq_len, --dry-run refusing what the run refuses, the DeepSpeed spelling
-# --deepspeed_config, --resume without --model, the start-up summary's schedule, and bad L3D_*
-# environment values named. Every case takes a second or two.
+# seq_len, --dry-run refusing what the run refuses, DeepSpeed's two spellings of a key
+# agreeing, the DeepSpeed spelling --deepspeed_config, --resume without --model, the start-up
+# summary's schedule, and bad L3D_* environment values named. Every case takes a second or two.
 # Usage: cli_config.sh /path/to/l3d
 set -u
 L3D=$1
@@ -94,6 +94,24 @@ if [ $drc -ne 0 ] && [ $rrc -ne 0 ] && grep -q "$msg" "$tmp/dry" && grep -q "$ms
 else
   fail "--dry-run world mismatch (dry exit $drc, run exit $rrc)" "$tmp/dry" "$tmp/run"
 fi
+
+# ---- DeepSpeed's two spellings of one key must agree ----------------------------------------
+# stage3_gather_fp16_weights_on_model_save is the old name of ..._16bit_...: true and false
+# were taken without a word (the true one won).
+gather() {
+  echo "{\"zero_optimization\": {\"stage\": 3, \"stage3_gather_16bit_weights_on_model_save\": $1,
+        \"stage3_gather_fp16_weights_on_model_save\": $2}}" >"$tmp/gather.json"
+}
+gather true false
+expect "gather 16bit true with fp16 false: exit 2 naming both" 2 \
+  "stage3_gather_16bit_weights_on_model_save true and its old spelling stage3_gather_fp16_weights_on_model_save false" \
+  "$L3D" train --config "$tmp/gather.json" --dry-run
+gather false true
+expect "gather 16bit false with fp16 true: exit 2" 2 "contradict each other" \
+  "$L3D" train --config "$tmp/gather.json" --dry-run
+gather true true
+expect "gather 16bit and fp16 both true: taken" 0 "zero stage 3" \
+  "$L3D" train --config "$tmp/gather.json" --dry-run
 
 # ---- DeepSpeed's spelling of --config ------------------------------------------------------
 expect "--deepspeed_config FILE is --config FILE" 0 "batch 16 = micro 2 x accumulation 4 x dp 2" \
