@@ -32,10 +32,27 @@ static l3d_status load_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *
 }
 
 // --layout K=V,...: the keys fixed; the rest searched. Returns 0 or prints why and -1.
+// Every item counts: an empty one (",,", a trailing comma) or a key given twice is refused,
+// not skipped or silently won by the last (tp=8,tp=4 would plan tp 4).
 static int parse_layout(const char *spec, l3d_plan_layout_t *f) {
+    static const char *const keys[] = {"dp", "tp", "pp", "cp", "v", "mb", "zero", "sp",
+                                       "recompute", "tp_mode"};
     char buf[512];
+    if (strlen(spec) >= sizeof(buf)) {
+        fprintf(stderr, "l3d plan: --layout: longer than %zu characters\n", sizeof(buf) - 1);
+        return -1;
+    }
     snprintf(buf, sizeof(buf), "%s", spec);
-    for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+    int seen[sizeof(keys) / sizeof(keys[0])] = {0};
+    for (char *kv = buf, *next; kv; kv = next) {
+        char *comma = strchr(kv, ',');
+        next = comma ? comma + 1 : NULL;
+        if (comma) *comma = 0;
+        if (!kv[0]) {
+            fprintf(stderr, "l3d plan: --layout '%s': an empty item (KEY=VALUE items separated "
+                    "by single commas, e.g. tp=8,pp=16)\n", spec);
+            return -1;
+        }
         char *eq = strchr(kv, '=');
         if (!eq) {
             fprintf(stderr, "l3d plan: --layout: '%s' is not KEY=VALUE (e.g. tp=8,pp=16)\n", kv);
@@ -43,21 +60,29 @@ static int parse_layout(const char *spec, l3d_plan_layout_t *f) {
         }
         *eq = 0;
         const char *k = kv, *v = eq + 1;
+        int ki = 0;
+        while (ki < (int)(sizeof(keys) / sizeof(keys[0])) && strcmp(k, keys[ki])) ki++;
+        if (ki == (int)(sizeof(keys) / sizeof(keys[0]))) {
+            fprintf(stderr, "l3d plan: --layout: unknown key '%s' (keys: dp, tp, pp, cp, v, mb, "
+                    "zero, recompute, sp, tp_mode)\n", k);
+            return -1;
+        }
+        if (seen[ki]++) {
+            fprintf(stderr, "l3d plan: --layout '%s': key '%s' given twice; give it once\n",
+                    spec, k);
+            return -1;
+        }
         long long x = 0;
         int *ints[] = {&f->dp, &f->tp, &f->pp, &f->cp, &f->v, &f->micro_batch, &f->zero_stage,
                        &f->sp};
-        const char *names[] = {"dp", "tp", "pp", "cp", "v", "mb", "zero", "sp"};
         const long long hi[] = {1 << 24, 4096, 4096, 4096, 64, 1 << 20, 3, 1};
-        int done = 0;
-        for (int i = 0; i < 8 && !done; i++) {
-            if (strcmp(k, names[i])) continue;
+        if (ki < 8) {
             char flag[32];
-            snprintf(flag, sizeof(flag), "--layout %s", k);
-            if (l3d_cli_int("plan", flag, v, i >= 6 ? 0 : 1, hi[i], &x)) return -1;
-            *ints[i] = (int)x;
-            done = 1;
-        }
-        if (!done && !strcmp(k, "recompute")) {
+            snprintf(flag, sizeof(flag), "--layout %s", keys[ki]);
+            if (l3d_cli_int("plan", flag, v, ki >= 6 ? 0 : 1, hi[ki], &x)) return -1;
+            *ints[ki] = (int)x;
+        } else if (!strcmp(k, "recompute")) {
+            int done = 0;
             for (int i = 0; i < 3; i++)
                 if (!strcmp(v, k_rc[i])) f->recompute = i, done = 1;
             if (!done) {
@@ -65,19 +90,12 @@ static int parse_layout(const char *spec, l3d_plan_layout_t *f) {
                         "full\n", v);
                 return -1;
             }
-        }
-        if (!done && !strcmp(k, "tp_mode")) {
+        } else {  // tp_mode
             if (strcmp(v, "1d") && strcmp(v, "2d") && strcmp(v, "3d")) {
                 fprintf(stderr, "l3d plan: --layout tp_mode: '%s' is not 1d, 2d or 3d\n", v);
                 return -1;
             }
             f->tp_mode = v[0] - '0';
-            done = 1;
-        }
-        if (!done) {
-            fprintf(stderr, "l3d plan: --layout: unknown key '%s' (keys: dp, tp, pp, cp, v, mb, "
-                    "zero, recompute, sp, tp_mode)\n", k);
-            return -1;
         }
     }
     return 0;

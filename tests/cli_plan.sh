@@ -26,6 +26,12 @@ usage "layout key" "unknown key 'tpp'" "${base[@]}" --layout tpp=2
 usage "layout value" "--layout tp: 'x'" "${base[@]}" --layout tp=x
 usage "recompute value" "not none, selective or full" "${base[@]}" --layout recompute=some
 usage "tp_mode value" "is not 1d, 2d or 3d" "${base[@]}" --layout tp_mode=4d
+# A key twice or an empty item was taken without a word (the last tp won; ",,," fixed nothing).
+usage "layout key twice" "key 'tp' given twice" "${base[@]}" --layout tp=8,tp=4
+usage "layout key twice, same value" "key 'pp' given twice" "${base[@]}" --layout pp=2,tp=2,pp=2
+for bad in ",,," "tp=8,,pp=2" "tp=8," ",tp=8" ""; do
+  usage "layout '$bad': empty item" "an empty item" "${base[@]}" --layout "$bad"
+done
 usage "unknown model" "unknown model preset 'llama9'" --model llama9 --gpus 8 --seq 64 --global-batch 8
 usage "no layout" "no valid layout of 16 GPUs" "${base[@]}" --layout tp=3
 echo '{"train_batch_size": 8, "zero_optimization": {"stage": 9}}' >"$tmp/bad.json"
