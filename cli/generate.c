@@ -33,11 +33,13 @@ typedef struct gen_job {
 } gen_job_t;
 
 // Streams generated text: each piece is flushed at once, and a failed write (a full disk,
-// a closed pipe with SIGPIPE ignored) stops the run instead of losing text silently.
-static l3d_status put_text(l3d_ctx_t *ctx, const char *p, size_t n) {
+// a closed pipe with SIGPIPE ignored) stops the run instead of losing text silently. *last
+// keeps the last byte written, so the text can be ended with a newline (0: nothing yet).
+static l3d_status put_text(l3d_ctx_t *ctx, const char *p, size_t n, char *last) {
     if ((n && fwrite(p, 1, n, stdout) != n) || fflush(stdout) != 0)
         return l3d_error(ctx, L3D_ERR_IO, "writing the text to standard output: %s",
                          strerror(errno));
+    if (n) *last = p[n - 1];
     return L3D_OK;
 }
 
@@ -182,7 +184,9 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         st = L3D_ERR_NOMEM;
         goto fail;
     }
-    if (rank == 0 && !job->chat) L3D_CHECK_GOTO(ctx, put_text(ctx, job->prompt, strlen(job->prompt)), st, fail);
+    char last = 0;
+    if (rank == 0 && !job->chat)
+        L3D_CHECK_GOTO(ctx, put_text(ctx, job->prompt, strlen(job->prompt), &last), st, fail);
     double t0 = l3d_time_now();
     L3D_CHECK_GOTO(ctx, l3d_infer_decode(inf, ids, (int)n_ids, logits), st, fail);
     double t_prefill = l3d_time_now() - t0;
@@ -213,17 +217,25 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
             }
             L3D_CHECK_GOTO(ctx, l3d_tokenizer_token_to_piece(tok, next, piece, piece_cap, &len),
                            st, fail);
-            L3D_CHECK_GOTO(ctx, put_text(ctx, piece, len), st, fail);
+            L3D_CHECK_GOTO(ctx, put_text(ctx, piece, len, &last), st, fail);
         }
         if (l3d_infer_len(inf) >= cap) break;
         L3D_CHECK_GOTO(ctx, l3d_infer_decode(inf, &next, 1, logits), st, fail);
     }
     double dt = l3d_time_now() - t1;
     if (rank == 0) {
+        // The text ends in a newline, so a shell prompt or the next line does not continue it.
+        if (last && last != '\n') L3D_CHECK_GOTO(ctx, put_text(ctx, "\n", 1, &last), st, fail);
+        // Neither an end-of-text id nor --max-tokens ended it: the model's context did (the
+        // KV cache holds max_position_embeddings tokens). Said, as llama.cpp says it.
+        if (!stopped && produced < job->n_new)
+            fprintf(stderr, "l3d generate: stopped: the context of %d tokens is full (%d of "
+                    "--max-tokens %lld generated)\n", cfg.max_position_embeddings, produced,
+                    job->n_new);
         char layout[64] = "";
         if (job->tp > 1 || job->pp > 1)
             snprintf(layout, sizeof(layout), ", tp %d x pp %d", job->tp, job->pp);
-        fprintf(stderr, "\nl3d generate: loaded in %.2f s%s; prompt %zu tokens in %.3f s (%.1f "
+        fprintf(stderr, "l3d generate: loaded in %.2f s%s; prompt %zu tokens in %.3f s (%.1f "
                 "tokens/s), %d tokens in %.3f s (%.1f tokens/s)%s\n", t_load, layout, n_ids,
                 t_prefill, t_prefill > 0 ? n_ids / t_prefill : 0.0, produced, dt,
                 dt > 0 ? produced / dt : 0.0, stopped ? ", stopped at an end-of-text id" : "");
