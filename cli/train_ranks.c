@@ -79,6 +79,15 @@ static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         l3d_train_print_memory(cfg, &mem, 0, rank, job->world);
     }
     if (rank == 0 && job->resume) print_resumed(job->resume, t, cfg);
+    // --steps counts the resumed steps too, so one at or below the checkpoint's trains nothing.
+    // As HF Trainer's max_steps, that is no error (rerunning a finished job is a no-op, and a
+    // resume with --save reshards a checkpoint), but it is said, not left to an empty log.
+    if (rank == 0 && job->resume && l3d_trainer_steps_done(t) >= cfg->steps) {
+        fprintf(stderr, "l3d train: checkpoint %s is at step %d and steps is %d (--steps or "
+                "train.steps, counting the resumed ones): nothing to train\n", job->resume,
+                l3d_trainer_steps_done(t), cfg->steps);
+        fflush(stderr);
+    }
     if (cfg->metrics_path[0] && rank == 0) {
         int e = l3d_metrics_open(cfg->metrics_path, job->resume != NULL, &mx);
         if (e) {

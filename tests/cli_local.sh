@@ -3,8 +3,8 @@
 # RANK/WORLD_SIZE runs the ranks as threads of one process over the in-process transport. The
 # losses equal the single rank's and the launched processes' (1e-5 relative, as
 # test_parallel), rank 0 alone prints, a failing rank stops its peers naming it, and the
-# process exits with that rank's code. Also: --resume without --model, and what
-# `l3d launch --transport local` means. Usage: cli_local.sh /path/to/l3d
+# process exits with that rank's code. Also: --resume without --model, --resume with --steps
+# at or below its step, and what `l3d launch --transport local` means. Usage: cli_local.sh /path/to/l3d
 set -u
 L3D=$1
 tmp=$(mktemp -d)
@@ -123,6 +123,21 @@ if [ $rc -eq 0 ] && grep -q "hidden 64, ffn 160, layers 2" "$tmp/res.out" \
 else
   fail "resume without --model (exit $rc)" "$tmp/res.out"
 fi
+
+# --steps at or below the checkpoint's step: nothing to train, said on stderr, exit 0 (it
+# exited 0 without a word), and --save still writes the checkpoint.
+for n in 1 2; do
+  "$L3D" train --config "$tmp/c.json" --resume "$tmp/ck" --steps $n --save "$tmp/ck.$n" \
+    >"$tmp/res$n.out" 2>"$tmp/res$n.err"
+  rc=$?
+  if [ $rc -eq 0 ] && grep -q "^l3d train: checkpoint $tmp/ck is at step 2 and steps is $n .*: nothing to train$" "$tmp/res$n.err" \
+     && ! grep -q "^step " "$tmp/res$n.out" && grep -q "^saved $tmp/ck.$n (step 2)" "$tmp/res$n.out"; then
+    ok "--resume at step 2 with --steps $n: 'nothing to train' on stderr, exit 0, saved"
+  else
+    fail "--resume with --steps $n (exit $rc)" "$tmp/res$n.out" "$tmp/res$n.err"
+  fi
+done
+if grep -q "nothing to train" "$tmp/res.out"; then fail "--steps 3 from step 2 said nothing to train" "$tmp/res.out"; fi
 
 "$L3D" train --resume "$tmp/none" --steps 1 >"$tmp/nores.out" 2>&1
 rc=$?
