@@ -29,6 +29,35 @@ static void help_env(void) {
                rows[i].help);
 }
 
+// One line: the nearest command, or, for a name that asks for what another command does
+// (llama.cpp's and ollama's `chat`), that command with its flags.
+static void unknown_command(const char *cmd) {
+    static const struct {
+        const char *name, *hint;
+    } known[] = {
+        {"train", "did you mean 'l3d train'?"}, {"generate", "did you mean 'l3d generate'?"},
+        {"forward", "did you mean 'l3d forward'?"}, {"tokenize", "did you mean 'l3d tokenize'?"},
+        {"launch", "did you mean 'l3d launch'?"}, {"bench", "did you mean 'l3d bench'?"},
+        {"plan", "did you mean 'l3d plan'?"},
+        {"chat", "to chat with a model: l3d generate --checkpoint DIR --chat M.json"},
+    };
+    const char *best = NULL;
+    size_t bestd = 99;
+    for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) {
+        size_t d = l3d_cli_edit_distance(cmd, known[k].name);
+        if (d < bestd) {
+            bestd = d;
+            best = known[k].hint;
+        }
+    }
+    // At most 2 edits, and at most half the name: "trian" is train, "caht" chat, "xy" nothing.
+    if (best && bestd <= 2 && 2 * bestd <= strlen(cmd))
+        fprintf(stderr, "l3d: unknown command '%s' (%s)\n", cmd, best);
+    else
+        fprintf(stderr, "l3d: unknown command '%s' (commands: train, generate, forward, "
+                "tokenize, launch, bench, plan; l3d --help)\n", cmd);
+}
+
 static int dispatch(int argc, char **argv) {
     if (argc < 2) return l3d_cmd_train(argc, argv);
     const char *cmd = argv[1];
@@ -52,8 +81,7 @@ static int dispatch(int argc, char **argv) {
                LLAMA3D_VERSION_PATCH);
         return L3D_EXIT_OK;
     }
-    fprintf(stderr, "l3d: unknown command '%s'\n", cmd);
-    usage(stderr);
+    unknown_command(cmd);
     return L3D_EXIT_USAGE;
 }
 

@@ -21,7 +21,14 @@ expect_error() {
   fi
 }
 
-expect_error "unknown command" "unknown command 'trian'" "$L3D" trian
+expect_error "unknown command" "unknown command 'trian' \(did you mean 'l3d train'\?\)" "$L3D" trian
+# llama.cpp's and ollama's word for it: the hint names generate --chat (it gave no hint).
+expect_error "unknown command chat" "unknown command 'chat' \(to chat with a model: l3d generate --checkpoint DIR --chat M.json\)" "$L3D" chat
+expect_error "unknown command caht" "l3d generate --checkpoint DIR --chat M.json" "$L3D" caht
+expect_error "unknown command, nothing near" "unknown command 'xyzzy' \(commands: train, generate" "$L3D" xyzzy
+for c in trian chat xyzzy; do
+  if [ "$("$L3D" $c 2>&1 | wc -l)" -ne 1 ]; then echo "FAIL unknown command $c: not one line"; fails=$((fails + 1)); fi
+done
 expect_error "unknown flag with suggestion" "did you mean '--steps'" "$L3D" train --stpes 3
 expect_error "missing flag value" "--steps needs a value" "$L3D" train --steps
 expect_error "non-integer steps" "--steps: 'ten' is not an integer" "$L3D" train --steps ten
