@@ -199,7 +199,8 @@ def check_ci(seg):
     return (None if key in CI else ".ci/run does not run '%s'" % key)
 
 def check_install(seg):
-    need = "--static --cflags --libs llama3d" if "pkg-config" in seg else "--install"
+    m = re.search(r"pkg-config ((?:--static )?--cflags --libs llama3d)", seg)
+    need = m.group(1) if m else "--install"
     return None if need in INSTALL_TEST else "tests/install_consumer.cmake lacks '%s'" % need
 
 def check_script(seg):
@@ -253,7 +254,7 @@ CHECK_ONLY = [
     (r"ctest --test-dir build\b", "is the suite this test is part of; CI runs it", check_ci),
     (r"cmake --install build --prefix /opt/", "writes /opt as root; the install_consumer test "
      "installs this build into its tree and builds examples/consumer against it", check_install),
-    (r"cc app\.c .*pkg-config --static --cflags --libs llama3d", "app.c is the reader's program; "
+    (r"cc app\.c .*pkg-config (--static )?--cflags --libs llama3d", "app.c is the reader's program; "
      "install_consumer links examples/consumer with the same pkg-config flags", check_install),
     (r"/usr/bin/python3 bench/train_step\.py ", "trains llama3d and torch for minutes; "
      "checked: the script's --help takes the doc's flags", check_script),

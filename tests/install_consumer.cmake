@@ -19,24 +19,29 @@ execute_process(COMMAND ${BIN}/consumer-build/consumer RESULT_VARIABLE rc)
 if(rc)
   message(FATAL_ERROR "the consumer failed: ${rc}")
 endif()
-# pkg-config: the static link line must build the same program.
+# pkg-config: the link line must build the same program, with --static and without it (the
+# archive is all llama3d installs, so what it needs is in Libs/Requires: a plain
+# `pkg-config --cflags --libs llama3d` missed pcre2, jansson and openblas).
 find_program(PKG_CONFIG pkg-config REQUIRED)
 set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig)
-execute_process(COMMAND ${PKG_CONFIG} --static --cflags --libs llama3d
-                OUTPUT_VARIABLE flags RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
-if(rc)
-  message(FATAL_ERROR "pkg-config llama3d failed")
-endif()
-separate_arguments(flags UNIX_COMMAND "${flags}")
-execute_process(COMMAND cc -std=c11 ${SRC}/examples/consumer/main.c -o ${BIN}/consumer-pc ${flags}
-                RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "linking the consumer with pkg-config flags failed")
-endif()
-execute_process(COMMAND ${BIN}/consumer-pc RESULT_VARIABLE rc)
-if(rc)
-  message(FATAL_ERROR "the pkg-config consumer failed: ${rc}")
-endif()
+foreach(args "--cflags --libs llama3d" "--static --cflags --libs llama3d")
+  separate_arguments(args UNIX_COMMAND "${args}")
+  execute_process(COMMAND ${PKG_CONFIG} ${args}
+                  OUTPUT_VARIABLE flags RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(rc)
+    message(FATAL_ERROR "pkg-config ${args} failed")
+  endif()
+  separate_arguments(flags UNIX_COMMAND "${flags}")
+  execute_process(COMMAND cc -std=c11 ${SRC}/examples/consumer/main.c -o ${BIN}/consumer-pc
+                          ${flags} RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "linking the consumer with pkg-config ${args} failed")
+  endif()
+  execute_process(COMMAND ${BIN}/consumer-pc RESULT_VARIABLE rc)
+  if(rc)
+    message(FATAL_ERROR "the consumer linked with pkg-config ${args} failed: ${rc}")
+  endif()
+endforeach()
 message(STATUS "install consumer: find_package and pkg-config builds both ran")
 # examples/chat: serving on the installed headers only (device, model, tokenizer, cache,
 # sampler), here on a checkpoint the installed l3d writes (the byte tokenizer: plain
