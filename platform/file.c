@@ -413,9 +413,20 @@ int l3d_path_is_dir(const char *path) {
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
+int l3d_path_present(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
 const char *l3d_path_kind(const char *path) {
     struct stat st;
-    if (stat(path, &st) != 0) return errno == ENOENT ? "missing" : "unreadable";
+    if (stat(path, &st) != 0) {
+        int err = errno;
+        if (err == ELOOP) return "a symlink loop";
+        if (err == ENOENT && lstat(path, &st) == 0 && S_ISLNK(st.st_mode))
+            return "a dangling symlink";
+        return err == ENOENT ? "missing" : "unreadable";
+    }
     if (S_ISREG(st.st_mode)) return "a regular file";
     if (S_ISDIR(st.st_mode)) return "a directory";
     if (S_ISFIFO(st.st_mode)) return "a FIFO (named pipe)";

@@ -80,8 +80,14 @@ int l3d_dir_swap(const char *src, const char *dst);
 int l3d_dir_remove_tree(const char *path);
 int l3d_path_exists(const char *path);
 int l3d_path_is_dir(const char *path);
+// Whether a directory entry named `path` is there, whatever it is (a symlink is not followed):
+// a reader asks this before reading a file that may be absent, so that a symlink loop, a
+// dangling link or a FIFO under that name is read, and refused with what it is, instead of
+// being taken for no file at all.
+int l3d_path_present(const char *path);
 // What `path` is, for messages: "a regular file", "a directory", "a FIFO (named pipe)",
-// "a character device", ..., "missing". Follows symlinks.
+// "a character device", ..., "a symlink loop", "a dangling symlink", "missing",
+// "unreadable". Follows symlinks.
 const char *l3d_path_kind(const char *path);
 // The size of what `path` names (following symlinks): 0 or -errno.
 int l3d_path_size(const char *path, uint64_t *size);
