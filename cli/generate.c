@@ -53,7 +53,7 @@ static l3d_status open_tokenizer(l3d_ctx_t *ctx, const gen_job_t *job, int vocab
     char path[1200];
     for (size_t i = 0; !from && i < sizeof(files) / sizeof(files[0]); i++) {
         snprintf(path, sizeof(path), "%s/%s", job->ckpt, files[i]);
-        if (l3d_path_exists(path)) from = job->ckpt;
+        if (l3d_path_present(path)) from = job->ckpt;
     }
     if (from) L3D_CHECK(ctx, l3d_tokenizer_open(ctx, from, tok_p));
     else L3D_CHECK(ctx, l3d_tokenizer_create_bytes(ctx, tok_p));
@@ -94,7 +94,7 @@ static l3d_status read_generation_config(l3d_ctx_t *ctx, const char *dir,
     char path[1200];
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
     l3d_generation_config_default(g);
-    return l3d_path_exists(path) ? l3d_generation_config_from_file(ctx, path, g) : L3D_OK;
+    return l3d_path_present(path) ? l3d_generation_config_from_file(ctx, path, g) : L3D_OK;
 }
 
 // The prompt's ids: --chat through the tokenizer's template, else the text with BOS (as

@@ -27,7 +27,7 @@ static l3d_status load_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *
         snprintf(path, sizeof(path), "%s/config.json", v);
         return l3d_model_config_from_file(ctx, path, mc);
     }
-    if (l3d_path_exists(v)) return l3d_model_config_from_file(ctx, v, mc);
+    if (l3d_path_present(v)) return l3d_model_config_from_file(ctx, v, mc);
     return l3d_model_config_preset(ctx, v, mc);  // reports the preset names
 }
 

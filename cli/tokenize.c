@@ -7,6 +7,7 @@
 #include <jansson.h>
 
 #include "cli/cli.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "platform/platform.h"
 
@@ -15,12 +16,7 @@
 // Reads a file, or standard input for NULL / "-", into a malloc'd buffer.
 static l3d_status read_input(l3d_ctx_t *ctx, const char *path, char **buf_p, size_t *len_p) {
     if (path && strcmp(path, "-")) {
-        int rc = l3d_file_read_all(path, 0, buf_p, len_p);
-        if (rc == 0) return L3D_OK;
-        int bad_path = rc == -ENOENT || rc == -ENOTDIR || rc == -EISDIR || rc == -EACCES ||
-                       rc == -EINVAL || rc == -ELOOP || rc == -ENAMETOOLONG;
-        return l3d_error(ctx, bad_path ? L3D_ERR_CONFIG : L3D_ERR_IO, "--in %s: %s", path,
-                         rc == -EISDIR || rc == -EINVAL ? l3d_path_kind(path) : strerror(-rc));
+        return l3d_input_read(ctx, path, "--in", 0, buf_p, len_p);
     }
     size_t cap = 1 << 16, n = 0;
     char *buf = malloc(cap);
@@ -65,11 +61,8 @@ static l3d_status write_output(l3d_ctx_t *ctx, const char *path, const void *dat
 
 l3d_status l3d_cli_read_chat(l3d_ctx_t *ctx, const char *path, json_t **root_p,
                              l3d_chat_message_t **msgs_p, size_t *n_p) {
-    json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
-    if (!root)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "--chat %s: line %d column %d: %s", path,
-                         err.line, err.column, err.text);
+    json_t *root;
+    L3D_CHECK(ctx, l3d_input_json(ctx, path, "--chat", 0, &root));
     *root_p = root;
     if (!json_is_array(root))
         return l3d_error(ctx, L3D_ERR_CONFIG,

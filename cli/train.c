@@ -33,7 +33,7 @@ static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_train_config_t *cfg)
         snprintf(cfg->model_dir, sizeof(cfg->model_dir), "%s", v);
         if (st >= 0 && (l3d_hf_is_weights_dir(v) || l3d_ckpt_dist_is(v)))
             snprintf(cfg->weights_dir, sizeof(cfg->weights_dir), "%s", v);
-    } else if (l3d_path_exists(v)) {
+    } else if (l3d_path_present(v)) {
         st = l3d_model_config_from_file(ctx, v, out);
     } else {
         st = l3d_model_config_preset(ctx, v, out);  // reports the preset names

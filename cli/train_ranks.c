@@ -10,16 +10,22 @@
 
 #include "cli/ranks.h"
 #include "cli/train.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "platform/platform.h"
 
 
 // "resumed DIR: step N, saved by dp x tp x pp" from the checkpoint's trainer_state.json, so
 // the user sees what the run continues (and from which layout it was resharded).
-static void print_resumed(const char *dir, l3d_trainer_t *t, const l3d_train_config_t *cfg) {
+// Resuming has read and checked the file; should it have changed since, only the layout note
+// is lost.
+static void print_resumed(l3d_ctx_t *ctx, const char *dir, l3d_trainer_t *t,
+                          const l3d_train_config_t *cfg) {
     char path[1100], layout[96] = "";
     snprintf(path, sizeof(path), "%s/trainer_state.json", dir);
-    json_t *s = json_load_file(path, 0, NULL), *l = s ? json_object_get(s, "layout") : NULL;
+    json_t *s = NULL;
+    if (l3d_input_json(ctx, path, NULL, 0, &s) < 0) s = NULL;
+    json_t *l = json_object_get(s, "layout");
     json_t *dp = json_object_get(l, "dp"), *tp = json_object_get(l, "tp"),
            *pp = json_object_get(l, "pp");
     if (json_is_integer(dp) && json_is_integer(tp) && json_is_integer(pp))
@@ -78,7 +84,7 @@ static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         if (rank == 0) l3d_train_print_config(cfg, t, job->nthreads);
         l3d_train_print_memory(cfg, &mem, 0, rank, job->world);
     }
-    if (rank == 0 && job->resume) print_resumed(job->resume, t, cfg);
+    if (rank == 0 && job->resume) print_resumed(ctx, job->resume, t, cfg);
     // --steps counts the resumed steps too, so one at or below the checkpoint's trains nothing.
     // As HF Trainer's max_steps, that is no error (rerunning a finished job is a no-op, and a
     // resume with --save reshards a checkpoint), but it is said, not left to an empty log.

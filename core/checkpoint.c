@@ -14,6 +14,7 @@
 #include "core/checkpoint_dist.h"
 #include "core/checkpoint_hf.h"
 #include "core/checkpoint_publish.h"
+#include "core/input.h"
 #include "core/model_internal.h"
 #include "core/safetensors.h"
 #include "core/trainer_internal.h"
@@ -567,11 +568,8 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     if (!l3d_path_is_dir(dir))
         return l3d_error(ctx, L3D_ERR_NOT_FOUND, "resume: %s: no such directory", dir);
     join(path, sizeof(path), dir, "trainer_state.json");
-    json_error_t jerr;
-    json_t *s = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!s)
-        return l3d_error(ctx, L3D_ERR_FORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
-                         jerr.text);
+    json_t *s;
+    L3D_CHECK(ctx, l3d_input_json(ctx, path, NULL, 0, &s));
     l3d_status st = L3D_OK;
     json_t *fmt = json_object_get(s, "format");
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), TRAINER_STATE_FORMAT))
@@ -616,7 +614,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     // float32 masters instead of narrower weights when the save kept them).
     st = load_weights(m, dir);
     join(path, sizeof(path), dir, L3D_CKPT_MASTER_FILE);
-    if (st >= 0 && l3d_path_exists(path)) st = read_file(m, m->params, path, "");
+    if (st >= 0 && l3d_path_present(path)) st = read_file(m, m->params, path, "");
     join(path, sizeof(path), dir, "optimizer.safetensors");
     if (st >= 0) st = read_file(m, cs.m, path, ".exp_avg");
     join(path, sizeof(path), dir, "optimizer_sq.safetensors");

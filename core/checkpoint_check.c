@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/checkpoint_dist.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 
 const char *const l3d_ckpt_suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
@@ -194,11 +195,7 @@ static int srect_cmp(const void *a, const void *b) {
 }
 
 static l3d_status load_json(l3d_ctx_t *ctx, const char *path, json_t **root_p) {
-    json_error_t jerr;
-    *root_p = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!*root_p)
-        return l3d_error(ctx, L3D_ERR_FORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
-                         jerr.text);
+    L3D_CHECK(ctx, l3d_input_json(ctx, path, NULL, 0, root_p));
     if (!json_is_object(*root_p)) {
         json_decref(*root_p);
         return l3d_error(ctx, L3D_ERR_FORMAT, "%s: not a JSON object", path);

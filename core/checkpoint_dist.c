@@ -10,6 +10,7 @@
 #include "core/checkpoint_dist.h"
 #include "core/checkpoint_hf.h"
 #include "core/checkpoint_publish.h"
+#include "core/input.h"
 #include "core/safetensors.h"
 #include "platform/platform.h"
 
@@ -18,7 +19,7 @@ static const char *const k_suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
 int l3d_ckpt_dist_is(const char *dir) {
     char path[1024];
     snprintf(path, sizeof(path), "%s/shards.json", dir);
-    return access(path, F_OK) == 0;
+    return l3d_path_present(path);  // a shards.json that is a FIFO is read, and refused
 }
 
 // ---- host views --------------------------------------------------------------------------
@@ -255,11 +256,8 @@ static l3d_status parse_entry(l3d_ctx_t *ctx, const char *path, const l3d_model_
 static l3d_status read_manifest(l3d_ctx_t *ctx, const char *dir, json_t **files_p) {
     char path[1100];
     snprintf(path, sizeof(path), "%s/shards.json", dir);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return l3d_error(ctx, L3D_ERR_FORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
-                         jerr.text);
+    json_t *root;
+    L3D_CHECK(ctx, l3d_input_json(ctx, path, NULL, 0, &root));
     json_t *fmt = json_object_get(root, "format"), *files = json_object_get(root, "files");
     l3d_status st = L3D_OK;
     if (!json_is_string(fmt) || strcmp(json_string_value(fmt), L3D_CKPT_DIST_FORMAT))

@@ -8,14 +8,17 @@
 
 #include "core/checkpoint_check.h"
 #include "core/checkpoint_hf.h"
+#include "core/input.h"
 #include "platform/platform.h"
 
 int l3d_hf_is_weights_dir(const char *dir) {
     char path[1200];
+    // Present, not readable: a weights file that is a FIFO or a symlink loop is refused when
+    // it is opened, not taken for a directory without weights (training from scratch).
     snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_WEIGHTS);
-    if (l3d_path_exists(path)) return 1;
+    if (l3d_path_present(path)) return 1;
     snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_INDEX);
-    return l3d_path_exists(path);
+    return l3d_path_present(path);
 }
 
 void l3d_hf_set_close(l3d_hf_set_t *set) {
@@ -120,7 +123,7 @@ static l3d_status open_index(l3d_ctx_t *ctx, const char *dir, const char *ipath,
     char path[1400];
     for (int i = 0; st >= 0 && i < set->n; i++) {
         snprintf(path, sizeof(path), "%s/%s", dir, json_string_value(json_array_get(names, (size_t)i)));
-        if (!l3d_path_exists(path))
+        if (!l3d_path_present(path))
             st = l3d_error(ctx, L3D_ERR_NOT_FOUND, "%s names shard %s, which does not exist",
                            ipath, path);
         else
@@ -154,16 +157,13 @@ l3d_status l3d_hf_set_open(l3d_ctx_t *ctx, const char *dir, l3d_hf_set_t *set) {
     char path[1200];
     memset(set, 0, sizeof(*set));
     snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_WEIGHTS);
-    if (l3d_path_exists(path)) return l3d_hf_set_open_file(ctx, path, set);
+    if (l3d_path_present(path)) return l3d_hf_set_open_file(ctx, path, set);
     snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_INDEX);
-    if (!l3d_path_exists(path))
+    if (!l3d_path_present(path))
         return l3d_error(ctx, L3D_ERR_NOT_FOUND, "%s holds no model weights (%s, or %s and its "
                          "shards)", dir, L3D_HF_WEIGHTS, L3D_HF_INDEX);
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return l3d_error(ctx, L3D_ERR_FORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column,
-                         jerr.text);
+    json_t *root;
+    L3D_CHECK(ctx, l3d_input_json(ctx, path, NULL, 0, &root));
     l3d_status st = open_index(ctx, dir, path, root, set);
     json_decref(root);
     if (st < 0) {
@@ -447,15 +447,14 @@ l3d_status l3d_ckpt_carry_files(l3d_ctx_t *ctx, const char *from, const char *to
     char src[1200], dst[1400];
     for (const char *const *c = l3d_ckpt_carried_files; *c; c++) {
         snprintf(src, sizeof(src), "%s/%s", from, *c);
-        if (!l3d_path_exists(src)) continue;
+        if (!l3d_path_present(src)) continue;
         char *buf = NULL;
         size_t len = 0;
         // A tokenizer.json is a few MB; 1 GB bounds a wrong file without refusing a real one.
-        int rc = l3d_file_read_all(src, (size_t)1 << 30, &buf, &len);
-        if (rc) return l3d_error(ctx, L3D_ERR_IO, "copying %s: %s", src, strerror(-rc));
+        L3D_CHECK(ctx, l3d_input_read(ctx, src, NULL, (size_t)1 << 30, &buf, &len));
         snprintf(dst, sizeof(dst), "%s/%s", to, *c);
         l3d_iovec_t io = {buf, len};
-        rc = l3d_file_write_atomic(dst, &io, 1);
+        int rc = l3d_file_write_atomic(dst, &io, 1);
         free(buf);
         if (rc) return l3d_error(ctx, L3D_ERR_IO, "writing %s: %s", dst, strerror(-rc));
     }

@@ -1,49 +1,22 @@
 // JSON helpers shared by the config parsers: typed getters, key checks, "did you mean".
-// defines: l3d_cfgjson_read_file, l3d_cfgjson_load, l3d_cfgjson_nearest,
+// defines: l3d_cfgjson_load, l3d_cfgjson_nearest,
 //          l3d_cfgjson_key_name, l3d_cfgjson_type_error, l3d_cfgjson_check_keys,
 //          l3d_cfgjson_get_ll, l3d_cfgjson_get_int, l3d_cfgjson_get_num,
 //          l3d_cfgjson_get_float, l3d_cfgjson_get_bool, l3d_cfgjson_get_str,
 //          l3d_cfgjson_get_obj
 #include "core/config_json.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "core/l3d_core.h"
-#include "platform/platform.h"
 
 // Room for a key name in a message. An error detail holds 1023 bytes, so an HF name cut here
 // shows exactly what the whole name would.
 #define NAME_CAP 1024
 
-// ---- files and documents -----------------------------------------------------------------
-l3d_status l3d_cfgjson_read_file(l3d_ctx_t *ctx, const char *path, const char *what,
-                                 char **buf_p, size_t *len_p) {
-    const size_t limit = (size_t)16 << 20;
-    int rc = l3d_file_read_all(path, limit, buf_p, len_p);
-    if (rc == 0) return L3D_OK;
-    // The user named this file: what is wrong with it is bad input (exit 2), said plainly.
-    if (rc == -ENOENT)
-        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "cannot read %s %s: %s", what, path,
-                         strerror(-rc));
-    if (rc == -EISDIR || rc == -EINVAL)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s %s: it is %s, not a regular file",
-                         what, path, l3d_path_kind(path));
-    if (rc == -EFBIG) {
-        uint64_t size = 0;
-        l3d_path_size(path, &size);
-        return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s %s: it is %.1f MiB; %s files are "
-                         "limited to %zu MiB", what, path, (double)size / (1 << 20), what,
-                         limit >> 20);
-    }
-    if (rc == -ENOMEM) return l3d_error(ctx, L3D_ERR_NOMEM, "reading %s %s", what, path);
-    if (rc == -EIO)
-        return l3d_error(ctx, L3D_ERR_IO, "cannot read %s %s: %s", what, path, strerror(-rc));
-    return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s %s: %s", what, path, strerror(-rc));
-}
-
+// ---- documents ---------------------------------------------------------------------------
 l3d_status l3d_cfgjson_load(l3d_ctx_t *ctx, const char *text, size_t len, const char *origin,
                             json_t **root_p) {
     json_error_t err;

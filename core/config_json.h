@@ -1,7 +1,7 @@
 // JSON helpers shared by the two config parsers: core/config_model.c (a Hugging Face
 // config.json) and core/config_train.c + core/config_deepspeed.c (a DeepSpeed ds_config.json).
 // Typed getters whose errors name the key, and the unknown-key check with its "did you mean".
-// defines: l3d_cfgjson_t, l3d_cfgjson_dialect, l3d_cfgjson_num_rule, l3d_cfgjson_read_file,
+// defines: l3d_cfgjson_t, l3d_cfgjson_dialect, l3d_cfgjson_num_rule, L3D_CFGJSON_FILE_MAX,
 //          l3d_cfgjson_load, l3d_cfgjson_nearest, l3d_cfgjson_key_name,
 //          l3d_cfgjson_type_error, l3d_cfgjson_check_keys, l3d_cfgjson_get_ll,
 //          l3d_cfgjson_get_int, l3d_cfgjson_get_num, l3d_cfgjson_get_float,
@@ -42,10 +42,8 @@ typedef enum l3d_cfgjson_num_rule {
     L3D_NUM_F32,   // finite and within a float's range
 } l3d_cfgjson_num_rule;
 
-// Reads the config file `path` (at most 16 MiB) into *buf_p, to be released with free();
-// `what` names it in the error ("cannot read <what> <path>: ...").
-l3d_status l3d_cfgjson_read_file(l3d_ctx_t *ctx, const char *path, const char *what,
-                                 char **buf_p, size_t *len_p);
+// The most a config file may hold (read with l3d_input_read, core/input.h).
+#define L3D_CFGJSON_FILE_MAX ((size_t)16 << 20)
 
 // Parses text[0..len) (duplicate keys rejected) into *root_p, which must be a JSON object;
 // the caller json_decref()s it. `origin` starts the messages.

@@ -13,6 +13,7 @@
 #include <jansson.h>
 
 #include "core/config_json.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "llama3d/config.h"
 
@@ -323,7 +324,7 @@ l3d_status l3d_model_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_mode
     if (!path || !cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "model config: NULL argument");
     char *buf = NULL;
     size_t len = 0;
-    L3D_CHECK(ctx, l3d_cfgjson_read_file(ctx, path, "model config", &buf, &len));
+    L3D_CHECK(ctx, l3d_input_read(ctx, path, "model config", L3D_CFGJSON_FILE_MAX, &buf, &len));
     l3d_status st = l3d_model_config_from_json(ctx, buf, len, path, cfg);
     free(buf);
     return st;
@@ -344,7 +345,8 @@ l3d_status l3d_generation_config_from_file(l3d_ctx_t *ctx, const char *path,
     l3d_generation_config_default(g);
     char *buf = NULL;
     size_t len = 0;
-    L3D_CHECK(ctx, l3d_cfgjson_read_file(ctx, path, "generation config", &buf, &len));
+    L3D_CHECK(ctx, l3d_input_read(ctx, path, "generation config",
+                                  L3D_CFGJSON_FILE_MAX, &buf, &len));
     json_t *root = NULL;
     l3d_status st = l3d_cfgjson_load(ctx, buf, len, path, &root);
     free(buf);

@@ -17,6 +17,7 @@
 #include "core/checkpoint_hf.h"
 #include "core/config_json.h"
 #include "core/config_train_internal.h"
+#include "core/input.h"
 #include "core/mesh.h"
 #include "core/pipeline.h"
 #include "core/l3d_core.h"
@@ -179,7 +180,7 @@ static l3d_status parse_model(const l3d_dsparser_t *p, json_t *root) {
         size_t len = strlen(path);
         snprintf(path + len, sizeof(path) - len, "/config.json");
     }
-    if (l3d_path_exists(path) <= 0) {
+    if (!l3d_path_present(path)) {  // a FIFO or a symlink loop is read, and refused as such
         const char *near = l3d_cfgjson_nearest(s, names, n_names);
         return l3d_error(j->ctx, L3D_ERR_CONFIG,
                          "%s: model: '%s' is neither a preset%s%s%s nor an existing config.json "
@@ -491,7 +492,7 @@ l3d_status l3d_train_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_trai
     if (!path || !cfg) return l3d_error(ctx, L3D_ERR_INVALID_ARG, "train config: NULL argument");
     char *buf = NULL;
     size_t len = 0;
-    L3D_CHECK(ctx, l3d_cfgjson_read_file(ctx, path, "config", &buf, &len));
+    L3D_CHECK(ctx, l3d_input_read(ctx, path, "config", L3D_CFGJSON_FILE_MAX, &buf, &len));
     l3d_status st = l3d_train_config_from_json(ctx, buf, len, path, cfg);
     free(buf);
     return st;

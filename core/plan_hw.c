@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/config_json.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "llama3d/plan.h"
 
@@ -122,7 +123,7 @@ static l3d_status read_measured(l3d_ctx_t *ctx, const char *path, l3d_plan_link_
     char *text = NULL;
     size_t len = 0;
     json_t *root = NULL;
-    L3D_CHECK(ctx, l3d_cfgjson_read_file(ctx, path, "measured link", &text, &len));
+    L3D_CHECK(ctx, l3d_input_read(ctx, path, "measured link", L3D_CFGJSON_FILE_MAX, &text, &len));
     l3d_status st = l3d_cfgjson_load(ctx, text, len, path, &root);
     free(text);
     if (st < 0) return st;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/safetensors.h"
 #include "platform/file_stream.h"
@@ -356,10 +357,7 @@ l3d_status l3d_st_open(l3d_ctx_t *ctx, const char *path, l3d_st_file_t **f_p) {
     *f_p = NULL;
     const void *map;
     size_t map_len;
-    int rc = l3d_file_map(path, &map, &map_len);
-    if (rc != 0)
-        return l3d_error(ctx, rc == -ENOENT ? L3D_ERR_NOT_FOUND : L3D_ERR_IO,
-                         "%s: cannot open: %s", path, strerror(-rc));
+    L3D_CHECK(ctx, l3d_input_map(ctx, path, NULL, &map, &map_len));
     l3d_status st = l3d_st_parse(ctx, map, map_len, path, f_p);
     if (st < 0) {
         l3d_file_unmap(map, map_len);

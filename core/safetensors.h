@@ -45,7 +45,8 @@ typedef struct l3d_st_tensor {
 
 typedef struct l3d_st_file l3d_st_file_t;
 
-// Maps `path` and validates its header. The mapping lives until l3d_st_close.
+// Maps `path` (l3d_input_map: a file that is not a regular one is refused, never blocked on)
+// and validates its header. The mapping lives until l3d_st_close.
 l3d_status l3d_st_open(l3d_ctx_t *ctx, const char *path, l3d_st_file_t **f_p);
 // Validates an in-memory buffer (not copied: it must outlive the file object). `origin`
 // names it in errors. Used by l3d_st_open and the fuzz target.

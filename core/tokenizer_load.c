@@ -10,7 +10,6 @@
 //                  ByteLevel{use_regex true} alone (GPT-2's pattern), add_prefix_space false
 //   decoder: ByteLevel (or null)
 // post_processor is not applied: callers ask for BOS with L3D_TOKENIZE_BOS.
-#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,6 +17,7 @@
 #include <jansson.h>
 
 #include "core/data_internal.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/tokenizer_bpe.h"
 #include "platform/platform.h"
@@ -81,18 +81,13 @@ static int is_null_or_empty(json_t *v) {
 static l3d_status read_json(l3d_ctx_t *ctx, const char *path, json_t **root_p, uint64_t *hash) {
     char *text = NULL;
     size_t len = 0;
-    int rc = l3d_file_read_all(path, MAX_FILE, &text, &len);
-    if (rc < 0)
-        return l3d_error(ctx, rc == -ENOENT ? L3D_ERR_NOT_FOUND : L3D_ERR_IO, "%s: %s", path,
-                         rc == -EISDIR || rc == -EINVAL ? l3d_path_kind(path) : strerror(-rc));
+    L3D_CHECK(ctx, l3d_input_read(ctx, path, NULL, MAX_FILE, &text, &len));
     *hash = l3d_fnv1a64(*hash, text, len);
-    json_error_t err;
+    json_t *root;
     // tokenizer_config.json's model_max_length can be 1e30, beyond jansson's integers.
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &err);
+    l3d_status st = l3d_input_parse(ctx, path, NULL, text, len, JSON_DECODE_INT_AS_REAL, &root);
     free(text);
-    if (!root)
-        return l3d_error(ctx, L3D_ERR_FORMAT, "%s: line %d column %d: %s", path, err.line,
-                         err.column, err.text);
+    L3D_CHECK(ctx, st);
     if (!json_is_object(root)) {
         json_decref(root);
         return l3d_error(ctx, L3D_ERR_FORMAT, "%s: not a JSON object", path);
@@ -630,10 +625,9 @@ static int is_dir(const char *p) {
     return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
 }
 
-static int is_file(const char *p) {
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
+// Whether there is an entry under this name, whatever it is: a tokenizer file that is a FIFO,
+// a directory or a symlink loop is read, and refused as such, never taken for an absent file.
+static int present(const char *p) { return l3d_path_present(p); }
 
 int l3d_tokenizer_dir_has(const char *dir) {
     static const char *const names[] = {"tokenizer.json", "tokenizer.model",
@@ -642,7 +636,7 @@ int l3d_tokenizer_dir_has(const char *dir) {
     if (!dir || !is_dir(dir)) return 0;
     for (size_t k = 0; k < 3; k++) {
         snprintf(file, sizeof(file), "%s/%s", dir, names[k]);
-        if (is_file(file)) return 1;
+        if (present(file)) return 1;
     }
     return 0;
 }
@@ -657,7 +651,7 @@ l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
         size_t k = 0;
         for (; k < 3; k++) {
             snprintf(file, sizeof(file), "%s/%s", path, names[k]);
-            if (is_file(file)) break;
+            if (present(file)) break;
         }
         if (k == 3)
             return l3d_error(ctx, L3D_ERR_NOT_FOUND,
@@ -669,7 +663,7 @@ l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
         const char *slash = strrchr(path, '/');
         snprintf(cfg, sizeof(cfg), "%.*stokenizer_config.json",
                  slash ? (int)(slash - path + 1) : 0, path);
-        if (!is_file(cfg) && slash && slash - path >= 9 && !strncmp(slash - 9, "/original", 9))
+        if (!present(cfg) && slash && slash - path >= 9 && !strncmp(slash - 9, "/original", 9))
             snprintf(cfg, sizeof(cfg), "%.*stokenizer_config.json", (int)(slash - path - 8),
                      path);  // Meta's original/tokenizer.model: the config is one level up
     }
@@ -678,30 +672,20 @@ l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
     l3d_bpe_t *b = NULL;
     l3d_tokenizer_t *tok = NULL;
     l3d_status st = L3D_OK;
-    int have_cfg = is_file(cfg);
+    int have_cfg = present(cfg);
     if (have_cfg) L3D_CHECK(ctx, read_json(ctx, cfg, &config, &hash));
     char *text = NULL;
     size_t len = 0;
-    int rc = l3d_file_read_all(file, MAX_FILE, &text, &len);
-    if (rc < 0) {
-        st = l3d_error(ctx, rc == -ENOENT ? L3D_ERR_NOT_FOUND : L3D_ERR_IO, "%s: %s", file,
-                       rc == -EISDIR || rc == -EINVAL ? l3d_path_kind(file) : strerror(-rc));
-        goto out;
-    }
+    L3D_CHECK_GOTO(ctx, l3d_input_read(ctx, file, NULL, MAX_FILE, &text, &len), st, out);
     hash = l3d_fnv1a64(hash, text, len);
     size_t i = 0;
     while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
         i++;
     if (i < len && text[i] == '{') {  // tokenizer.json, whatever its name
-        json_error_t err;
-        root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &err);
+        st = l3d_input_parse(ctx, file, NULL, text, len, 0, &root);
         free(text);
         text = NULL;
-        if (!root) {
-            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: line %d column %d: %s", file, err.line,
-                           err.column, err.text);
-            goto out;
-        }
+        if (st < 0) goto out;
         L3D_CHECK_GOTO(ctx, load_hf_json(ctx, file, root, &b), st, out);
     } else {
         L3D_CHECK_GOTO(ctx, load_tiktoken(ctx, file, text, len, config, &b), st, out);

@@ -10,10 +10,11 @@ fails=0; passes=0
 ok() { echo "ok   $1"; passes=$((passes + 1)); }
 bad() { echo "FAIL $1"; fails=$((fails + 1)); }
 
-# expect_exit NAME CODE PATTERN CMD...: exit status CODE and stderr matching PATTERN
+# expect_exit NAME CODE PATTERN CMD...: exit status CODE and stderr matching PATTERN (a hang
+# is a failure too: `timeout` only bounds a case that would otherwise never return)
 expect_exit() {
   local name=$1 code=$2 pat=$3; shift 3
-  "$@" >"$tmp/out" 2>"$tmp/err"
+  timeout 60 "$@" >"$tmp/out" 2>"$tmp/err" </dev/null
   local rc=$?
   if [ $rc -ne "$code" ] || ! grep -qE -e "$pat" "$tmp/err" ||
      [ "$(wc -l <"$tmp/err")" -gt 1 ]; then
@@ -95,6 +96,9 @@ expect_exit "chat message without content" 2 "message 1 needs string" \
 echo '[{"role": ' > "$tmp/m3.json"
 expect_exit "chat syntax error" 2 "m3.json: line" \
   "$L3D" tokenize --tokenizer "$T" --chat "$tmp/m3.json"
+mkfifo "$tmp/chat.fifo"
+expect_exit "--chat a FIFO: refused at once" 2 "chat.fifo: it is a FIFO" \
+  "$L3D" tokenize --tokenizer "$T" --chat "$tmp/chat.fifo"
 expect_exit "chat with --bos" 2 "no --in, --decode or --bos" \
   "$L3D" tokenize --tokenizer "$T" --chat "$tmp/m.json" --bos
 mkdir "$tmp/other" && cp "$T/tokenizer.json" "$tmp/other/"

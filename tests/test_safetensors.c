@@ -537,7 +537,10 @@ Test(safetensors, read_errors) {
     snprintf(path, sizeof(path), "%s/none.safetensors", dir);
     cr_assert_eq(l3d_st_open(ctx, path, &f), L3D_ERR_NOT_FOUND);
     cr_assert(strstr(l3d_ctx_last_error(ctx), path));
-    cr_assert_eq(l3d_st_open(ctx, dir, &f), L3D_ERR_IO);
+    // Not a regular file: bad input naming what it is (exit 2), not an I/O failure.
+    cr_assert_eq(l3d_st_open(ctx, dir, &f), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "it is a directory, not a regular file"), "%s",
+              l3d_ctx_last_error(ctx));
     write_file(path, "", 0);
     cr_assert_eq(l3d_st_open(ctx, path, &f), L3D_ERR_FORMAT);
     cr_assert_eq(l3d_dir_remove_tree(dir), 0);
