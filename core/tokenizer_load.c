@@ -681,11 +681,22 @@ l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
     size_t i = 0;
     while (i < len && (text[i] == ' ' || text[i] == '\n' || text[i] == '\r' || text[i] == '\t'))
         i++;
-    if (i < len && text[i] == '{') {  // tokenizer.json, whatever its name
+    // JSON when it is named so or opens like JSON (whatever its name): its errors are then
+    // JSON's, never the tiktoken reader's "line 1 is not base64-token rank". A tiktoken line
+    // starts with base64, which has neither brace nor bracket.
+    size_t fl = strlen(file);
+    int json = (fl >= 5 && !strcmp(file + fl - 5, ".json")) ||
+               (i < len && (text[i] == '{' || text[i] == '['));
+    if (json) {
         st = l3d_input_parse(ctx, file, NULL, text, len, 0, &root);
         free(text);
         text = NULL;
         if (st < 0) goto out;
+        if (!json_is_object(root)) {
+            st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: not a JSON object (a tokenizer.json is "
+                           "{\"model\": ..., \"added_tokens\": ...})", file);
+            goto out;
+        }
         L3D_CHECK_GOTO(ctx, load_hf_json(ctx, file, root, &b), st, out);
     } else {
         L3D_CHECK_GOTO(ctx, load_tiktoken(ctx, file, text, len, config, &b), st, out);

@@ -398,6 +398,19 @@ Test(bpe, bad_tokenizer_json) {
     expect_bad_json(r, "ignore_merges is not a boolean");
 }
 
+// A file named *.json, or whose first non-space byte opens a JSON value, is read as JSON and
+// errs as JSON, never as the tiktoken reader's lines.
+Test(bpe, json_that_is_not_an_object) {
+    expect_bad_text("tokenizer.json", "[1, 2]", L3D_ERR_FORMAT,
+                    "tokenizer.json: not a JSON object");
+    expect_bad_text("tokenizer.json", "  \"vocab\"\n", L3D_ERR_FORMAT,
+                    "tokenizer.json: line 1 column 9: invalid JSON");
+    expect_bad_text("tokenizer.json", "hello", L3D_ERR_FORMAT, "line 1 column 5: invalid JSON");
+    expect_bad_text("tokenizer.json", "", L3D_ERR_FORMAT, "invalid JSON");
+    expect_bad_text("tok.txt", "\n [{\"a\": 1}]", L3D_ERR_FORMAT, "tok.txt: not a JSON object");
+    expect_bad_text("tok.txt", "[1, ", L3D_ERR_FORMAT, "tok.txt: line 1 column 4: invalid JSON");
+}
+
 Test(bpe, bad_tokenizer_model) {
     expect_bad_text("tokenizer.model", "YQ== 0\nYg== 0\n", L3D_ERR_FORMAT,
                     "line 2: the rank is not a number in [0, 2) given once");
