@@ -2,45 +2,38 @@
 // recognised among the templates Meta shipped and each is reimplemented here for plain
 // conversations (no tools).
 //
-// Recognition compares the FNV-1a 64 of the template text with every ASCII whitespace
-// character removed, so re-indented copies of the same template are still recognised. The
-// texts hashed are in tests/data/chat_templates/ (test_tokenizer checks the hashes).
+// Recognition is exact: the template's length and the FNV-1a 64 of all its bytes. Whitespace
+// outside a tag is text that Jinja renders (a trailing space is kept in the output), so a
+// template that differs from a known one only by whitespace is another template, and is
+// refused rather than formatted as the known one. The texts hashed are in
+// tests/data/chat_templates/ (test_chat checks that each is recognised).
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "core/data.h"
+#include "core/data_internal.h"  // l3d_fnv1a64
 #include "core/l3d_core.h"
 
 typedef struct known_template {
     l3d_chat_template_t kind;
+    size_t len;
     uint64_t hash;
     const char *name;
 } known_template_t;
 
 static const known_template_t known[] = {
-    {L3D_CHAT_LLAMA3, 0xa51b8334a8570964ull, "Llama 3 Instruct"},
-    {L3D_CHAT_LLAMA31, 0xaebd5c0840840318ull, "Llama 3.1 / 3.3 Instruct"},
-    {L3D_CHAT_LLAMA32, 0x2d8337e903ecaadeull, "Llama 3.2 Instruct"},
+    {L3D_CHAT_LLAMA3, 348, 0x74891e390e614ae2ull, "Llama 3 Instruct"},
+    {L3D_CHAT_LLAMA31, 4614, 0x60848a05837ce656ull, "Llama 3.1 / 3.3 Instruct"},
+    {L3D_CHAT_LLAMA32, 3827, 0x0ac29b9538e2befaull, "Llama 3.2 Instruct"},
 };
-
-static int ascii_space(unsigned char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
-}
 
 l3d_status l3d_chat_template_recognise(l3d_ctx_t *ctx, const char *text, size_t len,
                                        const char *origin, l3d_chat_template_t *kind_p) {
     if (!kind_p || (!text && len))
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "chat template: null argument");
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)text[i];
-        if (ascii_space(c)) continue;
-        h ^= c;
-        h *= 0x100000001b3ull;
-    }
+    uint64_t h = l3d_fnv1a64(0xcbf29ce484222325ull, text, len);
     for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
-        if (known[i].hash == h) {
+        if (known[i].len == len && known[i].hash == h) {
             *kind_p = known[i].kind;
             return L3D_OK;
         }
@@ -48,7 +41,8 @@ l3d_status l3d_chat_template_recognise(l3d_ctx_t *ctx, const char *text, size_t 
     *kind_p = L3D_CHAT_NONE;
     return l3d_error(ctx, L3D_ERR_UNSUPPORTED,
                      "%s: the chat_template is not one llama3d knows (it formats Meta's Llama 3, "
-                     "3.1/3.3 and 3.2 Instruct templates and has no general Jinja engine)",
+                     "3.1/3.3 and 3.2 Instruct templates, exactly as shipped, and has no general "
+                     "Jinja engine)",
                      origin ? origin : "tokenizer");
 }
 

@@ -106,6 +106,21 @@ echo '{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}' >
   "$tmp/other/tokenizer_config.json"
 expect_exit "unknown chat template" 2 "chat_template is not one llama3d knows" \
   "$L3D" tokenize --tokenizer "$tmp/other" --chat "$tmp/m.json"
+# Jinja keeps whitespace outside its tags: a known template plus a trailing space is another
+# template, which llama3d cannot render, not the known one.
+mkdir "$tmp/trail" && cp "$T/tokenizer.json" "$tmp/trail/"
+/usr/bin/python3 - "$T/tokenizer_config.json" "$tmp/trail/tokenizer_config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["chat_template"] += " "
+json.dump(c, open(sys.argv[2], "w"))
+PY
+expect_exit "known chat template + a trailing space" 2 "chat_template is not one llama3d knows" \
+  "$L3D" tokenize --tokenizer "$tmp/trail" --chat "$tmp/m.json"
+# A tokenizer.json that is JSON but not an object errs as JSON, not as a tiktoken file.
+mkdir "$tmp/arr" && echo '[1, 2]' > "$tmp/arr/tokenizer.json"
+expect_exit "tokenizer.json a JSON array" 2 "arr/tokenizer.json: not a JSON object" \
+  "$L3D" tokenize --tokenizer "$tmp/arr" --in "$tmp/in.txt"
 expect_exit "unknown flag" 2 "did you mean '--decode'" "$L3D" tokenize --tokenizer "$T" --decod
 # A failed write is a runtime failure: exit 1.
 if [ -w /dev/full ]; then

@@ -28,15 +28,29 @@ Test(chat, recognises_meta_templates_only) {
         cr_assert_eq(l3d_chat_template_recognise(ctx, t, n, files[i], &k), L3D_OK, "%s: %s",
                      files[i], l3d_ctx_last_error(ctx));
         cr_assert_eq(k, kinds[i], "%s", files[i]);
-        // Re-indented: still the same template.
+        // Whitespace is text to Jinja, which keeps it: a template that differs only by
+        // whitespace (trailing, or re-indented) is not the known one, and is refused.
         char *wide = malloc(2 * n + 8);
         size_t w = 0;
         for (size_t j = 0; j < n; j++) {
             wide[w++] = t[j];
             if (t[j] == '}') wide[w++] = '\n';
         }
-        cr_assert_eq(l3d_chat_template_recognise(ctx, wide, w, files[i], &k), L3D_OK);
-        cr_assert_eq(k, kinds[i]);
+        k = kinds[i];
+        cr_assert_eq(l3d_chat_template_recognise(ctx, wide, w, files[i], &k),
+                     L3D_ERR_UNSUPPORTED, "%s re-indented", files[i]);
+        cr_assert_eq(k, L3D_CHAT_NONE);
+        static const char *const tails[] = {" ", "\n", "\t", "\n\n"};
+        for (size_t j = 0; j < sizeof(tails) / sizeof(tails[0]); j++) {
+            memcpy(wide, t, n);
+            memcpy(wide + n, tails[j], strlen(tails[j]));
+            cr_assert_eq(l3d_chat_template_recognise(ctx, wide, n + strlen(tails[j]), files[i],
+                                                     &k),
+                         L3D_ERR_UNSUPPORTED, "%s + trailing whitespace %zu", files[i], j);
+        }
+        // Without its last byte (the final newline of 3.1's and 3.2's): refused too.
+        cr_assert_eq(l3d_chat_template_recognise(ctx, t, n - 1, files[i], &k),
+                     L3D_ERR_UNSUPPORTED, "%s minus its last byte", files[i]);
         // One character different: refused, naming the origin.
         char *at = strstr(t, "eot_id");
         cr_assert_not_null(at);

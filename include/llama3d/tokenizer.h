@@ -37,10 +37,12 @@ typedef struct l3d_tokenizer l3d_tokenizer_t;
 // "base64-token rank" per line, read with Llama 3's pattern and its 256 special tokens after
 // the ranks), or a directory holding one of them (tokenizer.json first, then tokenizer.model,
 // then original/tokenizer.model). A tokenizer_config.json beside the file names BOS, EOS, the
-// special tokens' texts for a tokenizer.model, and the chat template. A file that is not what
-// llama3d reads (malformed JSON, missing or mistyped keys, bad base64, a model type other than
-// byte-level BPE, a regex PCRE2 refuses) is L3D_ERR_FORMAT naming the file and what is wrong;
-// a missing file L3D_ERR_NOT_FOUND.
+// special tokens' texts for a tokenizer.model, and the chat template. A file named *.json, or
+// whose first non-space byte is '{' or '[', is read as JSON (whatever its name), any other as
+// tiktoken. A file that is not what llama3d reads (malformed JSON or JSON that is not an
+// object, missing or mistyped keys, bad base64, a model type other than byte-level BPE, a
+// regex PCRE2 refuses) is L3D_ERR_FORMAT naming the file and what is wrong; a missing file
+// L3D_ERR_NOT_FOUND; one that is not a regular file (a FIFO, a directory) L3D_ERR_CONFIG.
 l3d_status l3d_tokenizer_open(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t **tok_p);
 l3d_status l3d_tokenizer_create_bytes(l3d_ctx_t *ctx, l3d_tokenizer_t **tok_p);
 // Whether directory `dir` holds a tokenizer l3d_tokenizer_open would find (a model directory
@@ -114,8 +116,10 @@ typedef struct l3d_chat_message {
     const char *content;
 } l3d_chat_message_t;
 
-// Which known template `text` (len bytes) is, compared after removing all whitespace.
-// Anything else is L3D_ERR_UNSUPPORTED naming `origin` and the templates llama3d knows.
+// Which known template `text` (len bytes) is, compared byte for byte: Jinja renders
+// whitespace outside its tags, so a copy that differs only by whitespace (a trailing space,
+// re-indentation) is another template. Anything else is L3D_ERR_UNSUPPORTED naming `origin`
+// and the templates llama3d knows.
 l3d_status l3d_chat_template_recognise(l3d_ctx_t *ctx, const char *text, size_t len,
                                        const char *origin, l3d_chat_template_t *kind_p);
 // The template the tokenizer's tokenizer_config.json carries (L3D_CHAT_NONE where none).
