@@ -46,6 +46,7 @@ static l3d_status bytes_encode(l3d_tokenizer_t *tok, const char *text, size_t le
                                unsigned flags, int32_t **ids_p, size_t *n_p, size_t *cap_p) {
     (void)flags;  // no special token has a text
     size_t n = *n_p;
+    if (len == 0) return L3D_OK;  // *ids_p may still be NULL
     if (len > SIZE_MAX - n) return l3d_error(tok->ctx, L3D_ERR_NOMEM, "token count overflows");
     L3D_CHECK(tok->ctx, l3d_tokens_reserve(tok->ctx, ids_p, n, cap_p, n + len));
     const unsigned char *p = (const unsigned char *)text;

@@ -203,7 +203,8 @@ typedef struct {
 L3D_CPU_SIMD static void rowdot_task(void *arg, int task, int ntasks) {
     const rowdot_t *r = arg;
     int C = r->C, n1 = L3D_MIN(r->N, (task + 1) * ROWS_PER_TASK);
-    float *restrict gw = r->scratch + (size_t)task * (size_t)C;
+    // No scratch without w (NULL: no offset may be applied to it).
+    float *restrict gw = r->w ? r->scratch + (size_t)task * (size_t)C : NULL;
     for (int n = task * ROWS_PER_TASK; n < n1; n++) {
         const float *a = r->a + (size_t)n * (size_t)C, *b = r->b + (size_t)n * (size_t)C;
         if (!r->w) {
