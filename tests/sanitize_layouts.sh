@@ -2,7 +2,9 @@
 # One run of each kind of parallel code, for the sanitizer build (registered only when
 # L3D_SANITIZE is set): data parallel (ZeRO-1), tensor parallel, pipeline, ZeRO-3 with offload,
 # 16-bit training, tensor- and pipeline-parallel generation, the collectives of `l3d bench comm`
-# on thread ranks, and `l3d launch` over UCX and over libfabric. The build compiles with
+# on thread ranks, 2d and 3d tensor parallelism, and `l3d launch` over UCX and over libfabric.
+# (CI's sanitizer stage leaves the test_parallel* trajectories to the kernel matrix; these
+# runs take the same code paths in seconds.) The build compiles with
 # -fno-sanitize-recover=all, and UBSAN_OPTIONS halts too, so undefined behaviour or a memory
 # error anywhere on these paths fails its case with the sanitizer's report.
 # Usage: sanitize_layouts.sh /path/to/l3d (of a -DL3D_SANITIZE=address,undefined build)
@@ -36,6 +38,10 @@ echo '{"zero_optimization":{"stage":3,"offload_optimizer":{"device":"cpu"},"offl
 case_ "train dp 2, ZeRO-3 with offload" "${train[@]}" --config z3.json --dp 2
 echo '{"bf16":{"enabled":true},"zero_optimization":{"stage":2}}' >bf16.json
 case_ "train bf16, dp 2 x tp 2, ZeRO-2" "${train[@]}" --config bf16.json --dp 2 --tp 2
+echo '{"parallel":{"tp_mode":"2d"}}' >2d.json
+case_ "train tp 4 as a 2d grid, pp 2" "${train[@]}" --config 2d.json --tp 4 --pp 2
+echo '{"parallel":{"tp_mode":"3d"}}' >3d.json
+case_ "train tp 8 as a 3d cube" "${train[@]}" --config 3d.json --tp 8
 case_ "save sharded (tp 2 x pp 2)" "${train[@]}" --tp 2 --pp 2 --save ck
 case_ "generate tp 2 x pp 2" "$L3D" generate --checkpoint ck --prompt "The" --max-tokens 4 \
   --seed 1 --tp 2 --pp 2
