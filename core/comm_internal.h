@@ -83,10 +83,12 @@ typedef struct l3d_notice {
     int32_t kind;      // L3D_NOTICE_*
     int32_t reporter;  // world rank that sent it
     int32_t rank;      // world rank it is about
-    int32_t cause;     // DEAD about the reporter itself: the rank whose failure made it abort
-                       // (-1: none known), so receivers name that one even if the separate
-                       // notice about it is late or was dropped
+    int32_t cause;     // DEAD: the first failure the reporter knows of, when another rank
+                       // (-1: none), e.g. the one that made the reporter abort, so receivers
+                       // name that one even if the separate notice about it is late or was
+                       // dropped, not the rank that stopped after it
     char reason[112];
+    char cause_reason[112];  // the reporter's detail for `cause`
 } l3d_notice_t;
 
 typedef struct l3d_request l3d_request_t;

@@ -100,9 +100,14 @@ void l3d_world_notify(l3d_world_t *w, int kind, int rank, const char *reason) {
     l3d_tp_request_t **sreq = &w->notice_sreq[(size_t)slot * (size_t)w->size];
     l3d_notice_t *m = &w->notice_out[slot];
     memset(m, 0, sizeof(*m));
-    *m = (l3d_notice_t){NOTICE_MAGIC, kind, w->rank, rank, -1, ""};
-    if (kind == L3D_NOTICE_DEAD && rank == w->rank && w->dead_epoch && w->first_dead != w->rank)
+    *m = (l3d_notice_t){NOTICE_MAGIC, kind, w->rank, rank, -1, "", ""};
+    // Every DEAD notice, about this rank or one passed on, carries the first failure (when
+    // another): without it a receiver that missed that notice named the rank passed on.
+    if (kind == L3D_NOTICE_DEAD && w->dead_epoch && w->first_dead != rank &&
+        w->first_dead != w->rank) {
         m->cause = w->first_dead;
+        snprintf(m->cause_reason, sizeof(m->cause_reason), "%.111s", w->dead_reason);
+    }
     snprintf(m->reason, sizeof(m->reason), "%s", reason);
     void *mr = NULL;
     if (w->caps.needs_mr && l3d_world_mr(w, m, sizeof(*m), &mr) < 0) return;
@@ -133,11 +138,13 @@ void l3d_world_declare_dead(l3d_world_t *w, int rank, const char *reason) {
 static void notice_handle(l3d_world_t *w, const l3d_notice_t *m, int from) {
     if (m->magic != NOTICE_MAGIC || m->rank < 0 || m->rank >= w->size) return;
     w->alive[from] = 1;
-    if (m->kind == L3D_NOTICE_DEAD && m->rank == from && m->cause >= 0 &&
-        m->cause < w->size && m->cause != w->rank && !w->dead[m->cause]) {
-        // It aborted because of an earlier failure: that one is the failure to name.
-        char why[64];
-        snprintf(why, sizeof(why), "reported by rank %d", from);
+    if (m->kind == L3D_NOTICE_DEAD && m->cause >= 0 && m->cause < w->size &&
+        m->cause != w->rank && !w->dead[m->cause]) {
+        // An earlier failure (the one the rank named stopped after): that one is the failure
+        // to name, with the first reporter's detail.
+        char why[192];
+        snprintf(why, sizeof(why), "%.112s%sreported by rank %d%s", m->cause_reason,
+                 m->cause_reason[0] ? " (" : "", from, m->cause_reason[0] ? ")" : "");
         l3d_world_mark_dead(w, m->cause, why);
     }
     if (m->kind == L3D_NOTICE_DEAD && m->rank != w->rank) {

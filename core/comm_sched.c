@@ -343,10 +343,15 @@ l3d_status l3d_comm_check(l3d_comm_t *c, const char *what) {
             char pn[64];
             if (wr == w->rank)
                 return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: this rank aborted", what);
+            peer_name(c, pick, pn, sizeof(pn));
             l3d_world_declare_dead(w, wr, "reported by a peer");
-            return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: %s failed: %s", what,
-                                 peer_name(c, pick, pn, sizeof(pn)),
-                                 wr == w->first_dead ? w->dead_reason : "reported by a peer");
+            // The first failure is not a member (pick prefers it): a member that stopped after it
+            // (aborting, as a failed rank's peers do) is the messenger, not the cause to name.
+            if (wr != w->first_dead)
+                return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: world rank %d failed: %s "
+                                     "(then %s stopped)", what, w->first_dead, w->dead_reason, pn);
+            return l3d_comm_fail(c, L3D_ERR_PEER_FAILED, "%s: %s failed: %s", what, pn,
+                                 w->dead_reason);
         }
     }
     return L3D_OK;

@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/comm_internal.h"
 #include "llama3d/comm.h"
 #include "tests/harness/world.h"
 
@@ -206,4 +207,119 @@ ParameterizedTest(fail_param_t *p, comm_fail, small_mismatch, .timeout = 60) {
     char errs[8][256];
     cr_assert_eq(l3d_world_run_all(p->tp, 3, mismatch_fn, NULL, 30, rcs, errs), 0);
     for (int r = 0; r < 3; r++) cr_expect_eq(rcs[r], 0, "%s: rank %d: %s", p->tp, r, errs[r]);
+}
+
+// A rank that learns of a failure through a rank that gave up because of it. 4 ranks, split
+// into {0, 3} {1, 2} and {0, 1} {2, 3}: rank 3 dies; rank 0, waiting on it in {0, 3}, names it
+// and aborts, as `l3d train` does after any failure; rank 1 is in a small allreduce on {0, 1}
+// (the shared segment: no transport message tells it anything, only the notices do). Rank 1
+// must name rank 3, the rank that failed, not rank 0, the messenger (before: "allreduce: rank 0
+// failed: reported by a peer", every run). Rank 3 exits (process transports: the notice
+// reaches rank 1 only through rank 0) or aborts (every transport: rank 1 also hears it from
+// rank 3, and the member of {0, 1} that stopped is still not the rank to name).
+typedef struct relay_arg {
+    int mode;
+    char marker[64];  // created by rank 0 once it has aborted; rank 2 waits for it
+} relay_arg_t;
+
+static int relay_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    const relay_arg_t *ra = arg;
+    int me = l3d_comm_rank(c), rc = 0;
+    l3d_comm_t *a = NULL, *b = NULL;
+    if (l3d_comm_split(c, me == 0 || me == 3 ? 0 : 1, me, &a) != L3D_OK ||
+        l3d_comm_split(c, me < 2 ? 0 : 1, me, &b) != L3D_OK || l3d_comm_barrier(c) != L3D_OK) {
+        snprintf(err, errlen, "set-up: %s", l3d_ctx_last_error(l3d_comm_ctx(c)));
+        l3d_comm_destroy(b);
+        l3d_comm_destroy(a);
+        return 1;
+    }
+    // every rank is past the set-up (the barrier), so rank 3 may go
+    if (me == 3 && ra->mode == MODE_EXIT) _exit(0);
+    if (me == 3) l3d_comm_abort(c);
+    float x[8] = {0}, y[8];
+    if (me == 0) {
+        l3d_status st = l3d_comm_recv(a, x, 8, L3D_FLOAT32, 1);
+        const char *detail = l3d_ctx_last_error(l3d_comm_ctx(c));
+        if (st >= 0 || !strstr(detail, "rank 3")) {
+            snprintf(err, errlen, "rank 0's recv from rank 3 returned %d: %s", (int)st, detail);
+            rc = 1;
+        }
+        l3d_comm_abort(c);
+        FILE *f = fopen(ra->marker, "w");
+        if (f) fclose(f);
+    } else if (me == 1) {
+        l3d_status st = l3d_comm_allreduce(b, x, y, 8, L3D_FLOAT32, L3D_SUM);
+        const char *detail = l3d_ctx_last_error(l3d_comm_ctx(c));
+        if (st != L3D_ERR_PEER_FAILED || !strstr(detail, "rank 3 failed") ||
+            strstr(detail, "rank 0 failed")) {
+            snprintf(err, errlen, "allreduce returned %d: %s", (int)st, detail);
+            rc = 1;
+        }
+    } else if (me == 2) {  // out of the way until rank 0 is done (60 s at most)
+        for (int i = 0; i < 6000 && access(ra->marker, F_OK) != 0; i++)
+            nanosleep(&(struct timespec){0, 10000000}, NULL);
+    }
+    l3d_comm_destroy(b);
+    l3d_comm_destroy(a);
+    return rc;
+}
+
+ParameterizedTestParameters(comm_fail, relayed_cause) {
+    static fail_param_t ps[16];
+    const char *names[8];
+    int nt = l3d_world_transports(names, 8);
+    size_t n = 0;
+    for (int t = 0; t < nt; t++)
+        for (int m = 0; m < 2; m++) {
+            if (m == 1 && !strcmp(names[t], "local")) continue;  // threads cannot exit alone
+            snprintf(ps[n].tp, sizeof(ps[n].tp), "%s", names[t]);
+            ps[n++].mode = m == 0 ? MODE_ABORT : MODE_EXIT;
+        }
+    return cr_make_param_array(fail_param_t, ps, n);
+}
+ParameterizedTest(fail_param_t *p, comm_fail, relayed_cause, .timeout = 90) {
+    setenv("L3D_COMM_TIMEOUT", "20", 1);  // no wait should come near it
+    setenv("L3D_ALGO", "", 1);
+    relay_arg_t ra = {.mode = p->mode};
+    snprintf(ra.marker, sizeof(ra.marker), "/tmp/l3d-relay-%d-%s", (int)getpid(), p->tp);
+    unlink(ra.marker);
+    int rcs[8];
+    char errs[8][256];
+    cr_assert_eq(l3d_world_run_all(p->tp, 4, relay_fn, &ra, 60, rcs, errs), 0);
+    unlink(ra.marker);
+    for (int r = 0; r < 4; r++)
+        cr_expect_eq(rcs[r], 0, "%s %s: rank %d: %s", p->tp, mode_name[p->mode], r, errs[r]);
+}
+
+// A notice passed on carries the first failure with it. Rank 0 knows rank 3 failed (its own
+// detail, never sent) and passes on that rank 2 is dead; rank 1 hears only that notice. Its
+// next call must name rank 3 with rank 0's detail, not rank 2, the rank passed on (before,
+// only a rank's notice about itself carried the failure it stopped after).
+static int carry_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
+    (void)arg;
+    l3d_world_t *w = c->world;
+    int me = l3d_comm_rank(c), x = 1, y = 0;
+    if (me == 0) {
+        l3d_world_mark_dead(w, 3, "rank 3's own detail");
+        l3d_world_declare_dead(w, 2, "stopped after rank 3");
+        l3d_world_flush_notices(w, 30);
+        return 0;
+    }
+    if (me != 1) return 0;
+    l3d_status st = l3d_comm_allreduce(c, &x, &y, 1, L3D_INT32, L3D_SUM);
+    const char *detail = l3d_ctx_last_error(l3d_comm_ctx(c));
+    if (st != L3D_ERR_PEER_FAILED || !strstr(detail, "rank 3 failed: rank 3's own detail")) {
+        snprintf(err, errlen, "allreduce returned %d: %s", (int)st, detail);
+        return 1;
+    }
+    return 0;
+}
+
+Test(comm_fail, notice_carries_cause, .timeout = 60) {
+    setenv("L3D_COMM_TIMEOUT", "20", 1);  // no wait should come near it
+    setenv("L3D_ALGO", "", 1);
+    int rcs[4];
+    char errs[4][256];
+    cr_assert_eq(l3d_world_run_all("local", 4, carry_fn, NULL, 30, rcs, errs), 0);
+    for (int r = 0; r < 4; r++) cr_expect_eq(rcs[r], 0, "rank %d: %s", r, errs[r]);
 }
