@@ -10,9 +10,11 @@
 // file system's timestamp granularity would otherwise reuse stale ids, and hashing reads the
 // text at disk speed with bounded memory. A text that changes while it is tokenized is caught
 // by hashing it again on the way. <dir> is the text's own directory, or the cache directory
-// (L3D_CACHE_DIR, ~/.cache/llama3d) when that one is not writable; a cache is looked for in
-// both. It is written to a unique temporary and renamed into place, so ranks tokenizing the
-// same text at once each publish a whole, identical file and a crash leaves no partial one.
+// (L3D_CACHE_DIR, ~/.cache/llama3d) when the cache cannot be written there (not writable,
+// full, a quota); a cache is looked for in both. Where neither can take it, the ids are held in
+// memory like a small text's, with a warning: a cache only saves time. It is written to a
+// unique temporary and renamed into place, so ranks tokenizing the same text at once each
+// publish a whole, identical file and a crash leaves no partial one.
 // A cache of an edited text stays behind under its old hash; deleting any of them is safe.
 //
 // A BPE tokenizer merges across characters, so the text is cut only where its pre-tokenizer
@@ -124,7 +126,7 @@ typedef struct sink {
     l3d_ctx_t *ctx;
     l3d_dataset_impl_t *ds;  // memory: append to ds->owned
     l3d_file_out_t *out;     // file: append little-endian uint32
-    const char *out_path;
+    int out_rc;              // the file's write failed: -errno (the caller falls back)
     size_t n;                // ids so far
 } sink_t;
 
@@ -133,9 +135,10 @@ static l3d_status sink_put(sink_t *s, const int32_t *ids, size_t n) {
         // ids are < 2^31 and the host is little-endian (l3d_dataset_load_bin refuses others):
         // the int32 bytes are the file's uint32 bytes.
         int rc = l3d_file_out_write(s->out, ids, n * sizeof(int32_t));
-        if (rc < 0)
-            return l3d_error(s->ctx, L3D_ERR_IO, "writing the token cache %s: %s", s->out_path,
-                             strerror(-rc));
+        if (rc < 0) {
+            s->out_rc = rc;  // no error recorded: the caller tries elsewhere and warns
+            return L3D_ERR_IO;
+        }
         s->n += n;
         return L3D_OK;
     }
@@ -358,18 +361,17 @@ static l3d_status load_small(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *
 }
 
 // Tokenizes `path` into the cache file `cache`: its bytes must hash to `hash` (the text did not
-// change since it was hashed). -EACCES/-EROFS/-EPERM from creating the file come back in
-// *create_rc_p with nothing recorded, so the caller can try the cache directory.
+// change since it was hashed). A failure of the cache file itself (creating, writing or
+// publishing it: no space, a quota, a read-only or unwritable directory, ...) comes back as
+// its -errno in *cache_rc_p with nothing recorded and the temporary removed, so the caller can
+// go elsewhere; a failure of the text (unreadable, invalid, changed) is an error as before.
 static l3d_status write_cache(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *tok,
-                              uint64_t hash, const char *cache, int *create_rc_p) {
+                              uint64_t hash, const char *cache, int *cache_rc_p) {
     l3d_file_out_t *out = NULL;
     int rc = l3d_file_out_open(cache, &out);
-    *create_rc_p = rc;
-    if (rc == -EACCES || rc == -EROFS || rc == -EPERM) return L3D_ERR_IO;
-    if (rc < 0)
-        return l3d_error(ctx, L3D_ERR_IO, "creating the token cache %s: %s", cache,
-                         strerror(-rc));
-    sink_t sink = {.ctx = ctx, .out = out, .out_path = cache};
+    *cache_rc_p = rc < 0 ? rc : 0;
+    if (rc < 0) return L3D_ERR_IO;
+    sink_t sink = {.ctx = ctx, .out = out};
     uint64_t h2 = 0;
     l3d_status st = text_pass(ctx, path, tok, &sink, "tokenizing", &h2);
     if (st >= 0 && h2 != hash)
@@ -377,12 +379,14 @@ static l3d_status write_cache(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
                        "once it is written", path);
     if (st < 0) {
         l3d_file_out_abort(out);
+        *cache_rc_p = sink.out_rc;
         return st;
     }
     rc = l3d_file_out_commit(out);
-    if (rc < 0)
-        return l3d_error(ctx, L3D_ERR_IO, "writing the token cache %s: %s", cache,
-                         strerror(-rc));
+    if (rc < 0) {
+        *cache_rc_p = rc;
+        return L3D_ERR_IO;
+    }
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DATA, "tokenized %s into the token cache %s (%zu "
             "tokens)", path, cache, sink.n);
     return L3D_OK;
@@ -396,32 +400,38 @@ static l3d_status load_cached(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
     l3d_dataset_cache_name(NULL, path, hash, tok, beside, sizeof(beside));
     if (cache_dir && cache_dir[0])
         l3d_dataset_cache_name(cache_dir, path, hash, tok, other, sizeof(other));
-    if (l3d_path_exists(beside) <= 0) {
-        if (other[0] && l3d_path_exists(other) > 0) {
-            use = other;
-        } else {
-            int crc = 0;
-            l3d_status st = write_cache(ctx, path, tok, hash, beside, &crc);
-            if (st < 0 && crc < 0 && (crc == -EACCES || crc == -EROFS || crc == -EPERM)) {
-                if (!other[0])
-                    return l3d_error(ctx, L3D_ERR_IO, "creating the token cache %s: %s (and no "
-                                     "cache directory: set L3D_CACHE_DIR)", beside,
-                                     strerror(-crc));
-                int drc = l3d_dir_create(cache_dir);
-                if (drc < 0)
-                    return l3d_error(ctx, L3D_ERR_IO, "%s is not writable and the cache "
-                                     "directory %s cannot be created: %s", beside, cache_dir,
-                                     strerror(-drc));
-                use = other;
-                st = write_cache(ctx, path, tok, hash, other, &crc);
-                if (st < 0 && crc < 0 && (crc == -EACCES || crc == -EROFS || crc == -EPERM))
-                    return l3d_error(ctx, L3D_ERR_IO, "creating the token cache %s: %s", other,
-                                     strerror(-crc));
-            }
-            L3D_CHECK(ctx, st);
-        }
-    } else {
+    if (l3d_path_exists(beside) > 0) {
         l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DATA, "%s: using the token cache %s", path, beside);
+    } else if (other[0] && l3d_path_exists(other) > 0) {
+        use = other;
+    } else {
+        // Beside the text, else in the cache directory; a cache is an optimisation, so when
+        // neither can take it (a full disk, a quota, no permission) the run goes on from the
+        // ids in memory, said once.
+        int crc = 0, orc = 0;
+        l3d_status st = write_cache(ctx, path, tok, hash, beside, &crc);
+        if (st < 0 && !crc) return st;  // the text's failure, not the cache's
+        char why[1300] = "";
+        if (st < 0 && !other[0]) {
+            snprintf(why, sizeof(why), " (and no cache directory: set L3D_CACHE_DIR)");
+        } else if (st < 0) {
+            int drc = l3d_dir_create(cache_dir);
+            if (drc < 0)
+                snprintf(why, sizeof(why), "; nor create the cache directory %s: %s", cache_dir,
+                         strerror(-drc));
+            else if ((st = write_cache(ctx, path, tok, hash, other, &orc)) >= 0)
+                use = other;
+            else if (!orc)
+                return st;
+            else
+                snprintf(why, sizeof(why), "; nor %s: %s", other, strerror(-orc));
+        }
+        if (st < 0) {
+            l3d_log(ctx, L3D_LOG_WARN, L3D_SUBSYS_DATA, "cannot write the token cache %s: %s"
+                    "%s; tokenizing %s into memory instead (4 bytes a token; every run will "
+                    "tokenize it again)", beside, strerror(-crc), why, path);
+            return load_small(ctx, path, tok, ds_p);
+        }
     }
     if (use == other)
         l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DATA, "%s: using the token cache %s", path, other);

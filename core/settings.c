@@ -30,8 +30,8 @@ static const l3d_setting_row_t settings_rows[] = {
      "messages, not a shared-memory segment (for comparison and debugging)"},
     {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
     {"L3D_CACHE_DIR", "$XDG_CACHE_HOME/llama3d",
-     "where token caches of text data sets go when the text's own directory is not writable "
-     "(default ~/.cache/llama3d)"},
+     "where token caches of text data sets go when the text's own directory cannot take one "
+     "(not writable, full) (default ~/.cache/llama3d)"},
     {"L3D_MEM_LIMIT", "",
      "bytes (suffix K, M, G, T: binary) to treat as the most memory available, when it is less "
      "than the kernel and the cgroup report; runs that would need more are refused up front"},

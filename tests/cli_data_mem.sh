@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Large inputs stay bounded and announced: a run that cannot fit is refused before anything
 # is allocated (exit 2 naming the sizes); a 200 MB text trains in bounded memory through a
-# token cache that the next run reuses unchanged; progress lines appear on a terminal only.
+# token cache that the next run reuses unchanged; progress lines appear on a terminal only. A
+# cache that cannot be written beside the text (no permission, a full disk) goes to
+# L3D_CACHE_DIR, else the run trains from the ids in memory with one warning.
 # Usage: cli_data_mem.sh /path/to/l3d
 set -u
 L3D=$1
 tmp=$(mktemp -d)
-trap '[ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT; [ -n "${KEEP:-}" ] && echo "tmp $tmp"
+mounted=""
+trap '[ -z "$mounted" ] || umount "$mounted"; [ -n "${KEEP:-}" ] || rm -rf "$tmp"' EXIT; [ -n "${KEEP:-}" ] && echo "tmp $tmp"
 fails=0; passes=0
 check() {  # check NAME CONDITION-EXIT-STATUS
   if [ "$2" -eq 0 ]; then echo "ok   $1"; passes=$((passes + 1)); else echo "FAIL $1"; fails=$((fails + 1)); fi
@@ -107,6 +110,35 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
   else
     echo "skip unwritable-directory case: $L3D is not executable by nobody"
   fi
+fi
+
+# ---- a full disk beside the text: L3D_CACHE_DIR, else memory --------------------------------
+# An 8 MiB tmpfs holds the 5 MB text but not its 20 MB cache (before: the run stopped with
+# "writing the token cache ...: No space left on device"). Mounting needs root.
+mkdir -p "$tmp/full" "$tmp/cache2"
+if mount -t tmpfs -o size=8M tmpfs "$tmp/full" 2>"$tmp/mount.err"; then
+  mounted="$tmp/full"
+  head -c 5000000 "$tmp/big/big.txt" > "$tmp/full/t.txt"; printf '\n' >> "$tmp/full/t.txt"
+  small_run() { "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/full/t.txt"; }
+  L3D_CACHE_DIR="$tmp/cache2" small_run >"$tmp/full1.out" 2>"$tmp/full1.err"
+  rc=$?; [ $rc -eq 0 ] && grep -q "^step      1/1" "$tmp/full1.out"
+  check "full disk beside the text: the run trains (exit $rc)" $?
+  [ $rc -ne 0 ] && show "$tmp/full1.err"
+  [ "$(ls -A "$tmp/full")" = t.txt ] && ls "$tmp"/cache2/t.txt.l3d-bytes-*.bin >/dev/null 2>&1 &&
+    [ ! -s "$tmp/full1.err" ]
+  check "the cache went to L3D_CACHE_DIR, no temporary beside the text, nothing on stderr" $?
+  L3D_CACHE_DIR="$tmp/full/cache" small_run >"$tmp/full2.out" 2>"$tmp/full2.err"
+  rc=$?; [ $rc -eq 0 ] && grep -q "^step      1/1" "$tmp/full2.out"
+  check "L3D_CACHE_DIR full too: the run still trains (exit $rc)" $?
+  [ "$(wc -l <"$tmp/full2.err")" -eq 1 ] &&
+    grep -q "warn: cannot write the token cache $tmp/full/t.txt.l3d-bytes-[0-9a-f]*.bin: No space left on device; nor $tmp/full/cache/t.txt.l3d-bytes-[0-9a-f]*.bin: No space left on device; tokenizing $tmp/full/t.txt into memory instead" "$tmp/full2.err"
+  ok=$?; check "one warning line naming both caches and the reason" $ok
+  [ $ok -ne 0 ] && show "$tmp/full2.err"
+  [ "$(ls -A "$tmp/full")" = "$(printf 'cache\nt.txt')" ] && [ -z "$(ls -A "$tmp/full/cache")" ]
+  check "no temporary left in either place" $?
+  umount "$tmp/full" && mounted=""
+else
+  echo "skip full-disk cases: cannot mount a tmpfs here: $(head -n 1 "$tmp/mount.err")"
 fi
 
 echo "$passes passed, $fails failed"
