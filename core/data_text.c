@@ -14,7 +14,8 @@
 // full, a quota); a cache is looked for in both. Where neither can take it, the ids are held in
 // memory like a small text's, with a warning: a cache only saves time. It is written to a
 // unique temporary and renamed into place, so ranks tokenizing the same text at once each
-// publish a whole, identical file and a crash leaves no partial one.
+// publish a whole, identical file and a crash leaves no partial one; the temporary a killed
+// run left is removed by the next run that looks for the cache on the same machine.
 // A cache of an edited text stays behind under its old hash; deleting any of them is safe.
 //
 // A BPE tokenizer merges across characters, so the text is cut only where its pre-tokenizer
@@ -392,6 +393,14 @@ static l3d_status write_cache(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
     return L3D_OK;
 }
 
+// Removes the temporaries of `cache` left by runs killed while writing it.
+static void sweep_cache_tmps(l3d_ctx_t *ctx, const char *cache) {
+    int n = l3d_file_out_sweep(cache);
+    if (n > 0)
+        l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DATA, "removed %d temporar%s of %s left by runs "
+                "that were killed", n, n == 1 ? "y" : "ies", cache);
+}
+
 static l3d_status load_cached(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *tok,
                               int vocab_size, const char *cache_dir, l3d_dataset_impl_t **ds_p) {
     uint64_t hash = 0;
@@ -400,6 +409,8 @@ static l3d_status load_cached(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t 
     l3d_dataset_cache_name(NULL, path, hash, tok, beside, sizeof(beside));
     if (cache_dir && cache_dir[0])
         l3d_dataset_cache_name(cache_dir, path, hash, tok, other, sizeof(other));
+    sweep_cache_tmps(ctx, beside);
+    if (other[0]) sweep_cache_tmps(ctx, other);
     if (l3d_path_exists(beside) > 0) {
         l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DATA, "%s: using the token cache %s", path, beside);
     } else if (other[0] && l3d_path_exists(other) > 0) {

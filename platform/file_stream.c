@@ -71,12 +71,16 @@ static void out_free(l3d_file_out_t *o) {
 
 int l3d_file_out_open(const char *path, l3d_file_out_t **out_p) {
     l3d_file_out_t *o = calloc(1, sizeof(*o));
-    size_t tlen = strlen(path) + 48;
+    size_t tlen = strlen(path) + 64;
     if (!o || !(o->path = strdup(path)) || !(o->tmp = malloc(tlen))) {
         if (o) out_free(o);
         return -ENOMEM;
     }
-    snprintf(o->tmp, tlen, "%s.tmp.%ld.XXXXXX", path, (long)getpid());
+    // The pid and host in the name let a later process tell a killed writer's temporary from
+    // a live one's, here or on another machine sharing the directory (l3d_file_out_sweep).
+    char host[32];
+    if (l3d_host_tag(host, sizeof(host))) snprintf(host, sizeof(host), "x");
+    snprintf(o->tmp, tlen, "%s.tmp.%ld.%s.XXXXXX", path, (long)getpid(), host);
     // mkostemp creates with O_EXCL: a planted symlink or another thread's file is never used.
     o->fd = mkostemp(o->tmp, O_CLOEXEC);
     if (o->fd < 0) {
@@ -132,6 +136,41 @@ int l3d_file_out_commit(l3d_file_out_t *o) {
     }
     out_free(o);
     return rc;
+}
+
+typedef struct sweep {
+    const char *dir, *base, *host;
+    int removed;
+} sweep_t;
+
+// "<base>.tmp.<pid>.<host>.XXXXXX" of this host whose pid is dead: removed.
+static int sweep_entry(void *arg, const char *name, int is_file) {
+    sweep_t *s = arg;
+    size_t bl = strlen(s->base), hl = strlen(s->host);
+    if (!is_file || strncmp(name, s->base, bl) || strncmp(name + bl, ".tmp.", 5)) return 0;
+    const char *p = name + bl + 5;
+    size_t digits = strspn(p, "0123456789");
+    if (digits == 0 || digits > 18 || p[digits] != '.') return 0;
+    const char *h = p + digits + 1;
+    if (strncmp(h, s->host, hl) || h[hl] != '.' || strlen(h + hl + 1) != 6) return 0;
+    long long pid = strtoll(p, NULL, 10);
+    if (!l3d_proc_is_dead(pid)) return 0;  // ours (another thread's) included
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof(path), "%s/%s", s->dir, name) >= sizeof(path)) return 0;
+    if (unlink(path) == 0) s->removed++;
+    return 0;
+}
+
+int l3d_file_out_sweep(const char *path) {
+    char host[32], dir[4096];
+    if (l3d_host_tag(host, sizeof(host))) return 0;  // no pid can be proved dead
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(dir, sizeof(dir), ".");
+    else if ((size_t)(slash - path) >= sizeof(dir)) return -ENAMETOOLONG;
+    else snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    sweep_t s = {dir, slash ? slash + 1 : path, host, 0};
+    int rc = l3d_dir_each(dir, sweep_entry, &s);
+    return rc < 0 ? rc : s.removed;
 }
 
 // ---- maps -----------------------------------------------------------------

@@ -19,11 +19,17 @@ int l3d_file_in_read(int fd, void *buf, size_t cap, size_t *got_p);
 void l3d_file_in_close(int fd);
 
 // A file written in pieces that appears at `path` only when complete: the bytes go to a
-// temporary "<path>.tmp.<pid>.XXXXXX" (unique even between threads of one process), and
-// commit fsyncs it, renames it over `path` and fsyncs the directory. Abort (or a crash)
-// leaves `path` as it was; abort removes the temporary.
+// temporary "<path>.tmp.<pid>.<host>.XXXXXX" (<host>: l3d_host_tag, "x" where unknown; unique
+// even between threads of one process), and commit fsyncs it, renames it over `path` and
+// fsyncs the directory. Abort (or a crash) leaves `path` as it was; abort removes the
+// temporary, and a crash's is removed by a later l3d_file_out_sweep.
 typedef struct l3d_file_out l3d_file_out_t;
 int l3d_file_out_open(const char *path, l3d_file_out_t **out_p);
+// Removes the temporaries of `path` that killed processes left: those whose name gives this
+// machine's host tag and a pid that is provably dead here (l3d_proc_is_dead). A live
+// process's, another machine's (a shared file system), or one named otherwise is kept.
+// Returns how many were removed, or -errno when the directory cannot be listed.
+int l3d_file_out_sweep(const char *path);
 int l3d_file_out_write(l3d_file_out_t *out, const void *data, size_t len);
 // Both free `out`, whatever they return.
 int l3d_file_out_commit(l3d_file_out_t *out);

@@ -106,6 +106,8 @@ int l3d_proc_is_dead(int64_t pid);
 // This boot of this machine and this pid namespace, as one string ("<boot id> pid:[<ino>]"):
 // a pid means something only where this matches. -ENOENT where it cannot be known.
 int l3d_host_id(char *buf, size_t cap);
+// l3d_host_id as 16 hex digits (its FNV-1a 64), short enough to go into a file's name.
+int l3d_host_tag(char *buf, size_t cap);
 
 // ---- memory shared between processes (platform/shm.c) -------------------------------------
 // A zeroed region of `bytes` that other processes of this machine (same user and pid

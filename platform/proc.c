@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
@@ -30,6 +31,16 @@ int l3d_host_id(char *buf, size_t cap) {
     if (!ok || !boot[0] || k <= 0) return -ENOENT;
     ns[k] = '\0';
     int n = snprintf(buf, cap, "%s %s", boot, ns);
+    return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
+}
+
+int l3d_host_tag(char *buf, size_t cap) {
+    char id[256];
+    int rc = l3d_host_id(id, sizeof(id));
+    if (rc) return rc;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = id; *c; c++) h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    int n = snprintf(buf, cap, "%016llx", (unsigned long long)h);
     return n > 0 && (size_t)n < cap ? 0 : -ENAMETOOLONG;
 }
 

@@ -3,7 +3,8 @@
 # is allocated (exit 2 naming the sizes); a 200 MB text trains in bounded memory through a
 # token cache that the next run reuses unchanged; progress lines appear on a terminal only. A
 # cache that cannot be written beside the text (no permission, a full disk) goes to
-# L3D_CACHE_DIR, else the run trains from the ids in memory with one warning.
+# L3D_CACHE_DIR, else the run trains from the ids in memory with one warning; temporaries of
+# runs killed while writing a cache are removed by the next run.
 # Usage: cli_data_mem.sh /path/to/l3d
 set -u
 L3D=$1
@@ -139,6 +140,49 @@ if mount -t tmpfs -o size=8M tmpfs "$tmp/full" 2>"$tmp/mount.err"; then
   umount "$tmp/full" && mounted=""
 else
   echo "skip full-disk cases: cannot mount a tmpfs here: $(head -n 1 "$tmp/mount.err")"
+fi
+
+# ---- temporaries of runs killed while writing a cache -------------------------------------
+# Their names give the writer's pid and host (16 hex digits: the FNV-1a 64 of the boot id and
+# the pid namespace); a run that looks for the cache removes this host's whose process is gone
+# (before: none was ever removed), and no other.
+mkdir -p "$tmp/stale"
+head -c 5000000 "$tmp/big/big.txt" > "$tmp/stale/t.txt"; printf '\n' >> "$tmp/stale/t.txt"
+stale_run() { "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/stale/t.txt"; }
+stale_run >/dev/null 2>&1
+c=$(ls "$tmp"/stale/t.txt.l3d-bytes-*.bin 2>/dev/null)
+tag=$(/usr/bin/python3 -c '
+import os
+s = open("/proc/sys/kernel/random/boot_id").read().strip() + " " + os.readlink("/proc/self/ns/pid")
+h = 0xcbf29ce484222325
+for b in s.encode(): h = ((h ^ b) * 0x100000001b3) & 0xffffffffffffffff
+print("%016x" % h)')
+sh -c 'exit 0' & dead=$!; wait $dead
+if [ -n "$c" ]; then
+  touch "$c.tmp.$dead.$tag.AbC123"              # this host, its process gone: removed
+  touch "$c.tmp.$$.$tag.AbC123"                 # this shell's: alive, kept
+  touch "$c.tmp.$dead.0123456789abcdef.AbC123"  # another machine's (a shared disk): kept
+  touch "$c.tmp.$dead.AbC123"                   # no host in the name: kept
+fi
+stale_run >/dev/null 2>"$tmp/stale.err"
+rc=$?; [ $rc -eq 0 ] && [ -n "$c" ] && [ ! -e "$c.tmp.$dead.$tag.AbC123" ] &&
+  [ -e "$c.tmp.$$.$tag.AbC123" ] && [ -e "$c.tmp.$dead.0123456789abcdef.AbC123" ] &&
+  [ -e "$c.tmp.$dead.AbC123" ]
+check "a run removes the cache's temporaries of dead processes on this host, and only those" $?
+[ $rc -ne 0 ] && show "$tmp/stale.err"
+# A real kill while the cache is written (the 200 MB text, linked under another name: a new
+# cache); the next run removes what it left.
+mkdir -p "$tmp/kill" && ln "$tmp/big/big.txt" "$tmp/kill/big.txt"
+"$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/kill/big.txt" >/dev/null 2>&1 &
+kp=$!
+for _ in $(seq 3000); do ls "$tmp"/kill/*.tmp.* >/dev/null 2>&1 && break; kill -0 $kp 2>/dev/null || break; sleep 0.01; done
+kill -KILL $kp 2>/dev/null; wait $kp 2>/dev/null
+if ls "$tmp"/kill/*.tmp.* >/dev/null 2>&1; then
+  "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --data "$tmp/kill/big.txt" >/dev/null 2>"$tmp/kill.err"
+  rc=$?; [ $rc -eq 0 ] && [ -z "$(ls "$tmp"/kill/*.tmp.* 2>/dev/null)" ]
+  check "the temporary of a run killed while tokenizing is removed by the next run" $?
+else
+  echo "skip the killed-run case: the run finished before it could be killed"
 fi
 
 echo "$passes passed, $fails failed"
