@@ -144,7 +144,10 @@ for tp in $built; do
   # tp 2 x pp 2: the survivors learn of the death through split communicators, most of them
   # from a rank that gave up because of it, and must still name the victim, not that rank
   # (before: 2 runs in 7 blamed a live rank, "rank 0 failed: reported by a peer"). Every
-  # victim, iters times over.
+  # victim, iters times over. Not over ofi yet: there libfabric 1.17's tcp;ofi_rxm segfaults
+  # in fi_trecv in about 1 trial in 14 (a survivor posting a receive after rank 0's death),
+  # a defect of its own; test_comm_fail's relayed_cause covers the naming over ofi.
+  [ "$tp" = ofi ] && continue
   for i in $(seq $((4 * iters))); do
     by_hand "$tp" KILL $((i % 4)) 20 --tp 2 --pp 2
   done
