@@ -17,6 +17,7 @@
 #include "cli/ranks.h"
 #include "core/bootstrap.h"
 #include "core/infer_parallel.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/mesh.h"
 #include "platform/platform.h"
@@ -137,8 +138,8 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     char path[1200];
     l3d_model_config_t cfg;
     snprintf(path, sizeof(path), "%s/config.json", job->ckpt);
-    if (!l3d_path_is_dir(job->ckpt)) {
-        st = l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", job->ckpt);
+    st = l3d_input_dir(ctx, job->ckpt, "checkpoint");
+    if (st < 0) {
         goto fail;
     }
     L3D_CHECK_GOTO(ctx, l3d_model_config_from_file(ctx, path, &cfg), st, fail);

@@ -10,6 +10,7 @@
 #include "core/bootstrap.h"
 #include "core/checkpoint_dist.h"
 #include "core/checkpoint_hf.h"
+#include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/mesh.h"
 #include "platform/platform.h"
@@ -223,11 +224,7 @@ int l3d_cmd_train(int argc, char **argv) {
     // The model: --model, else the config file's "model", else (resuming) the checkpoint's
     // own config.json, which is the only model the checkpoint can resume into.
     if (!model && resume && !strcmp(cfg->model_source, default_source)) {
-        if (l3d_path_is_dir(resume) <= 0) {
-            fprintf(stderr, "l3d train: --resume %s: no such directory (a checkpoint written by "
-                    "--save)\n", resume);
-            goto out;
-        }
+        if ((st = l3d_input_dir(ctx, resume, "--resume")) < 0) goto fail;
         model = resume;
     }
     if (model && (st = resolve_model(ctx, model, cfg)) < 0) goto fail;

@@ -234,8 +234,7 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_model_open: NULL %s",
                          !ctx ? "ctx" : !dev ? "device (make one with l3d_device_create)"
                          : !dir ? "dir" : "model_p");
-    if (!l3d_path_is_dir(dir))
-        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "checkpoint %s: no such directory", dir);
+    L3D_CHECK(ctx, l3d_input_dir(ctx, dir, "checkpoint"));
     join(path, sizeof(path), dir, "config.json");
     L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &cfg));
     // The files must hold what the config says before the config sizes an allocation.
@@ -565,8 +564,7 @@ static l3d_status read_scaler(l3d_ctx_t *ctx, const char *path, json_t *o, int n
 static l3d_status resume(l3d_trainer_t *t, const char *dir) {
     l3d_ctx_t *ctx = t->ctx;
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
-    if (!l3d_path_is_dir(dir))
-        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "resume: %s: no such directory", dir);
+    L3D_CHECK(ctx, l3d_input_dir(ctx, dir, "resume:"));
     join(path, sizeof(path), dir, "trainer_state.json");
     json_t *s;
     L3D_CHECK(ctx, l3d_input_json(ctx, path, NULL, 0, &s));

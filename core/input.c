@@ -1,6 +1,7 @@
 // Reading the files a user names (core/input.h): the platform's read and map, with its errors
 // turned into one line that says what is wrong with the file.
-// defines: l3d_input_read, l3d_input_map, l3d_input_json, l3d_input_parse, l3d_input_error
+// defines: l3d_input_read, l3d_input_map, l3d_input_json, l3d_input_parse, l3d_input_error,
+//          l3d_input_dir
 #include "core/input.h"
 
 #include <errno.h>
@@ -53,6 +54,18 @@ l3d_status l3d_input_error(l3d_ctx_t *ctx, const char *path, const char *what, i
     }
     // Permission denied, a path through a file, a name too long: bad input all the same.
     return l3d_error(ctx, L3D_ERR_CONFIG, "cannot read %s%s%s: %s", w, sp, path, strerror(-rc));
+}
+
+l3d_status l3d_input_dir(l3d_ctx_t *ctx, const char *path, const char *what) {
+    const char *kind = l3d_path_kind(path);
+    if (!strcmp(kind, "a directory")) return L3D_OK;
+    if (!strcmp(kind, "missing"))
+        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "%s %s: it does not exist", what, path);
+    if (!strcmp(kind, "a dangling symlink"))
+        return l3d_error(ctx, L3D_ERR_NOT_FOUND, "%s %s: it is %s", what, path, kind);
+    if (!strcmp(kind, "a symlink loop") || !strcmp(kind, "unreadable"))
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s %s: it is %s", what, path, kind);
+    return l3d_error(ctx, L3D_ERR_CONFIG, "%s %s: it is %s, not a directory", what, path, kind);
 }
 
 l3d_status l3d_input_read(l3d_ctx_t *ctx, const char *path, const char *what, size_t max_len,

@@ -11,7 +11,7 @@
 // Messages read "cannot read [<what> ]<path>: <reason>", `what` (may be NULL) saying which
 // file it is ("model config", "--chat").
 // defines: l3d_input_read, l3d_input_map, l3d_input_json, l3d_input_parse, l3d_input_error,
-//          L3D_INPUT_JSON_MAX
+//          l3d_input_dir, L3D_INPUT_JSON_MAX
 #ifndef L3D_INPUT_H
 #define L3D_INPUT_H
 
@@ -45,6 +45,11 @@ l3d_status l3d_input_map(l3d_ctx_t *ctx, const char *path, const char *what,
 // Any JSON value; the caller checks its type. The caller json_decref()s *root_p.
 l3d_status l3d_input_parse(l3d_ctx_t *ctx, const char *path, const char *what, const char *text,
                            size_t len, size_t flags, json_t **root_p);
+
+// L3D_OK when `path` is a directory (a checkpoint a user named); otherwise L3D_ERR_NOT_FOUND
+// "<what> <path>: it does not exist" (or is a dangling symlink) or L3D_ERR_CONFIG naming what
+// it is instead ("it is a FIFO (named pipe), not a directory", "it is a symlink loop").
+l3d_status l3d_input_dir(l3d_ctx_t *ctx, const char *path, const char *what);
 
 // l3d_input_read (at most L3D_INPUT_JSON_MAX) then l3d_input_parse.
 l3d_status l3d_input_json(l3d_ctx_t *ctx, const char *path, const char *what, size_t flags,

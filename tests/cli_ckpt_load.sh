@@ -150,5 +150,20 @@ mkfifo "$tmp/state/trainer_state.json"
 expect_error "trainer_state.json a FIFO: train --resume" "state/trainer_state.json: it is a FIFO" \
   "$L3D" train --steps 1 --seq-len 32 --threads 1 --resume "$tmp/state"
 
+# The checkpoint directory itself: what it is instead, not "no such directory".
+ln -s loop_b "$tmp/loop_a" && ln -s loop_a "$tmp/loop_b"
+for c in "generate --prompt x --checkpoint" "forward --tokens 1 --out $tmp/o.bin --checkpoint" \
+         "train --steps 1 --seq-len 32 --threads 1 --resume"; do
+  # shellcheck disable=SC2086
+  expect_error "${c%% *} on a FIFO as the checkpoint" "chat.fifo: it is a FIFO \(named pipe\), not a directory" \
+    "$L3D" $c "$tmp/chat.fifo"
+  # shellcheck disable=SC2086
+  expect_error "${c%% *} on a symlink loop as the checkpoint" "loop_a: it is a symlink loop" \
+    "$L3D" $c "$tmp/loop_a"
+  # shellcheck disable=SC2086
+  expect_error "${c%% *} on a missing checkpoint" "nothere: it does not exist" \
+    "$L3D" $c "$tmp/nothere"
+done
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]

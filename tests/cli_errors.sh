@@ -44,7 +44,7 @@ printf 'abc' > "$tmp/odd.bin"
 expect_error "bin data of odd length" "odd.bin" "$L3D" train --data "$tmp/odd.bin" --steps 0
 printf 'hi' > "$tmp/short.txt"
 expect_error "data shorter than a sequence" "short.txt|tokens" "$L3D" train --data "$tmp/short.txt" --steps 1
-expect_error "missing checkpoint" "no such directory" "$L3D" forward --checkpoint "$tmp/none" --tokens 1,2 --out "$tmp/x"
+expect_error "missing checkpoint" "does not exist" "$L3D" forward --checkpoint "$tmp/none" --tokens 1,2 --out "$tmp/x"
 expect_error "bad token list" "not a token id" "$L3D" forward --checkpoint "$tmp/none" --tokens 1,x --out "$tmp/x"
 
 # A real checkpoint, then damaged copies of it.

@@ -75,7 +75,7 @@ expect_exit2 "--tp 3 on 4 heads" "tp 3|heads" "$L3D" generate --checkpoint "$tmp
 expect_exit2 "--pp 5 on 4 layers" "pp 5|layers" "$L3D" generate --checkpoint "$tmp/ck" --prompt x --pp 5
 expect_exit2 "--prompt and --chat together" "one of --prompt or --chat" \
   "$L3D" generate --checkpoint "$tmp/ck" --prompt x --chat y.json
-expect_exit2 "a missing checkpoint" "no such directory" \
+expect_exit2 "a missing checkpoint" "does not exist" \
   "$L3D" generate --checkpoint "$tmp/nope" --prompt x
 
 # ---- Meta's Llama 3 tokenizer, a chat, an eos list -------------------------------------------

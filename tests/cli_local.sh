@@ -141,7 +141,7 @@ if grep -q "nothing to train" "$tmp/res.out"; then fail "--steps 3 from step 2 s
 
 "$L3D" train --resume "$tmp/none" --steps 1 >"$tmp/nores.out" 2>&1
 rc=$?
-if [ $rc -eq 2 ] && grep -q "resume $tmp/none: no such directory" "$tmp/nores.out"; then
+if [ $rc -eq 2 ] && grep -q "resume $tmp/none: it does not exist" "$tmp/nores.out"; then
   ok "--resume of a missing directory: exit 2 naming it"
 else
   fail "--resume missing (exit $rc)" "$tmp/nores.out"
