@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "core/data_internal.h"  // l3d_fnv1a64
+#include "core/tokenizer_internal.h"  // l3d_fnv1a64
 #include "core/l3d_core.h"
 
 typedef struct known_template {

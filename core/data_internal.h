@@ -32,9 +32,6 @@ l3d_status l3d_dataset_load_text(l3d_ctx_t *ctx, const char *path, l3d_tokenizer
 // The cache file name a text with this content hash gets for tokenizer `tok`, in `dir`.
 void l3d_dataset_cache_name(const char *dir, const char *text_path, uint64_t hash,
                             const l3d_tokenizer_t *tok, char *out, size_t cap);
-// FNV-1a 64 of bytes, continued from h (start with L3D_FNV64_INIT).
-#define L3D_FNV64_INIT 0xcbf29ce484222325ull
-uint64_t l3d_fnv1a64(uint64_t h, const void *data, size_t len);
 
 // Turns a negative errno from platform/ into a status naming the path.
 l3d_status l3d_dataset_file_error(l3d_ctx_t *ctx, const char *path, int rc);

@@ -99,15 +99,6 @@ static int utf8_validate(const unsigned char *buf, size_t len, size_t *bad_p, co
     return UTF8_OK;
 }
 
-uint64_t l3d_fnv1a64(uint64_t h, const void *data, size_t len) {
-    const unsigned char *p = data;
-    for (size_t i = 0; i < len; i++) {
-        h ^= p[i];
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 void l3d_dataset_cache_name(const char *dir, const char *text_path, uint64_t hash,
                             const l3d_tokenizer_t *tok, char *out, size_t cap) {
     const char *slash = strrchr(text_path, '/');

@@ -13,13 +13,22 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/data.h"
+#include "core/tokenizer_internal.h"
 #include "core/l3d_core.h"
 
 #define BYTES_VOCAB 259
 #define BYTES_BOS 256
 #define BYTES_EOS 257
 #define BYTES_PAD 258
+
+uint64_t l3d_fnv1a64(uint64_t h, const void *data, size_t len) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < len; i++) {
+        h ^= p[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
 
 // Grows an id buffer owned by the ctx (tag "data") so it holds at least `need` ids.
 // Doubling keeps appends amortised O(1).

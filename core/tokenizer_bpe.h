@@ -14,7 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "core/data.h"
+#include "core/tokenizer_internal.h"
 
 enum {
     L3D_BPE_SPECIAL = 1,  // a special token (matched only with L3D_TOKENIZE_SPECIAL)

@@ -16,10 +16,10 @@
 
 #include <jansson.h>
 
-#include "core/data_internal.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/tokenizer_bpe.h"
+#include "core/tokenizer_internal.h"
 #include "platform/platform.h"
 
 #define TAG "tokenizer"
