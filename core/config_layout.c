@@ -9,9 +9,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "core/config_layout.h"
 #include "core/config_train_internal.h"
 #include "core/l3d_core.h"
-#include "core/model_internal.h"
 #include "core/pipeline.h"
 #include "devices/device.h"
 #include "llama3d/config.h"
@@ -109,7 +109,7 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
 }
 
 // parallel.tp_mode "2d" / "3d": what the model's 2d and 3d paths take so far
-// (core/model_internal.h). planning: a run l3d plan costs, not one this build runs: only the
+// (core/config_layout.h). planning: a run l3d plan costs, not one this build runs: only the
 // grid's or cube's shape matters.
 static l3d_status check_grid_cube(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                                   const char *origin, int planning) {
@@ -199,3 +199,63 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
                          "(adam_w_mode false) is not supported; use AdamW or weight_decay 0");
     return check_device(ctx, origin, cfg->device);
 }
+
+// ---- the model's shapes against tp (core/config_layout.h) ---------------------------------
+l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp) {
+    int H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
+    if (tp < 1) return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d must be >= 1", tp);
+    if (H % tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d does not divide "
+                         "num_attention_heads %d (tensor parallelism splits heads)", tp, H);
+    if (K >= tp ? K % tp : tp % K)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d and num_key_value_heads %d: one "
+                         "must divide the other (kv heads are split, or replicated when fewer)",
+                         tp, K);
+    if (cfg->intermediate_size % tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d does not divide "
+                         "intermediate_size %d (the MLP is split by columns)", tp,
+                         cfg->intermediate_size);
+    if (cfg->vocab_size < tp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d exceeds vocab_size %d", tp,
+                         cfg->vocab_size);
+    return L3D_OK;
+}
+
+
+l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
+    struct {
+        const char *name;
+        int v;
+    } dims[] = {{"hidden_size", cfg->hidden_size},
+                {"num_attention_heads", cfg->num_attention_heads},
+                {"num_key_value_heads", cfg->num_key_value_heads},
+                {"intermediate_size", cfg->intermediate_size},
+                {"vocab_size", cfg->vocab_size}};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        if (dims[i].v % q)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d on a %d x %d grid: %s %d is not a "
+                             "multiple of %d", q, q, dims[i].name, dims[i].v, q);
+    return L3D_OK;
+}
+
+
+l3d_status l3d_tp3d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
+    long D = cfg->head_dim;
+    struct {
+        const char *name;
+        long v, by;
+    } dims[] = {{"num_attention_heads", cfg->num_attention_heads, q},
+                {"num_key_value_heads", cfg->num_key_value_heads, q},
+                {"hidden_size", cfg->hidden_size, (long)q * q},
+                {"intermediate_size", cfg->intermediate_size, (long)q * q},
+                {"vocab_size", cfg->vocab_size, (long)q * q},
+                {"num_attention_heads x head_dim", cfg->num_attention_heads * D, (long)q * q},
+                {"num_key_value_heads x head_dim", cfg->num_key_value_heads * D, (long)q * q}};
+    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
+        if (dims[i].v % dims[i].by)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 3d on a %d x %d x %d cube: %s %ld is "
+                             "not a multiple of %ld", q, q, q, dims[i].name, dims[i].v,
+                             dims[i].by);
+    return L3D_OK;
+}
+

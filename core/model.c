@@ -181,26 +181,6 @@ int l3d_model_grad_group_chunk(const l3d_model_t *m, int i) {
     return l < m->L ? l3d_model_layer_chunk(m, l) : m->nchunks - 1;
 }
 
-l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp) {
-    int H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
-    if (tp < 1) return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d must be >= 1", tp);
-    if (H % tp)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d does not divide "
-                         "num_attention_heads %d (tensor parallelism splits heads)", tp, H);
-    if (K >= tp ? K % tp : tp % K)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d and num_key_value_heads %d: one "
-                         "must divide the other (kv heads are split, or replicated when fewer)",
-                         tp, K);
-    if (cfg->intermediate_size % tp)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d does not divide "
-                         "intermediate_size %d (the MLP is split by columns)", tp,
-                         cfg->intermediate_size);
-    if (cfg->vocab_size < tp)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d exceeds vocab_size %d", tp,
-                         cfg->vocab_size);
-    return L3D_OK;
-}
-
 void l3d_model_set_dims_tp(l3d_model_t *m, const l3d_model_config_t *cfg, int tp, int rank) {
     m->cfg = *cfg;
     m->C = cfg->hidden_size;
@@ -268,42 +248,6 @@ int l3d_model_target_first(const l3d_model_t *m, int mb) {
     l3d_model_batch_slice(m, mb, &b0, &nb);
     if (m->tp.mode != 3) return b0;
     return (m->tp.rank / (q * q) * q + m->tp.rank % q) * nb;  // slice i*q + l
-}
-
-l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
-    struct {
-        const char *name;
-        int v;
-    } dims[] = {{"hidden_size", cfg->hidden_size},
-                {"num_attention_heads", cfg->num_attention_heads},
-                {"num_key_value_heads", cfg->num_key_value_heads},
-                {"intermediate_size", cfg->intermediate_size},
-                {"vocab_size", cfg->vocab_size}};
-    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
-        if (dims[i].v % q)
-            return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 2d on a %d x %d grid: %s %d is not a "
-                             "multiple of %d", q, q, dims[i].name, dims[i].v, q);
-    return L3D_OK;
-}
-
-l3d_status l3d_tp3d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q) {
-    long D = cfg->head_dim;
-    struct {
-        const char *name;
-        long v, by;
-    } dims[] = {{"num_attention_heads", cfg->num_attention_heads, q},
-                {"num_key_value_heads", cfg->num_key_value_heads, q},
-                {"hidden_size", cfg->hidden_size, (long)q * q},
-                {"intermediate_size", cfg->intermediate_size, (long)q * q},
-                {"vocab_size", cfg->vocab_size, (long)q * q},
-                {"num_attention_heads x head_dim", cfg->num_attention_heads * D, (long)q * q},
-                {"num_key_value_heads x head_dim", cfg->num_key_value_heads * D, (long)q * q}};
-    for (size_t i = 0; i < sizeof(dims) / sizeof(dims[0]); i++)
-        if (dims[i].v % dims[i].by)
-            return l3d_error(ctx, L3D_ERR_CONFIG, "tp_mode 3d on a %d x %d x %d cube: %s %ld is "
-                             "not a multiple of %ld", q, q, q, dims[i].name, dims[i].v,
-                             dims[i].by);
-    return L3D_OK;
 }
 
 void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *layers_per_stage) {

@@ -3,6 +3,7 @@
 #ifndef L3D_MODEL_INTERNAL_H
 #define L3D_MODEL_INTERNAL_H
 
+#include "core/config_layout.h"
 #include "core/l3d_core.h"
 #include "devices/device.h"
 #include "llama3d/comm.h"
@@ -261,9 +262,6 @@ void l3d_model_batch_slice(const l3d_model_t *m, int mb, int *b0, int *nb);
 // The first sequence of the same number whose targets this rank's logits hold: *b0 of
 // l3d_model_batch_slice, but under "3d" slice i*q + l.
 int l3d_model_target_first(const l3d_model_t *m, int mb);
-// Tensor parallelism "2d" preconditions on a q x q grid: q divides hidden, heads, key/value
-// heads, ffn and vocabulary; untied embeddings; L3D_ERR_CONFIG naming what does not.
-l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
 // A model holding block (i, j) of tensor parallelism "2d" (tp rank i*q + j of tp_comm, size
 // q^2) of pipeline stage `stage` (as l3d_model_create_part); float32 only so far. Collective
 // over tp_comm (it builds the grid). Training activations for it are created with the
@@ -272,10 +270,6 @@ l3d_status l3d_tp2d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
 l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int pp, int v, int stage,
                                const int *layers_per_stage, l3d_model_t **model_p);
-// Tensor parallelism "3d" preconditions on a q-cube: q divides the heads and key/value heads;
-// q^2 divides hidden, ffn, vocabulary and the q/k/v widths; untied embeddings; L3D_ERR_CONFIG
-// naming what does not.
-l3d_status l3d_tp3d_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int q);
 // A model holding rank (i, j, l) of tensor parallelism "3d" (tp rank (i*q + j)*q + l, size
 // q^3), as l3d_model_create_2d: activations for l3d_model_batch_slice's B, tokens from its
 // slice, targets from l3d_model_target_first's; a stage's boundary activations are its
@@ -299,9 +293,6 @@ size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int ra
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                  l3d_comm_t *tp_comm, int pp, int v, int stage,
                                  const int *layers_per_stage, l3d_model_t **model_p);
-// Tensor parallelism preconditions: heads, key/value heads (or tp by them) and ffn divide by
-// tp, vocabulary >= tp. L3D_ERR_CONFIG naming the dimension otherwise.
-l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp);
 // A model holding tp rank tp_rank's shard; tp_comm is the tp group (size tp). Collective over
 // tp_comm (it splits off the key/value replica group when KVH < tp).
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
