@@ -16,12 +16,6 @@
 
 static const char *const k_suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
 
-int l3d_ckpt_dist_is(const char *dir) {
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/shards.json", dir);
-    return l3d_path_present(path);  // a shards.json that is a FIFO is read, and refused
-}
-
 // ---- host views --------------------------------------------------------------------------
 // n floats of a device array on the host: the array itself on host devices, else a copy.
 static l3d_status host_view(l3d_model_t *m, const float *a, size_t n, float **h_p) {

@@ -19,12 +19,11 @@
 #ifndef L3D_CHECKPOINT_DIST_H
 #define L3D_CHECKPOINT_DIST_H
 
+#include "core/config_model_dir.h"
 #include "core/trainer_internal.h"
 
 #define L3D_CKPT_DIST_FORMAT "llama3d-sharded-1"
 
-// 1 when dir holds a sharded checkpoint (its shards.json exists).
-int l3d_ckpt_dist_is(const char *dir);
 // Collective over the trainer's world: writes the sharded checkpoint of step t->step to dir,
 // published atomically (a temporary directory that world rank 0 names and renames; an
 // agreement after the writes, so a failure on any rank fails all and keeps an older dir).

@@ -11,16 +11,6 @@
 #include "core/input.h"
 #include "platform/platform.h"
 
-int l3d_hf_is_weights_dir(const char *dir) {
-    char path[1200];
-    // Present, not readable: a weights file that is a FIFO or a symlink loop is refused when
-    // it is opened, not taken for a directory without weights (training from scratch).
-    snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_WEIGHTS);
-    if (l3d_path_present(path)) return 1;
-    snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_INDEX);
-    return l3d_path_present(path);
-}
-
 void l3d_hf_set_close(l3d_hf_set_t *set) {
     if (!set || !set->ctx) return;
     for (int i = 0; i < set->n; i++) {

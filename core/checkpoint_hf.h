@@ -2,7 +2,8 @@
 // `model-00001-of-0000N.safetensors` listed by `model.safetensors.index.json`
 // ({"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}), in F32, BF16 or F16.
 // defines: l3d_hf_set_t, l3d_hf_set_open/open_file/close/find, l3d_hf_set_check,
-//          l3d_hf_set_read, l3d_ckpt_place, l3d_hf_save_weights, l3d_hf_is_weights_dir
+//          l3d_hf_set_read, l3d_ckpt_place, l3d_hf_save_weights
+//          (l3d_hf_is_weights_dir: core/config_model_dir.h)
 //
 // Files are memory-mapped; a rank converts only the rows and columns of its own shards
 // (l3d_ckpt_place), so no rank materialises the whole model in float32.
@@ -13,11 +14,10 @@
 #include <stdint.h>
 
 #include "core/checkpoint_publish.h"
+#include "core/config_model_dir.h"
 #include "core/model_internal.h"
 #include "core/safetensors.h"
 
-#define L3D_HF_WEIGHTS "model.safetensors"
-#define L3D_HF_INDEX "model.safetensors.index.json"
 #define L3D_HF_MAX_FILES 4096
 
 typedef struct l3d_hf_set {
@@ -32,9 +32,6 @@ typedef struct l3d_hf_set {
     l3d_st_dtype dtype;
     int mixed;
 } l3d_hf_set_t;
-
-// Whether `dir` holds model weights in Hugging Face layout (model.safetensors or the index).
-int l3d_hf_is_weights_dir(const char *dir);
 
 // Opens dir's model weights: model.safetensors when present (transformers prefers it), else
 // model.safetensors.index.json and every shard it names. The index must be an object with a

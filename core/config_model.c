@@ -13,9 +13,11 @@
 #include <jansson.h>
 
 #include "core/config_json.h"
+#include "core/config_model_dir.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
 #include "llama3d/config.h"
+#include "platform/platform.h"
 
 // ---- presets -----------------------------------------------------------------------------
 // Values from the released Hugging Face config.json files (Llama 3.1 for 8B/70B/405B, whose
@@ -553,4 +555,21 @@ uint64_t l3d_model_config_num_params(const l3d_model_config_t *cfg) {
                          + 3 * C * F       // gate, up, down
                          + 2 * C;          // input and post-attention RMSNorm
     return V * C + L * per_layer + C + (cfg->tie_word_embeddings ? 0 : V * C);
+}
+
+// ---- what a model directory holds (core/config_model_dir.h) ------------------------------
+int l3d_hf_is_weights_dir(const char *dir) {
+    char path[1200];
+    // Present, not readable: a weights file that is a FIFO or a symlink loop is refused when
+    // it is opened, not taken for a directory without weights (training from scratch).
+    snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_WEIGHTS);
+    if (l3d_path_present(path)) return 1;
+    snprintf(path, sizeof(path), "%s/%s", dir, L3D_HF_INDEX);
+    return l3d_path_present(path);
+}
+
+int l3d_ckpt_dist_is(const char *dir) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, L3D_CKPT_DIST_MANIFEST);
+    return l3d_path_present(path);  // a shards.json that is a FIFO is read, and refused
 }

@@ -13,9 +13,8 @@
 
 #include <jansson.h>
 
-#include "core/checkpoint_dist.h"
-#include "core/checkpoint_hf.h"
 #include "core/config_json.h"
+#include "core/config_model_dir.h"
 #include "core/config_train_internal.h"
 #include "core/input.h"
 #include "core/mesh.h"
