@@ -13,6 +13,7 @@
 #include "core/checkpoint_check.h"
 #include "core/checkpoint_dist.h"
 #include "core/checkpoint_hf.h"
+#include "core/checkpoint_open.h"
 #include "core/checkpoint_publish.h"
 #include "core/input.h"
 #include "core/model_internal.h"
@@ -247,6 +248,28 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
         return st;
     }
     *model_p = m;
+    return L3D_OK;
+}
+
+l3d_status l3d_infer_open(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
+                          const char *dir, int capacity, l3d_infer_t **inf_p) {
+    if (!ctx || !dev || !dir || !inf_p || tp < 1 || pp < 1)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_open: NULL argument or tp %d / "
+                         "pp %d < 1", tp, pp);
+    char path[1200];
+    l3d_model_config_t cfg;
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &cfg));
+    // The files must hold what the config says before the config sizes an allocation.
+    L3D_CHECK(ctx, l3d_ckpt_check(ctx, dir, &cfg, 0));
+    l3d_infer_t *inf;
+    L3D_CHECK(ctx, l3d_infer_create(ctx, world, tp, pp, dev, &cfg, capacity, &inf));
+    l3d_status st = l3d_model_load(l3d_infer_model(inf), dir);  // this rank's slices only
+    if (st < 0) {
+        l3d_infer_destroy(inf);
+        return st;
+    }
+    *inf_p = inf;
     return L3D_OK;
 }
 

@@ -7,7 +7,6 @@
 // over the pipeline group from the last stage gives every rank the row.
 #include <string.h>
 
-#include "core/checkpoint_check.h"
 #include "core/infer_parallel.h"
 #include "core/mesh.h"
 #include "core/model_internal.h"
@@ -28,16 +27,11 @@ static l3d_status comm_error(l3d_infer_t *g, l3d_comm_t *c, l3d_status st, const
 }
 
 l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
-                            const char *dir, int capacity, l3d_infer_t **inf_p) {
-    if (!ctx || !dev || !dir || !inf_p || tp < 1 || pp < 1)
+                            const l3d_model_config_t *config, int capacity, l3d_infer_t **inf_p) {
+    if (!ctx || !dev || !config || !inf_p || tp < 1 || pp < 1)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_create: NULL argument or tp %d / "
                          "pp %d < 1", tp, pp);
-    char path[1200];
-    l3d_model_config_t cfg;
-    snprintf(path, sizeof(path), "%s/config.json", dir);
-    L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &cfg));
-    // The files must hold what the config says before the config sizes an allocation.
-    L3D_CHECK(ctx, l3d_ckpt_check(ctx, dir, &cfg, 0));
+    l3d_model_config_t cfg = *config;
     if (pp > cfg.num_hidden_layers)
         return l3d_error(ctx, L3D_ERR_CONFIG, "pp %d: the model has %d layers", pp,
                          cfg.num_hidden_layers);
@@ -51,7 +45,6 @@ l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l
     g->stage = g->mesh->coord[L3D_MESH_PP];
     L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP], pp, 1,
                                               g->stage, NULL, &g->m), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_model_load(g->m, dir), st, err);  // this rank's slices only
     L3D_CHECK_GOTO(ctx, l3d_kv_cache_create(g->m, capacity, &g->c), st, err);
     g->x_bytes = (size_t)l3d_kv_cache_rows(g->c) * (size_t)cfg.hidden_size * sizeof(float);
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, g->x_bytes, "acts", (void **)&g->x), st, err);

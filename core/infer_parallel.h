@@ -1,5 +1,5 @@
 // Inference on a tensor- and pipeline-parallel layout: each rank holds its part of the model
-// (its tp slice of its pipeline stage's layers, read from the checkpoint alone) and of the KV
+// (its tp slice of its pipeline stage's layers) and of the KV
 // cache; a decode runs the stages in turn and gives every rank the same full logits, so every
 // rank samples the same token from the same seed and no token is sent.
 // defines: l3d_infer_t, l3d_infer_create, l3d_infer_decode, l3d_infer_destroy,
@@ -15,10 +15,11 @@
 typedef struct l3d_infer l3d_infer_t;
 
 // Collective over `world` (NULL: a single rank; then tp = pp = 1): the mesh (dp 1, Megatron's
-// tp-fastest order), this rank's model part with its weights from checkpoint `dir` (checked
-// first, as l3d_model_open does), and a KV cache of `capacity` positions. `dev` must outlive it.
+// tp-fastest order), this rank's model part of `cfg` (weights not yet read: the caller loads
+// them into l3d_infer_model, as l3d_infer_open of core/checkpoint_open.h does from a
+// checkpoint), and a KV cache of `capacity` positions. `dev` must outlive it.
 l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
-                            const char *dir, int capacity, l3d_infer_t **inf_p);
+                            const l3d_model_config_t *cfg, int capacity, l3d_infer_t **inf_p);
 void l3d_infer_destroy(l3d_infer_t *inf);
 const l3d_model_config_t *l3d_infer_config(const l3d_infer_t *inf);
 l3d_model_t *l3d_infer_model(l3d_infer_t *inf);
