@@ -91,42 +91,30 @@ static size_t piece_rects(const l3d_model_t *m, size_t lo, size_t hi, rect_t *ou
     return n;
 }
 
-// This rank's pieces: the ZeRO pieces when sharded, else the arena split into dp ranges (the
-// optimizer state then sits at the arena offset).
-static void piece(const l3d_trainer_t *t, int k, size_t *lo, size_t *hi, size_t *sh) {
-    if (t->dp.sharded) {
-        l3d_dp_piece(t, k, lo, hi, sh);
-        return;
-    }
-    size_t P = t->model->n_params, n = (size_t)t->dp.n, r = (size_t)t->dp.rank;
-    *lo = P * r / n;
-    *hi = P * (r + 1) / n;
-    *sh = *lo;
-}
-
-static l3d_status write_shard(l3d_trainer_t *t, const char *tmp, int rank, int world) {
+static l3d_status write_shard(const l3d_ckpt_dist_src_t *t, const char *tmp, int rank,
+                              int world) {
     l3d_model_t *m = t->model;
     l3d_ctx_t *ctx = t->ctx;
-    int np = t->dp.sharded ? l3d_dp_pieces(t) : 1;
+    int np = t->pieces;
     size_t nr = 0;
     for (int k = 0; k < np; k++) {
         size_t lo, hi, sh;
-        piece(t, k, &lo, &hi, &sh);
+        t->piece(t->arg, k, &lo, &hi, &sh);
         nr += piece_rects(m, lo, hi, NULL);
     }
-    size_t ne = 3 * nr, olen = t->dp.shard_len;
+    size_t ne = 3 * nr, olen = t->optim_len;
     rect_t *rects = l3d_calloc(ctx, nr ? nr : 1, sizeof(*rects), "staging");
     l3d_st_entry_t *e = l3d_calloc(ctx, ne ? ne : 1, sizeof(*e), "staging");
     char(*names)[96] = l3d_calloc(ctx, ne ? ne : 1, sizeof(*names), "staging");
     float *hp = NULL, *hm = NULL, *hv = NULL;
     l3d_status st = rects && e && names ? L3D_OK : L3D_ERR_NOMEM;
     if (st >= 0) st = host_view(m, m->params, m->n_params, &hp);
-    if (st >= 0) st = host_view(m, t->adam_m, olen, &hm);
-    if (st >= 0) st = host_view(m, t->adam_v, olen, &hv);
+    if (st >= 0) st = host_view(m, t->exp_avg, olen, &hm);
+    if (st >= 0) st = host_view(m, t->exp_avg_sq, olen, &hv);
     size_t n = 0;
     for (int k = 0; k < np && st >= 0; k++) {
         size_t lo, hi, sh;
-        piece(t, k, &lo, &hi, &sh);
+        t->piece(t->arg, k, &lo, &hi, &sh);
         size_t cnt = piece_rects(m, lo, hi, rects);
         for (size_t i = 0; i < cnt; i++) {
             const rect_t *r = &rects[i];
@@ -146,12 +134,12 @@ static l3d_status write_shard(l3d_trainer_t *t, const char *tmp, int rank, int w
     if (st >= 0) {
         char path[1200], who[64];
         snprintf(path, sizeof(path), "%s/shard-%05d-of-%05d.safetensors", tmp, rank, world);
-        snprintf(who, sizeof(who), "dp %d tp %d pp %d", t->dp.rank, m->tp.rank, m->pp_rank);
+        snprintf(who, sizeof(who), "dp %d tp %d pp %d", t->dp_rank, m->tp.rank, m->pp_rank);
         const char *k[] = {"format", "llama3d", "rank"}, *v[] = {"pt", L3D_CKPT_DIST_FORMAT, who};
         st = l3d_st_write(ctx, path, e, n, k, v, 3);
     }
-    host_release(m, t->adam_v, hv, olen);
-    host_release(m, t->adam_m, hm, olen);
+    host_release(m, t->exp_avg_sq, hv, olen);
+    host_release(m, t->exp_avg, hm, olen);
     host_release(m, m->params, hp, m->n_params);
     l3d_free(ctx, names, (ne ? ne : 1) * sizeof(*names), "staging");
     l3d_free(ctx, e, (ne ? ne : 1) * sizeof(*e), "staging");
@@ -159,7 +147,7 @@ static l3d_status write_shard(l3d_trainer_t *t, const char *tmp, int rank, int w
     return st;
 }
 
-static l3d_status write_manifest(l3d_trainer_t *t, const char *tmp, int world) {
+static l3d_status write_manifest(const l3d_ckpt_dist_src_t *t, const char *tmp, int world) {
     json_t *files = json_array(), *root = NULL;
     char name[64], path[1200];
     for (int r = 0; files && r < world; r++) {
@@ -182,8 +170,9 @@ static l3d_status write_manifest(l3d_trainer_t *t, const char *tmp, int world) {
 }
 
 // Every rank's outcome: L3D_OK only when all succeeded. A rank that failed keeps its detail.
-static l3d_status agree(l3d_trainer_t *t, l3d_status st, const char *what, const char *dir) {
-    l3d_comm_t *world = t->mesh->world;
+static l3d_status agree(const l3d_ckpt_dist_src_t *t, l3d_status st, const char *what,
+                        const char *dir) {
+    l3d_comm_t *world = t->world;
     int32_t ok = st >= 0, all = 0;
     l3d_status cst = l3d_comm_allreduce(world, &ok, &all, 1, L3D_INT32, L3D_MIN);
     if (st < 0) return st;
@@ -195,8 +184,8 @@ static l3d_status agree(l3d_trainer_t *t, l3d_status st, const char *what, const
     return L3D_OK;
 }
 
-l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
-    l3d_comm_t *world = t->mesh->world;
+l3d_status l3d_ckpt_dist_save(const l3d_ckpt_dist_src_t *t, const char *dir) {
+    l3d_comm_t *world = t->world;
     int W = l3d_comm_size(world), R = l3d_comm_rank(world);
     // One temporary directory for all ranks: world rank 0 vets the target, creates
     // "<target>.tmp.<its pid>" and broadcasts the name (core/checkpoint_publish.h).
@@ -215,7 +204,7 @@ l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir) {
     tmp[sizeof(tmp) - 1] = '\0';
     st = write_shard(t, tmp, R, W);
     if (st >= 0 && R == 0) st = l3d_ckpt_write_config(t->model, tmp);
-    if (st >= 0 && R == 0) st = l3d_ckpt_write_state(t, tmp);
+    if (st >= 0 && R == 0) st = t->write_state(t->arg, tmp);
     if (st >= 0 && R == 0) st = write_manifest(t, tmp, W);
     if (st >= 0 && R == 0 && t->model->save.carry_from[0])
         st = l3d_ckpt_carry_files(t->ctx, t->model->save.carry_from, tmp);

@@ -20,21 +20,38 @@
 #define L3D_CHECKPOINT_DIST_H
 
 #include "core/config_model_dir.h"
-#include "core/trainer_internal.h"
+#include "core/model_internal.h"
 
 #define L3D_CKPT_DIST_FORMAT "llama3d-sharded-1"
 
-// Collective over the trainer's world: writes the sharded checkpoint of step t->step to dir,
-// published atomically (a temporary directory that world rank 0 names and renames; an
-// agreement after the writes, so a failure on any rank fails all and keeps an older dir).
-l3d_status l3d_ckpt_dist_save(l3d_trainer_t *t, const char *dir);
+// What a sharded save writes of one rank, handed over by the run that saves
+// (core/trainer_ckpt.c): the checkpoint code knows the files, the trainer how dp and ZeRO
+// partition its state. Piece k of `pieces` is parameter floats [lo, hi) of model's arena,
+// whose optimizer moments start at float sh of exp_avg and exp_avg_sq.
+typedef struct l3d_ckpt_dist_src {
+    l3d_ctx_t *ctx;
+    l3d_model_t *model;                 // this rank's tp/pp part; the weights: model->params
+    l3d_comm_t *world;                  // the save is collective over it
+    const float *exp_avg, *exp_avg_sq;  // device arrays of optim_len floats
+    size_t optim_len;
+    int pieces;
+    void (*piece)(const void *arg, int k, size_t *lo, size_t *hi, size_t *sh);
+    // trainer_state.json into the temporary directory (called on world rank 0 only).
+    l3d_status (*write_state)(const void *arg, const char *tmpdir);
+    const void *arg;  // passed to piece and write_state
+    int dp_rank;      // named in the shard's metadata
+} l3d_ckpt_dist_src_t;
+
+// Collective over src->world: writes the sharded checkpoint to dir, published atomically (a
+// temporary directory that world rank 0 names and renames; an agreement after the writes, so
+// a failure on any rank fails all and keeps an older dir).
+l3d_status l3d_ckpt_dist_save(const l3d_ckpt_dist_src_t *src, const char *dir);
 // Fills, in m's own layout (any tp/pp part, or a whole model), the arrays given (device
 // arenas of m->n_params floats; NULL: skip): parameters, exp_avg, exp_avg_sq. Not collective.
 l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, float *exp_avg,
                               float *exp_avg_sq);
 
-// Shared with core/checkpoint.c: config.json of m, and trainer_state.json of t, into dir.
+// Shared with core/checkpoint.c: config.json of m into dir.
 l3d_status l3d_ckpt_write_config(l3d_model_t *m, const char *dir);
-l3d_status l3d_ckpt_write_state(l3d_trainer_t *t, const char *dir);
 
 #endif

@@ -1,4 +1,4 @@
-// The trainer's state, shared by core/trainer.c and core/checkpoint.c.
+// The trainer's state, shared by core/trainer*.c (core/trainer_ckpt.c: its checkpoints).
 #ifndef L3D_TRAINER_INTERNAL_H
 #define L3D_TRAINER_INTERNAL_H
 
