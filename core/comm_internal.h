@@ -228,6 +228,12 @@ void l3d_sched_native(l3d_sched_t *s, l3d_tp_coll_fn fn, const l3d_tp_coll_args_
 void l3d_sched_reduce(l3d_sched_t *s, int after, void *dst, const void *a, const void *b,
                       size_t count, l3d_dtype wdt, l3d_redop op);
 void l3d_sched_copy(l3d_sched_t *s, int after, void *dst, const void *src, size_t bytes);
+// Runs one local op (a reduction, copy or conversion) of a schedule: the request executor
+// calls it as the op it is attached to completes (core/comm_request.c).
+void l3d_sched_run_lop(const l3d_sched_lop_t *o);
+// Runs one local op (a reduction, copy or conversion) of a schedule: the request executor
+// calls it as the op it is attached to completes (core/comm_request.c).
+void l3d_sched_run_lop(const l3d_sched_lop_t *o);
 void l3d_sched_towire(l3d_sched_t *s, int after, float *dst, const void *src, size_t count,
                       l3d_dtype dt);
 void l3d_sched_final(l3d_sched_t *s, int after, void *dst, const void *src, size_t count,
@@ -285,6 +291,10 @@ l3d_status l3d_world_mr(l3d_world_t *w, void *buf, size_t len, void **mr_p);
 void l3d_world_mr_purge(l3d_world_t *w, void *buf, size_t len);
 void l3d_world_mr_release(l3d_world_t *w);
 void l3d_world_scratch_release(l3d_world_t *w);
+// Frees the finished requests a world keeps for reuse (core/comm_request.c).
+void l3d_world_requests_release(l3d_world_t *w);
+// Frees the finished requests a world keeps for reuse (core/comm_request.c).
+void l3d_world_requests_release(l3d_world_t *w);
 
 // ---- collective arguments and algorithm builders ---------------------------------------------
 typedef struct l3d_coll_args {
