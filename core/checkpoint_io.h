@@ -1,3 +1,9 @@
+// Folder core/checkpoint (docs/architecture.md): safetensors, Hugging Face weight files,
+// sharded checkpoints, publishing, checks before allocation, opening a model from a
+// directory. Knows files, not the trainer: state comes in through l3d_ckpt_dist_src_t and
+// whole arenas. May use: core/model, core/config, core/text, core/comm, the core/ root,
+// platform/, the device vtable, include/llama3d/.
+//
 // The checkpoint files a save or a resume of a whole model reads and writes, for the code that
 // holds the state: l3d_model_save/load here, and the trainer's save and resume
 // (core/trainer_ckpt.c), which gathers its partitioned state into whole arenas first.

@@ -1,3 +1,8 @@
+// Folder core/comm (docs/architecture.md): communicators, schedules and requests, collective
+// algorithms and their selection, the shared-memory path, bootstrap and rendezvous, reduction
+// kernels, the process mesh, the transport registry. May use: core/ root, platform/, the
+// transport vtable (transports/transport.h) and include/llama3d/.
+//
 // Communicator internals shared by core/comm*.c and core/coll_*.c: the world (one transport
 // endpoint per rank), communicators, schedules (libNBC style) and requests.
 // defines: l3d_world_t, struct l3d_comm, l3d_sched_t, struct l3d_request, l3d_coll_args_t,

@@ -1,3 +1,8 @@
+// Folder core/config (docs/architecture.md): JSON helpers, model configs and presets,
+// DeepSpeed's keys, the training config, layout checks and pipeline schedules, what a model
+// directory holds. May use: core/comm (the mesh order), core/text (tokenizer files), the
+// core/ root, platform/, the device vtable, include/llama3d/.
+//
 // The ds_config.json parser's internals, shared by its two halves: core/config_train.c (the
 // top level, llama3d's own sections, the batch identity, finalize) and core/config_deepspeed.c
 // (DeepSpeed's sections and top-level scalars).

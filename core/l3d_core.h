@@ -1,3 +1,7 @@
+// The root of core/ (docs/architecture.md): the context, settings, progress reports, status
+// strings and the device registry. May use platform/, the device and transport vtables and
+// include/llama3d/; every folder of core/ uses it.
+//
 // Internal helpers every layer above platform/ uses: error propagation, logging, allocation.
 // defines: L3D_CHECK, L3D_CHECK_GOTO, l3d_log, l3d_error, l3d_malloc, l3d_free, l3d_settings_t
 //

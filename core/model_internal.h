@@ -1,3 +1,8 @@
+// Folder core/model (docs/architecture.md): parameters and their layout, forward/backward,
+// tensor parallelism 1d/2d/3d, inference and the KV cache (one rank or tp x pp), the sampler,
+// the memory check. May use: core/config, core/comm, the core/ root, platform/, the device
+// vtable, include/llama3d/.
+//
 // The model's internals shared by core/model*.c, core/trainer.c and core/checkpoint.c.
 // defines: l3d_model (struct), l3d_param_t, l3d_layer_acts_t, l3d_acts_t
 #ifndef L3D_MODEL_INTERNAL_H

@@ -1,3 +1,7 @@
+// Folder core/monitor (docs/architecture.md): DeepSpeed's monitors, TensorBoard event files,
+// CSV, CRC-32C. May use core/train (a monitor opens from a trainer) and every folder below
+// it; not core/plan.
+//
 // The monitors' file formats, apart from the monitor object (core/monitor.c) so each can be
 // tested on its own: CRC-32C (core/crc32c.c), TensorBoard's TFRecord-framed Event protos
 // (core/monitor_tb.c) and DeepSpeed's CSV rows (core/monitor_csv.c).

@@ -1,3 +1,7 @@
+// Folder core/plan (docs/architecture.md): l3d plan's search, cost model, hardware tables and
+// published runs. May use core/train (its memory and communication estimators) and every
+// folder below it; not core/monitor.
+//
 // Shared between the planner's files: core/plan_hw.c (hardware), core/plan_cost.c (one
 // layout), core/plan_search.c (the search) and core/plan_published.c (published runs).
 // defines: l3d_plan_scratch_t, l3d_plan_evaluate_in, l3d_plan_link_time,

@@ -1,3 +1,6 @@
+// Folder core/text (docs/architecture.md): tokenizers (bytes, byte-level BPE and its readers)
+// and chat templates. May use: core/ root, platform/, include/llama3d/.
+//
 // The tokenizer seam its kinds plug into, and what the tokenizer's files and the data's token
 // caches share. The public API is include/llama3d/tokenizer.h.
 // defines: l3d_tokenizer_ops_t, struct l3d_tokenizer, l3d_tokens_reserve, l3d_fnv1a64

@@ -1,3 +1,8 @@
+// Folder core/train (docs/architecture.md): the trainer, dp and ZeRO-1/2/3, offload, pipeline
+// execution, the loss scaler, LR schedules, evaluation, the data stream, the MFU roof, the
+// trainer's checkpoints. May use every folder below it: core/checkpoint, core/model,
+// core/config, core/text, core/comm, the core/ root, platform/, the device vtable.
+//
 // The trainer's state, shared by core/trainer*.c (core/trainer_ckpt.c: its checkpoints).
 #ifndef L3D_TRAINER_INTERNAL_H
 #define L3D_TRAINER_INTERNAL_H
