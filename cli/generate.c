@@ -15,12 +15,12 @@
 
 #include "cli/cli.h"
 #include "cli/ranks.h"
-#include "core/bootstrap.h"
-#include "core/checkpoint_open.h"
-#include "core/infer_parallel.h"
+#include "core/comm/bootstrap.h"
+#include "core/checkpoint/checkpoint_open.h"
+#include "core/model/infer_parallel.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
-#include "core/mesh.h"
+#include "core/comm/mesh.h"
 #include "platform/platform.h"
 
 // What every rank runs, read-only once the ranks start.

@@ -7,12 +7,12 @@
 
 #include "cli/ranks.h"
 #include "cli/train.h"
-#include "core/bootstrap.h"
-#include "core/checkpoint_dist.h"
-#include "core/checkpoint_hf.h"
+#include "core/comm/bootstrap.h"
+#include "core/checkpoint/checkpoint_dist.h"
+#include "core/checkpoint/checkpoint_hf.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
-#include "core/mesh.h"
+#include "core/comm/mesh.h"
 #include "platform/platform.h"
 
 // A layout without a launcher runs as threads of this process: at most this many (l3d launch's

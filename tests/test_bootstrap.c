@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/bootstrap.h"
+#include "core/comm/bootstrap.h"
 #include "core/l3d_core.h"
 
 // ---- helpers -------------------------------------------------------------------------------

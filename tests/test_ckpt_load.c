@@ -11,10 +11,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/checkpoint_check.h"
-#include "core/checkpoint_dist.h"
-#include "core/model_internal.h"
-#include "core/safetensors.h"
+#include "core/checkpoint/checkpoint_check.h"
+#include "core/checkpoint/checkpoint_dist.h"
+#include "core/model/model_internal.h"
+#include "core/checkpoint/safetensors.h"
 #include "platform/mem.h"
 #include "platform/platform.h"
 

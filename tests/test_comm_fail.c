@@ -9,7 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "core/comm_internal.h"
+#include "core/comm/comm_internal.h"
 #include "llama3d/comm.h"
 #include "tests/harness/world.h"
 

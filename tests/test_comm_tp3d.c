@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/reduce.h"
-#include "core/tp3d.h"
+#include "core/comm/reduce.h"
+#include "core/model/tp3d.h"
 #include "llama3d/llama3d.h"
 #include "tests/harness/dense_ref.h"
 #include "tests/harness/world.h"

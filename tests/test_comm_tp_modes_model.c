@@ -24,9 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/model_internal.h"
-#include "core/tp2d.h"
-#include "core/tp3d.h"
+#include "core/model/model_internal.h"
+#include "core/model/tp2d.h"
+#include "core/model/tp3d.h"
 #include "llama3d/llama3d.h"
 #include "tests/harness/world.h"
 

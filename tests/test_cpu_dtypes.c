@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/reduce.h"
+#include "core/comm/reduce.h"
 #include "devices/device.h"
 #include "tests/harness/ref_ops.h"
 

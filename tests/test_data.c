@@ -8,7 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/data.h"
+#include "core/train/data.h"
 #include "core/l3d_core.h"
 
 static l3d_ctx_t *new_ctx(void) {

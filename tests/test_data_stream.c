@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/data.h"
+#include "core/train/data.h"
 #include "core/l3d_core.h"
 
 // Over the 4 MiB in-memory limit, and not a multiple of the reader's 1 MiB chunk.

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/data.h"
+#include "core/train/data.h"
 #include "llama3d/llama3d.h"
 
 // ---- the shuffled rule -------------------------------------------------------------------

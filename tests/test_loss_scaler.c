@@ -4,7 +4,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "core/loss_scaler.h"
+#include "core/train/loss_scaler.h"
 
 static l3d_ctx_t *ctx;
 static void setup(void) { cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK); }

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/model_internal.h"
+#include "core/model/model_internal.h"
 #include "platform/platform.h"
 
 static l3d_model_config_t small_config(int tied) {

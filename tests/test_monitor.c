@@ -9,7 +9,7 @@
 
 #include <criterion/criterion.h>
 
-#include "core/monitor_internal.h"
+#include "core/monitor/monitor_internal.h"
 #include "platform/platform.h"
 
 Test(monitor, crc32c_check_value) {

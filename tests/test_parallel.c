@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "tests/harness/parallel.h"
 
 // The layouts this build trains; tp and pp join as they are built.

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "tests/harness/parallel.h"
 
 // ZeRO-3's keys (embedding 16896 floats, a layer 43136, a norm 64): the norm persistent and

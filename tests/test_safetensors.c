@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "core/l3d_core.h"
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 #include "platform/platform.h"
 
 static l3d_ctx_t *new_ctx(void) {

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/sampler_internal.h"
+#include "core/model/sampler_internal.h"
 #include "llama3d/llama3d.h"
 
 #define L3D_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))

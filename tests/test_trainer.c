@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "core/trainer_internal.h"
+#include "core/train/trainer_internal.h"
 #include "llama3d/llama3d.h"
 
 static void write_tokens(const char *path, int n, int V) {

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "core/data.h"
+#include "core/train/data.h"
 #include "core/l3d_core.h"
 #include "llama3d/tokenizer.h"
 

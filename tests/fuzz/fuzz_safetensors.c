@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "core/l3d_core.h"
-#include "core/safetensors.h"
+#include "core/checkpoint/safetensors.h"
 
 static void quiet(l3d_log_level level, uint32_t subsys, const char *msg, void *user) {}
 

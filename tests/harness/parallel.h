@@ -5,7 +5,7 @@
 #ifndef L3D_TEST_HARNESS_PARALLEL_H
 #define L3D_TEST_HARNESS_PARALLEL_H
 
-#include "core/trainer_internal.h"
+#include "core/train/trainer_internal.h"
 #include "llama3d/llama3d.h"
 
 enum { STEPS = 20, MAXR = 16 };  // (3d: a 2 x 2 x 2 cube times dp or pp 2)

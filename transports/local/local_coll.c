@@ -28,7 +28,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "core/reduce.h"
+#include "core/comm/reduce.h"
 #include "transports/local/local.h"
 
 static const char *const lc_name[4] = {"allreduce", "reduce_scatter", "allgather",

@@ -1,0 +1,185 @@
+// Pipeline schedules and their validation (see core/pipeline.h).
+#include <string.h>
+
+#include "core/config/pipeline.h"
+
+// Megatron's interleaved order: the k-th forward (or backward) of a stage, k < A*v.
+static l3d_pp_op_t interleaved_op(int pp, int v, int k, int backward) {
+    int group = k % (pp * v), chunk = group / pp;
+    l3d_pp_op_t o = {backward, (k / (pp * v)) * pp + k % pp, backward ? v - 1 - chunk : chunk};
+    return o;
+}
+
+// Op i of stage's interleaved schedule: w warm-up forwards, 1F1B pairs, the last backwards.
+static int interleaved_warmup(int pp, int v, int stage, int A) {
+    int total = A * v;
+    return A == pp ? total : L3D_MIN((pp - stage - 1) * 2 + (v - 1) * pp, total);
+}
+static l3d_pp_op_t interleaved_at(int pp, int v, int stage, int A, int i) {
+    int total = A * v, w = interleaved_warmup(pp, v, stage, A), rem = total - w;
+    if (i < w) return interleaved_op(pp, v, i, 0);
+    if (i < w + 2 * rem) {
+        int k = (i - w) / 2;
+        return (i - w) % 2 ? interleaved_op(pp, v, k, 1) : interleaved_op(pp, v, w + k, 0);
+    }
+    return interleaved_op(pp, v, rem + (i - w - 2 * rem), 1);
+}
+
+int l3d_pp_schedule(l3d_pp_kind kind, int pp, int v, int stage, int A, l3d_pp_op_t *ops) {
+    int n = 0;
+    if (kind == L3D_PP_GPIPE) {
+        for (int j = 0; j < A; j++) ops[n++] = (l3d_pp_op_t){0, j, 0};
+        for (int j = 0; j < A; j++) ops[n++] = (l3d_pp_op_t){1, j, 0};
+        return n;
+    }
+    if (kind == L3D_PP_INTERLEAVED) {
+        for (; n < 2 * A * v; n++) ops[n] = interleaved_at(pp, v, stage, A, n);
+        return n;
+    }
+    int w = L3D_MIN(pp - stage - 1, A);
+    for (int j = 0; j < w; j++) ops[n++] = (l3d_pp_op_t){0, j, 0};
+    for (int i = 0; i < A - w; i++) {
+        ops[n++] = (l3d_pp_op_t){0, w + i, 0};
+        ops[n++] = (l3d_pp_op_t){1, i, 0};
+    }
+    for (int j = A - w; j < A; j++) ops[n++] = (l3d_pp_op_t){1, j, 0};
+    return n;
+}
+
+int l3d_pp_slots(l3d_pp_kind kind, int pp, int v, int stage, int A, int chunk) {
+    if (kind == L3D_PP_GPIPE) return A;
+    if (kind != L3D_PP_INTERLEAVED) return L3D_MIN(pp - stage, A);
+    // The peak of the chunk's forwarded-not-backwarded micro-batches along the schedule.
+    int live = 0, peak = 0;
+    for (int i = 0; i < 2 * A * v; i++) {
+        l3d_pp_op_t o = interleaved_at(pp, v, stage, A, i);
+        if (o.chunk != chunk) continue;
+        live += o.backward ? -1 : 1;
+        peak = live > peak ? live : peak;
+    }
+    return peak > 0 ? peak : 1;
+}
+
+l3d_status l3d_pp_kind_parse(l3d_ctx_t *ctx, const char *name, l3d_pp_kind *kind) {
+    if (!name || !name[0] || !strcmp(name, "1f1b")) *kind = L3D_PP_1F1B;
+    else if (!strcmp(name, "gpipe")) *kind = L3D_PP_GPIPE;
+    else if (!strcmp(name, "interleaved")) *kind = L3D_PP_INTERLEAVED;
+    else
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.schedule '%s': must be 1f1b, gpipe or "
+                         "interleaved", name);
+    return L3D_OK;
+}
+
+l3d_status l3d_pp_check(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int A) {
+    if (kind != L3D_PP_INTERLEAVED) {
+        if (v != 1)
+            return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.virtual_stages %d needs "
+                             "parallel.schedule 'interleaved'", v);
+        return L3D_OK;
+    }
+    if (pp < 2)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.schedule 'interleaved' needs "
+                         "parallel.pp >= 2 (it has %d)", pp);
+    if (v < 2)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.schedule 'interleaved' needs "
+                         "parallel.virtual_stages >= 2 (it has %d)", v);
+    if (A % pp)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.schedule 'interleaved' needs "
+                         "gradient_accumulation_steps (%d) to be a multiple of parallel.pp (%d)",
+                         A, pp);
+    return L3D_OK;
+}
+
+// Simulation. Each ordered pair of neighbouring stages is a FIFO channel of message ids
+// (direction, micro-batch, receiving virtual stage); with pp 2 both neighbours are one stage
+// and share a channel. A stage advances while its next op's message is at the head of its
+// channel; another message there means the transport would deliver the wrong data.
+typedef struct sim {
+    int pp, U, A;
+    int *q, *head, *tail;  // channel c holds q[c * cap + head .. tail)
+    size_t cap;
+} sim_t;
+
+static int channel(const sim_t *s, int src, int dst) {
+    return src * 2 + (dst == (src + 1) % s->pp ? 0 : 1);
+}
+static int msg_id(const sim_t *s, int backward, int micro, int u) {
+    return (backward * s->A + micro) * s->U + u;
+}
+
+l3d_status l3d_pp_validate(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int A) {
+    if (pp < 1 || A < 1 || v < 1 || (size_t)pp * (size_t)A * (size_t)v > (1u << 24))
+        return l3d_error(ctx, L3D_ERR_CONFIG, "pipeline validation: pp %d x micro-batches %d x "
+                         "virtual stages %d is out of range (at most 2^24)", pp, A, v);
+    L3D_CHECK(ctx, l3d_pp_check(ctx, kind, pp, v, A));
+    size_t P = (size_t)pp, M = 2 * (size_t)A * (size_t)v, V = (size_t)v;
+    size_t bytes = P * M * sizeof(l3d_pp_op_t) + (2 * P + 2 * P * V) * sizeof(int) +
+                   2 * P * (2 + M) * sizeof(int);
+    char *mem = l3d_calloc(ctx, 1, bytes, "other");
+    if (!mem) return L3D_ERR_NOMEM;
+    l3d_pp_op_t *ops = (l3d_pp_op_t *)mem;
+    int *nops = (int *)(ops + P * M), *pc = nops + P, *live = pc + P, *maxlive = live + P * V;
+    sim_t sm = {pp, pp * v, A, maxlive + P * V, NULL, NULL, M};
+    sm.head = sm.q + 2 * P * M;
+    sm.tail = sm.head + 2 * P;
+    for (int s = 0; s < pp; s++) nops[s] = l3d_pp_schedule(kind, pp, v, s, A, ops + (size_t)s * M);
+    l3d_status st = L3D_OK;
+    for (int moved = 1; moved && st >= 0;) {
+        moved = 0;
+        for (int s = 0; s < pp && st >= 0; s++) {
+            while (pc[s] < nops[s]) {
+                l3d_pp_op_t o = ops[(size_t)s * M + (size_t)pc[s]];
+                int u = o.chunk * pp + s, up = (s + 1) % pp, down = (s - 1 + pp) % pp;
+                int recv = o.backward ? u < sm.U - 1 : u > 0;
+                if (recv) {
+                    int c = channel(&sm, o.backward ? up : down, s);
+                    if (sm.head[c] == sm.tail[c]) break;
+                    int got = sm.q[(size_t)c * M + (size_t)sm.head[c]];
+                    int want = msg_id(&sm, o.backward, o.micro, u);
+                    if (got != want) {
+                        st = l3d_error(ctx, L3D_ERR_INTERNAL, "pipeline schedule (pp %d, v %d, "
+                                       "%d micro-batches): stage %d op %d receives message %d "
+                                       "but %d is first in its channel", pp, v, A, s, pc[s],
+                                       want, got);
+                        break;
+                    }
+                    sm.head[c]++;
+                }
+                int send = o.backward ? u > 0 : u < sm.U - 1;
+                if (send) {
+                    int dst = o.backward ? down : up, c = channel(&sm, s, dst);
+                    sm.q[(size_t)c * M + (size_t)sm.tail[c]++] =
+                        msg_id(&sm, o.backward, o.micro, o.backward ? u - 1 : u + 1);
+                }
+                int *lv = &live[(size_t)s * V + (size_t)o.chunk];
+                *lv += o.backward ? -1 : 1;
+                if (*lv < 0) {
+                    st = l3d_error(ctx, L3D_ERR_INTERNAL, "pipeline schedule: stage %d runs "
+                                   "B(%d) of chunk %d before its F", s, o.micro, o.chunk);
+                    break;
+                }
+                int *mx = &maxlive[(size_t)s * V + (size_t)o.chunk];
+                if (*lv > *mx) *mx = *lv;
+                pc[s]++;
+                moved = 1;
+            }
+        }
+    }
+    for (int s = 0; s < pp && st >= 0; s++) {
+        if (pc[s] < nops[s]) {
+            st = l3d_error(ctx, L3D_ERR_INTERNAL, "pipeline schedule (pp %d, v %d, %d "
+                           "micro-batches) deadlocks: stage %d stops at op %d of %d", pp, v, A,
+                           s, pc[s], nops[s]);
+            break;
+        }
+        for (int c = 0; c < v && st >= 0; c++) {
+            int have = l3d_pp_slots(kind, pp, v, s, A, c), used = maxlive[(size_t)s * V + (size_t)c];
+            if (used > have)
+                st = l3d_error(ctx, L3D_ERR_INTERNAL, "pipeline schedule (pp %d, %d "
+                               "micro-batches): stage %d chunk %d holds %d activation sets, "
+                               "more than its %d", pp, A, s, c, used, have);
+        }
+    }
+    l3d_free(ctx, mem, bytes, "other");
+    return st;
+}

@@ -1,0 +1,113 @@
+// Inference on a tensor- and pipeline-parallel layout (core/infer_parallel.h).
+//
+// Per pass of k <= rows tokens: stage s > 0 receives the (k, C) rows of stage s - 1, runs its
+// layers (tp collectives inside) and sends its rows to stage s + 1; the last stage's tp ranks
+// each write their vocabulary slice into a zeroed row of the full vocabulary and an all-reduce
+// (sum) over tp assembles it exactly (every element has one non-zero contributor); a broadcast
+// over the pipeline group from the last stage gives every rank the row.
+#include <string.h>
+
+#include "core/model/infer_parallel.h"
+#include "core/comm/mesh.h"
+#include "core/model/model_internal.h"
+
+struct l3d_infer {
+    l3d_ctx_t *ctx;
+    l3d_mesh_t *mesh;
+    l3d_model_t *m;
+    l3d_kv_cache_t *c;
+    int tp, pp, stage;
+    float *x;       // (rows, C) on the device: the rows between stages
+    size_t x_bytes;
+    float *row;     // (vocab_size) host: the assembled logits row
+};
+
+static l3d_status comm_error(l3d_infer_t *g, l3d_comm_t *c, l3d_status st, const char *what) {
+    return l3d_error(g->ctx, st, "generation %s: %s", what, l3d_ctx_last_error(l3d_comm_ctx(c)));
+}
+
+l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
+                            const l3d_model_config_t *config, int capacity, l3d_infer_t **inf_p) {
+    if (!ctx || !dev || !config || !inf_p || tp < 1 || pp < 1)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_create: NULL argument or tp %d / "
+                         "pp %d < 1", tp, pp);
+    l3d_model_config_t cfg = *config;
+    if (pp > cfg.num_hidden_layers)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "pp %d: the model has %d layers", pp,
+                         cfg.num_hidden_layers);
+    l3d_infer_t *g = l3d_calloc(ctx, 1, sizeof(*g), "other");
+    if (!g) return L3D_ERR_NOMEM;
+    g->ctx = ctx;
+    g->tp = tp;
+    g->pp = pp;
+    l3d_status st;
+    L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, 1, tp, pp, NULL, &g->mesh), st, err);
+    g->stage = g->mesh->coord[L3D_MESH_PP];
+    L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP], pp, 1,
+                                              g->stage, NULL, &g->m), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_kv_cache_create(g->m, capacity, &g->c), st, err);
+    g->x_bytes = (size_t)l3d_kv_cache_rows(g->c) * (size_t)cfg.hidden_size * sizeof(float);
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, g->x_bytes, "acts", (void **)&g->x), st, err);
+    g->row = l3d_malloc(ctx, (size_t)cfg.vocab_size * sizeof(float), "acts");
+    if (!g->row) {
+        st = L3D_ERR_NOMEM;
+        goto err;
+    }
+    *inf_p = g;
+    return L3D_OK;
+err:
+    l3d_infer_destroy(g);
+    return st;
+}
+
+void l3d_infer_destroy(l3d_infer_t *g) {
+    if (!g) return;
+    if (g->row) l3d_free(g->ctx, g->row, (size_t)g->m->cfg.vocab_size * sizeof(float), "acts");
+    if (g->x) l3d_dev_free(g->m->dev, g->x, g->x_bytes, "acts");
+    l3d_kv_cache_destroy(g->c);
+    l3d_model_destroy(g->m);
+    l3d_mesh_destroy(g->mesh);
+    l3d_free(g->ctx, g, sizeof(*g), "other");
+}
+
+const l3d_model_config_t *l3d_infer_config(const l3d_infer_t *g) { return &g->m->cfg; }
+l3d_model_t *l3d_infer_model(l3d_infer_t *g) { return g->m; }
+int l3d_infer_len(const l3d_infer_t *g) { return l3d_kv_cache_len(g->c); }
+
+l3d_status l3d_infer_decode(l3d_infer_t *g, const int32_t *tokens, int n, float *logits) {
+    if (!g || !tokens || !logits || n < 1)
+        return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode: NULL "
+                         "argument or n %d < 1", n);
+    l3d_model_t *m = g->m;
+    int V = m->cfg.vocab_size, C = m->C, last = g->stage == g->pp - 1;
+    int rows = l3d_kv_cache_rows(g->c), len = l3d_kv_cache_len(g->c);
+    if (len + n > l3d_kv_cache_capacity(g->c))
+        return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "decoding %d tokens at position %d exceeds "
+                         "the kv cache capacity %d", n, len, l3d_kv_cache_capacity(g->c));
+    l3d_comm_t *ppc = g->mesh->group[L3D_MESH_PP], *tpc = g->mesh->group[L3D_MESH_TP];
+    l3d_status st;
+    // Under tp each rank writes its vocabulary slice and the sum assembles the row: the rest
+    // must be zero. One rank's head writes the whole row.
+    if (last && g->tp > 1) memset(g->row, 0, (size_t)V * sizeof(float));
+    for (int done = 0; done < n;) {
+        int k = L3D_MIN(rows, n - done);
+        // Only the last pass's last row is wanted: earlier passes skip the head.
+        int first_row = done + k < n ? k : k - 1;
+        size_t count = (size_t)k * C;
+        if (g->stage > 0 && (st = l3d_comm_recv(ppc, g->x, count, L3D_FLOAT32, g->stage - 1)) < 0)
+            return comm_error(g, ppc, st, "receiving the previous stage's rows");
+        L3D_CHECK(g->ctx, l3d_kv_pass(g->c, tokens + done, k, first_row, g->row + m->tp.v0,
+                                      (size_t)V, g->x, g->x));
+        if (!last && (st = l3d_comm_send(ppc, g->x, count, L3D_FLOAT32, g->stage + 1)) < 0)
+            return comm_error(g, ppc, st, "sending rows to the next stage");
+        done += k;
+    }
+    if (last && tpc && (st = l3d_comm_allreduce(tpc, g->row, g->row, (size_t)V, L3D_FLOAT32,
+                                                L3D_SUM)) < 0)
+        return comm_error(g, tpc, st, "assembling the logits over tp");
+    if (ppc && (st = l3d_comm_broadcast(ppc, g->row, g->row, (size_t)V, L3D_FLOAT32,
+                                        g->pp - 1)) < 0)
+        return comm_error(g, ppc, st, "sending the logits to every stage");
+    memcpy(logits, g->row, (size_t)V * sizeof(float));
+    return L3D_OK;
+}

@@ -1,0 +1,332 @@
+// Data parallelism for the trainer: gradient reduction over the dp group in buckets started
+// while the backward runs, and ZeRO stage 1 (optimizer state sharded over dp).
+//
+// Buckets cut the gradient arena (padded to Ppad, a multiple of dp) from the end, because the
+// backward completes it from the end (core/model_fwdbwd.c grad_ready): bucket 0 is the last
+// `reduce_bucket_size` elements, bucket 1 the ones before, ... Every bucket length is a
+// multiple of dp, so bucket b splits into dp pieces of q_b elements and rank r owns piece r:
+//   arena [off_b + r*q_b, off_b + (r+1)*q_b)  <->  shard [sh_b, sh_b + q_b)
+//
+// Stage 0: each bucket is all-reduced (sum) in place; every rank then holds the full gradient
+// and runs AdamW on all parameters. Stage 1: each bucket is
+// reduce-scattered in place, so rank r's piece of the arena holds the summed gradient; AdamW
+// runs on the pieces only, with exp_avg/exp_avg_sq of shard size (1/dp of the model), and the
+// updated pieces are all-gathered back into every rank's parameters.
+//
+// The gradients are scaled by 1 / (global batch tokens) in the backward, so the reduction is a
+// sum: the update equals the single-rank one up to float summation order.
+// communication_data_type bf16/fp16: each bucket is rounded into a 16-bit copy (cstage) when it
+// starts, reduced there (the comm core adds in float32 and rounds once), and the part this
+// rank uses (all of it at stage 0, its piece at stage 1) widened back into the arena, as
+// DeepSpeed's allreduce_bucket casts to communication_data_type and copies back.
+// Reductions start on the last micro-batch of a step only (gradient accumulation boundary),
+// as in DeepSpeed stage 0/1. Stage 2 has buckets of its own and no gradient arena
+// (core/trainer_zero2.c); the optimizer below serves both sharded stages.
+#include <string.h>
+
+#include "core/comm/reduce.h"
+#include "core/train/trainer_internal.h"
+
+static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
+
+// reduce_bucket_size is in elements (DeepSpeed's default 5e8); rounded down to a multiple of
+// dp (at least dp), at most the whole arena.
+size_t l3d_dp_bucket_floats(double reduce_bucket_size, size_t Ppad, int dp) {
+    double rbs = reduce_bucket_size > 0 ? reduce_bucket_size : 5e8;
+    size_t n = (size_t)dp, S = rbs >= (double)Ppad ? Ppad : (size_t)rbs;
+    return S < n ? n : S / n * n;
+}
+
+l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
+    l3d_dp_t *d = &t->dp;
+    memset(d, 0, sizeof(*d));
+    d->comm = comm;
+    d->n = comm ? l3d_comm_size(comm) : 1;
+    d->rank = comm ? l3d_comm_rank(comm) : 0;
+    d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
+    d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
+    d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (l3d_zero3_init, after this)
+    d->P = t->model->n_params;
+    d->cdt = l3d_dp_comm_dtype(&t->cfg);
+    if (d->zero2) return l3d_zero2_init(t);
+    size_t n = (size_t)d->n;
+    d->Ppad = (d->P + n - 1) / n * n;
+    size_t S = l3d_dp_bucket_floats(t->cfg.reduce_bucket_size, d->Ppad, d->n);
+    d->nb = (int)((d->Ppad + S - 1) / S);
+    d->b = l3d_calloc(t->ctx, (size_t)d->nb, sizeof(*d->b), "other");
+    if (!d->b) return L3D_ERR_NOMEM;
+    size_t end = d->Ppad;
+    for (int i = 0; i < d->nb; i++) {
+        l3d_dp_bucket_t *b = &d->b[i];
+        b->len = min_sz(S, end);
+        b->off = end - b->len;
+        b->end = end;
+        b->q = b->len / n;
+        b->win = -1;
+        end = b->off;
+    }
+    // Shard offsets in arena order (the last bucket is first in the arena).
+    size_t sh = 0;
+    for (int i = d->nb - 1; i >= 0; i--) {
+        d->b[i].sh = sh;
+        sh += d->b[i].q;
+    }
+    d->shard_len = d->sharded ? sh : d->P;
+    if (d->n > 1 && d->cdt != L3D_FLOAT32)
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->Ppad * l3d_dtype_size(d->cdt), "grads",
+                                        &d->cstage));
+    return L3D_OK;
+}
+
+void l3d_dp_fini(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    for (int i = 0; d->b && i < d->nb; i++)
+        if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
+    if (d->zero3) l3d_zero3_fini(t);
+    if (d->zero2) l3d_zero2_fini(t);
+    if (d->cstage) l3d_dev_free(t->dev, d->cstage, d->Ppad * l3d_dtype_size(d->cdt), "grads");
+    d->cstage = NULL;
+    size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
+    l3d_free(t->ctx, d->b, nalloc * sizeof(*d->b), "other");
+    d->b = NULL;
+}
+
+static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
+    l3d_dp_t *d = &t->dp;
+    float *g = t->grads + b->off;
+    if (d->cstage) {  // reduced in cdt: the bucket rounded into its 16-bit copy
+        size_t es = l3d_dtype_size(d->cdt);
+        char *c = (char *)d->cstage + b->off * es;
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, c, d->cdt, g, L3D_FLOAT32, b->len));
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+        if (d->sharded)
+            return l3d_comm_ireduce_scatter(d->comm, c, c + (size_t)d->rank * b->q * es, b->q,
+                                            d->cdt, L3D_SUM, &b->req);
+        return l3d_comm_iallreduce(d->comm, c, c, b->len, d->cdt, L3D_SUM, &b->req);
+    }
+    if (d->sharded)
+        return l3d_comm_ireduce_scatter(d->comm, g, g + (size_t)d->rank * b->q, b->q,
+                                        L3D_FLOAT32, L3D_SUM, &b->req);
+    return l3d_comm_iallreduce(d->comm, g, g, b->len, L3D_FLOAT32, L3D_SUM, &b->req);
+}
+
+// grad_ready hook: starts every bucket that lies wholly in [final_from, Ppad).
+static l3d_status dp_ready(void *arg, size_t final_from) {
+    l3d_trainer_t *t = arg;
+    l3d_dp_t *d = &t->dp;
+    // The device finishes the gradients before a host-side transport reads them.
+    if (d->next < d->nb && d->b[d->next].off >= final_from) L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    while (d->next < d->nb && d->b[d->next].off >= final_from) {
+        L3D_CHECK(t->ctx, bucket_start(t, &d->b[d->next]));
+        d->next++;
+    }
+    return L3D_OK;
+}
+
+void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro) {
+    l3d_dp_t *d = &t->dp;
+    a->grad_window = NULL;
+    if (d->zero2) {
+        l3d_zero2_arm(t, a);
+        return;
+    }
+    // A tied embedding split over the first and last pipeline stages is complete only after
+    // the two have summed it (l3d_pp_run): those stages start their buckets at the end.
+    a->grad_ready = d->n > 1 && last_micro && !t->pp.emb_comm ? dp_ready : NULL;
+    a->grad_ready_arg = t;
+    a->tp_sync_grads = last_micro;
+}
+
+l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    for (int i = 0; i < t->pp.nslots; i++) {
+        t->pp.slots[i]->grad_ready = NULL;
+        t->pp.slots[i]->grad_window = NULL;
+    }
+    if (d->n == 1) return L3D_OK;
+    if (d->zero2) return l3d_zero2_finish(t);
+    L3D_CHECK(t->ctx, dp_ready(t, 0));
+    l3d_status st = L3D_OK;
+    for (int i = 0; i < d->nb; i++) {
+        if (!d->b[i].req) continue;
+        l3d_status s = l3d_request_wait(d->b[i].req);
+        d->b[i].req = NULL;
+        if (s < 0 && st >= 0) st = s;
+    }
+    // Buckets start over next step. (Not per micro-batch: with interleaved chunks, each
+    // chunk's last backward starts the buckets above it, in decreasing arena order.)
+    d->next = 0;
+    if (st < 0)
+        return l3d_error(t->ctx, st, "data-parallel gradient reduction: %s",
+                         l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    for (int i = 0; d->cstage && i < d->nb; i++) {  // the reduced part back into float32
+        const l3d_dp_bucket_t *b = &d->b[i];
+        size_t a0 = b->off + (d->sharded ? (size_t)d->rank * b->q : 0);
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, t->grads + a0, L3D_FLOAT32,
+                                          (char *)d->cstage + a0 * l3d_dtype_size(d->cdt), d->cdt,
+                                          d->sharded ? b->q : b->len));
+    }
+    return L3D_OK;
+}
+
+// Sums one double per rank of c in rank order (bit-identical on every rank). Doubles travel as
+// bytes: the reduction itself happens here, in a fixed order.
+l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
+    (void)t;
+    return l3d_comm_sum_double(c, x);
+}
+
+// The gradient of arena float a0 of bucket b's piece on this rank: in the arena (ZeRO-1) or
+// in the gradient shard (ZeRO-2).
+static float *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) {
+    size_t lo = b->off + (size_t)t->dp.rank * b->q;
+    return t->dp.zero2 ? t->dp.gshard + b->sh + (a0 - lo) : t->grads + a0;
+}
+
+// Squared global gradient norm (clip_grad_norm_ over the whole model): every tensor's part
+// this rank is responsible for (all of its arena at stage 0, where the dp replicas agree; its
+// pieces when sharded, summed over dp), weighted by 1/repl so that a tensor held by several
+// tp ranks (norms, replicated kv heads) counts once, then summed over tp. Sums of doubles in
+// rank order: bit-identical everywhere.
+l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    double s = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        double w = p->pp_copy ? 0.0 : 1.0 / (p->repl > 0 ? p->repl : 1), x = 0;
+        if (w == 0.0) continue;  // the first stage counts a tied embedding
+        if (!d->sharded) {
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + p->offset, p->numel, &x,
+                                            L3D_FLOAT32));
+            s += w * x;
+            continue;
+        }
+        for (int k = 0; k < d->nb; k++) {
+            const l3d_dp_bucket_t *b = &d->b[k];
+            size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
+            size_t a0 = lo > p->offset ? lo : p->offset, a1 = min_sz(hi, p->offset + p->numel);
+            if (a1 <= a0) continue;
+            L3D_CHECK(t->ctx, l3d_dev_sumsq(d->stage ? t->off.hdev : t->dev, piece_grad(t, b, a0),
+                                            a1 - a0, &x, L3D_FLOAT32));
+            s += w * x;
+        }
+    }
+    *sumsq = s;
+    if (d->sharded) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, d->comm, sumsq));
+    if (m->tp.size > 1) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, m->tp.comm, sumsq));
+    if (t->pp.comm) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, t->pp.comm, sumsq));
+    return L3D_OK;
+}
+
+// AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
+// pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
+// persistent groups are gathered). With offload_optimizer the step runs on the host device
+// over host copies of the pieces (core/trainer_offload.c), which go back to the device first.
+l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    const l3d_train_config_t *cfg = &t->cfg;
+    int off = t->off.optim;
+    l3d_device_t *odev = off ? t->off.hdev : t->dev;
+    if (off) L3D_CHECK(t->ctx, l3d_offload_grads_to_host(t));
+    for (int i = 0; i < m->n_tensors; i++) {
+        const l3d_param_t *p = &m->tensors[i];
+        float wd = p->decay ? cfg->weight_decay : 0.0f;
+        // this tensor's part of each of this rank's pieces (one piece, the arena, unsharded)
+        for (int k = 0; k < l3d_dp_pieces(t); k++) {
+            size_t lo, hi, sh;
+            l3d_dp_piece(t, k, &lo, &hi, &sh);
+            size_t a0 = lo > p->offset ? lo : p->offset;
+            size_t a1 = min_sz(hi, p->offset + p->numel);
+            if (a1 <= a0) continue;
+            size_t s = sh + (a0 - lo);
+            float *param, *grad;
+            if (off) {
+                param = l3d_offload_master(t) + s;
+                grad = t->off.grad + s;
+            } else {
+                param = d->zero3 ? l3d_zero3_piece_at(t, s) : m->params + a0;
+                grad = d->sharded ? piece_grad(t, &d->b[k], a0) : t->grads + a0;
+            }
+            L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
+                                            a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
+                                            bc1, bc2, gscale, L3D_FLOAT32));
+        }
+    }
+    if (off) L3D_CHECK(t->ctx, l3d_offload_params_to_device(t));
+    if (!d->sharded) return L3D_OK;
+    if (d->zero3) return l3d_zero3_gather_persistent(t);
+    if (d->zero2) return l3d_zero2_gather_params(t);
+    // Gather through the gradient arena (it is padded to Ppad; the parameters are not).
+    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    for (int k = 0; k < d->nb; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
+        if (hi > lo)
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, t->grads + lo, m->params + lo,
+                                           (hi - lo) * sizeof(float), L3D_COPY_D2D));
+        L3D_CHECK(t->ctx, l3d_comm_iallgather(d->comm, t->grads + lo, t->grads + b->off, b->q,
+                                              L3D_FLOAT32, &b->req));
+    }
+    l3d_status st = L3D_OK;
+    for (int k = 0; k < d->nb; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        l3d_status s = l3d_request_wait(b->req);
+        b->req = NULL;
+        if (s < 0 && st >= 0) st = s;
+        if (s >= 0 && b->off < d->P)
+            s = l3d_dev_copy(t->dev, m->params + b->off, t->grads + b->off,
+                             (min_sz(b->off + b->len, d->P) - b->off) * sizeof(float),
+                             L3D_COPY_D2D);
+        if (s < 0 && st >= 0) st = s;
+    }
+    if (st < 0)
+        return l3d_error(t->ctx, st, "ZeRO-1 parameter all-gather: %s", l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    return L3D_OK;
+}
+
+int l3d_dp_pieces(const l3d_trainer_t *t) { return t->dp.sharded ? t->dp.nb : 1; }
+
+void l3d_dp_piece(const l3d_trainer_t *t, int k, size_t *lo, size_t *hi, size_t *sh) {
+    const l3d_dp_t *d = &t->dp;
+    if (!d->sharded) {
+        *lo = 0;
+        *hi = d->P;
+        *sh = 0;
+        return;
+    }
+    const l3d_dp_bucket_t *b = &d->b[k];
+    size_t a = b->off + (size_t)d->rank * b->q, end = min_sz(b->end, d->P);
+    *lo = min_sz(a, end);
+    *hi = min_sz(a + b->q, end);
+    *sh = b->sh;
+}
+
+// Optimizer state between the shard and a full arena (checkpoints use the single-rank layout,
+// so any layout can resume any other). gather: full (Ppad floats, every rank) <- shards;
+// scatter: shard <- full. Unsharded, the full arena is the trainer's own and both are no-ops.
+l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full) {
+    l3d_dp_t *d = &t->dp;
+    if (!d->sharded) return L3D_OK;  // the caller's full arena is the trainer's own
+    // In arena order: a ZeRO-2 bucket's padding lands on the next bucket, written after it.
+    for (int k = d->nb - 1; k >= 0; k--) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        L3D_CHECK(t->ctx, l3d_comm_allgather(d->comm, shard + b->sh, full + b->off, b->q,
+                                             L3D_FLOAT32));
+    }
+    return L3D_OK;
+}
+
+l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shard) {
+    l3d_dp_t *d = &t->dp;
+    if (!d->sharded) return L3D_OK;
+    for (int k = 0; k < d->nb; k++) {
+        const l3d_dp_bucket_t *b = &d->b[k];
+        // (an offloaded optimizer's shard is host memory)
+        L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, shard + b->sh, full + b->off + (size_t)d->rank * b->q,
+                                       b->q * sizeof(float),
+                                       t->off.optim ? L3D_COPY_D2H : L3D_COPY_D2D));
+    }
+    return L3D_OK;
+}

@@ -1,0 +1,168 @@
+// Pipeline parallelism for the trainer: this stage's micro-batches in the order of the
+// schedule (core/pipeline.h), activations and their gradients moving between neighbouring
+// stages with point-to-point messages on the pp group.
+//
+// Per micro-batch j (of chunk c when interleaved), a slot holds the activations from F(j) to
+// B(j); with v chunks the stage is virtual stages c * pp + stage, and "previous stage" / "next
+// stage" below are the neighbours in that virtual order (stage 0's chunk c > 0 receives from
+// the last stage's chunk c-1):
+//   F(j)  first stage: embed the tokens; others: receive (N,C) from stage-1 into the first
+//         layer's input. Run this stage's layers. Last stage: loss; others: isend x_final.
+//   B(j)  last stage: from the loss; others: receive dL/dx_final (N,C) from stage+1 into dres.
+//         Backward through this stage's layers; first stage: embedding; others: isend dres.
+// A send's buffer belongs to the slot, so the send is waited before the slot is written again.
+// With tied embeddings the first and last stages each hold the table (the last as the head)
+// and sum its gradient once the backward of the step is done (Megatron's embedding group).
+#include <string.h>
+
+#include "core/train/trainer_internal.h"
+
+static l3d_status comm_err(l3d_trainer_t *t, l3d_comm_t *c, l3d_status st, const char *what) {
+    return l3d_error(t->ctx, st, "pipeline %s: %s", what, l3d_ctx_last_error(l3d_comm_ctx(c)));
+}
+
+l3d_status l3d_pp_init(l3d_trainer_t *t) {
+    l3d_pp_t *p = &t->pp;
+    const l3d_train_config_t *cfg = &t->cfg;
+    l3d_mesh_t *mesh = t->mesh;
+    int pp = cfg->pp, stage = mesh->coord[L3D_MESH_PP], A = cfg->grad_accum_steps;
+    p->comm = mesh->group[L3D_MESH_PP];
+    l3d_pp_kind kind;
+    L3D_CHECK(t->ctx, l3d_pp_kind_parse(t->ctx, cfg->pp_schedule, &kind));
+    // One stage runs F(j), B(j) in turn: 1F1B with no warm-up, whatever the schedule says.
+    if (pp == 1) kind = L3D_PP_1F1B;
+    p->kind = kind;
+    p->v = t->model->nchunks;
+    p->nslots = 0;
+    for (int c = 0; c < p->v; c++) {
+        p->slot0[c] = p->nslots;
+        p->nslots += pp > 1 ? l3d_pp_slots(kind, pp, p->v, stage, A, c) : 1;
+    }
+    p->slot0[p->v] = p->nslots;
+    size_t nops = 2 * (size_t)A * (size_t)p->v;
+    p->slots = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->slots), "other");
+    p->fsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->fsend), "other");
+    p->bsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->bsend), "other");
+    p->ops = l3d_calloc(t->ctx, nops, sizeof(*p->ops), "other");
+    if (!p->slots || !p->fsend || !p->bsend || !p->ops) return L3D_ERR_NOMEM;
+    int b0, nb;  // (2d: this grid row's sequences of each micro-batch)
+    l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
+    for (int c = 0; c < p->v; c++)
+        for (int i = p->slot0[c]; i < p->slot0[c + 1]; i++)
+            L3D_CHECK(t->ctx, l3d_acts_create_chunk(t->model, c, nb,
+                                                    cfg->seq_len, l3d_train_config_ckpt(cfg),
+                                                    l3d_train_config_act_dtype(cfg),
+                                                    &p->slots[i]));
+    t->acts = p->slots[0];
+    p->nops = l3d_pp_schedule(kind, pp, p->v, stage, A, p->ops);
+    if (pp > 1 && cfg->model.tie_word_embeddings) {
+        // Collective over the world: the first and last stage of each (dp, tp) place.
+        int ends = stage == 0 || stage == pp - 1;
+        int color = mesh->coord[L3D_MESH_DP] * cfg->tp + mesh->coord[L3D_MESH_TP];
+        l3d_status st = l3d_comm_split(mesh->world, ends ? color : -1, stage, &p->emb_comm);
+        if (st < 0) return comm_err(t, mesh->world, st, "embedding group");
+    }
+    return L3D_OK;
+}
+
+void l3d_pp_fini(l3d_trainer_t *t) {
+    l3d_pp_t *p = &t->pp;
+    for (int i = 0; p->slots && i < p->nslots; i++) {
+        if (p->fsend && p->fsend[i]) (void)l3d_request_wait(p->fsend[i]);
+        if (p->bsend && p->bsend[i]) (void)l3d_request_wait(p->bsend[i]);
+        if (t->model) l3d_acts_destroy(t->model, p->slots[i]);
+    }
+    size_t n = (size_t)p->nslots;
+    l3d_free(t->ctx, p->ops, 2 * (size_t)t->cfg.grad_accum_steps * (size_t)p->v * sizeof(*p->ops),
+             "other");
+    l3d_free(t->ctx, p->bsend, n * sizeof(*p->bsend), "other");
+    l3d_free(t->ctx, p->fsend, n * sizeof(*p->fsend), "other");
+    l3d_free(t->ctx, p->slots, n * sizeof(*p->slots), "other");
+    l3d_comm_destroy(p->emb_comm);
+    memset(p, 0, sizeof(*p));
+    t->acts = NULL;
+}
+
+static l3d_status wait_send(l3d_trainer_t *t, l3d_request_t **r) {
+    if (!*r) return L3D_OK;
+    l3d_status st = l3d_request_wait(*r);
+    *r = NULL;
+    return st < 0 ? comm_err(t, t->pp.comm, st, "send") : L3D_OK;
+}
+
+static l3d_status load_micro(l3d_trainer_t *t, l3d_acts_t *a, int j) {
+    const l3d_train_config_t *cfg = &t->cfg;
+    int b0, nb, T = cfg->seq_len;
+    l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
+    // (3d: the logits' rows are another slice than the tokens')
+    size_t n = (size_t)nb * T, o = (size_t)b0 * T;
+    size_t ot = (size_t)l3d_model_target_first(t->model, cfg->micro_batch_size) * T;
+    l3d_train_load_batch(t, t->step, j);
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o, n * sizeof(int32_t),
+                                   L3D_COPY_H2D));
+    return l3d_dev_copy(t->dev, a->targets, t->h_targets + ot, n * sizeof(int32_t),
+                        L3D_COPY_H2D);
+}
+
+l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
+    l3d_pp_t *p = &t->pp;
+    l3d_model_t *m = t->model;
+    int A = t->cfg.grad_accum_steps, stage = m->pp_rank, pp = m->pp_size;
+    // Between stages the residual stream travels: this rank's rows with sequence parallelism.
+    // (2d: this grid row's sequences, C/q columns)
+    int b0, nb;
+    l3d_model_batch_slice(m, t->cfg.micro_batch_size, &b0, &nb);
+    size_t nc = (size_t)nb * t->cfg.seq_len * (size_t)m->C;
+    if (m->tp.sp) nc /= (size_t)m->tp.size;
+    double sum = 0.0;
+    l3d_status st;
+    // Chunk c of this stage is virtual stage u = c pp + stage of U: its input comes from the
+    // stage before (stage 0's later chunks: from the last stage), its output goes to the next.
+    int U = pp * p->v, up = (stage + 1) % pp, down = (stage - 1 + pp) % pp;
+    for (int k = 0; k < p->nops; k++) {
+        l3d_pp_op_t o = p->ops[k];
+        int c = o.chunk, u = c * pp + stage;
+        int slot = p->slot0[c] + o.micro % (p->slot0[c + 1] - p->slot0[c]);
+        l3d_acts_t *a = p->slots[slot];
+        if (!o.backward) {
+            L3D_CHECK(t->ctx, wait_send(t, &p->fsend[slot]));
+            L3D_CHECK(t->ctx, load_micro(t, a, o.micro));
+            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
+                                             down)) < 0)
+                return comm_err(t, p->comm, st, "receive of activations");
+            double s = 0.0;
+            L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, grad_scale, &s));
+            sum += s;
+            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up,
+                                                  &p->fsend[slot])) < 0)
+                return comm_err(t, p->comm, st, "send of activations");
+        } else {
+            L3D_CHECK(t->ctx, wait_send(t, &p->bsend[slot]));
+            l3d_dp_arm(t, a, o.micro == A - 1);
+            if (u < U - 1 && (st = l3d_comm_recv(p->comm, a->dres, nc, a->at, up)) < 0)
+                return comm_err(t, p->comm, st, "receive of gradients");
+            L3D_CHECK(t->ctx, l3d_model_stage_backward(m, a, t->grads));
+            if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, a->at, down,
+                                              &p->bsend[slot])) < 0)
+                return comm_err(t, p->comm, st, "send of gradients");
+        }
+    }
+    for (int i = 0; i < p->nslots; i++) {
+        L3D_CHECK(t->ctx, wait_send(t, &p->fsend[i]));
+        L3D_CHECK(t->ctx, wait_send(t, &p->bsend[i]));
+    }
+    if (p->emb_comm && !t->dp.zero2) {  // (ZeRO-2 sums the reduced pieces: trainer_zero2.c)
+        // the embedding (first stage) and the tied head (last stage): one gradient
+        const l3d_param_t *e = NULL;
+        for (int i = 0; i < m->n_tensors && !e; i++)
+            if (!strcmp(m->tensors[i].name, "model.embed_tokens.weight")) e = &m->tensors[i];
+        if (e && (st = l3d_comm_allreduce(p->emb_comm, t->grads + e->offset,
+                                          t->grads + e->offset, e->numel, L3D_FLOAT32,
+                                          L3D_SUM)) < 0)
+            return comm_err(t, p->emb_comm, st, "tied embedding gradient");
+    }
+    // The loss lives on the last stage: every stage gets the sum.
+    if (p->comm) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, p->comm, &sum));
+    *loss_sum = sum;
+    return L3D_OK;
+}
