@@ -1,5 +1,5 @@
 // bench_sampler: tokens/s of the sampler at Llama 3's vocabulary (128256), the chain of
-// core/sampler.c against the sampler it replaced (top-p by one argmax pass per kept id).
+// core/model/sampler.c against the sampler it replaced (top-p by one argmax pass per kept id).
 // Usage: bench_sampler [SECONDS per cell, default 1]
 //
 // The logits are N(0, sigma^2) draws: sigma 2 gives a flat, high-entropy distribution (a
@@ -14,7 +14,7 @@
 
 #define V 128256
 
-// ---- the old sampler, verbatim in its logic (core/sampler.c before the chain) -------------
+// ---- the old sampler, verbatim in its logic (core/model/sampler.c before the chain) -------------
 typedef struct {
     float temperature, top_p;
     uint64_t state;

@@ -35,7 +35,7 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_MEM_LIMIT", "",
      "bytes (suffix K, M, G, T: binary) to treat as the most memory available, when it is less "
      "than the kernel and the cgroup report; runs that would need more are refused up front"},
-    // Read by the bootstrap at l3d_comm_create_env (core/bootstrap.c), per process:
+    // Read by the bootstrap at l3d_comm_create_env (core/comm/bootstrap.c), per process:
     {"L3D_JOB_TOKEN", "", "job token every rank must present to the rendezvous store"},
     {"L3D_MASTER_ADDR", "", "rendezvous store address (overrides MASTER_ADDR)"},
     {"L3D_MASTER_PORT", "", "rendezvous store port (overrides MASTER_PORT)"},

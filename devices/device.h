@@ -222,7 +222,7 @@ struct l3d_device_ops {
     // ---- vocabulary-parallel forms (tensor parallelism, Megatron) ----------------------------
     // This rank holds rows [v0, v0+Vl) of a vocabulary of V: of the embedding table (Vl,C)
     // and of the head, so its logits are the columns [v0, v0+Vl) (N,Vl). The tp group sums
-    // or maxes the partial results in between (core/model_tp.c); nothing here communicates.
+    // or maxes the partial results in between (core/model/model_tp.c); nothing here communicates.
     // Dtypes as in the one-rank forms above.
     //
     // out(N,C) = table[tokens - v0] for tokens in [v0, v0+Vl), 0 for the others. A token

@@ -30,7 +30,7 @@ DATA=/usr/share/common-licenses/GPL-3
 [ -f "$DATA" ] || { echo "cli_precision: SKIP ($DATA missing)"; exit 77; }
 
 # The initial weights, and the tokens the main job reads: the byte tokenizer's BOS, the text's
-# bytes, EOS (core/data_text.c), as uint32.
+# bytes, EOS (core/train/data_text.c), as uint32.
 "$L3D" train --steps 0 --save "$tmp/init" >"$tmp/init.out" 2>&1
 check "initial weights saved" $? "$tmp/init.out"
 $PY - "$DATA" "$tmp/tokens.bin" "$tmp/init/config.json" <<'PYEOF'

@@ -191,7 +191,7 @@ else
 fi
 
 # ---- every file any save writes is replaced by the next save -----------------------------
-# A save may replace only the files llama3d writes (core/checkpoint_publish.c). Each layout and
+# A save may replace only the files llama3d writes (core/checkpoint/checkpoint_publish.c). Each layout and
 # dtype below writes its own set (master.safetensors beside 16-bit weights, HF weight shards
 # and their index, shard-*-of-* files and shards.json, carried tokenizer/generation files);
 # each is saved at every step (--save-interval 1), then resumed into the same directory and

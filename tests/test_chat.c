@@ -1,4 +1,4 @@
-// The Llama 3 chat formats (core/chat_template.c): template recognition, the formatted text,
+// The Llama 3 chat formats (core/text/chat_template.c): template recognition, the formatted text,
 // and a tokenizer directory whose tokenizer_config.json carries a template. The ids of real
 // conversations against the reference are in tests/reference/tokenizer_ref.py.
 #include "tests/tokenizer_fixtures.h"

@@ -1,6 +1,6 @@
 #define _GNU_SOURCE  // mkstemps
-// Where a save may write (core/checkpoint_publish.c), through the library: single-rank and
-// sharded saves replace only a directory llama3d wrote, follow a symlink, and remove the
+// Where a save may write (core/checkpoint/checkpoint_publish.c), through the library: single-rank
+// and sharded saves replace only a directory llama3d wrote, follow a symlink, and remove the
 // temporaries of killed saves whose owner is provably dead, never a live owner's.
 // Sharded saves run two ranks as threads over the in-process transport.
 #include <criterion/criterion.h>

@@ -1,4 +1,4 @@
-// The 2D (SUMMA) linear layer of core/tp2d.h on q x q rank grids (q = 2: 4 ranks, q = 3: 9)
+// The 2D (SUMMA) linear layer of core/model/tp2d.h on q x q rank grids (q = 2: 4 ranks, q = 3: 9)
 // over every built transport: each rank's blocks of y = x W^T, dx = dy W and dW += dy^T x
 // against a float64 product of the whole matrices, and the bytes and calls each rank counts
 // on its row and column communicators against l3d_tp2d_linear_bytes.

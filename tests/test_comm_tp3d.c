@@ -1,4 +1,4 @@
-// The 3D linear layer of core/tp3d.h on q x q x q rank cubes (q = 2: 8 ranks over every built
+// The 3D linear layer of core/model/tp3d.h on q x q x q rank cubes (q = 2: 8 ranks over every built
 // transport; q = 3: 27 ranks as threads) in both orientations: each rank's blocks of
 // y = x W^T, dx = dy W and dW += dy^T x against a float64 product of the whole matrices, and
 // the bytes and calls each rank counts on its three axis communicators against

@@ -384,7 +384,7 @@ Test(config, seed_file) {
     cr_assert_eq(c.stage3_max_live_parameters, 1e9);
     cr_assert_eq(c.stage3_gather_16bit_weights_on_model_save, 1);
     cr_assert(!has_note(&c, "stage3_gather_16bit_weights_on_model_save"));
-    // offload effective (core/trainer_offload.c): no note, both on the cpu, pinned
+    // offload effective (core/train/trainer_offload.c): no note, both on the cpu, pinned
     cr_assert(!has_note(&c, "offload_optimizer"));
     cr_assert(!has_note(&c, "offload_param"));
     cr_assert(c.offload_optimizer && c.offload_optimizer_pin && c.offload_param &&

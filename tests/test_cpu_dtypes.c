@@ -144,7 +144,7 @@ static double value_at(l3d_dtype t, const void *p, size_t i) {
     return f;
 }
 
-// The device's (vectorised, branch-free) narrowing against core's (core/reduce.c, what the
+// The device's (vectorised, branch-free) narrowing against core's (core/comm/reduce.c, what the
 // collectives round by) on 2^22 random float32 bit patterns: NaNs with payloads, infinities,
 // float32 subnormals, the float16 subnormal range and overflow all occur.
 Test(cpu_dtypes, narrowing_matches_the_collectives_on_random_bits) {

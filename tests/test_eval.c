@@ -1,6 +1,6 @@
 #define _GNU_SOURCE  // mkstemps
 // Evaluation, shuffling and the MFU roof (issue 10, section 4).
-// - The shuffled batching rule (core/data.h): a permutation per epoch, slices that compose,
+// - The shuffled batching rule (core/train/data.h): a permutation per epoch, slices that compose,
 //   the same order for every seed/step/index asked in any order.
 // - l3d_trainer_eval: the single-rank eval loss equals a forward computed independently
 //   (l3d_model_logits, the inference path, plus cross-entropy in double here), and every
@@ -267,8 +267,8 @@ static void run(const layout_t *L, int steps, const char *save, const char *resu
     cr_assert_eq(res->err[0], 0, "layout dp %d tp %d pp %d: %s", L->dp, L->tp, L->pp, res->err);
 }
 
-// Mean cross-entropy over the eval batches, computed here: the in-order rule of core/data.h on
-// the held-out tail (the last NTOK/4 tokens of the file), logits from the inference path.
+// Mean cross-entropy over the eval batches, computed here: the in-order rule of core/train/data.h
+// on the held-out tail (the last NTOK/4 tokens of the file), logits from the inference path.
 static double independent_eval(l3d_model_t *m, const l3d_train_config_t *cfg, int shift) {
     int T = cfg->seq_len, B = cfg->train_batch_size, V = cfg->model.vocab_size;
     size_t ne = (size_t)(NTOK * cfg->eval_fraction), base = NTOK - ne;

@@ -1,4 +1,4 @@
-// The fp16 loss scaler against DeepSpeed's rules (core/loss_scaler.h): sequences of injected
+// The fp16 loss scaler against DeepSpeed's rules (core/train/loss_scaler.h): sequences of injected
 // overflows and clean steps, with the scale and skip decision after each, worked out by hand
 // from deepspeed/runtime/fp16/loss_scaler.py's update_scale.
 #include <criterion/criterion.h>

@@ -176,7 +176,7 @@ Test(model, decode_matches_full_forward_at_width) {
     close_model(&f);
 }
 
-// A prompt longer than one pass (2048 rows at most, core/model_infer.c): the full forward and
+// A prompt longer than one pass (2048 rows at most, core/model/model_infer.c): the full forward and
 // a prefill both run two passes, the second reading the first's cache rows, and must agree
 // with each other and with the single-token steps after them. Same kernels on both sides for
 // the prefill (sgemm), matrix-vector for the steps: the tolerance is the one of

@@ -1,4 +1,4 @@
-// Byte-level BPE (core/tokenizer_bpe.c, core/tokenizer_load.c) on small tokenizer.json /
+// Byte-level BPE (core/text/tokenizer_bpe.c, core/text/tokenizer_load.c) on small tokenizer.json /
 // tokenizer.model files written here (chat formats: tests/test_chat.c):
 // merges by rank, added and special tokens, the pre-tokenizer split, invalid UTF-8, decode,
 // misuse, and every kind of bad file. The comparison with Hugging Face on Meta's real

@@ -52,7 +52,7 @@ static inline const char *write_file(const char *name, const void *data, size_t 
 }
 
 // ---- building tokenizer.json files --------------------------------------------------------
-// Hugging Face's byte-to-unicode alphabet, written independently of core/tokenizer_load.c.
+// Hugging Face's byte-to-unicode alphabet, written independently of core/text/tokenizer_load.c.
 static inline unsigned alphabet_cp(unsigned char c) {
     if ((c >= '!' && c <= '~') || (c >= 0xa1 && c <= 0xac) || c >= 0xae) return c;
     unsigned n = 0;

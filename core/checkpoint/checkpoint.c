@@ -1,11 +1,11 @@
 // Checkpoints: a directory in Hugging Face layout (config.json + model.safetensors) that
 // transformers loads as is, plus optimizer.safetensors and trainer_state.json for resuming.
-// A parallel run writes a sharded directory instead (core/checkpoint_dist.c), unless
+// A parallel run writes a sharded directory instead (core/checkpoint/checkpoint_dist.c), unless
 // train.save_consolidated asks for this layout; loading takes either.
 // A save builds the whole directory beside the target and swaps it in, so a run killed while
 // saving leaves the previous checkpoint whole. The trainer's save and resume
-// (core/trainer_ckpt.c) gather its partitioned state and write it with the helpers of
-// core/checkpoint_io.h; this file knows the files, not the trainer.
+// (core/train/trainer_ckpt.c) gather its partitioned state and write it with the helpers of
+// core/checkpoint/checkpoint_io.h; this file knows the files, not the trainer.
 #include <jansson.h>
 #include <stdio.h>
 #include <math.h>
@@ -116,7 +116,7 @@ l3d_status l3d_ckpt_write_text(l3d_ctx_t *ctx, const char *path, const char *tex
     return rc ? sys_error(ctx, rc, "writing", path) : L3D_OK;
 }
 
-// config.json and the weights as m->save says (core/checkpoint_hf.h), plus the tokenizer
+// config.json and the weights as m->save says (core/checkpoint/checkpoint_hf.h), plus the tokenizer
 // and generation files of the directory the weights came from.
 l3d_status l3d_ckpt_write_model_files(l3d_model_t *m, const char *dir) {
     L3D_CHECK(m->ctx, l3d_ckpt_write_config(m, dir));
@@ -130,7 +130,7 @@ l3d_status l3d_ckpt_write_model_files(l3d_model_t *m, const char *dir) {
 }
 
 // Builds the directory in "<target>.tmp.<pid>" (`fill` writes into it) and swaps it in for
-// the target: a directory llama3d wrote, or none (core/checkpoint_publish.h says which).
+// the target: a directory llama3d wrote, or none (core/checkpoint/checkpoint_publish.h says which).
 l3d_status l3d_ckpt_publish_dir(l3d_ctx_t *ctx, const char *dir, l3d_ckpt_fill_fn fill, void *arg) {
     char target[1024], tmp[1100];
     L3D_CHECK(ctx, l3d_ckpt_target_resolve(ctx, dir, target, sizeof(target)));

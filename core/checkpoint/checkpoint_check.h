@@ -29,7 +29,7 @@ size_t l3d_ckpt_tensor_count(const l3d_model_config_t *cfg);
 // Every tensor of one Hugging Face safetensors file is one cfg implies (name + suffix), with
 // its shape and a float dtype. `cfg_origin` (the config.json) is named in the errors:
 // L3D_ERR_FORMAT naming the file and the first foreign or mismatched tensor. Whether all the
-// model's tensors are present is l3d_hf_set_check's business (core/checkpoint_hf.h).
+// model's tensors are present is l3d_hf_set_check's business (core/checkpoint/checkpoint_hf.h).
 l3d_status l3d_ckpt_check_file_tensors(l3d_ctx_t *ctx, const l3d_model_config_t *cfg,
                                        const char *cfg_origin, const l3d_st_file_t *f,
                                        const char *path, const char *suffix);

@@ -1,5 +1,5 @@
 // Sharded checkpoints: each rank writes its part in parallel, any layout reads them back
-// (the format is in core/checkpoint_dist.h and docs/checkpoints.md).
+// (the format is in core/checkpoint/checkpoint_dist.h and docs/checkpoints.md).
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -188,7 +188,7 @@ l3d_status l3d_ckpt_dist_save(const l3d_ckpt_dist_src_t *t, const char *dir) {
     l3d_comm_t *world = t->world;
     int W = l3d_comm_size(world), R = l3d_comm_rank(world);
     // One temporary directory for all ranks: world rank 0 vets the target, creates
-    // "<target>.tmp.<its pid>" and broadcasts the name (core/checkpoint_publish.h).
+    // "<target>.tmp.<its pid>" and broadcasts the name (core/checkpoint/checkpoint_publish.h).
     char target[1024] = "", tmp[1100] = "";
     l3d_status st = L3D_OK;
     if (R == 0) {

@@ -25,7 +25,7 @@
 #define L3D_CKPT_DIST_FORMAT "llama3d-sharded-1"
 
 // What a sharded save writes of one rank, handed over by the run that saves
-// (core/trainer_ckpt.c): the checkpoint code knows the files, the trainer how dp and ZeRO
+// (core/train/trainer_ckpt.c): the checkpoint code knows the files, the trainer how dp and ZeRO
 // partition its state. Piece k of `pieces` is parameter floats [lo, hi) of model's arena,
 // whose optimizer moments start at float sh of exp_avg and exp_avg_sq.
 typedef struct l3d_ckpt_dist_src {
@@ -51,7 +51,7 @@ l3d_status l3d_ckpt_dist_save(const l3d_ckpt_dist_src_t *src, const char *dir);
 l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, float *exp_avg,
                               float *exp_avg_sq);
 
-// Shared with core/checkpoint.c: config.json of m into dir.
+// Shared with core/checkpoint/checkpoint.c: config.json of m into dir.
 l3d_status l3d_ckpt_write_config(l3d_model_t *m, const char *dir);
 
 #endif

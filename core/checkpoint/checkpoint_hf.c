@@ -1,4 +1,5 @@
-// Hugging Face weight files: one model.safetensors or index + shards (core/checkpoint_hf.h).
+// Hugging Face weight files: one model.safetensors or index + shards
+// (core/checkpoint/checkpoint_hf.h).
 #include <inttypes.h>
 #include <limits.h>
 #include <jansson.h>

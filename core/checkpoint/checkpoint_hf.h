@@ -3,7 +3,7 @@
 // ({"metadata": {"total_size": bytes}, "weight_map": {tensor: file}}), in F32, BF16 or F16.
 // defines: l3d_hf_set_t, l3d_hf_set_open/open_file/close/find, l3d_hf_set_check,
 //          l3d_hf_set_read, l3d_ckpt_place, l3d_hf_save_weights
-//          (l3d_hf_is_weights_dir: core/config_model_dir.h)
+//          (l3d_hf_is_weights_dir: core/config/config_model_dir.h)
 //
 // Files are memory-mapped; a rank converts only the rows and columns of its own shards
 // (l3d_ckpt_place), so no rank materialises the whole model in float32.
@@ -75,7 +75,8 @@ l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_
 l3d_status l3d_hf_save_weights(l3d_model_t *m, const float *host, const char *dir,
                                l3d_st_dtype dtype, uint64_t max_shard_bytes);
 
-// Copies those of l3d_ckpt_carried_files (core/checkpoint_publish.h) present in `from` into `to` (regular files only).
+// Copies those of l3d_ckpt_carried_files (core/checkpoint/checkpoint_publish.h) present in `from`
+// into `to` (regular files only).
 l3d_status l3d_ckpt_carry_files(l3d_ctx_t *ctx, const char *from, const char *to);
 
 #endif

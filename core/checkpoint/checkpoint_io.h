@@ -6,7 +6,7 @@
 //
 // The checkpoint files a save or a resume of a whole model reads and writes, for the code that
 // holds the state: l3d_model_save/load here, and the trainer's save and resume
-// (core/trainer_ckpt.c), which gathers its partitioned state into whole arenas first.
+// (core/train/trainer_ckpt.c), which gathers its partitioned state into whole arenas first.
 // Arenas are device arrays of m->n_params floats in m's own layout (any tp/pp part).
 // defines: l3d_ckpt_fill_fn, l3d_ckpt_publish_dir, l3d_ckpt_write_arena, l3d_ckpt_read_file,
 //          l3d_ckpt_write_text, l3d_ckpt_write_model_files, l3d_ckpt_check_same_arch,
@@ -19,7 +19,7 @@
 // Writes the files of a checkpoint into tmpdir.
 typedef l3d_status (*l3d_ckpt_fill_fn)(void *arg, const char *tmpdir);
 // Builds the directory in "<target>.tmp.<pid>" (`fill` writes into it) and swaps it in for
-// the target: a directory llama3d wrote, or none (core/checkpoint_publish.h says which).
+// the target: a directory llama3d wrote, or none (core/checkpoint/checkpoint_publish.h says which).
 l3d_status l3d_ckpt_publish_dir(l3d_ctx_t *ctx, const char *dir, l3d_ckpt_fill_fn fill,
                                 void *arg);
 // Arena `a` as safetensors at path, with m's tensor names plus `suffix`.
@@ -29,8 +29,8 @@ l3d_status l3d_ckpt_write_arena(l3d_model_t *m, const float *a, const char *path
 l3d_status l3d_ckpt_read_file(l3d_model_t *m, float *a, const char *path, const char *suffix);
 // A text file written atomically.
 l3d_status l3d_ckpt_write_text(l3d_ctx_t *ctx, const char *path, const char *text);
-// config.json and the weights as m->save says (core/checkpoint_hf.h), plus the tokenizer and
-// generation files of the directory the weights came from.
+// config.json and the weights as m->save says (core/checkpoint/checkpoint_hf.h), plus the tokenizer
+// and generation files of the directory the weights came from.
 l3d_status l3d_ckpt_write_model_files(l3d_model_t *m, const char *dir);
 // L3D_ERR_CONFIG unless checkpoint config `a` (read from origin) has the architecture of `b`.
 l3d_status l3d_ckpt_check_same_arch(l3d_ctx_t *ctx, const char *origin,

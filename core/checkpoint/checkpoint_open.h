@@ -1,5 +1,5 @@
 // Opening a model part for parallel inference from a checkpoint directory: the checkpoint code
-// reads the files, core/infer_parallel.c runs the layout (it sits below, in the model). The
+// reads the files, core/model/infer_parallel.c runs the layout (it sits below, in the model). The
 // single-rank forms, l3d_model_open and l3d_model_load, are public (include/llama3d/model.h).
 // defines: l3d_infer_open
 #ifndef L3D_CHECKPOINT_OPEN_H

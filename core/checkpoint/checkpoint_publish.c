@@ -1,6 +1,6 @@
 // Save targets and publication: a save replaces only a directory llama3d wrote, follows
 // symlinks, and cleans up the temporaries of saves that were killed (the rules are in
-// core/checkpoint_publish.h and docs/checkpoints.md).
+// core/checkpoint/checkpoint_publish.h and docs/checkpoints.md).
 #include "core/checkpoint/checkpoint_publish.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
 // Where a checkpoint save may write, and how it is published (docs/checkpoints.md,
-// "Where a save may write"). Shared by the single-rank (core/checkpoint.c) and sharded
-// (core/checkpoint_dist.c) saves.
+// "Where a save may write"). Shared by the single-rank (core/checkpoint/checkpoint.c) and sharded
+// (core/checkpoint/checkpoint_dist.c) saves.
 //
 // A save replaces only a directory llama3d wrote: every entry one of the files a checkpoint
 // holds (l3d_ckpt_is_own_file), a regular file each, or an empty or missing directory. A
@@ -20,7 +20,8 @@
 #include "llama3d/ctx.h"
 #include "llama3d/status.h"
 
-// The float32 master weights a save writes beside weights saved narrower (core/checkpoint.c).
+// The float32 master weights a save writes beside weights saved narrower
+// (core/checkpoint/checkpoint.c).
 #define L3D_CKPT_MASTER_FILE "master.safetensors"
 // 1 when `name` is a file llama3d writes into a checkpoint directory: its own files, Hugging
 // Face weight shards and index, and l3d_ckpt_carried_files. A save that wrote any other name

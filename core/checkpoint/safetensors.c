@@ -15,7 +15,7 @@
 
 // Tensor bytes are copied to and from host floats as they are: safetensors is little-endian.
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
-#error "core/safetensors.c assumes a little-endian host (add byte swaps to port it)"
+#error "core/checkpoint/safetensors.c assumes a little-endian host (add byte swaps to port it)"
 #endif
 
 #define ST_MAX_HEADER 100000000u  // the reference's MAX_HEADER_SIZE

@@ -1,7 +1,7 @@
 // Bootstrap: the client of the TCP key-value store through which the ranks swap transport
-// addresses before any transport can talk (wire format in core/bootstrap_wire.h; the store
-// itself, which rank 0 runs, in core/bootstrap_store.c; the launch environment in
-// core/bootstrap_env.c).
+// addresses before any transport can talk (wire format in core/comm/bootstrap_wire.h; the store
+// itself, which rank 0 runs, in core/comm/bootstrap_store.c; the launch environment in
+// core/comm/bootstrap_env.c).
 //
 // Clients talk in strict request/reply; a timeout leaves the reply stream unknown, so after
 // any failure the handle only accepts destroy. Values handed to the caller (get, allgather)

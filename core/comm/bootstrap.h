@@ -5,7 +5,8 @@
 //
 // The launch conventions users already have are read in this order (first complete set wins):
 //   torchrun:  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-//   mpirun:    OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, ..._LOCAL_SIZE
+// mpirun:    OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, OMPI_COMM_WORLD_LOCAL_RANK, ..._LOCAL_SIZE
+// 
 //   srun:      SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, SLURM_NTASKS_PER_NODE
 //   PMI:       PMI_RANK, PMI_SIZE
 // MASTER_ADDR/MASTER_PORT (or L3D_MASTER_ADDR/L3D_MASTER_PORT) name the store for every

@@ -1,5 +1,5 @@
 // Bootstrap: who am I in the job. Reads the launch variables of torchrun, mpirun (Open MPI),
-// srun (SLURM), PMI launchers or llama3d's own L3D_* names (see core/bootstrap.h for the
+// srun (SLURM), PMI launchers or llama3d's own L3D_* names (see core/comm/bootstrap.h for the
 // order), and where the store lives (MASTER_ADDR/MASTER_PORT, L3D_MASTER_* overriding).
 #include <errno.h>
 #include <limits.h>

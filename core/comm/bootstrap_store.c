@@ -1,4 +1,4 @@
-// Bootstrap: the TCP key-value store rank 0 serves (wire format in core/bootstrap_wire.h).
+// Bootstrap: the TCP key-value store rank 0 serves (wire format in core/comm/bootstrap_wire.h).
 //
 // The store is a thread of rank 0's process (poll over every connection, non-blocking I/O,
 // so one stalled or hostile peer cannot hold up the others). Rank 0's destroy keeps it

@@ -1,5 +1,5 @@
 // Communicators: creation (in-process and from the launch environment), split, destroy, abort,
-// queries, point-to-point and groups. The collectives are in core/coll_api.c.
+// queries, point-to-point and groups. The collectives are in core/comm/coll_api.c.
 //
 // A world is one rank's transport endpoint plus what every communicator on it shares (tag
 // layout, L3D_ALGO, the registration cache, failure knowledge). Communicators hold a counted

@@ -234,10 +234,10 @@ void l3d_sched_reduce(l3d_sched_t *s, int after, void *dst, const void *a, const
                       size_t count, l3d_dtype wdt, l3d_redop op);
 void l3d_sched_copy(l3d_sched_t *s, int after, void *dst, const void *src, size_t bytes);
 // Runs one local op (a reduction, copy or conversion) of a schedule: the request executor
-// calls it as the op it is attached to completes (core/comm_request.c).
+// calls it as the op it is attached to completes (core/comm/comm_request.c).
 void l3d_sched_run_lop(const l3d_sched_lop_t *o);
 // Runs one local op (a reduction, copy or conversion) of a schedule: the request executor
-// calls it as the op it is attached to completes (core/comm_request.c).
+// calls it as the op it is attached to completes (core/comm/comm_request.c).
 void l3d_sched_run_lop(const l3d_sched_lop_t *o);
 void l3d_sched_towire(l3d_sched_t *s, int after, float *dst, const void *src, size_t count,
                       l3d_dtype dt);
@@ -281,7 +281,7 @@ l3d_status l3d_comm_check(l3d_comm_t *c, const char *what);
 // Marks the communicator failed (first error wins) and records the detail on the ctx.
 l3d_status l3d_comm_fail(l3d_comm_t *c, l3d_status st, const char *fmt, ...) L3D_PRINTF(3, 4);
 
-// Failure notices (core/comm_sched.c).
+// Failure notices (core/comm/comm_sched.c).
 l3d_status l3d_world_notices_start(l3d_world_t *w);
 void l3d_world_notices_stop(l3d_world_t *w);
 void l3d_world_notify(l3d_world_t *w, int kind, int rank, const char *reason);
@@ -291,14 +291,14 @@ void l3d_world_flush_notices(l3d_world_t *w, double seconds);
 void l3d_world_mark_dead(l3d_world_t *w, int rank, const char *reason);
 // Marks `rank` failed and tells every peer once (also relaying what a notice told us).
 void l3d_world_declare_dead(l3d_world_t *w, int rank, const char *reason);
-// Memory registration cache (core/comm_sched.c).
+// Memory registration cache (core/comm/comm_sched.c).
 l3d_status l3d_world_mr(l3d_world_t *w, void *buf, size_t len, void **mr_p);
 void l3d_world_mr_purge(l3d_world_t *w, void *buf, size_t len);
 void l3d_world_mr_release(l3d_world_t *w);
 void l3d_world_scratch_release(l3d_world_t *w);
-// Frees the finished requests a world keeps for reuse (core/comm_request.c).
+// Frees the finished requests a world keeps for reuse (core/comm/comm_request.c).
 void l3d_world_requests_release(l3d_world_t *w);
-// Frees the finished requests a world keeps for reuse (core/comm_request.c).
+// Frees the finished requests a world keeps for reuse (core/comm/comm_request.c).
 void l3d_world_requests_release(l3d_world_t *w);
 
 // ---- collective arguments and algorithm builders ---------------------------------------------

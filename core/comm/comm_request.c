@@ -1,4 +1,4 @@
-// Requests: the executor that advances a schedule (core/comm_sched.c builds it). One
+// Requests: the executor that advances a schedule (core/comm/comm_sched.c builds it). One
 // implementation serves blocking and non-blocking calls: a blocking collective is "build the
 // schedule, start it, wait".
 //

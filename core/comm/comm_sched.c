@@ -1,7 +1,7 @@
 // Schedules and the memory registration cache: what a collective builds (rounds of sends,
-// receives and local ops, libNBC style) before a request runs it (core/comm_request.c), and
+// receives and local ops, libNBC style) before a request runs it (core/comm/comm_request.c), and
 // the registrations that transports needing them keep per buffer. Failure notices are in
-// core/comm_notice.c.
+// core/comm/comm_notice.c.
 #include <stdio.h>
 #include <string.h>
 

@@ -35,7 +35,8 @@
 // advance).
 //
 // Setup (l3d_comm_shm_setup, collective over a new communicator: two small calls through the
-// transport, or two exchanges through the bootstrap store for the world): member 0 creates the segment and broadcasts (pid, fd, nonce); the others map
+// transport, or two exchanges through the bootstrap store for the world): member 0 creates the
+// segment and broadcasts (pid, fd, nonce); the others map
 // /proc/<pid>/fd/<fd> and check the nonce; an allreduce(min) of "mapped" decides for all, so a
 // member on another machine or in another pid namespace makes the whole communicator keep the
 // message path. Member 0 then closes its descriptor: the mappings keep the memory, nothing is

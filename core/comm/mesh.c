@@ -1,4 +1,4 @@
-// The 3D process mesh (see core/mesh.h).
+// The 3D process mesh (see core/comm/mesh.h).
 #include <stdio.h>
 #include <string.h>
 

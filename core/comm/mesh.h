@@ -1,5 +1,6 @@
 // The 3D process mesh: world rank <-> (dp, tp, pp) coordinates and the three groups.
-// defines: l3d_mesh_t, l3d_mesh_check_world, l3d_mesh_create/destroy, l3d_mesh_order_parse, l3d_mesh_coords
+// defines: l3d_mesh_t, l3d_mesh_check_world, l3d_mesh_create/destroy, l3d_mesh_order_parse,
+// l3d_mesh_coords
 //
 // Rank order follows Megatron's `order` string: the dimensions listed fastest-varying first,
 // default "tp-dp-pp" (tensor-parallel neighbours are adjacent ranks, so they share a node and

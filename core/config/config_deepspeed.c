@@ -85,7 +85,7 @@ static l3d_status parse_scalars(const l3d_dsparser_t *p, json_t *root) {
                   "divided by the global batch's tokens before the reduction, as under "
                   "prescale_gradients)", f);
     // communication_data_type (null: the gradients' dtype) and fp32_allreduce: the dtype
-    // data parallelism reduces gradients in (l3d_dp_comm_dtype, core/trainer_dp.c).
+    // data parallelism reduces gradients in (l3d_dp_comm_dtype, core/train/trainer_dp.c).
     json_t *cdt = json_object_get(root, "communication_data_type");
     if (cdt && json_is_null(cdt)) cfg->comm_dtype = -1;
     if (cdt && !json_is_null(cdt)) {
@@ -405,7 +405,7 @@ static l3d_status parse_zero(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx,
               l3d_cfgjson_get_num(j, z, zp, "reduce_bucket_size", L3D_NUM_GT0, &rbs, &have));
     if (have) cfg->reduce_bucket_size = rbs;
-    // ZeRO-3's keys, DeepSpeed's meanings (core/trainer_zero3.c): element counts.
+    // ZeRO-3's keys, DeepSpeed's meanings (core/train/trainer_zero3.c): element counts.
     double v;
     L3D_CHECK(j->ctx, l3d_cfgjson_get_num(j, z, zp, "stage3_prefetch_bucket_size", L3D_NUM_GE0,
                                           &v, &have));
@@ -502,7 +502,7 @@ static l3d_status parse_monitors(const l3d_dsparser_t *p, json_t *root) {
 static l3d_status parse_misc_sections(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
     static const char *const recompute = " (activations are recomputed per layer on the rank)";
-    // partition_activations and cpu_checkpointing are honoured (core/model_fwdbwd.c);
+    // partition_activations and cpu_checkpointing are honoured (core/model/model_fwdbwd.c);
     // contiguous_memory_optimization is what the activation arena always is (one allocation
     // per activation set, the checkpoints side by side), and number_checkpoints only sizes
     // that buffer in DeepSpeed, where llama3d sizes it from the model.

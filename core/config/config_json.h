@@ -1,5 +1,6 @@
-// JSON helpers shared by the two config parsers: core/config_model.c (a Hugging Face
-// config.json) and core/config_train.c + core/config_deepspeed.c (a DeepSpeed ds_config.json).
+// JSON helpers shared by the two config parsers: core/config/config_model.c (a Hugging Face
+// config.json) and core/config/config_train.c + core/config/config_deepspeed.c (a DeepSpeed
+// ds_config.json).
 // Typed getters whose errors name the key, and the unknown-key check with its "did you mean".
 // defines: l3d_cfgjson_t, l3d_cfgjson_dialect, l3d_cfgjson_num_rule, L3D_CFGJSON_FILE_MAX,
 //          l3d_cfgjson_load, l3d_cfgjson_nearest, l3d_cfgjson_key_name,

@@ -109,7 +109,7 @@ static l3d_status check_device(l3d_ctx_t *ctx, const char *origin, const char *n
 }
 
 // parallel.tp_mode "2d" / "3d": what the model's 2d and 3d paths take so far
-// (core/config_layout.h). planning: a run l3d plan costs, not one this build runs: only the
+// (core/config/config_layout.h). planning: a run l3d plan costs, not one this build runs: only the
 // grid's or cube's shape matters.
 static l3d_status check_grid_cube(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                                   const char *origin, int planning) {
@@ -200,7 +200,8 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
     return check_device(ctx, origin, cfg->device);
 }
 
-// ---- the model's shapes against tp (core/config_layout.h) ---------------------------------
+// ---- the model's shapes against tp (core/config/config_layout.h)
+// ---------------------------------
 l3d_status l3d_tp_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, int tp) {
     int H = cfg->num_attention_heads, K = cfg->num_key_value_heads;
     if (tp < 1) return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.tp %d must be >= 1", tp);

@@ -1,6 +1,6 @@
 // Which layouts a model admits: the tensor-parallel preconditions on the model's shapes.
-// The layout checks (core/config_layout.c) refuse a config by them before anything is built,
-// and the model (core/model.c) asserts them again when it is cut, so the rule lives here,
+// The layout checks (core/config/config_layout.c) refuse a config by them before anything is built,
+// and the model (core/model/model.c) asserts them again when it is cut, so the rule lives here,
 // below both. defines: l3d_tp_check, l3d_tp2d_check, l3d_tp3d_check
 #ifndef L3D_CONFIG_LAYOUT_H
 #define L3D_CONFIG_LAYOUT_H

@@ -557,7 +557,7 @@ uint64_t l3d_model_config_num_params(const l3d_model_config_t *cfg) {
     return V * C + L * per_layer + C + (cfg->tie_word_embeddings ? 0 : V * C);
 }
 
-// ---- what a model directory holds (core/config_model_dir.h) ------------------------------
+// ---- what a model directory holds (core/config/config_model_dir.h) ------------------------------
 int l3d_hf_is_weights_dir(const char *dir) {
     char path[1200];
     // Present, not readable: a weights file that is a FIFO or a symlink loop is refused when

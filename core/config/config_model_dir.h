@@ -1,7 +1,8 @@
 // What a model directory holds, as the config reads it: `model` may name a directory whose
 // config.json describes the model and whose weights (Hugging Face files or a sharded llama3d
 // checkpoint) training starts from. The file names are the checkpoint formats'
-// (core/checkpoint_hf.h, core/checkpoint_dist.h); they are here, below both, because the
+// (core/checkpoint/checkpoint_hf.h, core/checkpoint/checkpoint_dist.h); they are here, below both,
+// because the
 // config decides from them where a run starts, and the checkpoint code includes this header.
 // defines: L3D_HF_WEIGHTS, L3D_HF_INDEX, L3D_CKPT_DIST_MANIFEST, l3d_hf_is_weights_dir,
 //          l3d_ckpt_dist_is

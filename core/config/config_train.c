@@ -396,7 +396,7 @@ static l3d_status check_eval(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, cons
 }
 
 // What the file alone decides; seq_len against the model, the batch identity and the layout
-// wait for l3d_train_config_finalize (core/config_layout.c).
+// wait for l3d_train_config_finalize (core/config/config_layout.c).
 static l3d_status finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg, const char *origin) {
     int perm[3];
     L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));

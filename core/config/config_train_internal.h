@@ -3,9 +3,9 @@
 // directory holds. May use: core/comm (the mesh order), core/text (tokenizer files), the
 // core/ root, platform/, the device vtable, include/llama3d/.
 //
-// The ds_config.json parser's internals, shared by its two halves: core/config_train.c (the
-// top level, llama3d's own sections, the batch identity, finalize) and core/config_deepspeed.c
-// (DeepSpeed's sections and top-level scalars).
+// The ds_config.json parser's internals, shared by its two halves: core/config/config_train.c (the
+// top level, llama3d's own sections, the batch identity, finalize) and
+// core/config/config_deepspeed.c (DeepSpeed's sections and top-level scalars).
 // defines: l3d_dsparser_t, l3d_dskey_t, l3d_dsconfig_check_section, l3d_dsconfig_parse_sections
 #ifndef L3D_CONFIG_TRAIN_INTERNAL_H
 #define L3D_CONFIG_TRAIN_INTERNAL_H
@@ -45,7 +45,7 @@ l3d_status l3d_dsconfig_parse_sections(const l3d_dsparser_t *p, json_t *root);
 // The batch identity (DeepSpeed's rules: any two of train_batch_size,
 // train_micro_batch_size_per_gpu and gradient_accumulation_steps give the third with dp) and
 // the layout against the model, schedule and device; messages start with `origin`.
-// core/config_layout.c; called by l3d_train_config_finalize and the trainer.
+// core/config/config_layout.c; called by l3d_train_config_finalize and the trainer.
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                          const char *origin);
 // The same for l3d plan (planning 1), which costs runs rather than starts them: the pipeline

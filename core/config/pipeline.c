@@ -1,4 +1,4 @@
-// Pipeline schedules and their validation (see core/pipeline.h).
+// Pipeline schedules and their validation (see core/config/pipeline.h).
 #include <string.h>
 
 #include "core/config/pipeline.h"

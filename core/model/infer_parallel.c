@@ -1,4 +1,4 @@
-// Inference on a tensor- and pipeline-parallel layout (core/infer_parallel.h).
+// Inference on a tensor- and pipeline-parallel layout (core/model/infer_parallel.h).
 //
 // Per pass of k <= rows tokens: stage s > 0 receives the (k, C) rows of stage s - 1, runs its
 // layers (tp collectives inside) and sends its rows to stage s + 1; the last stage's tp ranks

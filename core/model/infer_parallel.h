@@ -16,7 +16,7 @@ typedef struct l3d_infer l3d_infer_t;
 
 // Collective over `world` (NULL: a single rank; then tp = pp = 1): the mesh (dp 1, Megatron's
 // tp-fastest order), this rank's model part of `cfg` (weights not yet read: the caller loads
-// them into l3d_infer_model, as l3d_infer_open of core/checkpoint_open.h does from a
+// them into l3d_infer_model, as l3d_infer_open of core/checkpoint/checkpoint_open.h does from a
 // checkpoint), and a KV cache of `capacity` positions. `dev` must outlive it.
 l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
                             const l3d_model_config_t *cfg, int capacity, l3d_infer_t **inf_p);

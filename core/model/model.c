@@ -1,6 +1,6 @@
 // The Llama 3 model: creation and destruction, deterministic initialisation, RoPE tables.
-// The parameter layout is in core/model_layout.c, the forward/backward math in
-// core/model_fwdbwd.c, inference in core/model_infer.c.
+// The parameter layout is in core/model/model_layout.c, the forward/backward math in
+// core/model/model_fwdbwd.c, inference in core/model/model_infer.c.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>

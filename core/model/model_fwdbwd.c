@@ -18,8 +18,8 @@
 // ---- linear layers: y = x W^T with W (out,in) as Hugging Face stores it -------------------
 // Activations (x, y, dy, dx) in at, weights in wt; their gradients float32. Under tensor
 // parallelism "2d" the sizes are this rank's blocks and each product is a SUMMA over the grid
-// (core/tp2d.h); under "3d" a cube product (core/tp3d.h) whose orientation is the layer's
-// kind: COL for the layers Megatron splits by output columns (q, k, v, gate, up, the head),
+// (core/model/tp2d.h); under "3d" a cube product (core/model/tp3d.h) whose orientation is the
+// layer's kind: COL for the layers Megatron splits by output columns (q, k, v, gate, up, the head),
 // which take the residual stream's layout to attention's, ROW for o and down, which take it
 // back. Both float32, contiguous rows.
 enum { COL = L3D_TP3D_A, ROW = L3D_TP3D_B };

@@ -1,5 +1,5 @@
 // Inference with a KV cache: the prompt in as few passes as the scratch bound allows, then one
-// token at a time. The layer math is l3d_layer_forward (core/model_fwdbwd.c) with k/v rows
+// token at a time. The layer math is l3d_layer_forward (core/model/model_fwdbwd.c) with k/v rows
 // written straight into the cache at the current position. A cache may hold several
 // sequences; l3d_model_decode_batch advances several of them by one token in one pass (the
 // weight GEMMs batched, attention per sequence at its own position).
@@ -198,7 +198,7 @@ int l3d_kv_cache_rows(const l3d_kv_cache_t *c) { return c->rows; }
 int l3d_kv_cache_capacity(const l3d_kv_cache_t *c) { return c->cap; }
 
 // The public single-model entry points serve a whole model; a tensor- or pipeline-parallel
-// part is served by core/infer_parallel.c.
+// part is served by core/model/infer_parallel.c.
 static l3d_status whole_model(l3d_model_t *m, const char *what) {
     L3D_CHECK(m->ctx, l3d_model_check_params(m, what));
     if (m->tp.size > 1 || m->pp_size > 1)

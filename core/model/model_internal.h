@@ -3,7 +3,8 @@
 // the memory check. May use: core/config, core/comm, the core/ root, platform/, the device
 // vtable, include/llama3d/.
 //
-// The model's internals shared by core/model*.c, core/trainer.c and core/checkpoint.c.
+// The model's internals shared by core/model*.c, core/train/trainer.c and
+// core/checkpoint/checkpoint.c.
 // defines: l3d_model (struct), l3d_param_t, l3d_layer_acts_t, l3d_acts_t
 #ifndef L3D_MODEL_INTERNAL_H
 #define L3D_MODEL_INTERNAL_H
@@ -50,7 +51,7 @@ l3d_status l3d_mem_check(l3d_ctx_t *ctx, uint64_t need, const char *what);
 l3d_status l3d_mem_check_with(l3d_ctx_t *ctx, uint64_t need, uint64_t avail, const char *src,
                               const char *what);
 
-// Tensor parallelism of one model (Megatron 1D; core/model_tp.c). size 1: not split.
+// Tensor parallelism of one model (Megatron 1D; core/model/model_tp.c). size 1: not split.
 typedef struct l3d_tp {
     int size, rank;
     l3d_comm_t *comm;     // the tp group (borrowed; NULL when size 1)
@@ -61,14 +62,14 @@ typedef struct l3d_tp {
     // [rank*N/tp, (rank+1)*N/tp) of the (N,C) activations; all-gathers before the column-
     // parallel GEMMs and reduce-scatters after the row-parallel ones replace the all-reduces.
     int sp;
-    // Tensor parallelism "2d" (mode 2; being built, core/tp2d.h): the tp group is a q x q grid
-    // and rank (i, j) holds block (i, j) of every activation -- rows of micro-batch slice i
+    // Tensor parallelism "2d" (mode 2; being built, core/model/tp2d.h): the tp group is a q x q
+    // grid and rank (i, j) holds block (i, j) of every activation -- rows of micro-batch slice i
     // (its own B/q sequences), columns j -- and of every weight as tp2d.h lays them out; the
     // norms and the embedding (columns j) are replicated down grid column j. Linear layers are
     // SUMMA products, RMSNorm sums its row statistic over grid row i, attention and SwiGLU
     // are local (q divides the heads and key/value heads), the head's vocabulary is split
     // over grid row i for the cross-entropy. 1: Megatron 1D (everything above).
-    // Tensor parallelism "3d" (mode 3; being built, core/tp3d.h): the tp group is a q x q x q
+    // Tensor parallelism "3d" (mode 3; being built, core/model/tp3d.h): the tp group is a q x q x q
     // cube; rank (i, j, l) holds the residual stream's rows of micro-batch slice i*q + j (B/q^2
     // sequences), columns l, and, between a layer's "A" and "B" products (attention, SwiGLU,
     // the logits), rows of slice i*q + l, columns j (heads j). Weights are tp3d.h's 1/q^3
@@ -207,7 +208,7 @@ struct l3d_model {
     int chunk_start[L3D_MAX_CHUNKS + 1], chunk_g0[L3D_MAX_CHUNKS];
     float *params;  // arena on the device
     size_t n_params;
-    // What training passes read (core/model_fwdbwd.c): the parameters in dtype wt. float32:
+    // What training passes read (core/model/model_fwdbwd.c): the parameters in dtype wt. float32:
     // params itself (wp NULL); bfloat16/float16 (l3d_model_set_weight_dtype): wp, a copy of
     // n_params elements of that dtype, which l3d_model_refresh_weights rounds params into (the
     // float32 arena stays the master; NULL under ZeRO-3, whose gathered groups are in wt).
@@ -303,8 +304,8 @@ l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mo
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, l3d_model_t **model_p);
 
-// ---- tensor-parallel steps of the forward/backward (core/model_tp.c) -----------------------
-// Each is the plain single-rank operation when m->tp.size is 1.
+// ---- tensor-parallel steps of the forward/backward (core/model/model_tp.c)
+// ----------------------- Each is the plain single-rank operation when m->tp.size is 1.
 // x(n) (dtype t) = sum over the tp group (blocking; syncs the device first).
 l3d_status l3d_tp_allreduce(l3d_model_t *m, void *x, size_t n, l3d_dtype t);
 // Start of a row-parallel output: dst = residual on tp rank 0, 0 on the others (the GEMM then
@@ -409,7 +410,7 @@ static inline const void *l3d_model_pass_params(const l3d_model_t *m) {
 }
 
 // L3D_ERR_INVALID_ARG naming `what` when m's parameters are not in m->params: a ZeRO-3 trainer
-// keeps 1/dp of them (core/trainer_zero3.c) and saves through l3d_trainer_save.
+// keeps 1/dp of them (core/train/trainer_zero3.c) and saves through l3d_trainer_save.
 l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what);
 
 // Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
@@ -464,7 +465,7 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
 // of the per-token losses (not scaled).
 l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *grads, float grad_scale,
                                  double *loss_sum_p);
-// The two halves of train_micro for a pipeline stage (see core/model_fwdbwd.c): forward
+// The two halves of train_micro for a pipeline stage (see core/model/model_fwdbwd.c): forward
 // (loss on the last stage, 0 elsewhere) and backward, of the chunk `a` was created for. Both
 // return with the device synced.
 l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_scale,

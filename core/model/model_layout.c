@@ -1,7 +1,7 @@
 // The Llama 3 model's parameter layout: the named tensors of the arena and their offsets, the
 // gradient groups data parallelism reduces, the dimensions of a tensor-parallel rank (1d, 2d,
 // 3d) and of a pipeline stage, and the arena's size computed without allocating.
-// Creation, initialisation and RoPE are in core/model.c.
+// Creation, initialisation and RoPE are in core/model/model.c.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,7 +51,7 @@ static void add_param(l3d_model_t *m, size_t *off, const char *name, int64_t row
     *off += (numel + 15) & ~(size_t)15;
 }
 
-// Under 3d every weight's rows are cut once more, by the cube's i (core/tp3d.h): the divisor
+// Under 3d every weight's rows are cut once more, by the cube's i (core/model/tp3d.h): the divisor
 // of their row counts (1 otherwise).
 static int64_t weight_rows_div(const l3d_model_t *m) { return m->tp.mode == 3 ? m->tp.q : 1; }
 
@@ -70,8 +70,8 @@ void l3d_model_layout(l3d_model_t *m) {
     slice_t o = {C, Hf, 0, r * HD, 1, 0}, gu = {Ff, C, r * F, 0, 1, 0};
     slice_t dn = {C, Ff, 0, r * F, 1, 0}, head = vocab;
     if (m->tp.mode == 2) {
-        // block (i, j) of each W^T (core/tp2d.h): W's rows j*O/q.., columns i*I/q..; the norms
-        // and the embedding's columns j, replicated down grid column j
+        // block (i, j) of each W^T (core/model/tp2d.h): W's rows j*O/q.., columns i*I/q..; the
+        // norms and the embedding's columns j, replicated down grid column j
         int64_t Cf = c->hidden_size, qq = Cf / C, i = r / qq, j = r % qq;
         vocab = (slice_t){Vf, Cf, 0, j * C, (int)qq, 0};
         norm = (slice_t){Cf, 0, j * C, 0, (int)qq, 0};
@@ -100,7 +100,7 @@ void l3d_model_layout(l3d_model_t *m) {
     // the head on the last. A tied head on a last stage that is not also the first is a copy
     // of the embedding under its name (same initialisation; the two stages sum its gradient).
     // 2d and 3d tie the head to the embedding's columns as they lie: 3d's head block is a row
-    // range of them, 2d's comes from the transposed grid rank (core/model_tp.c).
+    // range of them, 2d's comes from the transposed grid rank (core/model/model_tp.c).
     if (m->has_embed)
         add_param(m, &off, "model.embed_tokens.weight", m->Vemb, C, 1, &m->embed, vocab);
     for (int l = 0; l < m->L; l++) {

@@ -1,4 +1,4 @@
-// Tensor parallelism (Megatron 1D) for the forward/backward of core/model_fwdbwd.c, and the
+// Tensor parallelism (Megatron 1D) for the forward/backward of core/model/model_fwdbwd.c, and the
 // gathering/slicing of shards for checkpoints.
 //
 // Where the tp group talks, per layer (N = B*T rows, C hidden):
@@ -174,7 +174,7 @@ void l3d_tp2d_tied_bytes(const l3d_model_config_t *cfg, int q, int i, int j, int
     *calls = off ? 4 : 0;
 }
 
-// SUMMA products (core/tp2d.h) of N rows from I to O (per rank): fwd forwards and one
+// SUMMA products (core/model/tp2d.h) of N rows from I to O (per rank): fwd forwards and one
 // backward (dx and dW), into bytes/calls (l3d_tp2d_linear_bytes's).
 static void summa_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int fwd, uint64_t es,
                         uint64_t b[2], uint64_t c[2]) {
@@ -216,7 +216,7 @@ void l3d_tp2d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
     bytes[0] = b[0], bytes[1] = b[1], calls[0] = c[0], calls[1] = c[1];
 }
 
-// 3d: cube products (core/tp3d.h) of N rows from I to O (per rank) of orientation `kind`,
+// 3d: cube products (core/model/tp3d.h) of N rows from I to O (per rank) of orientation `kind`,
 // forward (passes 1) or backward (2: dx and dW with one gather of dy), into bytes/calls per
 // axis, elements of es bytes.
 static void cube_bytes(int q, uint64_t N, uint64_t I, uint64_t O, int kind, int passes,

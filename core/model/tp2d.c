@@ -1,4 +1,4 @@
-// 2D tensor parallelism: the q x q grid and the SUMMA linear layer (core/tp2d.h has the
+// 2D tensor parallelism: the q x q grid and the SUMMA linear layer (core/model/tp2d.h has the
 // layout and the algorithm). Every product runs on the device's GEMM; every exchange is a
 // broadcast or a reduce on a row or column communicator, so their bytes are counted there.
 #include <math.h>

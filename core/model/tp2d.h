@@ -61,8 +61,8 @@ l3d_status l3d_tp2d_block_bwd_x(l3d_tp2d_t *g, void *dx, const void *dy, const v
                                 int Iq, int Oq, float beta, l3d_dtype at, l3d_dtype wt);
 l3d_status l3d_tp2d_block_bwd_w(l3d_tp2d_t *g, float *dw, const void *dy, const void *x, int Nq,
                                 int Iq, int Oq, l3d_dtype at);
-// Shared with 3d (core/tp3d.c) and the model's split-row RMSNorm (core/model_tp.c): grows a
-// float32 scratch in dev's memory to at least n floats (its contents are not kept).
+// Shared with 3d (core/model/tp3d.c) and the model's split-row RMSNorm (core/model/model_tp.c):
+// grows a float32 scratch in dev's memory to at least n floats (its contents are not kept).
 l3d_status l3d_tp_scratch_grow(l3d_ctx_t *ctx, l3d_device_t *dev, float **p, size_t *cap,
                                size_t n, const char *tag);
 // Bytes one rank counts (l3d_comm_get_stats) in a forward and a backward, on its row [0] and

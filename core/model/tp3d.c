@@ -1,4 +1,4 @@
-// 3D tensor parallelism: the q x q x q cube and its linear layer (core/tp3d.h has the layout
+// 3D tensor parallelism: the q x q x q cube and its linear layer (core/model/tp3d.h has the layout
 // and the algorithm). Every product runs on the device's GEMM; every exchange is an all-gather
 // or a reduce-scatter on one axis communicator, so their bytes are counted there.
 #include <math.h>

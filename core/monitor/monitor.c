@@ -1,7 +1,7 @@
 // The monitor object: which of DeepSpeed's monitors are open on this rank, their files, and
 // the rule that makes metrics a side channel (a failed write warns once naming the file and
 // stops that monitor; nothing is returned to stop training). The formats are in
-// core/monitor_tb.c and core/monitor_csv.c.
+// core/monitor/monitor_tb.c and core/monitor/monitor_csv.c.
 // A library object rather than the CLI's: DeepSpeed's engine writes these files for any
 // program that passes the config, and a program embedding llama3d expects the same.
 // defines: l3d_monitor_create, l3d_monitor_write_step, l3d_monitor_write_events,

@@ -2,9 +2,9 @@
 // CSV, CRC-32C. May use core/train (a monitor opens from a trainer) and every folder below
 // it; not core/plan.
 //
-// The monitors' file formats, apart from the monitor object (core/monitor.c) so each can be
-// tested on its own: CRC-32C (core/crc32c.c), TensorBoard's TFRecord-framed Event protos
-// (core/monitor_tb.c) and DeepSpeed's CSV rows (core/monitor_csv.c).
+// The monitors' file formats, apart from the monitor object (core/monitor/monitor.c) so each can be
+// tested on its own: CRC-32C (core/monitor/crc32c.c), TensorBoard's TFRecord-framed Event protos
+// (core/monitor/monitor_tb.c) and DeepSpeed's CSV rows (core/monitor/monitor_csv.c).
 // defines: l3d_crc32c, l3d_crc32c_masked, l3d_tb_*, l3d_csv_*
 #ifndef L3D_MONITOR_INTERNAL_H
 #define L3D_MONITOR_INTERNAL_H
@@ -17,7 +17,7 @@ uint32_t l3d_crc32c(uint32_t crc, const void *data, size_t len);
 // TFRecord's masked CRC-32C: rotate right by 15, add 0xa282ead8.
 uint32_t l3d_crc32c_masked(const void *data, size_t len);
 
-// ---- TensorBoard (core/monitor_tb.c) ---------------------------------------------------
+// ---- TensorBoard (core/monitor/monitor_tb.c) ---------------------------------------------------
 // The largest record l3d_tb_* encode: framing (16 bytes) and an Event with one scalar whose
 // tag is under 128 bytes.
 #define L3D_TB_RECORD_MAX 256
@@ -31,7 +31,8 @@ size_t l3d_tb_version_record(unsigned char *buf, double wall_time);
 size_t l3d_tb_scalar_record(unsigned char *buf, double wall_time, int64_t step,
                             const char *tag, float value);
 
-// ---- CSV (core/monitor_csv.c) ------------------------------------------------------------
+// ---- CSV (core/monitor/monitor_csv.c)
+// ------------------------------------------------------------
 // DeepSpeed's csv_monitor file for `tag` in `dir`: dir/<tag with '/' and ' ' as '_'>.csv.
 // Returns 0, or -1 when it does not fit.
 int l3d_csv_file_name(char *buf, size_t cap, const char *dir, const char *tag);

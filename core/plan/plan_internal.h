@@ -2,8 +2,8 @@
 // published runs. May use core/train (its memory and communication estimators) and every
 // folder below it; not core/monitor.
 //
-// Shared between the planner's files: core/plan_hw.c (hardware), core/plan_cost.c (one
-// layout), core/plan_search.c (the search) and core/plan_published.c (published runs).
+// Shared between the planner's files: core/plan/plan_hw.c (hardware), core/plan/plan_cost.c (one
+// layout), core/plan/plan_search.c (the search) and core/plan/plan_published.c (published runs).
 // defines: l3d_plan_scratch_t, l3d_plan_evaluate_in, l3d_plan_link_time,
 //          l3d_plan_model_flops_per_token, l3d_plan_layout_str
 #ifndef L3D_PLAN_INTERNAL_H

@@ -1,4 +1,4 @@
-// l3d plan's search: every layout the request leaves open, evaluated (core/plan_cost.c) and
+// l3d plan's search: every layout the request leaves open, evaluated (core/plan/plan_cost.c) and
 // ranked. Fitting layouts come first, fastest first; then the others, smallest first.
 // defines: l3d_plan_search
 #include <math.h>

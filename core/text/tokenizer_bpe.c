@@ -1,5 +1,5 @@
 // Byte-level BPE encoding and decoding (Llama 3's tokenizer), over the tables of
-// core/tokenizer_bpe.h.
+// core/text/tokenizer_bpe.h.
 //
 // encode(text):
 //   1. added tokens are cut out of the text first (leftmost, then longest match; special ones

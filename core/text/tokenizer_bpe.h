@@ -1,5 +1,5 @@
-// Byte-level BPE: the tables shared by the encoder (core/tokenizer_bpe.c) and the readers of
-// tokenizer.json and tokenizer.model (core/tokenizer_load.c).
+// Byte-level BPE: the tables shared by the encoder (core/text/tokenizer_bpe.c) and the readers of
+// tokenizer.json and tokenizer.model (core/text/tokenizer_load.c).
 // defines: l3d_bpe_t, l3d_bpe_new, l3d_bpe_set_token, l3d_bpe_add_pair, l3d_bpe_set_regex,
 //          l3d_bpe_finish, l3d_bpe_free, l3d_bpe_lookup, l3d_bpe_tokenizer
 //

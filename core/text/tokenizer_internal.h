@@ -14,7 +14,7 @@
 #include "llama3d/status.h"
 #include "llama3d/tokenizer.h"
 
-// The kinds: the byte tokenizer (core/tokenizer.c) and byte-level BPE (core/tokenizer_bpe*.c).
+// The kinds: the byte tokenizer (core/text/tokenizer.c) and byte-level BPE (core/tokenizer_bpe*.c).
 typedef struct l3d_tokenizer_ops {
     const char *name;  // "bytes", "bpe"
     // Appends the ids of text[0..len) to *ids_p (realloc'd through the ctx, capacity *cap_p,

@@ -1,4 +1,4 @@
-// The training data stream: mapping a token file, loading a UTF-8 text (core/data_text.c),
+// The training data stream: mapping a token file, loading a UTF-8 text (core/train/data_text.c),
 // and the exact batching rule every layout relies on.
 //
 // Token stores are never read into memory whole: a .bin is mapped read-only and its ids are

@@ -1,4 +1,4 @@
-// The training data stream (the tokenizer it reads text with: core/tokenizer_internal.h).
+// The training data stream (the tokenizer it reads text with: core/text/tokenizer_internal.h).
 // defines: l3d_dataset_t, l3d_dataset_load, l3d_dataset_batch
 #ifndef L3D_DATA_H
 #define L3D_DATA_H
@@ -50,7 +50,7 @@ void l3d_dataset_free(l3d_dataset_t *ds);
 void l3d_dataset_batch(const l3d_dataset_t *ds, int64_t step, int global_batch, int T, int first,
                        int count, int32_t *inputs, int32_t *targets);
 
-// The shuffled rule (data.shuffle, core/data_order.c; exact, and as layout-independent as the
+// The shuffled rule (data.shuffle, core/train/data_order.c; exact, and as layout-independent as the
 // in-order one): the stream holds N = floor((n_tokens - 1) / T) whole sequences, the p-th
 // starting at p * T (inputs tokens p*T .. p*T+T-1, targets one further; none wraps, the last
 // (n_tokens - 1) mod T tokens are never read). Sequence i of step s's global batch is global

@@ -1,5 +1,5 @@
-// What core/data.c (token files, batching) and core/data_text.c (streaming text and its token
-// cache) share.
+// What core/train/data.c (token files, batching) and core/train/data_text.c (streaming text and its
+// token cache) share.
 #ifndef L3D_DATA_INTERNAL_H
 #define L3D_DATA_INTERNAL_H
 
@@ -24,7 +24,7 @@ typedef struct l3d_dataset_impl {
 l3d_status l3d_dataset_load_bin(l3d_ctx_t *ctx, const char *path, int vocab_size,
                                 l3d_dataset_impl_t **ds_p);
 // UTF-8 text: BOS + tokens + EOS. Texts of at most inmem_max bytes are tokenized in memory;
-// larger ones go through the token cache (core/data_text.c has the rules), in the text's
+// larger ones go through the token cache (core/train/data_text.c has the rules), in the text's
 // directory or else in cache_dir ("" or NULL: none).
 l3d_status l3d_dataset_load_text(l3d_ctx_t *ctx, const char *path, l3d_tokenizer_t *tok,
                                  int vocab_size, uint64_t inmem_max, const char *cache_dir,

@@ -2,7 +2,7 @@
 // sequence start offsets, computed per index from a counter-based generator (SplitMix64
 // rounds of a Feistel network, cycle-walked onto [0, N)). Nothing is stored: the order is a
 // pure function of (seed, step, index), so every layout reads the same global batch and a
-// resumed run continues the same order. The rule itself is written in core/data.h.
+// resumed run continues the same order. The rule itself is written in core/train/data.h.
 #include "core/train/data.h"
 
 // SplitMix64's output function (Steele, Lea, Flood 2014): a bijective 64-bit mixer.

@@ -1,4 +1,4 @@
-// fp16 loss scaling: DeepSpeed's counting, rule by rule (core/loss_scaler.h).
+// fp16 loss scaling: DeepSpeed's counting, rule by rule (core/train/loss_scaler.h).
 #include "core/train/loss_scaler.h"
 
 #include <math.h>

@@ -118,7 +118,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
 
     L3D_CHECK_GOTO(ctx, l3d_dp_init(t, t->mesh->group[L3D_MESH_DP]), st, err);
     // 16-bit weights: the passes read a rounded copy of the float32 master (ZeRO-3: of its
-    // pieces, core/trainer_zero3.c).
+    // pieces, core/train/trainer_zero3.c).
     L3D_CHECK_GOTO(ctx, l3d_model_set_weight_dtype(t->model, l3d_train_config_weight_dtype(cfg),
                                                    !t->dp.zero3), st, err);
     // ZeRO-3 partitions the parameters now, before the optimizer state and the activations
@@ -130,7 +130,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     if (gbytes)
         L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", (void **)&t->grads), st, err);
     // The optimizer state: on the device, or in host memory beside its master copy
-    // (offload_optimizer; core/trainer_offload.c).
+    // (offload_optimizer; core/train/trainer_offload.c).
     L3D_CHECK_GOTO(ctx, l3d_offload_init(t), st, err);
     l3d_device_t *odev = t->off.optim ? t->off.hdev : t->dev;
     if (t->off.optim) {
@@ -226,7 +226,7 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
     // the data-parallel reduction is a plain sum. dp rank r takes the global batch's
     // micro-batches r*A .. r*A + A-1 (A = accumulation steps), through this pipeline stage.
-    // fp16 loss scaling (core/loss_scaler.h): the backward starts from the loss times S, and
+    // fp16 loss scaling (core/train/loss_scaler.h): the backward starts from the loss times S, and
     // the update divides S out again. S is 1 without fp16; a dynamic S is a power of two, so
     // scaling and unscaling are exact and, without an overflow, the update is bit for bit the
     // unscaled one.

@@ -2,8 +2,8 @@
 // The trainer knows how ZeRO-3, offload and dp partition that state: it materializes, gathers
 // and scatters it here and hands whole arenas (or, for a sharded save, its pieces through
 // l3d_ckpt_dist_src_t) to the checkpoint code, which knows only the files
-// (core/checkpoint_io.h, core/checkpoint_dist.h). trainer_state.json is the trainer's own.
-// defines: l3d_trainer_save, l3d_trainer_resume
+// (core/checkpoint/checkpoint_io.h, core/checkpoint/checkpoint_dist.h). trainer_state.json is the
+// trainer's own. defines: l3d_trainer_save, l3d_trainer_resume
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -195,7 +195,8 @@ static l3d_status pp_collect(l3d_trainer_t *t, ckpt_state_t *cs, const stage_arr
     return st;
 }
 
-// ---- the sharded save's view of this rank's state (core/checkpoint_dist.h) ----------------
+// ---- the sharded save's view of this rank's state (core/checkpoint/checkpoint_dist.h)
+// ----------------
 // This rank's pieces: the ZeRO pieces when sharded, else the arena split into dp ranges (the
 // optimizer state then sits at the arena offset).
 static void dist_piece(const void *arg, int k, size_t *lo, size_t *hi, size_t *sh) {

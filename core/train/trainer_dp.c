@@ -2,7 +2,7 @@
 // while the backward runs, and ZeRO stage 1 (optimizer state sharded over dp).
 //
 // Buckets cut the gradient arena (padded to Ppad, a multiple of dp) from the end, because the
-// backward completes it from the end (core/model_fwdbwd.c grad_ready): bucket 0 is the last
+// backward completes it from the end (core/model/model_fwdbwd.c grad_ready): bucket 0 is the last
 // `reduce_bucket_size` elements, bucket 1 the ones before, ... Every bucket length is a
 // multiple of dp, so bucket b splits into dp pieces of q_b elements and rank r owns piece r:
 //   arena [off_b + r*q_b, off_b + (r+1)*q_b)  <->  shard [sh_b, sh_b + q_b)
@@ -21,7 +21,7 @@
 // DeepSpeed's allreduce_bucket casts to communication_data_type and copies back.
 // Reductions start on the last micro-batch of a step only (gradient accumulation boundary),
 // as in DeepSpeed stage 0/1. Stage 2 has buckets of its own and no gradient arena
-// (core/trainer_zero2.c); the optimizer below serves both sharded stages.
+// (core/train/trainer_zero2.c); the optimizer below serves both sharded stages.
 #include <string.h>
 
 #include "core/comm/reduce.h"
@@ -222,7 +222,7 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
 // pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
 // persistent groups are gathered). With offload_optimizer the step runs on the host device
-// over host copies of the pieces (core/trainer_offload.c), which go back to the device first.
+// over host copies of the pieces (core/train/trainer_offload.c), which go back to the device first.
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;

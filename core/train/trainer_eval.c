@@ -4,7 +4,7 @@
 //
 // Evaluation (l3d_trainer_eval) is a forward pass only -- no backward, no gradient, no
 // optimizer state touched -- over train.eval_iters global batches of the eval stream: batch b
-// is the in-order rule of core/data.h at step b over the eval stream with the training
+// is the in-order rule of core/train/data.h at step b over the eval stream with the training
 // batch's shape (train_batch_size sequences of seq_len), split over dp ranks and micro-batches
 // exactly as a training step splits its batch. Every evaluation reads the same batches
 // 0 .. eval_iters-1 (unlike Megatron, whose validation iterator moves on), so successive eval

@@ -3,7 +3,7 @@
 // trainer's checkpoints. May use every folder below it: core/checkpoint, core/model,
 // core/config, core/text, core/comm, the core/ root, platform/, the device vtable.
 //
-// The trainer's state, shared by core/trainer*.c (core/trainer_ckpt.c: its checkpoints).
+// The trainer's state, shared by core/trainer*.c (core/train/trainer_ckpt.c: its checkpoints).
 #ifndef L3D_TRAINER_INTERNAL_H
 #define L3D_TRAINER_INTERNAL_H
 
@@ -17,7 +17,7 @@
 #include "llama3d/comm.h"
 #include "llama3d/train.h"
 
-// One gradient bucket of the data-parallel reduction (core/trainer_dp.c): arena floats
+// One gradient bucket of the data-parallel reduction (core/train/trainer_dp.c): arena floats
 // [off, end); it is reduced as len >= end - off floats (a multiple of dp: ZeRO-1 pads the
 // arena's end, ZeRO-2 each bucket), so piece r = [off + r*q, off + (r+1)*q) clipped to end,
 // held at shard offset sh.
@@ -37,7 +37,7 @@ typedef struct l3d_dp {
     l3d_dp_bucket_t *b;
     int nb, next;      // buckets (0 = the arena's end), next one to start
     size_t shard_len;  // floats of exp_avg / exp_avg_sq on this rank
-    // ZeRO-2 (core/trainer_zero2.c; stage 2 with dp > 1): no full gradient arena. Buckets are
+    // ZeRO-2 (core/train/trainer_zero2.c; stage 2 with dp > 1): no full gradient arena. Buckets are
     // whole gradient groups; each micro-batch's backward accumulates a bucket in a window,
     // reduce-scatters it and adds this rank's piece to gshard (shard_len floats).
     int zero2;
@@ -55,7 +55,7 @@ typedef struct l3d_dp {
     // (stage_len floats, the longest piece) and added on the host (NULL: no offload)
     float *stage;
     size_t stage_len;
-    // ZeRO-3 (core/trainer_zero3.c; stage 3 with dp > 1, zero2 set too): the parameters are
+    // ZeRO-3 (core/train/trainer_zero3.c; stage 3 with dp > 1, zero2 set too): the parameters are
     // sharded like the gradients, one bucket per gradient group.
     int zero3;
     struct l3d_zero3 *z3;
@@ -68,7 +68,7 @@ typedef struct l3d_dp {
     void *cwin[L3D_ZERO2_MAX_WIN];
 } l3d_dp_t;
 
-// Pipeline state (core/trainer_pp.c). With pp 1 there is one slot and no communicator.
+// Pipeline state (core/train/trainer_pp.c). With pp 1 there is one slot and no communicator.
 typedef struct l3d_pp {
     l3d_comm_t *comm;       // the pp group (mesh-owned; NULL when pp 1)
     l3d_comm_t *emb_comm;   // first + last stage of one (dp, tp) place, tied embeddings (owned)
@@ -81,7 +81,7 @@ typedef struct l3d_pp {
     int nops;
 } l3d_pp_t;
 
-// ZeRO offload (core/trainer_offload.c).
+// ZeRO offload (core/train/trainer_offload.c).
 typedef struct l3d_offload {
     int optim, param;     // offload_optimizer; offload_param (ZeRO-3 with dp > 1 only)
     l3d_device_t *hdev;   // a CPU device for the host's AdamW (NULL without optim)
@@ -97,7 +97,7 @@ struct l3d_trainer {
     l3d_model_t *model;
     l3d_tokenizer_t *tok;
     l3d_dataset_t *data;             // the training file as loaded (checkpoints name it)
-    // What the steps and the evaluations read (core/trainer_eval.c): views of `data` (its
+    // What the steps and the evaluations read (core/train/trainer_eval.c): views of `data` (its
     // head when data.eval_fraction holds out its tail) and of eval_data (data.eval_path).
     l3d_dataset_t train_view, eval_view;
     l3d_dataset_t *eval_data;
@@ -142,7 +142,7 @@ static inline const int *l3d_train_config_lps(const l3d_train_config_t *cfg) {
     return cfg->pp > 1 && cfg->n_layers_per_stage == cfg->pp ? cfg->layers_per_stage : NULL;
 }
 
-// core/trainer_dp.c: data parallelism and ZeRO-1.
+// core/train/trainer_dp.c: data parallelism and ZeRO-1.
 l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *dp_comm);
 size_t l3d_dp_bucket_floats(double reduce_bucket_size, size_t Ppad, int dp);
 void l3d_dp_fini(l3d_trainer_t *t);
@@ -164,7 +164,7 @@ void l3d_dp_piece(const l3d_trainer_t *t, int k, size_t *lo, size_t *hi, size_t 
 l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full);
 l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shard);
 
-// core/trainer_zero2.c: ZeRO stage 2. buckets: the buckets of model part m (dims set) for dp
+// core/train/trainer_zero2.c: ZeRO stage 2. buckets: the buckets of model part m (dims set) for dp
 // ranks and reduce_bucket_size, whole gradient groups cut from the arena's end (b may be NULL:
 // count only); *shard_len (may be NULL) gets the sum of len/dp. Returns the count
 // (<= l3d_model_grad_groups(m)).
@@ -214,7 +214,7 @@ static inline double l3d_zero_bucket_size(const l3d_train_config_t *cfg) {
     return cfg->zero_stage >= 3 ? 1.0 : cfg->reduce_bucket_size;
 }
 
-// core/trainer_zero3.c: ZeRO stage 3 over the ZeRO-2 buckets (one per gradient group).
+// core/train/trainer_zero3.c: ZeRO stage 3 over the ZeRO-2 buckets (one per gradient group).
 // sizes: for model part m (dims set) and the config's stage3_* keys, the floats this rank
 // keeps for parameters: its pieces (*shard), the persistent groups whole (*persist), the
 // gather pool (*pool); returns their sum. No allocation.
@@ -240,7 +240,7 @@ l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t);
 l3d_status l3d_zero3_materialize(l3d_trainer_t *t);
 l3d_status l3d_zero3_partition(l3d_trainer_t *t);
 
-// core/trainer_offload.c: ZeRO offload. init (after l3d_zero3_init, before the update's first
+// core/train/trainer_offload.c: ZeRO offload. init (after l3d_zero3_init, before the update's first
 // use) creates the host device and the host arrays and pulls the master; pull refreshes the
 // master from the device's parameters (after a resume); grads_to_host copies the reduced
 // gradient pieces D2H; params_to_device copies the updated master pieces H2D. master: the
@@ -257,14 +257,14 @@ float *l3d_offload_master(l3d_trainer_t *t);
 void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, size_t shard_len,
                         size_t stage_len, l3d_mem_breakdown_t *mem);
 
-// core/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
+// core/train/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
 // off data.eval_fraction's tail; load_batch fills this rank's micro-batch j of step `step` from
-// the training stream (in order or shuffled, core/data.h).
+// the training stream (in order or shuffled, core/train/data.h).
 l3d_status l3d_eval_init(l3d_trainer_t *t);
 void l3d_eval_fini(l3d_trainer_t *t);
 void l3d_train_load_batch(l3d_trainer_t *t, int64_t step, int j);
 
-// core/trainer_pp.c: pipeline parallelism. init creates the slots (all layouts) and, when
+// core/train/trainer_pp.c: pipeline parallelism. init creates the slots (all layouts) and, when
 // pp > 1, the schedule and the tied-embedding group (collective over the world).
 l3d_status l3d_pp_init(l3d_trainer_t *t);
 void l3d_pp_fini(l3d_trainer_t *t);
@@ -272,8 +272,8 @@ void l3d_pp_fini(l3d_trainer_t *t);
 // sum over the step's tokens of this dp rank, on every stage.
 l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum);
 
-// core/comm_plan.c: the communication of one step of world rank 0, as terms. The kind sets a
-// term's cost in l3d plan (core/plan_cost.c): an all-reduce moves 2(n-1)/n of its buffer per
+// core/train/comm_plan.c: the communication of one step of world rank 0, as terms. The kind sets a
+// term's cost in l3d plan (core/plan/plan_cost.c): an all-reduce moves 2(n-1)/n of its buffer per
 // rank, an all-gather or reduce-scatter (n-1)/n of the full buffer, a point-to-point term
 // counts sends and receives as calls and the sent bytes once. Bytes are those
 // l3d_comm_get_stats counts; per_mb terms run once per micro-batch (calls and bytes are the

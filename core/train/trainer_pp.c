@@ -1,5 +1,5 @@
 // Pipeline parallelism for the trainer: this stage's micro-batches in the order of the
-// schedule (core/pipeline.h), activations and their gradients moving between neighbouring
+// schedule (core/config/pipeline.h), activations and their gradients moving between neighbouring
 // stages with point-to-point messages on the pp group.
 //
 // Per micro-batch j (of chunk c when interleaved), a slot holds the activations from F(j) to

@@ -165,7 +165,7 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
         return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
     // Offloaded optimizer: the shard accumulates in host memory, each reduced piece copied
     // there through a staging buffer of the longest piece (DeepSpeed keeps its fp32 gradient
-    // partitions on the CPU likewise); the host device adds it (core/trainer_offload.c).
+    // partitions on the CPU likewise); the host device adds it (core/train/trainer_offload.c).
     int pin = t->cfg.offload_optimizer_pin;
     d->stage_len = l3d_zero2_max_piece(m, rbs, d->n);
     L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, d->stage_len * sizeof(float), pin, "host_grads",

@@ -3,7 +3,7 @@
 // bucket of its own (l3d_zero_bucket_size); rank r keeps piece r of each bucket's parameters
 // in pshard, at the offsets its gradient piece has in gshard, and the optimizer updates the
 // pieces in place. m->params is freed: a pass asks for each group through the activations'
-// param_window hook (core/model_fwdbwd.c), which all-gathers the group into the pool just
+// param_window hook (core/model/model_fwdbwd.c), which all-gathers the group into the pool just
 // before its use, and param_release gives the space back. The gradients take ZeRO-2's path
 // unchanged (reduce-scattered per micro-batch into gshard).
 //
@@ -29,7 +29,7 @@
 //
 // Each pass starts with an empty pool: a rank runs one pass at a time (pipeline chunks too),
 // releases every group it asked for, and never gathers ahead past its own chunk.
-// With offload_param the shard lives in host memory (core/trainer_offload.c): each gather
+// With offload_param the shard lives in host memory (core/train/trainer_offload.c): each gather
 // copies this rank's piece to the device first.
 //
 // 16-bit weights (bf16/fp16.enabled, m->wt): pshard stays the float32 master that AdamW
@@ -107,7 +107,7 @@ size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int 
 }
 
 // ---- the pool --------------------------------------------------------------------------------
-// The parameter shard lives in host memory with offload_param (core/trainer_offload.c).
+// The parameter shard lives in host memory with offload_param (core/train/trainer_offload.c).
 static l3d_copy_kind shard_to_device(const l3d_trainer_t *t) {
     return t->cfg.offload_param ? L3D_COPY_H2D : L3D_COPY_D2D;
 }
@@ -224,7 +224,7 @@ static int bucket_of(const l3d_dp_t *d, size_t lo, size_t hi) {
     return -1;
 }
 
-// The groups a pass over a's chunk reads, in order (core/model_fwdbwd.c): forward, the
+// The groups a pass over a's chunk reads, in order (core/model/model_fwdbwd.c): forward, the
 // embedding (first chunk of the first stage), the chunk's layers, the final norm and the head
 // (last chunk of the last stage); backward, the head, the final norm and the layers from the
 // last (the embedding's backward is a scatter-add that reads no parameter).

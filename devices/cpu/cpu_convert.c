@@ -1,5 +1,5 @@
 // Dtype conversion between float32, bfloat16 and float16, on the pool in fixed chunks, with
-// the rules of core's conversions (core/reduce.c, which the collectives round by) written
+// the rules of core's conversions (core/comm/reduce.c, which the collectives round by) written
 // without branches so the loops vectorise: the same bits for every input (tests/
 // test_cpu_dtypes.c checks every 16-bit value, every midpoint and the floats beside them, and
 // random float32 bit patterns against core's functions). Also the 16-bit operands of gemm and

@@ -1,6 +1,6 @@
 // Vocabulary-parallel token embedding and cross-entropy (tensor parallelism): this rank holds
 // the vocabulary rows [v0, v0+Vl) of the table and the matching logit columns; the tp group
-// reduces between the passes (core/model_tp.c), nothing here communicates.
+// reduces between the passes (core/model/model_tp.c), nothing here communicates.
 // defines: l3d_cpu_embedding_fwd_vp/bwd_vp, l3d_cpu_xent_vp_max/stats/grad
 //
 // The cross-entropy passes repeat cpu_xent.c's arithmetic step for step (same max, same

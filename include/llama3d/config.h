@@ -132,7 +132,7 @@ typedef struct l3d_train_config {
     // their gradients) over float32 masters, weight gradients and optimizer state
     // (docs/precision.md); at most one of them
     int fp16, bf16;
-    // fp16 loss scaling, DeepSpeed's keys and defaults (the rules: core/loss_scaler.h)
+    // fp16 loss scaling, DeepSpeed's keys and defaults (the rules: core/train/loss_scaler.h)
     double fp16_loss_scale;           // fp16.loss_scale: 0 = dynamic, > 0 a static scale
     int fp16_initial_scale_power;     // fp16.initial_scale_power: dynamic starts at 2^this (16)
     int fp16_loss_scale_window;       // fp16.loss_scale_window: clean steps per doubling (1000)
@@ -147,7 +147,7 @@ typedef struct l3d_train_config {
     // training dtype, as DeepSpeed), and fp32_allreduce (reduce in float32 whatever else says).
     int comm_dtype;
     int fp32_allreduce;
-    // ZeRO-3 (zero_optimization.stage3_*, DeepSpeed's defaults; core/trainer_zero3.c):
+    // ZeRO-3 (zero_optimization.stage3_*, DeepSpeed's defaults; core/train/trainer_zero3.c):
     // parameters gathered ahead of their use (5e7), gradient groups smaller than this stay
     // whole on every rank (1e5), parameters gathered at once (1e9) -- all in elements.
     double stage3_prefetch_bucket_size;
@@ -155,7 +155,7 @@ typedef struct l3d_train_config {
     double stage3_max_live_parameters;
     int stage3_gather_16bit_weights_on_model_save;
     // ZeRO offload (zero_optimization.offload_optimizer / offload_param with device "cpu";
-    // core/trainer_offload.c): the optimizer state, fp32 master pieces and the AdamW step in
+    // core/train/trainer_offload.c): the optimizer state, fp32 master pieces and the AdamW step in
     // host memory on host threads; ZeRO-3's parameter pieces in host memory. *_pin: pin_memory.
     int offload_optimizer, offload_optimizer_pin;
     int offload_param, offload_param_pin;
@@ -208,7 +208,7 @@ typedef struct l3d_train_config {
     double eval_fraction;        // data.eval_fraction: the stream's held-out tail (0 = none)
     int eval_interval;           // train.eval_interval: evaluate every N steps (0 = never)
     int eval_iters;              // train.eval_iters: global batches per evaluation
-    int shuffle;                 // data.shuffle: the shuffled batching rule (core/data.h)
+    int shuffle;                 // data.shuffle: the shuffled batching rule (core/train/data.h)
     int data_seed_set;           // data.seed given; otherwise the shuffle uses train.seed
     uint64_t data_seed;          // data.seed
     double peak_flops;           // train.peak_flops: FLOP/s of one rank's device, the MFU

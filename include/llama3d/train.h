@@ -72,7 +72,7 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats);
 int l3d_trainer_steps_done(const l3d_trainer_t *t);
 // Evaluation: the mean cross-entropy over train.eval_iters global batches of the eval stream
 // (data.eval_path, or the tail data.eval_fraction holds out), forward only: no gradient, the
-// model and optimizer untouched. Collective; the same on every rank (core/trainer_eval.c has
+// model and optimizer untouched. Collective; the same on every rank (core/train/trainer_eval.c has
 // the batches). l3d_trainer_step calls it after the update on every train.eval_interval-th
 // step and on the last (train.steps) when eval_interval > 0. No eval stream: L3D_ERR_INVALID_ARG.
 l3d_status l3d_trainer_eval(l3d_trainer_t *t, double *loss);
