@@ -1,5 +1,5 @@
-// The root of core/ (docs/architecture.md): the context, settings, progress reports, status
-// strings and the device registry. May use platform/, the device and transport vtables and
+// The root of core/ (docs/architecture.md): the context, settings, progress reports, input
+// (core/input.h), status strings and the device registry. May use platform/, the device and transport vtables and
 // include/llama3d/; every folder of core/ uses it.
 //
 // Internal helpers every layer above platform/ uses: error propagation, logging, allocation.
