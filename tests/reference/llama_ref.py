@@ -570,10 +570,35 @@ def warmup_lr_simple(sched, step):
     return lo + (hi - lo) * step / W if step < W else hi
 
 
+def warmup_cosine_lr(sched, lr, step):
+    """Learning rate of optimizer step `step` (0-based) under DeepSpeed's WarmupCosineLR
+    (deepspeed/runtime/lr_schedules.py) with the optimizer's `lr`, applied as warmup_lr says:
+    step s runs with last_batch_iteration it = s - 1, and it = -1 gives warmup_min_ratio * lr.
+    During warm-up ratio = min_ratio + g * (1 - min_ratio), g = (it+1 > 0 ? log(it+1)/log(W) :
+    0) or it/W; after it, progress p = min(1, (it - W + 1) / max(1, N - W)) and ratio =
+    cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi p)) / 2 (the clamp is current
+    DeepSpeed's)."""
+    p = sched.get("params", {})
+    W = max(2, int(p.get("warmup_num_steps", 1000)))
+    N = int(p["total_num_steps"])
+    lo = float(p.get("warmup_min_ratio", 0.0))
+    floor = float(p.get("cos_min_ratio", 0.0001))
+    it = step - 1
+    if it < 0:
+        return lr * lo
+    if it < W:
+        g = it / W if p.get("warmup_type", "log") == "linear" else math.log(it + 1) / math.log(W)
+        return lr * (lo + g * (1 - lo))
+    prog = min(1.0, (it - W + 1) / max(1, N - W))
+    return lr * max(0.0, floor + (1 - floor) * (1 + math.cos(math.pi * prog)) / 2)
+
+
 def lr_for(ds, step):
     sched = ds.get("scheduler")
     if not sched:
         return float(ds["optimizer"]["params"]["lr"])
+    if sched["type"] == "WarmupCosineLR":
+        return warmup_cosine_lr(sched, float(ds["optimizer"]["params"]["lr"]), step)
     if sched["type"] != "WarmupLR":
         raise ValueError("scheduler %s not in the reference" % sched["type"])
     return warmup_lr(sched, step)
