@@ -10,6 +10,7 @@
 #include "core/comm/bootstrap.h"
 #include "core/checkpoint/checkpoint_dist.h"
 #include "core/checkpoint/checkpoint_hf.h"
+#include "core/train/data.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/comm/mesh.h"
@@ -114,15 +115,18 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
     else if (c->sched == L3D_SCHED_WARMUP_LR)
         printf(" (%g -> %g over %d warmup steps, %s, then constant)", (double)c->warmup_min_lr,
                (double)c->warmup_max_lr, c->warmup_num_steps, wt);
+    // No file was read: the schedule (and the eval below) are llama3d's choice, not the user's.
+    if (!c->origin[0] && c->sched != L3D_SCHED_CONSTANT)
+        printf(", llama3d's default without --config");
     printf("; steps %d; seed %llu; activation checkpointing %s\n", c->steps,
            (unsigned long long)c->seed, c->activation_checkpointing ? "on" : "off");
-    const char *data = c->data_path[0] ? c->data_path : "/usr/share/common-licenses/GPL-3 (default)";
+    const char *data = c->data_path[0] ? c->data_path : L3D_DEFAULT_DATA " (default)";
     char order[64] = "in order";
     if (c->shuffle)
         snprintf(order, sizeof(order), "shuffled, seed %llu",
                  (unsigned long long)(c->data_seed_set ? c->data_seed : c->seed));
     if (c->tokenizer_path[0]) printf("  tokenizer %s\n", c->tokenizer_path);
-    if (t && c->eval_fraction > 0.0)
+    if (t && c->eval_fraction > 0.0 && l3d_trainer_has_eval(t))
         printf("  data %s (%lld tokens, training on the first %lld, %s); device %s, %d threads\n",
                data, (long long)l3d_trainer_data_tokens(t), (long long)l3d_trainer_train_tokens(t),
                order, c->device, threads);
@@ -140,7 +144,12 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
             snprintf(stream + len, sizeof(stream) - len, " (%lld tokens)",
                      (long long)l3d_trainer_eval_tokens(t));
         }
-        if (c->eval_interval > 0)
+        if (t && c->eval_fraction > 0.0 && !l3d_trainer_has_eval(t))
+            // The optional default tail gave way to a short data set (core/trainer_eval.c).
+            printf("  no eval: %lld tokens are too few to hold out %g (each part needs seq_len "
+                   "+ 1 = %d)\n", (long long)l3d_trainer_data_tokens(t), c->eval_fraction,
+                   c->seq_len + 1);
+        else if (c->eval_interval > 0)
             printf("  eval every %d steps and at the end: %d batches of %s\n", c->eval_interval,
                    c->eval_iters, stream);
         else
@@ -197,6 +206,16 @@ int l3d_cmd_train(int argc, char **argv) {
     if (l3d_cli_parse("train", argc, argv, first, flags, nflags)) return L3D_EXIT_USAGE;
     if (help) {
         l3d_cli_usage(stdout, "train", "[FLAGS]", flags, nflags);
+        // What a run without a file trains with (llama3d/config.h, l3d_train_config_job_defaults):
+        // the schedule and evaluation are llama3d's, which a file replaces by DeepSpeed's.
+        printf("\nWithout --config, llama3d's main job: llama3-tiny on %s,\n"
+               "batch 8 x seq_len 64, 200 steps, AdamW lr 1e-3 with a linear warm-up over 10%%\n"
+               "of --steps (at least 5, at most half) and cosine decay to 1e-4 at the last step\n"
+               "(DeepSpeed's WarmupCosineLR); the data's last 10%% held out and evaluated every\n"
+               "50 steps and after the last (4 batches). With --config, DeepSpeed's meaning: a\n"
+               "file without a scheduler section is a constant lr, and nothing is evaluated\n"
+               "unless data.eval_* and train.eval_interval ask for it.\n",
+               L3D_DEFAULT_DATA);
         return L3D_EXIT_OK;
     }
 
@@ -246,6 +265,9 @@ int l3d_cmd_train(int argc, char **argv) {
     INT_FLAG(tp, "--tp", 1, 1 << 20, tp);
     INT_FLAG(pp, "--pp", 1, 1 << 20, pp);
 #undef INT_FLAG
+    // No file: llama3d's own schedule (over the --steps just read) and an eval tail. A file
+    // keeps DeepSpeed's meaning: no scheduler section is a constant lr.
+    if (!config) l3d_train_config_job_defaults(cfg);
     if (save && !save[0]) {  // "--save ''" would otherwise save nothing, silently
         fprintf(stderr, "l3d train: --save needs a directory name (got an empty one)\n");
         goto out;

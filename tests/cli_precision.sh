@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The main job (`l3d train`, no flags: llama3-tiny on the default text), its first 60 of 200
-# steps, in float32, bf16.enabled and fp16.enabled, each loss curve against the float64
-# trajectory of the same run that torch computes from the same initial weights and tokens (tests/reference/
-# f64_train.py). sigma is torch's own float32 distance from that trajectory (the max over the
+# The main job (`l3d train`, no config file: llama3-tiny on the default text) over 60 steps
+# (its warm-up and cosine schedule spanning them), in float32, bf16.enabled and fp16.enabled,
+# each loss curve against the float64 trajectory of the same run that torch computes from the
+# same initial weights and tokens (tests/reference/f64_train.py). sigma is torch's own float32 distance from that trajectory (the max over the
 # steps of |loss32 - loss64|). The bound is tests/test_parallel_bf16.c's: a run's error is its
 # roundings amplified by the training dynamics, so to first order it scales with the unit
 # roundoff: float32 within 10 sigma (as every layout test), bfloat16 (2^-8 where float32 is
@@ -10,8 +10,8 @@
 # does not learn, or that leaves its bound (a wrong element size, a missing rounding of the
 # masters), fails. fp16 runs at its default dynamic scale 2^16, which this model's gradients
 # never overflow here (checked: no step skipped). Measured over these 60 steps (the loss falls
-# 5.52 -> 2.83): float32 2 sigma (sigma 1.9e-6), bf16 7600 sigma (0.014), fp16 4700 (0.009);
-# over all 200: 2, 9300 (0.35), 2700 (0.10). Usage: cli_precision.sh L3D
+# 5.52 -> 3.16): float32 0.3 sigma (sigma 6.3e-7), bf16 2900 sigma (0.0018), fp16 260
+# (0.00016). Usage: cli_precision.sh L3D
 # Exit 77 (skipped) without torch/numpy.
 set -u
 L3D=$1
@@ -40,24 +40,31 @@ cfg = json.load(open(sys.argv[3]))
 ids = [cfg["bos_token_id"]] + list(open(sys.argv[1], "rb").read()) + [cfg["eos_token_id"]]
 np.array(ids, dtype="<u4").tofile(sys.argv[2])
 PYEOF
-# The main job's hyperparameters, as its start-up lines print them.
-"$L3D" train --dry-run >"$tmp/dry.out" 2>&1
+# The main job's hyperparameters, as its start-up lines print them: llama3d's schedule without
+# a config file, which spans --steps (the 60 run here), written out below as the DeepSpeed
+# scheduler it is, for torch and for the 16-bit runs (their --config would otherwise mean a
+# constant lr). Its eval tail changes nothing here: evaluation does not touch the model, and
+# 60 steps of 512 tokens stay inside the 31,636 tokens it leaves to training, which the
+# in-order batches read exactly as they read the whole text.
+"$L3D" train --steps $STEPS --dry-run >"$tmp/dry.out" 2>&1
 grep -q "batch 8 = micro 8 x accumulation 1 x dp 1; seq_len 64" "$tmp/dry.out" &&
   grep -q "optimizer AdamW lr 0.001 betas (0.9, 0.95) eps 1e-08 weight_decay 0.1; gradient_clipping 1" "$tmp/dry.out" &&
-  grep -q "schedule constant; steps 200" "$tmp/dry.out"
+  grep -q "schedule WarmupCosineLR (0 -> 0.001 over 6 warmup steps, linear, then cosine to 0.0001 at step $STEPS)" "$tmp/dry.out"
 check "the main job is the run described to torch below" $? "$tmp/dry.out"
+SCHED='"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 6, "total_num_steps": '$STEPS',
+   "warmup_type": "linear", "warmup_min_ratio": 0, "cos_min_ratio": 0.1}}'
+OPT='"optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
+                                           "weight_decay": 0.1}}'
 cat >"$tmp/ds.json" <<EOF
 {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1,
- "gradient_clipping": 1.0,
- "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8,
-                                           "weight_decay": 0.1}},
+ "gradient_clipping": 1.0, $OPT, $SCHED,
  "data": {"path": "$tmp/tokens.bin", "seq_len": 64}}
 EOF
 $PY "$here/reference/f64_train.py" "$tmp/init" "$tmp/ds.json" $STEPS "$tmp/ref" >"$tmp/ref.out" 2>&1
 check "torch's float64 trajectory and float32 run" $? "$tmp/ref.out"
 
-echo '{"fp16": {"enabled": true}}' >"$tmp/fp16.json"
-echo '{"bf16": {"enabled": true}}' >"$tmp/bf16.json"
+echo "{\"fp16\": {\"enabled\": true}, $OPT, $SCHED}" >"$tmp/fp16.json"
+echo "{\"bf16\": {\"enabled\": true}, $OPT, $SCHED}" >"$tmp/bf16.json"
 "$L3D" train --steps $STEPS --metrics "$tmp/fp32.jsonl" >"$tmp/fp32.out" 2>&1
 check "main job, float32" $? "$tmp/fp32.out"
 "$L3D" train --config "$tmp/bf16.json" --steps $STEPS --metrics "$tmp/bf16.jsonl" >"$tmp/bf16.out" 2>&1

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end training through the CLI: the seed DeepSpeed config starts a run; a run is
-# deterministic; --resume continues bit-identically; a save interrupted mid-way leaves the
-# previous checkpoint whole; generate and forward work on the result.
+# deterministic; --resume continues bit-identically; the main job (no config file) warms up,
+# decays and evaluates a held-out tail; a save interrupted mid-way leaves the previous
+# checkpoint whole; generate and forward work on the result.
 # Usage: cli_train.sh /path/to/l3d
 set -u
 L3D=$1
@@ -33,18 +34,58 @@ diff <(losses "$tmp/a.jsonl") <(losses "$tmp/b.jsonl") >/dev/null; check "same c
 [ -s "$tmp/a.svg" ] && grep -q "<polyline" "$tmp/a.svg"; check "svg loss curve beside the metrics" $?
 grep -q "memory: parameters" "$tmp/a.out"; check "memory breakdown printed" $?
 
+# The main job's schedule for 6 steps written out as DeepSpeed's scheduler: the runs below
+# that need a config file (where no scheduler would mean a constant lr) train as the main job.
+sched6='"scheduler": {"type": "WarmupCosineLR", "params": {"warmup_num_steps": 3, "total_num_steps": 6, "warmup_type": "linear", "warmup_min_ratio": 0, "cos_min_ratio": 0.1}}'
+echo "{$sched6}" > "$tmp/sched6.json"
+
 # Activation checkpointing recomputes each layer in the backward: same losses to the bit,
 # smaller activation memory.
-echo '{"activation_checkpointing": {"partition_activations": false}}' > "$tmp/ac.json"
+echo "{\"activation_checkpointing\": {\"partition_activations\": false}, $sched6}" > "$tmp/ac.json"
 "$L3D" train --config "$tmp/ac.json" "${common[@]}" --steps 6 --metrics "$tmp/ac.jsonl" >"$tmp/ac.out" 2>&1; check "run with activation checkpointing" $?
 diff <(losses "$tmp/a.jsonl") <(losses "$tmp/ac.jsonl") >/dev/null; check "activation checkpointing: bit-identical losses" $?
 act() { sed -nE 's/.*activations ([0-9.]+) MiB.*/\1/p' "$1"; }
 /usr/bin/python3 -c 'import sys; sys.exit(0 if float(sys.argv[1]) < float(sys.argv[2]) else 1)' "$(act "$tmp/ac.out")" "$(act "$tmp/a.out")"
 check "activation checkpointing: less activation memory ($(act "$tmp/ac.out") vs $(act "$tmp/a.out") MiB)" $?
 
-"$L3D" train "${common[@]}" --steps 3 --save "$tmp/ck" >/dev/null 2>&1; check "3 steps then save" $?
-"$L3D" train "${common[@]}" --steps 6 --resume "$tmp/ck" --metrics "$tmp/r.jsonl" >/dev/null 2>&1; check "resume to step 6" $?
+# The first 3 of the 6 steps (the schedule is the file's, not --steps'), then the rest.
+"$L3D" train --config "$tmp/sched6.json" "${common[@]}" --steps 3 --save "$tmp/ck" >/dev/null 2>&1; check "3 steps then save" $?
+"$L3D" train --config "$tmp/sched6.json" "${common[@]}" --steps 6 --resume "$tmp/ck" --metrics "$tmp/r.jsonl" >/dev/null 2>&1; check "resume to step 6" $?
 diff <(losses "$tmp/a.jsonl" | tail -3) <(losses "$tmp/r.jsonl") >/dev/null; check "resumed losses bit-identical to the uninterrupted run" $?
+
+# ---- the main job: what `l3d train` without a config file does ---------------------------
+# llama3d's schedule over --steps (warm-up, cosine to a floor) and a held-out eval tail; a
+# config file keeps DeepSpeed's meaning (no scheduler: constant lr, no eval unless asked).
+"$L3D" train "${common[@]}" --steps 20 --metrics "$tmp/m.jsonl" --save "$tmp/mck" >"$tmp/m.out" 2>"$tmp/m.err"
+check "main job, 20 steps with metrics and a checkpoint" $?
+/usr/bin/python3 - "$tmp/m.jsonl" <<'P'; check "main job: lr 0 at step 1, rising over the warm-up, then falling to the floor (1e-4) at step 20, not 200" $?
+import json, sys
+lr = [json.loads(l)["lr"] for l in open(sys.argv[1])]
+peak = lr.index(max(lr))
+assert len(lr) == 20 and lr[0] == 0 and 4 <= peak <= 7, lr
+assert all(a < b for a, b in zip(lr[1:peak], lr[2:peak + 1])), lr           # warm-up
+assert abs(max(lr) - 1e-3) < 2e-5, lr
+assert all(a > b for a, b in zip(lr[peak:], lr[peak + 1:])), lr             # decay
+assert 1e-4 <= lr[-1] <= 1.1e-4, lr                                         # the floor by step 20
+P
+grep -q "step     20/20 | loss [0-9.]* | eval [0-9.]* | lr" "$tmp/m.out"; check "main job: the last step prints its eval loss" $?
+grep -q "eval every 50 steps and at the end: 4 batches of the last 0.1 of the data" "$tmp/m.out"; check "main job: start-up names the eval tail" $?
+echo '{}' > "$tmp/plain.json"
+"$L3D" train --config "$tmp/plain.json" "${common[@]}" --steps 6 --metrics "$tmp/p.jsonl" >"$tmp/p.out" 2>&1
+check "a config file without a scheduler runs" $?
+/usr/bin/python3 - "$tmp/p.jsonl" "$tmp/p.out" <<'P'; check "config without a scheduler: constant lr 1e-3, no eval" $?
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert len(rows) == 6 and all(abs(r["lr"] - 1e-3) < 1e-9 for r in rows), [r["lr"] for r in rows]
+assert not any("eval_loss" in r for r in rows)
+out = open(sys.argv[2]).read()
+assert "| eval " not in out and "schedule constant" in out and "eval every" not in out, out
+P
+# A data set too short to hold out the default tail trains on all of it, and says so.
+printf 'a short text, shorter than ten sequences of 32 tokens. ' > "$tmp/short.txt"
+"$L3D" train "${common[@]}" --data "$tmp/short.txt" --steps 2 >"$tmp/short.out" 2>&1
+[ $? -eq 0 ] && grep -q "no eval: 57 tokens are too few to hold out 0.1" "$tmp/short.out"
+check "main job on a tiny --data: trains without the eval tail" $?
 
 # Saves killed at arbitrary points: the checkpoint directory must always be whole. Saving
 # every step makes most kills land inside a save.

@@ -33,7 +33,11 @@ l3d_status l3d_eval_init(l3d_trainer_t *t) {
     } else if (cfg->eval_fraction > 0.0) {
         size_t n = t->data->n_tokens;
         size_t tail = (size_t)floor((double)n * cfg->eval_fraction);
-        if (tail < (size_t)T + 1 || n - tail < (size_t)T + 1)
+        int fits = tail >= (size_t)T + 1 && n - tail >= (size_t)T + 1;
+        // A tail nobody asked for (the main job's default) gives way to a short data set:
+        // training on all of it beats refusing it (l3d train prints that it did).
+        if (!fits && cfg->eval_optional) return L3D_OK;
+        if (!fits)
             return l3d_error(ctx, L3D_ERR_CONFIG, "%s: data.eval_fraction %g of %zu tokens holds "
                              "out %zu and leaves %zu to train on; each needs at least seq_len + 1 "
                              "= %d", t->data->path, cfg->eval_fraction, n, tail, n - tail, T + 1);

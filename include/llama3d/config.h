@@ -208,6 +208,9 @@ typedef struct l3d_train_config {
     double eval_fraction;        // data.eval_fraction: the stream's held-out tail (0 = none)
     int eval_interval;           // train.eval_interval: evaluate every N steps (0 = never)
     int eval_iters;              // train.eval_iters: global batches per evaluation
+    int eval_optional;           // the eval tail is l3d_train_config_job_defaults', not asked
+                                 // for: data too short to hold it out trains on all of it,
+                                 // without evaluation, instead of being refused
     int shuffle;                 // data.shuffle: the shuffled batching rule (core/train/data.h)
     int data_seed_set;           // data.seed given; otherwise the shuffle uses train.seed
     uint64_t data_seed;          // data.seed
@@ -235,6 +238,15 @@ l3d_status l3d_train_config_from_file(l3d_ctx_t *ctx, const char *path, l3d_trai
 // three, dp and the fix) and checks the layout against the model, the
 // pipeline schedule and the device, the same checks l3d_trainer_create_parallel makes.
 l3d_status l3d_train_config_finalize(l3d_ctx_t *ctx, l3d_train_config_t *cfg);
+// llama3d's own schedule and evaluation, for a run given no ds_config.json (`l3d train` with
+// flags only; docs/config.md, "Without a config file"): WarmupCosineLR over cfg->steps -- a
+// linear warm-up from 0 over 10% of the steps (at least 5, at most half), then cosine to 10%
+// of the optimizer's lr at the last step -- and the data's last 10% held out, evaluated every
+// 50 steps and after the last on 4 batches (optional: too short a data set trains without
+// it). Call once cfg->steps is final: the schedule spans it. Not for a run that read a
+// ds_config.json: there, as in DeepSpeed, no scheduler section means a constant lr, and no
+// eval keys no eval.
+void l3d_train_config_job_defaults(l3d_train_config_t *cfg);
 // Learning rate at optimizer step `step` (0-based) for the configured schedule.
 float l3d_train_config_lr(const l3d_train_config_t *cfg, int step);
 
