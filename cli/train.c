@@ -170,6 +170,7 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
 }
 
 int l3d_cmd_train(int argc, char **argv) {
+    double t0 = l3d_time_now();
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
                *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
@@ -214,7 +215,9 @@ int l3d_cmd_train(int argc, char **argv) {
                "(DeepSpeed's WarmupCosineLR); the data's last 10%% held out and evaluated every\n"
                "50 steps and after the last (4 batches). With --config, DeepSpeed's meaning: a\n"
                "file without a scheduler section is a constant lr, and nothing is evaluated\n"
-               "unless data.eval_* and train.eval_interval ask for it.\n",
+               "unless data.eval_* and train.eval_interval ask for it. Every run ends on one\n"
+               "line: steps, tokens, time, first and last loss, eval loss, and where the\n"
+               "metrics and checkpoint went.\n",
                L3D_DEFAULT_DATA);
         return L3D_EXIT_OK;
     }
@@ -353,7 +356,7 @@ int l3d_cmd_train(int argc, char **argv) {
     if (rank == 0)
         printf("MFU roof %.1f GFLOP/s per rank (%s)\n", cfg->peak_flops / 1e9, peak_source);
     l3d_train_job_t job = {.cfg = cfg, .resume = resume, .nthreads = nthreads, .rank = rank,
-                           .world = nworld, .threaded = !launched && nworld > 1};
+                           .world = nworld, .threaded = !launched && nworld > 1, .t0 = t0};
     // The ranks make their own contexts: this one's part (reading the configuration) is done.
     l3d_ctx_destroy(ctx);
     ctx = NULL;

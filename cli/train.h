@@ -15,6 +15,8 @@ typedef struct l3d_train_job {
     int rank;                       // this process's rank (0 when threaded)
     int world;                      // ranks in the job
     int threaded;                   // the ranks are threads of this process
+    double t0;                      // l3d_time_now() when l3d train started: the summary's
+                                    // wall time is what the user waited
     l3d_mem_breakdown_t *mems;      // threaded: every rank's memory, printed by rank 0 in order
 } l3d_train_job_t;
 

@@ -57,6 +57,44 @@ static void print_step(const l3d_step_stats_t *s, int steps, int world, int fp16
     fflush(stdout);
 }
 
+// n with a comma every three digits ("102,400"): a token count read at a glance.
+static void group_digits(long long n, char *buf, size_t cap) {
+    char d[32];
+    int len = snprintf(d, sizeof(d), "%lld", n < 0 ? 0 : n), o = 0;
+    for (int k = 0; k < len && o + 2 < (int)cap; k++) {
+        if (k > 0 && (len - k) % 3 == 0) buf[o++] = ',';
+        buf[o++] = d[k];
+    }
+    buf[o] = 0;
+}
+
+// What the run did, for the summary line it ends on.
+typedef struct run_summary {
+    int from, to;              // steps done before this run (a resumed one) and after it
+    double first, last, eval;  // losses: this run's first and last step, its last evaluation
+} run_summary_t;
+
+// The run's last line (rank 0, once every rank has finished and saved): steps and tokens
+// trained, the wall time since l3d train started, where the loss went, and where the
+// results are. The parts that do not apply are left out.
+static void print_summary(const l3d_train_job_t *job, const run_summary_t *s) {
+    const l3d_train_config_t *cfg = job->cfg;
+    int n = s->to - s->from;
+    char tokens[40], resumed[48] = "";
+    group_digits((long long)n * cfg->train_batch_size * cfg->seq_len, tokens, sizeof(tokens));
+    if (s->from > 0) snprintf(resumed, sizeof(resumed), " (resumed at %d)", s->from);
+    printf("done: %d step%s%s, %s tokens in %.1f s", n, n == 1 ? "" : "s", resumed, tokens,
+           l3d_time_now() - job->t0);
+    if (n > 0) printf(" | train loss %.4f -> %.4f", s->first, s->last);
+    if (!isnan(s->eval)) printf(" | eval loss %.4f", s->eval);
+    if (cfg->metrics_path[0]) printf(" | metrics: %s", cfg->metrics_path);
+    if (cfg->tensorboard) printf(" | tensorboard: %s", cfg->tensorboard_dir);
+    if (cfg->csv_monitor) printf(" | csv: %s", cfg->csv_monitor_dir);
+    if (cfg->save_dir[0]) printf(" | checkpoint: %s", cfg->save_dir);
+    printf("\n");
+    fflush(stdout);
+}
+
 static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     const l3d_train_job_t *job = r->job;
     const l3d_train_config_t *cfg = job->cfg;
@@ -105,9 +143,13 @@ static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     // DeepSpeed's tensorboard and csv_monitor (rank 0 writes; the others get a no-op).
     if ((st = l3d_monitor_create(t, job->resume != NULL, &mon)) < 0) goto fail;
     int print_every = cfg->steps_per_print > 0 ? cfg->steps_per_print : 10, said_roof = 0;
+    run_summary_t sum = {.from = l3d_trainer_steps_done(t), .eval = NAN};
     while (l3d_trainer_steps_done(t) < cfg->steps) {
         l3d_step_stats_t s;
         if ((st = l3d_trainer_step(t, &s)) < 0) goto fail;
+        if (l3d_trainer_steps_done(t) == sum.from + 1) sum.first = s.loss;
+        sum.last = s.loss;
+        if (!isnan(s.eval_loss)) sum.eval = s.eval_loss;
         if (mx) l3d_metrics_write(mx, &s);
         l3d_monitor_write_step(mon, &s);
         if (rank == 0 && s.peak_raised && !said_roof) {
@@ -128,6 +170,17 @@ static void run_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         if ((st = l3d_trainer_save(t, cfg->save_dir)) < 0) goto fail;
         if (rank == 0) printf("saved %s (step %d)\n", cfg->save_dir, l3d_trainer_steps_done(t));
     }
+    // Every rank trained and saved before rank 0 says the run is done: a rank that failed
+    // aborted the world, so the barrier fails and no summary claims a finished run.
+    if (r->comm && (st = l3d_comm_barrier(r->comm)) < 0) goto fail;
+    // The metrics files are whole (the SVG drawn, a failed write warned about) before the
+    // line that names them.
+    l3d_metrics_close(mx);
+    l3d_monitor_destroy(mon);
+    mx = NULL;
+    mon = NULL;
+    sum.to = l3d_trainer_steps_done(t);
+    if (rank == 0) print_summary(job, &sum);
     goto out;
 fail:
     l3d_cli_rank_failed(r, ctx, st);

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end training through the CLI: the seed DeepSpeed config starts a run; a run is
 # deterministic; --resume continues bit-identically; the main job (no config file) warms up,
-# decays and evaluates a held-out tail; a save interrupted mid-way leaves the previous
-# checkpoint whole; generate and forward work on the result.
+# decays, evaluates a held-out tail and ends on one summary line; a save interrupted mid-way
+# leaves the previous checkpoint whole; generate and forward work on the result.
 # Usage: cli_train.sh /path/to/l3d
 set -u
 L3D=$1
@@ -54,8 +54,9 @@ check "activation checkpointing: less activation memory ($(act "$tmp/ac.out") vs
 diff <(losses "$tmp/a.jsonl" | tail -3) <(losses "$tmp/r.jsonl") >/dev/null; check "resumed losses bit-identical to the uninterrupted run" $?
 
 # ---- the main job: what `l3d train` without a config file does ---------------------------
-# llama3d's schedule over --steps (warm-up, cosine to a floor) and a held-out eval tail; a
-# config file keeps DeepSpeed's meaning (no scheduler: constant lr, no eval unless asked).
+# llama3d's schedule over --steps (warm-up, cosine to a floor), a held-out eval tail, and one
+# summary line at the end; a config file keeps DeepSpeed's meaning (no scheduler: constant lr,
+# no eval unless asked).
 "$L3D" train "${common[@]}" --steps 20 --metrics "$tmp/m.jsonl" --save "$tmp/mck" >"$tmp/m.out" 2>"$tmp/m.err"
 check "main job, 20 steps with metrics and a checkpoint" $?
 /usr/bin/python3 - "$tmp/m.jsonl" <<'P'; check "main job: lr 0 at step 1, rising over the warm-up, then falling to the floor (1e-4) at step 20, not 200" $?
@@ -70,21 +71,58 @@ assert 1e-4 <= lr[-1] <= 1.1e-4, lr                                         # th
 P
 grep -q "step     20/20 | loss [0-9.]* | eval [0-9.]* | lr" "$tmp/m.out"; check "main job: the last step prints its eval loss" $?
 grep -q "eval every 50 steps and at the end: 4 batches of the last 0.1 of the data" "$tmp/m.out"; check "main job: start-up names the eval tail" $?
+/usr/bin/python3 - "$tmp/m.jsonl" "$tmp/m.out" "$tmp" <<'P'; check "main job: one summary line, last, with 5,120 tokens (20 x 8 x 32), losses, metrics and checkpoint" $?
+import json, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+out = open(sys.argv[2]).read().splitlines()
+done = [l for l in out if l.startswith("done:")]
+assert len(done) == 1 and out[-1] == done[0], done
+want = (r"done: 20 steps, 5,120 tokens in [0-9]+\.[0-9] s \| train loss %.4f -> %.4f \| "
+        r"eval loss %.4f \| metrics: %s/m\.jsonl \| checkpoint: %s/mck$"
+        % (rows[0]["loss"], rows[-1]["loss"], rows[-1]["eval_loss"], re.escape(sys.argv[3]),
+           re.escape(sys.argv[3])))
+assert re.match(want, done[0]), (done[0], want)
+P
 echo '{}' > "$tmp/plain.json"
 "$L3D" train --config "$tmp/plain.json" "${common[@]}" --steps 6 --metrics "$tmp/p.jsonl" >"$tmp/p.out" 2>&1
 check "a config file without a scheduler runs" $?
-/usr/bin/python3 - "$tmp/p.jsonl" "$tmp/p.out" <<'P'; check "config without a scheduler: constant lr 1e-3, no eval" $?
+/usr/bin/python3 - "$tmp/p.jsonl" "$tmp/p.out" <<'P'; check "config without a scheduler: constant lr 1e-3, no eval, a summary without eval or checkpoint" $?
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 assert len(rows) == 6 and all(abs(r["lr"] - 1e-3) < 1e-9 for r in rows), [r["lr"] for r in rows]
 assert not any("eval_loss" in r for r in rows)
 out = open(sys.argv[2]).read()
 assert "| eval " not in out and "schedule constant" in out and "eval every" not in out, out
+done = [l for l in out.splitlines() if l.startswith("done:")]
+assert len(done) == 1 and done[0].startswith("done: 6 steps, 1,536 tokens in "), done
+assert "eval loss" not in done[0] and "checkpoint" not in done[0] and done[0].endswith("p.jsonl"), done
 P
+"$L3D" train "${common[@]}" --dry-run >"$tmp/dry.out" 2>&1
+[ $? -eq 0 ] && ! grep -q "^done:" "$tmp/dry.out"; check "--dry-run prints no summary" $?
+"$L3D" train "${common[@]}" --steps 2 --metrics "$tmp/no/such/dir/m.jsonl" >"$tmp/bad.out" 2>&1
+[ $? -eq 1 ] && ! grep -q "^done:" "$tmp/bad.out"; check "a failed run prints no summary" $?
+"$L3D" train --seq-len 32 --threads 1 --dp 2 --steps 2 --metrics "$tmp/no/such/dir/m.jsonl" >"$tmp/bad2.out" 2>&1
+[ $? -eq 1 ] && ! grep -q "^done:" "$tmp/bad2.out"; check "a failed run of two thread ranks prints no summary" $?
+"$L3D" train --seq-len 32 --threads 1 --dp 2 --steps 2 >"$tmp/dp2.out" 2>&1
+[ $? -eq 0 ] && [ "$(grep -c "^done: 2 steps, 1,024 tokens in " "$tmp/dp2.out")" = 1 ]
+check "dp 2 as threads: one summary (rank 0), 2 x 16 x 32 tokens" $?
+# Launched ranks (processes) over the first network transport built, as tests/cli_parallel.sh
+# finds them.
+built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+set -- $built
+if [ $# -eq 0 ] || [ "${1%;}" = none ]; then
+  echo "skip launched ranks: no network transport built"
+else
+  "$L3D" launch -n 2 --transport "$1" -- "$L3D" train --seq-len 32 --threads 1 --steps 2 >"$tmp/l2.out" 2>&1
+  [ $? -eq 0 ] && [ "$(grep -c "done: 2 steps, 1,024 tokens in " "$tmp/l2.out")" = 1 ] &&
+    grep -q "^\[rank 0\] done: " "$tmp/l2.out"
+  check "2 launched ranks ($1): one summary, rank 0's" $?
+fi
 # A data set too short to hold out the default tail trains on all of it, and says so.
 printf 'a short text, shorter than ten sequences of 32 tokens. ' > "$tmp/short.txt"
 "$L3D" train "${common[@]}" --data "$tmp/short.txt" --steps 2 >"$tmp/short.out" 2>&1
-[ $? -eq 0 ] && grep -q "no eval: 57 tokens are too few to hold out 0.1" "$tmp/short.out"
+[ $? -eq 0 ] && grep -q "no eval: 57 tokens are too few to hold out 0.1" "$tmp/short.out" &&
+  grep -q "^done: 2 steps, 512 tokens in [0-9.]* s | train loss [0-9.]* -> [0-9.]*$" "$tmp/short.out"
 check "main job on a tiny --data: trains without the eval tail" $?
 
 # Saves killed at arbitrary points: the checkpoint directory must always be whole. Saving
