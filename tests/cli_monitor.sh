@@ -124,7 +124,12 @@ if $PY "$tmp/check.py" "$tmp/a" "$tmp/a/m.jsonl" 8 1 >"$tmp/a.chk" 2>&1; then
 else
   fail "event and CSV files read back" "$tmp/a.chk"
 fi
-grep -q "tensorboard" "$tmp/a.out" && fail "no note or warning about tensorboard" "$tmp/a.out" || ok "no note or warning about tensorboard"
+# The closing summary names where the monitors wrote; nothing else may mention them (no "not
+# yet effective" note, no warning).
+grep -v '^done: ' "$tmp/a.out" | grep -q "tensorboard" && fail "no note or warning about tensorboard" "$tmp/a.out" || ok "no note or warning about tensorboard"
+grep -q '^done: .* | tensorboard: .*/job | csv: .*/job$' "$tmp/a.out" \
+  && ok "the summary line names the TensorBoard and CSV directories" \
+  || fail "the summary line names the TensorBoard and CSV directories" "$tmp/a.out"
 
 # ---- with evaluation: eval_loss on the evaluated steps only -------------------------------
 mkdir "$tmp/e"
