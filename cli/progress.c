@@ -1,21 +1,21 @@
 // l3d's progress renderer: a line on stderr, redrawn in place with \r, for any operation the
-// library reports (ctx.h: l3d_progress_fn) once it has run for a second, and only when stderr
-// is a terminal: logs and pipes get the step lines and nothing else.
+// library reports (ctx.h: l3d_progress_fn) once it has run for L3D_PROGRESS_AFTER seconds (1),
+// and only when stderr is a terminal: logs and pipes get the step lines and nothing else.
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "core/l3d_core.h"
 #include "platform/platform.h"
-
-#define SHOW_AFTER_S 1.0
 
 // One renderer per process (threaded ranks install it on rank 0's ctx only).
 static struct {
     pthread_mutex_t mu;
     char what[256];
     double t0;
+    double show_after_s;  // L3D_PROGRESS_AFTER, set when the renderer is installed
     int drawn;  // a line of this operation is on the screen, without its newline yet
 } g_bar = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -36,7 +36,7 @@ void l3d_cli_progress_render(const char *what, uint64_t done, uint64_t total, in
         g_bar.drawn = 0;
     }
     double dt = now - g_bar.t0;
-    if (dt >= SHOW_AFTER_S) {
+    if (dt >= g_bar.show_after_s) {
         char d[32], t[32], r[32];
         human(d, sizeof(d), (double)done);
         human(r, sizeof(r), (double)done / dt);
@@ -62,5 +62,12 @@ l3d_status l3d_cli_ctx_create(int progress, l3d_ctx_t **ctx_p) {
     l3d_ctx_params_t p;
     l3d_ctx_params_default(&p);
     if (progress && isatty(STDERR_FILENO)) p.progress_fn = l3d_cli_progress_render;
-    return l3d_ctx_create(&p, ctx_p);
+    l3d_status st = l3d_ctx_create(&p, ctx_p);
+    if (st < 0) return st;
+    if (p.progress_fn) {
+        pthread_mutex_lock(&g_bar.mu);
+        g_bar.show_after_s = l3d_ctx_settings(*ctx_p)->progress_after_s;
+        pthread_mutex_unlock(&g_bar.mu);
+    }
+    return L3D_OK;
 }

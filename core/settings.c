@@ -35,6 +35,9 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_MEM_LIMIT", "",
      "bytes (suffix K, M, G, T: binary) to treat as the most memory available, when it is less "
      "than the kernel and the cgroup report; runs that would need more are refused up front"},
+    {"L3D_PROGRESS_AFTER", "1",
+     "seconds an operation (loading, saving, tokenizing) runs before l3d draws its progress "
+     "line on a terminal (0: at once)"},
     // Read by the bootstrap at l3d_comm_create_env (core/comm/bootstrap.c), per process:
     {"L3D_JOB_TOKEN", "", "job token every rank must present to the rendezvous store"},
     {"L3D_MASTER_ADDR", "", "rendezvous store address (overrides MASTER_ADDR)"},
@@ -54,6 +57,7 @@ void l3d_settings_default(l3d_settings_t *s) {
     s->log_subsys = L3D_SUBSYS_ALL;
     s->comm_timeout_s = 300.0;
     s->comm_shm = 1;
+    s->progress_after_s = 1.0;
     snprintf(s->device, sizeof(s->device), "cpu");
 }
 
@@ -146,6 +150,12 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
     if ((v = getenv("L3D_COMM_TIMEOUT")) && *v) {
         if (parse_num(v, 0.001, 1e9, &s->comm_timeout_s)) {
             snprintf(err, errlen, "L3D_COMM_TIMEOUT: '%s' is not a positive number of seconds", v);
+            return L3D_ERR_CONFIG;
+        }
+    }
+    if ((v = getenv("L3D_PROGRESS_AFTER")) && *v) {
+        if (parse_num(v, 0, 1e9, &s->progress_after_s)) {
+            snprintf(err, errlen, "L3D_PROGRESS_AFTER: '%s' is not a number of seconds >= 0", v);
             return L3D_ERR_CONFIG;
         }
     }

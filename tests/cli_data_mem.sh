@@ -63,10 +63,11 @@ fi
 EOF_RUN
 chmod +x "$tmp/run_big.sh"
 run_big() { "$tmp/run_big.sh" "$@"; }
-# The first run on a terminal (script gives it a pty): tokenizing 200 MB takes seconds, so its
-# progress line is drawn.
+# The first run on a terminal (script gives it a pty) draws its progress line. Tokenizing 200 MB
+# takes under a second on a fast machine, less than the default delay before a line is drawn:
+# L3D_PROGRESS_AFTER=0 draws it whatever the machine's speed.
 if [ $have_script -eq 1 ]; then
-  SHELL=/bin/sh script -q -e -c "$tmp/run_big.sh first" /dev/null >"$tmp/first.out" 2>&1
+  L3D_PROGRESS_AFTER=0 SHELL=/bin/sh script -q -e -c "$tmp/run_big.sh first" /dev/null >"$tmp/first.out" 2>&1
 else
   run_big first >"$tmp/first.out" 2>&1
 fi
