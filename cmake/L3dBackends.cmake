@@ -3,6 +3,8 @@
 #
 #   l3d_add_backend(device|transport NAME ALWAYS)
 #   l3d_add_backend(device|transport NAME OPTION <var> PKG <pkg-config module> HINT "<apt pkg>")
+# A folder exports l3d_NAME_device_ops (or _transport_ops); one that exports several tables
+# lists their stems after EXPORTS (devices/cpu_test: cpu_opaque cpu_async).
 # An OPTION is AUTO (on when the library is found), ON (an error if it is not) or OFF.
 macro(l3d_backend_begin)
   set(L3D_BACKEND_SOURCES "")
@@ -12,7 +14,10 @@ macro(l3d_backend_begin)
 endmacro()
 
 function(l3d_add_backend kind name)
-  cmake_parse_arguments(B "ALWAYS" "OPTION;PKG;HINT" "" ${ARGN})
+  cmake_parse_arguments(B "ALWAYS" "OPTION;PKG;HINT" "EXPORTS" ${ARGN})
+  if(NOT B_EXPORTS)
+    set(B_EXPORTS ${name})
+  endif()
   set(enabled OFF)
   set(why "")
   set(lib "")
@@ -49,9 +54,9 @@ function(l3d_add_backend kind name)
   if(enabled)
     list(APPEND L3D_BACKEND_LIBS ${lib})
     if("${kind}" STREQUAL "device")
-      list(APPEND L3D_DEVICE_BACKENDS ${name})
+      list(APPEND L3D_DEVICE_BACKENDS ${B_EXPORTS})
     else()
-      list(APPEND L3D_TRANSPORT_BACKENDS ${name})
+      list(APPEND L3D_TRANSPORT_BACKENDS ${B_EXPORTS})
     endif()
     list(APPEND L3D_BACKEND_SOURCES ${src})
     message(STATUS "llama3d: [x] ${kind} ${name}${why}")

@@ -28,7 +28,10 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_COMM_SHM", "1",
      "0: small collectives among the processes of one machine go through the transport's "
      "messages, not a shared-memory segment (for comparison and debugging)"},
-    {"L3D_DEVICE", "cpu", "device to run on when the config does not say"},
+    {"L3D_DEVICE", "cpu",
+     "device to run on when the config does not say: cpu; cpu-opaque and cpu-async (the CPU "
+     "behind memory the host cannot read, and with ops that finish at the next wait: they "
+     "check that a build keeps device memory behind the device vtable)"},
     {"L3D_CACHE_DIR", "$XDG_CACHE_HOME/llama3d",
      "where token caches of text data sets go when the text's own directory cannot take one "
      "(not writable, full) (default ~/.cache/llama3d)"},

@@ -130,8 +130,8 @@ struct l3d_device_ops {
     // Host memory this device copies to and from (ZeRO offload keeps optimizer state and
     // parameter pieces there): page-locked when `pinned` (asynchronous DMA; pin_memory),
     // pageable otherwise; contents undefined, aligned to at least 64 bytes, `tag` as alloc.
-    // Optional: NULL on devices whose memory is host memory (the CPU), where the wrapper takes
-    // it from the context's allocator (pinning means nothing there).
+    // Optional: NULL where the context's allocator serves (the CPU, whose memory is host
+    // memory, and its test devices): the wrapper takes it from there, pinning means nothing.
     l3d_status (*alloc_host)(l3d_device_t *dev, size_t bytes, int pinned, const char *tag,
                              void **ptr_p);
     // Frees what alloc_host returned (NULL: no-op); bytes, pinned and tag as given to it.

@@ -25,6 +25,7 @@ int g_fp16;
 int g_layers;      // num_hidden_layers while set (else 3)
 int g_consolidated;  // train.save_consolidated
 const char *g_init_dir;  // the single-rank reference saves its initial weights there
+const char *g_device;
 
 void make_data(void) {
     if (g_data[0]) return;
@@ -91,6 +92,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->weight_decay = 0.1f;
     cfg->num_threads = 1;
     cfg->seed = 7;
+    if (g_device) snprintf(cfg->device, sizeof(cfg->device), "%s", g_device);
 }
 
 
@@ -153,8 +155,12 @@ static void *rank_main(void *p) {
     if (st == L3D_OK && a->res) {
         if (a->r == 0) l3d_train_config_comm(&cfg, a->res->plan);
         l3d_model_t *m = l3d_trainer_model(t);
+        // through the device: on one whose memory the host cannot read (cpu-opaque), a
+        // memcpy would fault
         a->res->params[a->r] = malloc(m->n_params * sizeof(float));
-        memcpy(a->res->params[a->r], m->params, m->n_params * sizeof(float));
+        st = l3d_dev_copy(m->dev, a->res->params[a->r], m->params, m->n_params * sizeof(float),
+                          L3D_COPY_D2H);
+        if (st == L3D_OK) st = l3d_dev_sync(m->dev);
         a->res->tensors[a->r] = malloc((size_t)m->n_tensors * sizeof(l3d_param_t));
         memcpy(a->res->tensors[a->r], m->tensors, (size_t)m->n_tensors * sizeof(l3d_param_t));
         a->res->nt[a->r] = m->n_tensors;

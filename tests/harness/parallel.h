@@ -77,6 +77,7 @@ extern int g_tp_mode;           // parallel.tp_mode: 0 (1d, the default), 2 ("2d
 extern int g_micro;             // train_micro_batch_size_per_gpu (0: 2; train_batch_size is
                                 // it times accum_total)
 extern int g_untied;            // tie_word_embeddings false (the default model ties them)
+extern const char *g_device;   // the device the ranks train on (NULL: L3D_DEVICE's)
 extern int g_fp16;              // fp16.enabled with the static loss scale 2^g_fp16 (0: off)
 extern const char *g_init_dir;  // the single-rank reference saves its initial weights there
 extern result_t g_ref;          // the 3-layer single-rank reference (reference())

@@ -1,0 +1,221 @@
+// The test devices (devices/cpu_test/cpu_test.h) behave like a GPU's memory and stream, or
+// they prove nothing: cpu-opaque's memory faults when the host touches it, both refuse a
+// pointer on the wrong side of a copy or an op, and cpu-async runs nothing until the host
+// waits (so a missing sync reads stale memory every time) and keeps its streams apart.
+// That they give the CPU device's results bit for bit: tests/test_parallel_devices.c.
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "devices/device.h"
+
+static const char *k_devices[] = {"cpu-opaque", "cpu-async"};
+
+typedef struct {
+    l3d_ctx_t *ctx;
+    l3d_device_t *dev;
+} env_t;
+
+static env_t env_open(const char *name) {
+    env_t e;
+    cr_assert_eq(l3d_ctx_create(NULL, &e.ctx), L3D_OK);
+    l3d_device_params_t p = {.num_threads = 2};
+    cr_assert_eq(l3d_device_create(e.ctx, name, &p, &e.dev), L3D_OK, "%s: %s", name,
+                 l3d_ctx_last_error(e.ctx));
+    cr_assert_str_eq(l3d_device_name(e.dev), name);
+    return e;
+}
+static void env_close(env_t e) {
+    l3d_device_destroy(e.dev);
+    l3d_ctx_destroy(e.ctx);
+}
+
+// A child process reads `p`; returns its wait status.
+static int child_reads(const void *p) {
+    fflush(NULL);
+    pid_t pid = fork();
+    cr_assert_geq(pid, 0);
+    if (pid == 0) {
+        signal(SIGSEGV, SIG_DFL);  // not a handler's report (UCX, ASan): the fault itself
+        signal(SIGBUS, SIG_DFL);
+        volatile char c = *(const volatile char *)p;
+        (void)c;
+        _exit(0);  // the read went through: the device's memory is not opaque
+    }
+    int ws;
+    cr_assert_eq(waitpid(pid, &ws, 0), pid);
+    return ws;
+}
+
+Test(device_test, memory_faults_on_host_access) {
+    for (size_t d = 0; d < 2; d++) {
+        env_t e = env_open(k_devices[d]);
+        cr_assert_eq(l3d_dev_is_host(e.dev), 0, "%s claims host memory", k_devices[d]);
+        float *p;
+        cr_assert_eq(l3d_dev_alloc(e.dev, 4096, "acts", (void **)&p), L3D_OK);
+        cr_assert_not_null(p);
+        cr_assert_eq((uintptr_t)p % 64, 0, "%s: alignment", k_devices[d]);
+        // an element inside the allocation faults as its start does
+        for (int k = 0; k < 2; k++) {
+            int ws = child_reads(k ? (const void *)(p + 100) : (const void *)p);
+            cr_assert(!(WIFEXITED(ws) && WEXITSTATUS(ws) == 0),
+                      "%s: the host read device memory without a fault", k_devices[d]);
+        }
+        // the control: a host buffer reads fine in the same child
+        float host = 1.0f;
+        int ws = child_reads(&host);
+        cr_assert(WIFEXITED(ws) && WEXITSTATUS(ws) == 0);
+        l3d_dev_free(e.dev, p, 4096, "acts");
+        env_close(e);
+    }
+}
+
+Test(device_test, pointers_on_the_wrong_side_are_refused) {
+    for (size_t d = 0; d < 2; d++) {
+        env_t e = env_open(k_devices[d]);
+        float host[16] = {0}, *dv;
+        cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(host), "acts", (void **)&dv), L3D_OK);
+        // a host pointer where an op takes device memory: the op and the argument named
+        cr_assert_eq(l3d_dev_add(e.dev, dv, host, dv, 16, L3D_FLOAT32), L3D_ERR_INVALID_ARG);
+        const char *err = l3d_ctx_last_error(e.ctx);
+        cr_assert(strstr(err, k_devices[d]) && strstr(err, "add") && strstr(err, "'a_'") &&
+                  strstr(err, "not memory of this device"), "%s", err);
+        cr_assert_eq(l3d_dev_copy(e.dev, host, host, sizeof(host), L3D_COPY_H2D),
+                     L3D_ERR_INVALID_ARG);
+        cr_assert(strstr(l3d_ctx_last_error(e.ctx), "copy H2D: 'dst'"), "%s",
+                  l3d_ctx_last_error(e.ctx));
+        // device memory where a copy takes host memory
+        cr_assert_eq(l3d_dev_copy(e.dev, dv, dv, sizeof(host), L3D_COPY_D2H), L3D_ERR_INVALID_ARG);
+        cr_assert(strstr(l3d_ctx_last_error(e.ctx), "copy D2H: 'dst'") &&
+                  strstr(l3d_ctx_last_error(e.ctx), "is device memory"), "%s",
+                  l3d_ctx_last_error(e.ctx));
+        double ss;
+        cr_assert_eq(l3d_dev_sumsq(e.dev, host, 16, &ss, L3D_FLOAT32), L3D_ERR_INVALID_ARG);
+        cr_assert_eq(l3d_dev_sumsq(e.dev, dv, 16, (double *)(void *)dv, L3D_FLOAT32),
+                     L3D_ERR_INVALID_ARG);
+        cr_assert(strstr(l3d_ctx_last_error(e.ctx), "'out_host'"), "%s", l3d_ctx_last_error(e.ctx));
+        cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);  // nothing refused was queued
+        l3d_dev_free(e.dev, dv, sizeof(host), "acts");
+        env_close(e);
+    }
+}
+
+// Through the device and back: the op's result is the CPU's, once the host has waited.
+Test(device_test, ops_run_on_the_device) {
+    for (size_t d = 0; d < 2; d++) {
+        env_t e = env_open(k_devices[d]);
+        float x[64], y[64], got[64];
+        for (int i = 0; i < 64; i++) x[i] = (float)i * 0.5f - 3.0f, y[i] = 1.0f / (float)(i + 1);
+        float *dx, *dy;
+        cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(x), "acts", (void **)&dx), L3D_OK);
+        cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(y), "acts", (void **)&dy), L3D_OK);
+        cr_assert_eq(l3d_dev_copy(e.dev, dx, x, sizeof(x), L3D_COPY_H2D), L3D_OK);
+        cr_assert_eq(l3d_dev_copy(e.dev, dy, y, sizeof(y), L3D_COPY_H2D), L3D_OK);
+        cr_assert_eq(l3d_dev_add(e.dev, dx, dx, dy, 64, L3D_FLOAT32), L3D_OK);
+        cr_assert_eq(l3d_dev_scale(e.dev, dx, 3.0f, 64, L3D_FLOAT32), L3D_OK);
+        // sumsq is blocking: its host result is there without a sync
+        double ss = -1;
+        cr_assert_eq(l3d_dev_sumsq(e.dev, dy, 64, &ss, L3D_FLOAT32), L3D_OK);
+        double want_ss = -2;  // the CPU device's (its partial sums have their own order)
+        l3d_device_t *cpu;
+        cr_assert_eq(l3d_device_create(e.ctx, "cpu", NULL, &cpu), L3D_OK);
+        cr_assert_eq(l3d_dev_sumsq(cpu, y, 64, &want_ss, L3D_FLOAT32), L3D_OK);
+        l3d_device_destroy(cpu);
+        cr_assert_eq(ss, want_ss, "%s: sumsq %.17g, want %.17g", k_devices[d], ss, want_ss);
+        cr_assert_eq(l3d_dev_copy(e.dev, got, dx, sizeof(got), L3D_COPY_D2H), L3D_OK);
+        cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+        for (int i = 0; i < 64; i++)  // float32: (x + y) rounded, times 3 rounded
+            cr_assert_eq(got[i], (x[i] + y[i]) * 3.0f, "%s: element %d", k_devices[d], i);
+        l3d_dev_free(e.dev, dx, sizeof(x), "acts");
+        l3d_dev_free(e.dev, dy, sizeof(y), "acts");
+        env_close(e);
+    }
+}
+
+// cpu-async: nothing runs before the host waits. A D2H copy read without a sync is stale,
+// and the host memory a copy was given is read at the wait, not at the call.
+Test(device_test, async_ops_finish_at_the_wait) {
+    env_t e = env_open("cpu-async");
+    int32_t src[8] = {1, 2, 3, 4, 5, 6, 7, 8}, dst[8] = {0};
+    int32_t *dv;
+    cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(src), "acts", (void **)&dv), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(e.dev, dv, src, sizeof(src), L3D_COPY_H2D), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(e.dev, dst, dv, sizeof(dst), L3D_COPY_D2H), L3D_OK);
+    nanosleep(&(struct timespec){0, 20000000}, NULL);  // a worker that ran ops early would have run these by now
+    for (int i = 0; i < 8; i++) cr_assert_eq(dst[i], 0, "element %d arrived before the sync", i);
+    src[0] = 42;  // still the caller's until the wait
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+    cr_assert_eq(dst[0], 42);
+    for (int i = 1; i < 8; i++) cr_assert_eq(dst[i], i + 1);
+    l3d_dev_free(e.dev, dv, sizeof(src), "acts");
+    env_close(e);
+}
+
+// cpu-async: each stream is its own queue; syncing one leaves another's ops queued; a device
+// sync runs them all.
+Test(device_test, async_streams_are_separate_queues) {
+    env_t e = env_open("cpu-async");
+    int32_t a[4] = {1, 2, 3, 4}, got_a[4] = {0}, got_b[4] = {0};
+    int32_t *dv;
+    cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(a), "acts", (void **)&dv), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(e.dev, dv, a, sizeof(a), L3D_COPY_H2D), L3D_OK);
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+    void *s;
+    cr_assert_eq(l3d_dev_stream_create(e.dev, &s), L3D_OK);
+    cr_assert_not_null(s);
+    l3d_dev_set_stream(e.dev, s);
+    cr_assert_eq(l3d_dev_copy(e.dev, got_b, dv, sizeof(a), L3D_COPY_D2H), L3D_OK);
+    l3d_dev_set_stream(e.dev, NULL);
+    cr_assert_eq(l3d_dev_copy(e.dev, got_a, dv, sizeof(a), L3D_COPY_D2H), L3D_OK);
+    cr_assert_eq(l3d_dev_stream_sync(e.dev, NULL), L3D_OK);  // the default stream only
+    cr_assert_eq(got_a[3], 4);
+    cr_assert_eq(got_b[3], 0, "the other stream's copy ran with the default stream's");
+    cr_assert_eq(l3d_dev_stream_sync(e.dev, s), L3D_OK);
+    cr_assert_eq(got_b[3], 4);
+    memset(got_b, 0, sizeof(got_b));
+    l3d_dev_set_stream(e.dev, s);
+    cr_assert_eq(l3d_dev_copy(e.dev, got_b, dv, sizeof(a), L3D_COPY_D2H), L3D_OK);
+    l3d_dev_set_stream(e.dev, NULL);
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);  // every stream
+    cr_assert_eq(got_b[3], 4);
+    l3d_dev_stream_destroy(e.dev, s);
+    l3d_dev_free(e.dev, dv, sizeof(a), "acts");
+    env_close(e);
+}
+
+// cpu-async: an op that fails when it runs reports at the wait, as CUDA's launch errors do.
+Test(device_test, async_failure_is_reported_at_the_wait) {
+    env_t e = env_open("cpu-async");
+    int32_t tok[2] = {0, 99};  // 99 is outside a vocabulary of 4
+    int32_t *dtok;
+    float *table, *out;
+    cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(tok), "acts", (void **)&dtok), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(e.dev, 4 * 8 * sizeof(float), "params", (void **)&table), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(e.dev, 2 * 8 * sizeof(float), "acts", (void **)&out), L3D_OK);
+    cr_assert_eq(l3d_dev_memset(e.dev, table, 0, 4 * 8 * sizeof(float)), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(e.dev, dtok, tok, sizeof(tok), L3D_COPY_H2D), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_fwd(e.dev, out, dtok, table, 2, 8, 4, L3D_FLOAT32,
+                                       L3D_FLOAT32), L3D_OK, "queued, not run");
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK, "a wait reports the failures of its own ops");
+    l3d_dev_free(e.dev, dtok, sizeof(tok), "acts");
+    l3d_dev_free(e.dev, table, 4 * 8 * sizeof(float), "params");
+    l3d_dev_free(e.dev, out, 2 * 8 * sizeof(float), "acts");
+    env_close(e);
+}
+
+// Selectable wherever a device is named: the registry lists them with the CPU.
+Test(device_test, listed_with_the_built_devices) {
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    l3d_device_t *dev;
+    cr_assert_eq(l3d_device_create(ctx, "cpu-nonesuch", NULL, &dev), L3D_ERR_UNSUPPORTED);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "cpu, cpu-opaque, cpu-async"), "%s",
+              l3d_ctx_last_error(ctx));
+    l3d_ctx_destroy(ctx);
+}
