@@ -9,7 +9,7 @@ set -euo pipefail
 build=${1:?usage: kernels.sh BUILD_DIR}
 # test_parallel's float64 references depend on no kernel or build type: compute them once
 export L3D_TEST_F64_CACHE=${L3D_TEST_F64_CACHE:-$(cd "$build" && pwd)/tests/f64-cache}
-tests='^(test_parallel|test_parallel_zero|test_comm_tp2d|test_comm_tp_modes_model|test_parallel_tp2d|test_comm_tp3d|test_parallel_tp3d|test_cpu_norm_rows|test_cpu_ops|test_cpu_dtypes|test_cpu_grad|test_model|test_trainer|torch_test_forward|torch_test_train)$'
+tests='^(test_parallel|test_parallel_zero|test_comm_tp2d|test_comm_tp_modes_model|test_parallel_tp2d|test_comm_tp3d|test_parallel_tp3d|test_cpu_norm_rows|test_cpu_ops|test_cpu_vocab|test_cpu_dtypes|test_cpu_grad|test_model|test_trainer|torch_test_forward|torch_test_train)$'
 cores=(Haswell Sandybridge)
 if grep -qw avx512f /proc/cpuinfo; then
     cores+=(SkylakeX)
