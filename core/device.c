@@ -41,6 +41,12 @@ l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_
         l3d_free(ctx, dev, sizeof(*dev), "other");
         return st;
     }
+    if (!ops->is_host(dev) && !ops->is_device_ptr) {  // the communicator could not stage
+        ops->fini(dev);
+        l3d_free(ctx, dev, sizeof(*dev), "other");
+        return l3d_error(ctx, L3D_ERR_INTERNAL, "device '%s' keeps memory the host cannot read "
+                         "but has no is_device_ptr (devices/device.h)", name);
+    }
     l3d_log(ctx, L3D_LOG_INFO, L3D_SUBSYS_DEV, "device %s with %d threads", name, dev->num_threads);
     *dev_p = dev;
     return L3D_OK;

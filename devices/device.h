@@ -43,7 +43,8 @@
 // 5: every op takes the dtypes of its tensors (16-bit storage, float32 arithmetic).
 // 6: RMSNorm over rows split by columns across ranks (rmsnorm_rowdot, rmsnorm_rows_fwd/bwd;
 //    optional, for tensor parallelism "2d").
-#define L3D_DEVICE_ABI_VERSION 6
+// 7: is_device_ptr (which memory a buffer is: the communicator stages device buffers).
+#define L3D_DEVICE_ABI_VERSION 7
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -120,6 +121,11 @@ struct l3d_device_ops {
     void (*free)(l3d_device_t *dev, void *ptr, size_t bytes, const char *tag);
     // Nonzero when device pointers are host pointers (the caller may read them directly).
     int (*is_host)(const l3d_device_t *dev);
+    // Nonzero when `ptr` points into memory this device allocated (with alloc), zero for
+    // host memory. Non-blocking. Required when is_host is 0 (the communicator stages device
+    // buffers through host memory and passes host buffers as they are: one call may have one
+    // of each); NULL when is_host is nonzero, where every pointer is host memory.
+    int (*is_device_ptr)(const l3d_device_t *dev, const void *ptr);
     // Copies `bytes`; host memory must stay valid until `sync` (async devices).
     l3d_status (*copy)(l3d_device_t *dev, void *dst, const void *src, size_t bytes,
                        l3d_copy_kind kind);
@@ -306,6 +312,9 @@ static inline void l3d_dev_free(l3d_device_t *d, void *p, size_t bytes, const ch
     d->ops->free(d, p, bytes, tag);
 }
 static inline int l3d_dev_is_host(const l3d_device_t *d) { return d->ops->is_host(d); }
+static inline int l3d_dev_is_device_ptr(const l3d_device_t *d, const void *p) {
+    return d->ops->is_device_ptr ? d->ops->is_device_ptr(d, p) : 0;
+}
 static inline l3d_status l3d_dev_alloc_host(l3d_device_t *d, size_t bytes, int pinned,
                                             const char *tag, void **p) {
     if (d->ops->alloc_host) return d->ops->alloc_host(d, bytes, pinned, tag, p);

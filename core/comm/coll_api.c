@@ -78,6 +78,27 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
     c->stats.bytes += vol;
     if (op != L3D_COLL_BARRIER && count == 0) return l3d_request_done(c, what, L3D_OK, req_p);
 
+    // Device buffers through host copies (comm_internal.h, "device buffers"); the one that
+    // receives is written back when the last round is done.
+    l3d_sched_t s;
+    l3d_sched_init(&s, c);
+    void *dev_recv = NULL;
+    size_t sbytes = 0, rbytes = 0;
+    if (op != L3D_COLL_BARRIER) {
+        size_t blk = count * esz, all = blk * (size_t)n;
+        sbytes = op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_ALLTOALL ? all : blk;
+        rbytes = op == L3D_COLL_ALLGATHER || op == L3D_COLL_ALLTOALL ? all : blk;
+        if (op == L3D_COLL_BROADCAST && me != root) sbytes = 0;
+        if (op == L3D_COLL_REDUCE && me != root) rbytes = 0;
+        l3d_stage_call(&s, c, &sendbuf, sbytes, &recvbuf, rbytes, &dev_recv);
+        if (s.st < 0) {
+            l3d_status st = s.st;
+            l3d_sched_fini(&s);
+            return l3d_error(c->ctx, st, "%s: staging a device buffer through host memory "
+                             "failed", what);
+        }
+    }
+
     uint32_t seq = c->seq++;
     l3d_coll_args_t a = {.comm = c, .n = n, .me = me, .sendbuf = sendbuf, .recvbuf = recvbuf,
                          .count = count, .dt = dt, .wdt = l3d_reduce_wire_type(dt), .op = rop,
@@ -92,8 +113,6 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
         bytes *= (size_t)n;
     a.seg = l3d_coll_segment(c, bytes);
 
-    l3d_sched_t s;
-    l3d_sched_init(&s, c);
     if (n == 1) {
         // One rank: every collective is a copy of the input (AVG over one rank is identity).
         l3d_sched_round(&s);
@@ -125,6 +144,10 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
             return l3d_error(c->ctx, st, "%s: building the %s schedule failed", what,
                              l3d_algo_name(al));
         }
+    }
+    if (dev_recv) {
+        l3d_sched_round(&s);
+        l3d_sched_h2d(&s, c, -1, dev_recv, recvbuf, rbytes);
     }
     uint64_t tag = l3d_tag_make(&c->world->tags, L3D_TAG_COLL, c->id, seq, 0);
     return l3d_request_start(c, &s, what, tag, req_p);

@@ -294,6 +294,7 @@ l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **new
         l3d_free(ctx, ranks, (size_t)m * sizeof(int), "comm");
         return st;
     }
+    (*newcomm_p)->dev = comm->dev;  // a split's buffers live where its parent's do
     if ((st = l3d_comm_shm_setup(*newcomm_p)) < 0) {
         l3d_comm_destroy(*newcomm_p);
         *newcomm_p = NULL;
@@ -364,6 +365,25 @@ static uint64_t p2p_tag(const l3d_comm_t *c) {
     return l3d_tag_make(&c->world->tags, L3D_TAG_P2P, c->id, 0, 0);
 }
 
+// Adds one send or recv of `buf` to schedule s: a device buffer goes through a host copy
+// (comm_internal.h, "device buffers").
+static void p2p_add(l3d_sched_t *s, l3d_comm_t *c, int send, void *buf, size_t bytes, int peer) {
+    if (!bytes || !l3d_stage_needed(c, buf)) {
+        if (send) l3d_sched_send(s, peer, 0, buf, bytes);
+        else l3d_sched_recv(s, peer, 0, buf, bytes);
+        return;
+    }
+    if (send) {
+        void *h = l3d_stage_in(s, c, buf, bytes);
+        if (h) l3d_sched_send(s, peer, 0, h, bytes);
+        return;
+    }
+    void *h = l3d_sched_tmp(s, bytes);
+    if (!h) return;
+    int op = l3d_sched_recv(s, peer, 0, h, bytes);
+    l3d_sched_h2d(s, c, op, buf, h, bytes);
+}
+
 static l3d_status p2p_start(l3d_comm_t *c, int send, void *buf, size_t count, l3d_dtype dt,
                             int peer, l3d_request_t **req_p) {
     const char *what = send ? "send" : "recv";
@@ -373,8 +393,8 @@ static l3d_status p2p_start(l3d_comm_t *c, int send, void *buf, size_t count, l3
     size_t bytes = count * l3d_dtype_size(dt);
     c->stats.calls++;
     if (send) c->stats.bytes += bytes;
-    if (send) l3d_sched_send(&s, peer, 0, buf, bytes);
-    else l3d_sched_recv(&s, peer, 0, buf, bytes);
+    l3d_sched_round(&s);
+    p2p_add(&s, c, send, buf, bytes, peer);
     return l3d_request_start(c, &s, what, p2p_tag(c), req_p);
 }
 
@@ -395,8 +415,7 @@ static l3d_status p2p_blocking(l3d_comm_t *c, int send, void *buf, size_t count,
         size_t bytes = count * l3d_dtype_size(dt);
         c->stats.calls++;
         if (send) c->stats.bytes += bytes;
-        if (send) l3d_sched_send(c->group, peer, 0, buf, bytes);
-        else l3d_sched_recv(c->group, peer, 0, buf, bytes);
+        p2p_add(c->group, c, send, buf, bytes, peer);
         return c->group->st;
     }
     l3d_request_t *r = NULL;

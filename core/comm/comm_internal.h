@@ -20,6 +20,7 @@
 
 #include "core/l3d_core.h"
 #include "core/comm/reduce.h"
+#include "devices/device.h"
 #include "llama3d/comm.h"
 #include "transports/transport.h"
 
@@ -164,6 +165,9 @@ struct l3d_comm {
     struct l3d_sched *group;
     l3d_comm_stats_t stats;  // l3d_comm_get_stats
     struct l3d_comm_shm *shm;  // the segment of small calls (comm_shm.c), or NULL
+    // The device whose memory the calls' buffers may be (l3d_comm_set_device; NULL: host
+    // memory only). Its buffers are staged through host memory (comm_stage.c).
+    l3d_device_t *dev;
 };
 
 // ---- schedules ---------------------------------------------------------------------------------
@@ -172,6 +176,7 @@ enum {
     L3D_LOP_COPY,    // memcpy(dst, a, count bytes)
     L3D_LOP_TOWIRE,  // dst (float32) = a (dt: bf16/f16) widened
     L3D_LOP_FINAL,   // dst (dt) = a (wdt) / n for AVG, rounded to dt once for half types
+    L3D_LOP_H2D,     // device dst = host a (count bytes) through dev, then wait for it
 };
 
 typedef struct l3d_sched_p2p {
@@ -190,6 +195,7 @@ typedef struct l3d_sched_lop {
     const void *a, *b;
     size_t count;
     int n;
+    l3d_device_t *dev;  // L3D_LOP_H2D's device
 } l3d_sched_lop_t;
 
 typedef struct l3d_sched_round {
@@ -234,17 +240,37 @@ void l3d_sched_reduce(l3d_sched_t *s, int after, void *dst, const void *a, const
                       size_t count, l3d_dtype wdt, l3d_redop op);
 void l3d_sched_copy(l3d_sched_t *s, int after, void *dst, const void *src, size_t bytes);
 // Runs one local op (a reduction, copy or conversion) of a schedule: the request executor
-// calls it as the op it is attached to completes (core/comm/comm_request.c).
-void l3d_sched_run_lop(const l3d_sched_lop_t *o);
-// Runs one local op (a reduction, copy or conversion) of a schedule: the request executor
-// calls it as the op it is attached to completes (core/comm/comm_request.c).
-void l3d_sched_run_lop(const l3d_sched_lop_t *o);
+// calls it as the op it is attached to completes (core/comm/comm_request.c). Fails only
+// where a device copy does (L3D_LOP_H2D).
+l3d_status l3d_sched_run_lop(const l3d_sched_lop_t *o);
 void l3d_sched_towire(l3d_sched_t *s, int after, float *dst, const void *src, size_t count,
                       l3d_dtype dt);
 void l3d_sched_final(l3d_sched_t *s, int after, void *dst, const void *src, size_t count,
                      l3d_dtype dt, l3d_redop op, int n);
 // A temporary buffer owned by the schedule (ctx tag "comm"); NULL on failure (s->st set).
 void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes);
+
+// ---- device buffers (comm_stage.c) --------------------------------------------------------------
+// A call's buffers may be memory of the communicator's device. Transports take host memory,
+// so such a buffer is staged: its bytes are copied to a schedule temporary before the first
+// round (after the device's ops on the current stream that produced it, then waited for), and
+// a temporary receives what lands in a device buffer, copied to it when the op it belongs to
+// completes (an H2D local op, waited for before the request completes: the temporary goes with
+// the schedule).
+// Nonzero when `p` is memory of c's device that needs staging.
+int l3d_stage_needed(const l3d_comm_t *c, const void *p);
+// Host copy of device [src, src + bytes): a schedule temporary, copied and waited for now.
+// NULL (s->st set) on failure.
+void *l3d_stage_in(l3d_sched_t *s, l3d_comm_t *c, const void *src, size_t bytes);
+// A collective's buffers: a device send range is replaced by its host copy, a device receive
+// range by a temporary whose device destination goes to *dev_recv (NULL: none); ranges that
+// overlap share one copy. Failures set s->st.
+void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sbytes,
+                    void **recv, size_t rbytes, void **dev_recv);
+// An H2D local op of the current round: device dst <- host src (bytes), run after op `after`
+// of the round (-1: at the round's end).
+void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
+                   size_t bytes);
 
 // ---- requests ----------------------------------------------------------------------------------
 struct l3d_request {

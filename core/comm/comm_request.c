@@ -277,7 +277,9 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
             if (ops[i].peer >= 0) r->inflight[2 * ops[i].peer + ops[i].send]--;
             *progressed = 1;
             for (uint32_t j = 0; j < rd->nl; j++)
-                if (lops[j].after == (int32_t)i) l3d_sched_run_lop(&lops[j]);
+                if (lops[j].after == (int32_t)i && (st = l3d_sched_run_lop(&lops[j])) < 0)
+                    return req_finish(r, l3d_error(c->ctx, st, "%s: copying into a device "
+                                                   "buffer failed", r->what));
         }
         if (r->ndone < rd->np) {
             if (!r->blaming && !w->blame_seen && (r->polls++ & 63) != 0) return L3D_INPROGRESS;
@@ -301,7 +303,9 @@ static l3d_status req_advance(l3d_request_t *r, int *progressed) {
             return L3D_INPROGRESS;
         }
         for (uint32_t j = 0; j < rd->nl; j++)
-            if (lops[j].after < 0) l3d_sched_run_lop(&lops[j]);
+            if (lops[j].after < 0 && (st = l3d_sched_run_lop(&lops[j])) < 0)
+                return req_finish(r, l3d_error(c->ctx, st, "%s: copying into a device buffer "
+                                               "failed", r->what));
         r->round++;
         r->ndone = 0;
         memset(r->state, 0, r->max_np);
@@ -418,7 +422,9 @@ l3d_status l3d_request_start(l3d_comm_t *c, l3d_sched_t *s, const char *what, ui
     if (s->st < 0) {
         l3d_status st = s->st;
         l3d_sched_fini(s);
-        return l3d_error(c->ctx, st, "%s: out of memory building the schedule", what);
+        return l3d_error(c->ctx, st, st == L3D_ERR_NOMEM ? "%s: out of memory building the "
+                         "schedule" : "%s: staging a device buffer through host memory failed",
+                         what);
     }
     uint32_t max_np = 1;
     for (uint32_t i = 0; i < s->nr; i++) max_np = L3D_MAX(max_np, s->rd[i].np);

@@ -194,24 +194,31 @@ void l3d_sched_reduce(l3d_sched_t *s, int after, void *dst, const void *a, const
                       size_t count, l3d_dtype wdt, l3d_redop op) {
     if (!count) return;
     add_lop(s, (l3d_sched_lop_t){L3D_LOP_REDUCE, (uint8_t)wdt, (uint8_t)wdt, (uint8_t)op, after,
-                                 dst, a, b, count, 0});
+                                 dst, a, b, count, 0, NULL});
 }
 void l3d_sched_copy(l3d_sched_t *s, int after, void *dst, const void *src, size_t bytes) {
     if (!bytes || dst == src) return;
-    add_lop(s, (l3d_sched_lop_t){L3D_LOP_COPY, 0, 0, 0, after, dst, src, NULL, bytes, 0});
+    add_lop(s, (l3d_sched_lop_t){L3D_LOP_COPY, 0, 0, 0, after, dst, src, NULL, bytes, 0, NULL});
+}
+void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
+                   size_t bytes) {
+    if (!bytes) return;
+    l3d_sched_lop_t op = {.kind = L3D_LOP_H2D, .after = after, .dst = dst, .a = src,
+                          .count = bytes, .dev = c->dev};
+    add_lop(s, op);
 }
 void l3d_sched_towire(l3d_sched_t *s, int after, float *dst, const void *src, size_t count,
                       l3d_dtype dt) {
     if (!count) return;
     add_lop(s, (l3d_sched_lop_t){L3D_LOP_TOWIRE, (uint8_t)dt, L3D_FLOAT32, 0, after, dst, src,
-                                 NULL, count, 0});
+                                 NULL, count, 0, NULL});
 }
 void l3d_sched_final(l3d_sched_t *s, int after, void *dst, const void *src, size_t count,
                      l3d_dtype dt, l3d_redop op, int n) {
     if (!count) return;
     if (dst == src && (op != L3D_AVG || n <= 1) && l3d_reduce_wire_type(dt) == dt) return;
     add_lop(s, (l3d_sched_lop_t){L3D_LOP_FINAL, (uint8_t)dt, (uint8_t)l3d_reduce_wire_type(dt),
-                                 (uint8_t)op, after, dst, src, NULL, count, n});
+                                 (uint8_t)op, after, dst, src, NULL, count, n, NULL});
 }
 
 void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
@@ -234,7 +241,7 @@ void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
     return p;
 }
 
-void l3d_sched_run_lop(const l3d_sched_lop_t *o) {
+l3d_status l3d_sched_run_lop(const l3d_sched_lop_t *o) {
     switch (o->kind) {
     case L3D_LOP_REDUCE:
         l3d_reduce_apply(o->dst, o->a, o->b, o->count, (l3d_dtype)o->wdt, (l3d_redop)o->op);
@@ -248,7 +255,14 @@ void l3d_sched_run_lop(const l3d_sched_lop_t *o) {
     case L3D_LOP_FINAL:
         l3d_reduce_final(o->dst, o->a, o->count, (l3d_dtype)o->dt, (l3d_redop)o->op, o->n);
         break;
+    case L3D_LOP_H2D: {
+        // waited for at once: the host temporary goes with the schedule, and the caller may
+        // use the device buffer as soon as the request completes
+        l3d_status st = l3d_dev_copy(o->dev, o->dst, o->a, o->count, L3D_COPY_H2D);
+        return st < 0 ? st : l3d_dev_stream_sync(o->dev, o->dev->stream);
     }
+    }
+    return L3D_OK;
 }
 
 // ---- memory registration cache ------------------------------------------------------------------

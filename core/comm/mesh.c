@@ -50,6 +50,12 @@ int l3d_mesh_rank_of(const int size[3], const int perm[3], const int coord[3]) {
     return r;
 }
 
+l3d_status l3d_mesh_set_device(l3d_mesh_t *m, l3d_device_t *dev) {
+    for (int d = 0; d < 3; d++)
+        if (m->group[d]) L3D_CHECK(m->ctx, l3d_comm_set_device(m->group[d], dev));
+    return L3D_OK;
+}
+
 void l3d_mesh_destroy(l3d_mesh_t *m) {
     if (!m) return;
     for (int d = 0; d < 3; d++) l3d_comm_destroy(m->group[d]);

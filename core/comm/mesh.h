@@ -42,6 +42,8 @@ int l3d_mesh_rank_of(const int size[3], const int perm[3], const int coord[3]);
 l3d_status l3d_mesh_check_world(l3d_ctx_t *ctx, int dp, int tp, int pp, int nworld);
 l3d_status l3d_mesh_create(l3d_ctx_t *ctx, l3d_comm_t *world, int dp, int tp, int pp,
                            const char *order, l3d_mesh_t **mesh_p);
+// The device the groups' buffers live on (l3d_comm_set_device on each group).
+l3d_status l3d_mesh_set_device(l3d_mesh_t *m, l3d_device_t *dev);
 void l3d_mesh_destroy(l3d_mesh_t *m);
 
 #endif

@@ -42,6 +42,7 @@ l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l
     g->pp = pp;
     l3d_status st;
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, 1, tp, pp, NULL, &g->mesh), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_mesh_set_device(g->mesh, dev), st, err);
     g->stage = g->mesh->coord[L3D_MESH_PP];
     L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP], pp, 1,
                                               g->stage, NULL, &g->m), st, err);

@@ -83,6 +83,7 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_mesh_set_device(t->mesh, t->dev), st, err);
     if (cfg->tp_mode == 2)
         L3D_CHECK_GOTO(ctx, l3d_model_create_2d(ctx, t->dev, &cfg->model,
                                                 t->mesh->group[L3D_MESH_TP], cfg->pp, v,

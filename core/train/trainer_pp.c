@@ -61,6 +61,7 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
         int color = mesh->coord[L3D_MESH_DP] * cfg->tp + mesh->coord[L3D_MESH_TP];
         l3d_status st = l3d_comm_split(mesh->world, ends ? color : -1, stage, &p->emb_comm);
         if (st < 0) return comm_err(t, mesh->world, st, "embedding group");
+        if (p->emb_comm) L3D_CHECK(t->ctx, l3d_comm_set_device(p->emb_comm, t->dev));
     }
     return L3D_OK;
 }

@@ -205,6 +205,11 @@ static int ctest_is_host(const l3d_device_t *dev) {
     return 0;
 }
 
+static int ctest_is_device_ptr(const l3d_device_t *dev, const void *ptr) {
+    (void)dev;
+    return ptr && tagged(ptr);
+}
+
 typedef struct {
     void *dst;
     const void *src;
@@ -303,6 +308,7 @@ const l3d_device_ops_t l3d_cpu_opaque_device_ops = {
     .alloc = ctest_alloc,
     .free = ctest_free,
     .is_host = ctest_is_host,
+    .is_device_ptr = ctest_is_device_ptr,
     .copy = ctest_copy,
     .memset = ctest_memset,
     .sync = ctest_sync,
@@ -318,6 +324,7 @@ const l3d_device_ops_t l3d_cpu_async_device_ops = {
     .alloc = ctest_alloc,
     .free = ctest_free,
     .is_host = ctest_is_host,
+    .is_device_ptr = ctest_is_device_ptr,
     .copy = ctest_copy,
     .memset = ctest_memset,
     .sync = ctest_sync,

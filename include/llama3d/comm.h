@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "llama3d/ctx.h"
+#include "llama3d/device.h"
 #include "llama3d/status.h"
 
 #ifdef __cplusplus
@@ -71,6 +72,15 @@ l3d_status l3d_comm_create_env(l3d_ctx_t *ctx, const char *transport, l3d_comm_t
 // Splits like MPI_Comm_split / ncclCommSplit: ranks with the same color form a communicator,
 // ordered by (key, old rank). color < 0 gives *newcomm_p = NULL. Collective over `comm`.
 l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **newcomm_p);
+
+// The device whose memory this communicator's buffers may be (NULL, the default: host memory
+// only). A buffer of a device whose memory the host cannot read (is_host 0: a GPU, or the
+// test devices cpu-opaque and cpu-async) goes to the transport through a host copy: taken
+// after the device's queued ops and waited for when the call starts, written back and waited
+// for before the call completes. Host buffers in the same call go as they are. Splits inherit
+// it. Not during a group. Error: L3D_ERR_INVALID_ARG for a device that cannot tell its
+// memory from the host's.
+l3d_status l3d_comm_set_device(l3d_comm_t *comm, l3d_device_t *dev);
 
 int l3d_comm_rank(const l3d_comm_t *comm);
 int l3d_comm_size(const l3d_comm_t *comm);

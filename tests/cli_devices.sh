@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The issue-27 job on the test devices, through the CLI: a dp 2 x tp 2 x pp 2 ZeRO-3 run as
+# threads, saved at step 3, resumed to step 6, then generation with tp 2 x pp 2 from it, and
+# `l3d forward`; and a dp 2 job launched as processes over each network transport. On
+# cpu-opaque (memory the host cannot read) and cpu-async (ops that finish at the next wait)
+# every printed loss, gradient norm and byte count, every saved shard, the generated text and
+# the logits are the cpu device's, byte for byte.
+# Usage: cli_devices.sh /path/to/l3d
+set -u
+L3D=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fails=0; passes=0
+check() {  # check NAME STATUS [FILE...]: STATUS 0 passes; otherwise FILEs are shown
+  local name=$1 rc=$2; shift 2
+  if [ "$rc" -eq 0 ]; then echo "ok   $name"; passes=$((passes + 1)); return; fi
+  echo "FAIL $name"; for f in "$@"; do sed 's/^/    /' "$f" | tail -8; done
+  fails=$((fails + 1))
+}
+export L3D_COMM_TIMEOUT=60
+# What must match: the step and summary lines without the timings (tok/s, mfu, seconds) and
+# the paths, which name the device's own directory.
+numbers() { grep -E "^(step|done)" "$1" | sed -E 's/ \| [0-9]+ tok\/s \| mfu [0-9.]+%//; s/ in [0-9.]+ s//; s/checkpoint: .*//'; }
+
+cat >"$tmp/z3.json" <<'JSON'
+{"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
+ "zero_optimization": {"stage": 3}, "parallel": {"dp": 2, "tp": 2, "pp": 2}}
+JSON
+for d in cpu cpu-opaque cpu-async; do
+  export L3D_DEVICE=$d
+  timeout 300 "$L3D" train --config "$tmp/z3.json" --steps 3 --save "$tmp/ck.$d" >"$tmp/a.$d" 2>&1
+  check "$d: dp 2 x tp 2 x pp 2 ZeRO-3, 3 steps, saved" $? "$tmp/a.$d"
+  timeout 300 "$L3D" train --config "$tmp/z3.json" --steps 6 --resume "$tmp/ck.$d" \
+    --save "$tmp/ck.$d" >"$tmp/b.$d" 2>&1
+  check "$d: resumed to step 6 and saved" $? "$tmp/b.$d"
+  timeout 300 "$L3D" generate --checkpoint "$tmp/ck.$d" --tp 2 --pp 2 --prompt "The GNU" \
+    --max-tokens 24 --temperature 0 >"$tmp/g.$d" 2>"$tmp/ge.$d"
+  check "$d: generate --tp 2 --pp 2 from it" $? "$tmp/ge.$d"
+  timeout 300 "$L3D" forward --checkpoint "$tmp/ck.$d" --tokens 1,72,101,108,108,111 \
+    --out "$tmp/f.$d" >"$tmp/fo.$d" 2>&1
+  check "$d: forward" $? "$tmp/fo.$d"
+done
+unset L3D_DEVICE
+grep -q "^step      6/6 | loss" "$tmp/b.cpu"; check "the cpu run printed its steps" $? "$tmp/b.cpu"
+for d in cpu-opaque cpu-async; do
+  for r in a b; do
+    diff <(numbers "$tmp/$r.cpu") <(numbers "$tmp/$r.$d") >"$tmp/diff" 2>&1
+    check "$d: run $r prints the cpu device's losses, norms and bytes" $? "$tmp/diff"
+  done
+  same=0
+  for f in "$tmp/ck.cpu"/*.safetensors; do
+    cmp -s "$f" "$tmp/ck.$d/$(basename "$f")" || same=1
+  done
+  check "$d: every saved shard is the cpu device's, byte for byte" $same
+  cmp -s "$tmp/g.cpu" "$tmp/g.$d"; check "$d: the same generated text" $? "$tmp/g.$d"
+  cmp -s "$tmp/f.cpu" "$tmp/f.$d"; check "$d: the same logits" $?
+done
+
+# Processes over the network transports: their buffers are host memory, the device's are
+# staged (docs/comm.md).
+built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+for tp in $built; do
+  for d in cpu cpu-opaque cpu-async; do
+    L3D_DEVICE=$d UCX_TLS=tcp timeout 300 "$L3D" launch -n 2 --transport "$tp" -- \
+      "$L3D" train --dp 2 --steps 3 >"$tmp/l.$tp.$d" 2>&1
+    check "$tp, $d: dp 2 as two processes" $? "$tmp/l.$tp.$d"
+  done
+  for d in cpu-opaque cpu-async; do
+    diff <(numbers "$tmp/l.$tp.cpu") <(numbers "$tmp/l.$tp.$d") >"$tmp/diff" 2>&1
+    check "$tp, $d: the cpu device's numbers" $? "$tmp/diff"
+  done
+done
+
+if [ $fails -ne 0 ]; then echo "$fails failed, $passes passed"; exit 1; fi
+echo "all $passes passed"
