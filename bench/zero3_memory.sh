@@ -51,7 +51,7 @@ EOF
       [ -n "$line" ] || { echo "zero3_memory.sh: $model on $n ranks: dry run failed" >&2; exit 1; }
       dev=$(echo "$line" | sed -nE 's/^memory[^:]*: parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB,.*/\1 \2 \3/p' |
         awk '{ print $1 + $2 + $3 }')
-      host=$(echo "$line" | sed -nE 's/.*host \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
+      host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
       ds=$(awk -v pm="$pm" -v h="$hidden" -v v="$vocab" -v n="$n" -v off="$off" 'BEGIN {
         P = pm * 1e6; big = h * v; nodes = n / 8; gpus = n
         if (off == "both") { gpu = 4 * big; cpu = P * 18 / nodes * 1.5 }

@@ -45,19 +45,18 @@ static int resolve_model(l3d_ctx_t *ctx, const char *v, l3d_train_config_t *cfg)
 
 void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown_t *mem,
                             int estimate, int rank, int world) {
-    (void)c;
     double MiB = 1024.0 * 1024.0;
     char who[32] = "";
     if (world > 1) snprintf(who, sizeof(who), " rank %d", rank);
     size_t host = mem->host_params + mem->host_grads + mem->host_optim + mem->host_acts;
     printf("memory%s%s: parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
-           "activations %.2f MiB, total %.2f MiB",
+           "activations %.2f MiB, total %.2f MiB on device %s",
            who, estimate ? " (estimate, nothing allocated)" : "", mem->params / MiB,
            mem->grads / MiB, mem->optim / MiB, mem->acts / MiB,
-           (mem->params + mem->grads + mem->optim + mem->acts) / MiB);
+           (mem->params + mem->grads + mem->optim + mem->acts) / MiB, c->device);
     // ZeRO offload: what sits in host memory instead, on its own (device memory above)
     if (host)
-        printf("; host (offload): parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
+        printf("; host memory (offload): parameters %.2f MiB, gradients %.2f MiB, optimizer %.2f MiB, "
                "activations %.2f MiB, total %.2f MiB", mem->host_params / MiB,
                mem->host_grads / MiB, mem->host_optim / MiB, mem->host_acts / MiB, host / MiB);
     printf("\n");
