@@ -146,7 +146,7 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
         l3d_tp3d_micro_bytes(&cfg, q, L, 1, 1, nb, T, arg->recompute, arg->sync, 4, wb, wc);
         wb[L3D_TP3D_COMMS] = wc[L3D_TP3D_COMMS] = 0;  // (a tied head reads its own columns)
     }
-    l3d_model_tp_slice(m, full, full->params, m->params);
+    OK(l3d_model_tp_slice(m, full, full->params, m->params));
     for (int k = 0; k < ncomm; k++) l3d_comm_reset_stats(comms[k]);
     OK(micro(m, b0, l3d_model_target_first(m, B), nb, arg->recompute, arg->sync, &loss2, &g2));
     for (int k = 0; k < ncomm; k++) {
@@ -159,7 +159,7 @@ static int run(l3d_comm_t *c, void *argp, char *err, size_t errlen) {
                   (unsigned long long)wc[k]);
     }
     want = calloc(m->n_params, sizeof(float));
-    l3d_model_tp_slice(m, full, g1, want);
+    OK(l3d_model_tp_slice(m, full, g1, want));
 
     double u = ldexp(1.0, -24), d = 21.0 * L + 4;
     int kmax = cfg.intermediate_size;  // the longest sum: F (> V/q, C, HD, T, and the weight

@@ -90,6 +90,10 @@ static void *cdt_rank(void *p) {
     config(ctx, &L, &cfg);
     cfg.comm_dtype = a->cdt;
     cfg.fp32_allreduce = a->fp32_allreduce;
+    // The gradients are written and read here, on the host: the CPU device whatever
+    // L3D_DEVICE says (the reductions' math is what this test checks; the test devices run
+    // the same collectives through host staging: test_parallel_devices.c).
+    snprintf(cfg.device, sizeof(cfg.device), "cpu");
     l3d_trainer_t *t = NULL;
     l3d_status st = l3d_train_config_finalize(ctx, &cfg);
     if (st == L3D_OK) st = l3d_trainer_create_parallel(ctx, &cfg, a->comm, &t);

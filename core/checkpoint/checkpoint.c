@@ -31,9 +31,10 @@ static void join(char *out, size_t cap, const char *dir, const char *name) {
     snprintf(out, cap, "%s/%s", dir, name);
 }
 
-// Host view of a device arena (the arena itself on host devices, a copy otherwise).
+// Host view of an arena (itself where it is host memory: a host device, or state ZeRO
+// offload keeps on the host; a copy otherwise).
 static l3d_status host_view(l3d_model_t *m, const float *dev_arena, float **host_p) {
-    if (l3d_dev_is_host(m->dev)) {
+    if (!l3d_dev_is_device_ptr(m->dev, dev_arena)) {
         *host_p = (float *)dev_arena;
         return L3D_OK;
     }
@@ -86,7 +87,7 @@ l3d_status l3d_ckpt_write_arena(l3d_model_t *m, const float *a, const char *path
 // `a`, through a host staging copy on devices without host memory.
 static l3d_status read_set(l3d_model_t *m, const l3d_hf_set_t *set, float *a, const char *suffix) {
     l3d_ctx_t *ctx = m->ctx;
-    int host = l3d_dev_is_host(m->dev);
+    int host = !l3d_dev_is_device_ptr(m->dev, a);
     size_t bytes = m->n_params * sizeof(float);
     float *h = host ? a : l3d_malloc(ctx, bytes, "staging");
     l3d_status st = h ? L3D_OK : L3D_ERR_NOMEM;

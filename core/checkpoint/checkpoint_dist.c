@@ -17,9 +17,10 @@
 static const char *const k_suffix[3] = {"", ".exp_avg", ".exp_avg_sq"};
 
 // ---- host views --------------------------------------------------------------------------
-// n floats of a device array on the host: the array itself on host devices, else a copy.
+// n floats of an array on the host: the array itself where it is host memory (a host device,
+// or state ZeRO offload keeps on the host), else a copy.
 static l3d_status host_view(l3d_model_t *m, const float *a, size_t n, float **h_p) {
-    if (l3d_dev_is_host(m->dev)) {
+    if (!l3d_dev_is_device_ptr(m->dev, a)) {
         *h_p = (float *)a;
         return L3D_OK;
     }
@@ -268,9 +269,10 @@ l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, fl
     size_t nt = (size_t)m->n_tensors, bytes = m->n_params * sizeof(float);
     size_t *cov = l3d_calloc(ctx, 3 * nt, sizeof(size_t), "staging");
     l3d_status st = cov ? L3D_OK : L3D_ERR_NOMEM;
-    int is_host = l3d_dev_is_host(m->dev);
+    int is_host[3];  // each array: host memory (read into), or the device's (through a copy)
+    for (int s = 0; s < 3; s++) is_host[s] = !l3d_dev_is_device_ptr(m->dev, dev[s]);
     for (int s = 0; s < 3 && st >= 0; s++)
-        if (dev[s] && !(host[s] = is_host ? dev[s] : l3d_malloc(ctx, bytes, "staging")))
+        if (dev[s] && !(host[s] = is_host[s] ? dev[s] : l3d_malloc(ctx, bytes, "staging")))
             st = L3D_ERR_NOMEM;
     // Progress (on a terminal, after a second) in bytes of the shard files read so far.
     char path[1100];
@@ -313,10 +315,10 @@ l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, fl
                                "model)", dir, m->tensors[i].name, k_suffix[s],
                                cov[(size_t)s * nt + i], m->tensors[i].numel);
     for (int s = 0; s < 3 && st >= 0; s++)
-        if (host[s] && !is_host) st = l3d_dev_copy(m->dev, dev[s], host[s], bytes, L3D_COPY_H2D);
-    if (st >= 0 && !is_host) st = l3d_dev_sync(m->dev);
+        if (host[s] && !is_host[s]) st = l3d_dev_copy(m->dev, dev[s], host[s], bytes, L3D_COPY_H2D);
+    if (st >= 0) st = l3d_dev_sync(m->dev);
     for (int s = 0; s < 3; s++)
-        if (host[s] && !is_host) l3d_free(ctx, host[s], bytes, "staging");
+        if (host[s] && !is_host[s]) l3d_free(ctx, host[s], bytes, "staging");
     l3d_free(ctx, cov, 3 * nt * sizeof(size_t), "staging");
     json_decref(files);
     return st;

@@ -211,7 +211,7 @@ l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
     L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_model_init_weights"));
     l3d_device_t *dev = m->dev;
     size_t bytes = m->n_params * sizeof(float);
-    int host = l3d_dev_is_host(dev);
+    int host = !l3d_dev_is_device_ptr(dev, m->params);
     float *h = host ? m->params : l3d_malloc(m->ctx, bytes, "staging");
     if (!h) return L3D_ERR_NOMEM;
     float std = m->cfg.initializer_range;

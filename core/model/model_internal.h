@@ -419,14 +419,15 @@ void l3d_model_layout(l3d_model_t *m);
 // Checkpoints in the single-rank layout: `full` is a tp-1 model of the same config (its
 // layout, and an arena of its size). slice: this rank's shard of every tensor from the full
 // arena; gather (collective over tp): tp rank 0's full_arena receives every rank's shards,
-// the others pass NULL.
-void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const float *full_arena,
-                        float *local_arena);
+// the others pass NULL. Either arena may be device or host memory (waited for on return).
+l3d_status l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full,
+                              const float *full_arena, float *local_arena);
 l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l3d_model_t *full,
                                float *full_arena);
-// Copies every tensor of m (a tp-1 layout, e.g. a pipeline stage) into full's arena by name.
-void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
-                          float *full_arena);
+// Copies every tensor of m (a tp-1 layout, e.g. a pipeline stage) into full's arena by name
+// (device or host memory either side; waited for on return).
+l3d_status l3d_model_copy_named(const l3d_model_t *m, const float *arena,
+                                const l3d_model_t *full, float *full_arena);
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute);
 // The same for chunk `chunk` of tp rank 0 of `tp` (tp_mode 2: of the 2d grid, micro-batches
 // of B split over its rows) on pipeline stage `stage` of `pp` (v chunks), sequence-parallel

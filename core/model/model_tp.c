@@ -335,17 +335,37 @@ l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const void *partial, void *out, s
 }
 
 // ---- checkpoints: shards <-> the full (single-rank) layout -------------------------------------
+// Copies `bytes` between any two of: the model device's memory, host memory. Device copies
+// are queued on the current stream: the caller syncs before the host reads what they wrote.
+static l3d_status arena_copy(const l3d_model_t *m, void *dst, const void *src, size_t bytes) {
+    int dd = l3d_dev_is_device_ptr(m->dev, dst), ds = l3d_dev_is_device_ptr(m->dev, src);
+    if (!dd && !ds) {
+        memcpy(dst, src, bytes);
+        return L3D_OK;
+    }
+    return l3d_dev_copy(m->dev, dst, src, bytes,
+                        dd && ds ? L3D_COPY_D2D : dd ? L3D_COPY_H2D : L3D_COPY_D2H);
+}
+
 // Copies the shard of tensor p between the local arena and the full tensor at `full`
-// (full[0] x full[1] floats). to_full: local -> full.
-static void copy_shard(const l3d_param_t *p, float *local, float *full, int to_full) {
+// (full[0] x full[1] floats), row by row: either side may be device or host memory.
+// to_full: local -> full.
+static l3d_status copy_shard(const l3d_model_t *m, const l3d_param_t *p, float *local,
+                             float *full, int to_full) {
     size_t rows = (size_t)p->shape[0], cols = p->ndim == 2 ? (size_t)p->shape[1] : 1;
     size_t fcols = p->ndim == 2 ? (size_t)p->full[1] : 1;
+    if (cols == fcols)  // whole rows: one block
+        return to_full ? arena_copy(m, full + (size_t)p->r0 * fcols, local,
+                                    rows * cols * sizeof(float))
+                       : arena_copy(m, local, full + (size_t)p->r0 * fcols,
+                                    rows * cols * sizeof(float));
     for (size_t r = 0; r < rows; r++) {
         float *f = full + ((size_t)p->r0 + r) * fcols + (size_t)p->c0;
         float *s = local + r * cols;
-        if (to_full) memcpy(f, s, cols * sizeof(float));
-        else memcpy(s, f, cols * sizeof(float));
+        L3D_CHECK(m->ctx, to_full ? arena_copy(m, f, s, cols * sizeof(float))
+                                  : arena_copy(m, s, f, cols * sizeof(float)));
     }
+    return L3D_OK;
 }
 
 // The tensor of `full` named like p (pipeline stages hold a subset, in the same order).
@@ -355,20 +375,24 @@ static const l3d_param_t *find(const l3d_model_t *full, const char *name) {
     return NULL;
 }
 
-void l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
-                          float *full_arena) {
+l3d_status l3d_model_copy_named(const l3d_model_t *m, const float *arena, const l3d_model_t *full,
+                                float *full_arena) {
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i], *q = find(full, p->name);
-        if (q) copy_shard(p, (float *)arena + p->offset, full_arena + q->offset, 1);
+        if (q) L3D_CHECK(m->ctx, copy_shard(m, p, (float *)arena + p->offset,
+                                            full_arena + q->offset, 1));
     }
+    return l3d_dev_sync(m->dev);
 }
 
-void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const float *full_arena,
-                        float *local_arena) {
+l3d_status l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full,
+                              const float *full_arena, float *local_arena) {
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i], *q = find(full, p->name);
-        if (q) copy_shard(p, local_arena + p->offset, (float *)full_arena + q->offset, 0);
+        if (q) L3D_CHECK(m->ctx, copy_shard(m, p, local_arena + p->offset,
+                                            (float *)full_arena + q->offset, 0));
     }
+    return l3d_dev_sync(m->dev);
 }
 
 // Collective over the tp group. Every rank sends its shard of each tensor; tp rank 0 places
@@ -376,10 +400,8 @@ void l3d_model_tp_slice(const l3d_model_t *m, const l3d_model_t *full, const flo
 // the uneven vocabulary split, so each travels padded to the largest.
 l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l3d_model_t *full,
                                float *full_arena) {
-    if (m->tp.size == 1) {
-        if (full_arena) l3d_model_copy_named(m, local_arena, full, full_arena);
-        return L3D_OK;
-    }
+    if (m->tp.size == 1) return full_arena ? l3d_model_copy_named(m, local_arena, full, full_arena)
+                                           : L3D_OK;
     int tp = m->tp.size;
     // Every rank's layout, to know where its shards go and the largest shard of each tensor.
     l3d_model_t *peer = l3d_calloc(m->ctx, (size_t)tp, sizeof(*peer), "other");
@@ -411,16 +433,19 @@ l3d_status l3d_model_tp_gather(l3d_model_t *m, const float *local_arena, const l
     for (int i = 0; i < m->n_tensors && st >= 0; i++) {
         const l3d_param_t *p = &m->tensors[i];
         memset(send, 0, maxn * sizeof(float));
-        memcpy(send, local_arena + p->offset, p->numel * sizeof(float));
-        st = l3d_comm_allgather(m->tp.comm, send, recv, maxn, L3D_FLOAT32);
+        st = arena_copy(m, send, local_arena + p->offset, p->numel * sizeof(float));
+        if (st >= 0) st = l3d_dev_sync(m->dev);
+        if (st >= 0) st = l3d_comm_allgather(m->tp.comm, send, recv, maxn, L3D_FLOAT32);
         if (st < 0) {
             st = comm_fail(m, m->tp.comm, st, "checkpoint gather");
             break;
         }
         const l3d_param_t *q = full_arena ? find(full, p->name) : NULL;
         if (!q) continue;
-        for (int j = 0; j < tp; j++)
-            copy_shard(&peer[j].tensors[i], recv + (size_t)j * maxn, full_arena + q->offset, 1);
+        for (int j = 0; j < tp && st >= 0; j++)
+            st = copy_shard(m, &peer[j].tensors[i], recv + (size_t)j * maxn,
+                            full_arena + q->offset, 1);
+        if (st >= 0) st = l3d_dev_sync(m->dev);  // before recv is reused
     }
 out:
     l3d_free(m->ctx, recv, (size_t)tp * maxn * sizeof(float), "staging");

@@ -181,14 +181,15 @@ static l3d_status pp_collect(l3d_trainer_t *t, ckpt_state_t *cs, const stage_arr
     L3D_CHECK(t->ctx, full_model(t, cs));
     float *dst[3] = {cs->full->params, cs->fm, cs->fv};
     const float *mine[3] = {own->p, own->m, own->v};
-    for (int k = 0; k < 3; k++) l3d_model_copy_named(own->model, mine[k], cs->full, dst[k]);
+    for (int k = 0; k < 3; k++)
+        L3D_CHECK(t->ctx, l3d_model_copy_named(own->model, mine[k], cs->full, dst[k]));
     for (int s = 1; s < m->pp_size && st >= 0; s++) {
         stage_arrays_t tmp;
         st = stage_alloc(t, s, &tmp);
         float *arr[3] = {tmp.p, tmp.m, tmp.v};
         for (int k = 0; k < 3 && st >= 0; k++) {
             st = l3d_comm_recv(c, arr[k], tmp.model->n_params, L3D_FLOAT32, s);
-            if (st >= 0) l3d_model_copy_named(tmp.model, arr[k], cs->full, dst[k]);
+            if (st >= 0) st = l3d_model_copy_named(tmp.model, arr[k], cs->full, dst[k]);
         }
         stage_release(t, &tmp);
     }

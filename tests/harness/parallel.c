@@ -156,11 +156,15 @@ static void *rank_main(void *p) {
         if (a->r == 0) l3d_train_config_comm(&cfg, a->res->plan);
         l3d_model_t *m = l3d_trainer_model(t);
         // through the device: on one whose memory the host cannot read (cpu-opaque), a
-        // memcpy would fault
+        // memcpy would fault (offload_param keeps them in host memory)
         a->res->params[a->r] = malloc(m->n_params * sizeof(float));
-        st = l3d_dev_copy(m->dev, a->res->params[a->r], m->params, m->n_params * sizeof(float),
-                          L3D_COPY_D2H);
-        if (st == L3D_OK) st = l3d_dev_sync(m->dev);
+        if (l3d_dev_is_device_ptr(m->dev, m->params)) {
+            st = l3d_dev_copy(m->dev, a->res->params[a->r], m->params,
+                              m->n_params * sizeof(float), L3D_COPY_D2H);
+            if (st == L3D_OK) st = l3d_dev_sync(m->dev);
+        } else {
+            memcpy(a->res->params[a->r], m->params, m->n_params * sizeof(float));
+        }
         a->res->tensors[a->r] = malloc((size_t)m->n_tensors * sizeof(l3d_param_t));
         memcpy(a->res->tensors[a->r], m->tensors, (size_t)m->n_tensors * sizeof(l3d_param_t));
         a->res->nt[a->r] = m->n_tensors;
