@@ -87,7 +87,7 @@ check "second run" $?
 check "second run maps the same cache (inode and mtime unchanged, no other file)" $?
 [ ! -s "$tmp/second.err" ]; check "not a terminal: no progress lines, nothing on stderr" $?
 [ -s "$tmp/second.err" ] && show "$tmp/second.err"
-total=$(sed -nE 's/^memory: .*total ([0-9.]+) MiB/\1/p' "$tmp/second.out")
+total=$(sed -nE 's/^memory: .*total ([0-9.]+) MiB on device .*/\1/p' "$tmp/second.out")
 if [ $have_time -eq 1 ] && [ -n "$total" ]; then
   for tag in first second; do
     rss=$(tail -1 "$tmp/$tag.rss")
