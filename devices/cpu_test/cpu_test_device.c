@@ -299,37 +299,24 @@ static void async_stream_destroy(l3d_device_t *dev, void *stream) {
 }
 
 // ---- the tables -----------------------------------------------------------------------------
+// What the two share: everything but the name, init and (cpu-async) the streams.
+#define CTEST_COMMON_ENTRIES                                                                   \
+    .abi_version = L3D_DEVICE_ABI_VERSION, .size = sizeof(l3d_device_ops_t),                  \
+    .fini = ctest_fini, .alloc = ctest_alloc, .free = ctest_free, .is_host = ctest_is_host,     \
+    .is_device_ptr = ctest_is_device_ptr, .copy = ctest_copy, .memset = ctest_memset,          \
+    .sync = ctest_sync, L3D_CTEST_OP_ENTRIES
+
 const l3d_device_ops_t l3d_cpu_opaque_device_ops = {
-    .abi_version = L3D_DEVICE_ABI_VERSION,
-    .size = sizeof(l3d_device_ops_t),
     .name = "cpu-opaque",
     .init = opaque_init,
-    .fini = ctest_fini,
-    .alloc = ctest_alloc,
-    .free = ctest_free,
-    .is_host = ctest_is_host,
-    .is_device_ptr = ctest_is_device_ptr,
-    .copy = ctest_copy,
-    .memset = ctest_memset,
-    .sync = ctest_sync,
-    L3D_CTEST_OP_ENTRIES,
+    CTEST_COMMON_ENTRIES,
 };
 
 const l3d_device_ops_t l3d_cpu_async_device_ops = {
-    .abi_version = L3D_DEVICE_ABI_VERSION,
-    .size = sizeof(l3d_device_ops_t),
     .name = "cpu-async",
     .init = async_init,
-    .fini = ctest_fini,
-    .alloc = ctest_alloc,
-    .free = ctest_free,
-    .is_host = ctest_is_host,
-    .is_device_ptr = ctest_is_device_ptr,
-    .copy = ctest_copy,
-    .memset = ctest_memset,
-    .sync = ctest_sync,
     .stream_create = async_stream_create,
     .stream_destroy = async_stream_destroy,
     .stream_sync = async_stream_sync,
-    L3D_CTEST_OP_ENTRIES,
+    CTEST_COMMON_ENTRIES,
 };
