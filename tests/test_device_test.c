@@ -94,11 +94,12 @@ Test(device_test, pointers_on_the_wrong_side_are_refused) {
         cr_assert(strstr(l3d_ctx_last_error(e.ctx), "copy D2H: 'dst'") &&
                   strstr(l3d_ctx_last_error(e.ctx), "is device memory"), "%s",
                   l3d_ctx_last_error(e.ctx));
-        double ss;
-        cr_assert_eq(l3d_dev_sumsq(e.dev, host, 16, &ss, L3D_FLOAT32), L3D_ERR_INVALID_ARG);
-        cr_assert_eq(l3d_dev_sumsq(e.dev, dv, 16, (double *)(void *)dv, L3D_FLOAT32),
+        double ss;  // sumsq's result is device memory (ABI 7)
+        cr_assert_eq(l3d_dev_sumsq(e.dev, host, 16, (double *)(void *)dv, L3D_FLOAT32),
                      L3D_ERR_INVALID_ARG);
-        cr_assert(strstr(l3d_ctx_last_error(e.ctx), "'out_host'"), "%s", l3d_ctx_last_error(e.ctx));
+        cr_assert(strstr(l3d_ctx_last_error(e.ctx), "'x[k]'"), "%s", l3d_ctx_last_error(e.ctx));
+        cr_assert_eq(l3d_dev_sumsq(e.dev, dv, 16, &ss, L3D_FLOAT32), L3D_ERR_INVALID_ARG);
+        cr_assert(strstr(l3d_ctx_last_error(e.ctx), "'out'"), "%s", l3d_ctx_last_error(e.ctx));
         cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);  // nothing refused was queued
         l3d_dev_free(e.dev, dv, sizeof(host), "acts");
         env_close(e);
@@ -118,17 +119,26 @@ Test(device_test, ops_run_on_the_device) {
         cr_assert_eq(l3d_dev_copy(e.dev, dy, y, sizeof(y), L3D_COPY_H2D), L3D_OK);
         cr_assert_eq(l3d_dev_add(e.dev, dx, dx, dy, 64, L3D_FLOAT32), L3D_OK);
         cr_assert_eq(l3d_dev_scale(e.dev, dx, 3.0f, 64, L3D_FLOAT32), L3D_OK);
-        // sumsq is blocking: its host result is there without a sync
-        double ss = -1;
-        cr_assert_eq(l3d_dev_sumsq(e.dev, dy, 64, &ss, L3D_FLOAT32), L3D_OK);
-        double want_ss = -2;  // the CPU device's (its partial sums have their own order)
-        l3d_device_t *cpu;
-        cr_assert_eq(l3d_device_create(e.ctx, "cpu", NULL, &cpu), L3D_OK);
-        cr_assert_eq(l3d_dev_sumsq(cpu, y, 64, &want_ss, L3D_FLOAT32), L3D_OK);
-        l3d_device_destroy(cpu);
-        cr_assert_eq(ss, want_ss, "%s: sumsq %.17g, want %.17g", k_devices[d], ss, want_ss);
+        // the multi-tensor norm into device memory: y twice (weights 1 and 0.5) and x
+        double ss = -1, *dss;
+        cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(double), "other", (void **)&dss), L3D_OK);
+        const void *xs[3] = {dy, dx, dy};
+        size_t lens[3] = {64, 64, 64};
+        double ws[3] = {1.0, 0.25, 0.5};
+        cr_assert_eq(l3d_dev_sumsq_multi(e.dev, 3, xs, lens, ws, dss, L3D_FLOAT32), L3D_OK);
+        cr_assert_eq(l3d_dev_copy(e.dev, &ss, dss, sizeof(double), L3D_COPY_D2H), L3D_OK);
         cr_assert_eq(l3d_dev_copy(e.dev, got, dx, sizeof(got), L3D_COPY_D2H), L3D_OK);
         cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+        // the CPU device's (its partial sums have their own order), on the same values
+        double want_ss = -2, sy = 0, sx = 0;
+        l3d_device_t *cpu;
+        cr_assert_eq(l3d_device_create(e.ctx, "cpu", NULL, &cpu), L3D_OK);
+        cr_assert_eq(l3d_dev_sumsq(cpu, y, 64, &sy, L3D_FLOAT32), L3D_OK);
+        cr_assert_eq(l3d_dev_sumsq(cpu, got, 64, &sx, L3D_FLOAT32), L3D_OK);
+        l3d_device_destroy(cpu);
+        want_ss = 0.0 + 1.0 * sy, want_ss += 0.25 * sx, want_ss += 0.5 * sy;  // in k order
+        cr_assert_eq(ss, want_ss, "%s: sumsq %.17g, want %.17g", k_devices[d], ss, want_ss);
+        l3d_dev_free(e.dev, dss, sizeof(double), "other");
         for (int i = 0; i < 64; i++)  // float32: (x + y) rounded, times 3 rounded
             cr_assert_eq(got[i], (x[i] + y[i]) * 3.0f, "%s: element %d", k_devices[d], i);
         l3d_dev_free(e.dev, dx, sizeof(x), "acts");

@@ -86,6 +86,8 @@ void l3d_dp_fini(l3d_trainer_t *t) {
     if (d->zero2) l3d_zero2_fini(t);
     if (d->cstage) l3d_dev_free(t->dev, d->cstage, d->Ppad * l3d_dtype_size(d->cdt), "grads");
     d->cstage = NULL;
+    if (d->norm_dev) l3d_dev_free(t->dev, d->norm_dev, sizeof(double), "other");
+    d->norm_dev = NULL;
     size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
     l3d_free(t->ctx, d->b, nalloc * sizeof(*d->b), "other");
     d->b = NULL;
@@ -186,20 +188,26 @@ static float *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) 
 // Squared global gradient norm (clip_grad_norm_ over the whole model): every tensor's part
 // this rank is responsible for (all of its arena at stage 0, where the dp replicas agree; its
 // pieces when sharded, summed over dp), weighted by 1/repl so that a tensor held by several
-// tp ranks (norms, replicated kv heads) counts once, then summed over tp. Sums of doubles in
-// rank order: bit-identical everywhere.
+// tp ranks (norms, replicated kv heads) counts once, then summed over tp. One multi-tensor
+// call on the device (one wait, not one per tensor), then sums of doubles in rank order:
+// bit-identical everywhere.
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
-    double s = 0;
+    // the pieces: at most one per tensor and bucket
+    size_t cap = (size_t)m->n_tensors * (size_t)(d->sharded ? d->nb : 1), n = 0;
+    size_t bytes = cap * (sizeof(void *) + sizeof(size_t) + sizeof(double));
+    char *mem = l3d_malloc(t->ctx, bytes ? bytes : 1, "other");
+    if (!mem) return L3D_ERR_NOMEM;
+    const void **x = (const void **)mem;
+    size_t *len = (size_t *)(x + cap);
+    double *w = (double *)(len + cap);
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i];
-        double w = p->pp_copy ? 0.0 : 1.0 / (p->repl > 0 ? p->repl : 1), x = 0;
-        if (w == 0.0) continue;  // the first stage counts a tied embedding
+        double wi = p->pp_copy ? 0.0 : 1.0 / (p->repl > 0 ? p->repl : 1);
+        if (wi == 0.0) continue;  // the first stage counts a tied embedding
         if (!d->sharded) {
-            L3D_CHECK(t->ctx, l3d_dev_sumsq(t->dev, t->grads + p->offset, p->numel, &x,
-                                            L3D_FLOAT32));
-            s += w * x;
+            x[n] = t->grads + p->offset, len[n] = p->numel, w[n++] = wi;
             continue;
         }
         for (int k = 0; k < d->nb; k++) {
@@ -207,12 +215,24 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
             size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
             size_t a0 = lo > p->offset ? lo : p->offset, a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
-            L3D_CHECK(t->ctx, l3d_dev_sumsq(d->stage ? t->off.hdev : t->dev, piece_grad(t, b, a0),
-                                            a1 - a0, &x, L3D_FLOAT32));
-            s += w * x;
+            x[n] = piece_grad(t, b, a0), len[n] = a1 - a0, w[n++] = wi;
         }
     }
-    *sumsq = s;
+    // Offloaded gradient pieces are summed by the host device; its memory is the host's.
+    l3d_device_t *dev = d->sharded && d->stage ? t->off.hdev : t->dev;
+    l3d_status st = L3D_OK;
+    double *out = sumsq;
+    if (!l3d_dev_is_host(dev)) {
+        if (!d->norm_dev) st = l3d_dev_alloc(dev, sizeof(double), "other", (void **)&d->norm_dev);
+        out = d->norm_dev;
+    }
+    if (st >= 0) st = l3d_dev_sumsq_multi(dev, (int)n, x, len, w, out, L3D_FLOAT32);
+    if (st >= 0 && out != sumsq) {
+        st = l3d_dev_copy(dev, sumsq, out, sizeof(double), L3D_COPY_D2H);
+        if (st >= 0) st = l3d_dev_sync(dev);
+    }
+    l3d_free(t->ctx, mem, bytes ? bytes : 1, "other");
+    L3D_CHECK(t->ctx, st);
     if (d->sharded) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, d->comm, sumsq));
     if (m->tp.size > 1) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, m->tp.comm, sumsq));
     if (t->pp.comm) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, t->pp.comm, sumsq));

@@ -40,6 +40,7 @@ typedef struct l3d_dp {
     // ZeRO-2 (core/train/trainer_zero2.c; stage 2 with dp > 1): no full gradient arena. Buckets are
     // whole gradient groups; each micro-batch's backward accumulates a bucket in a window,
     // reduce-scatters it and adds this rank's piece to gshard (shard_len floats).
+    double *norm_dev;  // the gradient norm's sum of squares on a non-host device (lazily)
     int zero2;
     float *gshard;
     float *win[L3D_ZERO2_MAX_WIN];

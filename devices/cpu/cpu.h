@@ -319,8 +319,8 @@ l3d_status l3d_cpu_xent_vp_stats(l3d_device_t *dev, const void *logits, const fl
 l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses,
                                 const float *gmax, const float *gstats, const int32_t *targets,
                                 int N, int Vl, int v0, float grad_scale, l3d_dtype at);
-l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out_host,
-                         l3d_dtype at);
+l3d_status l3d_cpu_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
+                         const double *w, double *out, l3d_dtype at);
 l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, float bc1, float bc2, float grad_scale,

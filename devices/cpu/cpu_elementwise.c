@@ -179,13 +179,12 @@ L3D_CPU_SIMD static void sumsq_body(const ew_t *e, size_t len, int task) {
     e->partials[task] = acc[0];
 }
 
-// *out_host = sum of x(n)^2 in double
-l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out_host,
-                         l3d_dtype at) {
+// sum of x(n)^2 in double
+static l3d_status sumsq_one(l3d_device_t *dev, const void *x, size_t n, double *out,
+                            l3d_dtype at) {
     int nt = ew_tasks(n);
-    if (l3d_cpu_dtype_bad(dev, "sumsq", "x", at)) return L3D_ERR_INVALID_ARG;
     if (nt == 0) {
-        *out_host = 0.0;
+        *out = 0.0;
         return L3D_OK;
     }
     size_t bytes = sizeof(double) * (size_t)nt;
@@ -196,8 +195,23 @@ l3d_status l3d_cpu_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out
     double s = 0.0;
     for (int t = 0; t < nt; t++) s += part[t];
     l3d_free(dev->ctx, part, bytes, "scratch");
-    if (st >= 0) *out_host = s;
+    if (st >= 0) *out = s;
     return st;
+}
+
+// *out = sum_k w[k] * sum of x[k](len[k])^2, in k order
+l3d_status l3d_cpu_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
+                         const double *w, double *out, l3d_dtype at) {
+    if (l3d_cpu_dtype_bad(dev, "sumsq", "x", at)) return L3D_ERR_INVALID_ARG;
+    if (n < 0) return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "sumsq: %d tensors", n);
+    double acc = 0.0;
+    for (int k = 0; k < n; k++) {
+        double s;
+        L3D_CHECK(dev->ctx, sumsq_one(dev, x[k], len[k], &s, at));
+        acc += (w ? w[k] : 1.0) * s;
+    }
+    *out = acc;
+    return L3D_OK;
 }
 
 // ---- adamw --------------------------------------------------------------------------------------

@@ -7,8 +7,8 @@
 //               on x86-64, 4- and 5-level paging; the kernel half on arm64, whose top-byte
 //               ignore would let bit 62 alone through). is_host is 0. Ops run at once.
 // `cpu-async`   the same memory, and every op (copies and memsets included) is queued on its
-//               stream and run by a worker thread only when the host waits: sync, stream_sync,
-//               or an op whose contract is blocking (sumsq). A missing sync is then a stale
+//               stream and run by a worker thread only when the host waits: sync or
+//               stream_sync. A missing sync is then a stale
 //               result, every time, not a race that a fast machine hides; host memory given
 //               to copy is read or written at the wait, so freeing it early is caught too.
 // Both check every pointer an entry is given: a device argument that is not this device's
@@ -142,8 +142,8 @@ l3d_status l3d_ctest_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses
                                   const float *gmax, const float *gstats,
                                   const int32_t *targets, int N, int Vl, int v0,
                                   float grad_scale, l3d_dtype at);
-l3d_status l3d_ctest_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out_host,
-                           l3d_dtype at);
+l3d_status l3d_ctest_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
+                           const double *w, double *out, l3d_dtype at);
 l3d_status l3d_ctest_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                            size_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float bc1, float bc2, float grad_scale,

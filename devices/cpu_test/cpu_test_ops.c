@@ -2,6 +2,8 @@
 // captures its arguments by value (a struct the caller passes by pointer, like the GEMM
 // descriptor, included: it may live on the caller's stack) and submits a runner that calls the
 // CPU device's entry. cpu-opaque runs it at once, cpu-async when the host next waits.
+#include <string.h>
+
 #include "devices/cpu_test/cpu_test.h"
 
 #define CPU l3d_cpu_device_ops
@@ -386,26 +388,39 @@ l3d_status l3d_ctest_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses
 }
 
 // ---- norms and the optimizer ----------------------------------------------------------------
+// The arrays travel with the job: a header, then n pointers, lengths and (w) weights.
 typedef struct {
-    const void *x;
-    double *out_host;
-    size_t n;
+    int n, has_w;
+    double *out;
     l3d_dtype at;
 } sumsq_t;
 static l3d_status run_sumsq(l3d_device_t *cpu, const void *p) {
     const sumsq_t *a = p;
-    return CPU.sumsq(cpu, a->x, a->n, a->out_host, a->at);
+    const void *const *x = (const void *const *)(a + 1);
+    const size_t *len = (const size_t *)(x + a->n);
+    const double *w = a->has_w ? (const double *)(len + a->n) : NULL;
+    return CPU.sumsq(cpu, a->n, x, len, w, a->out, a->at);
 }
-// Blocking by contract (the result is on the host): cpu-async runs the queue up to it.
-l3d_status l3d_ctest_sumsq(l3d_device_t *dev, const void *x, size_t n, double *out_host,
-                           l3d_dtype at) {
+l3d_status l3d_ctest_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
+                           const double *w, double *out, l3d_dtype at) {
     int bad_ = 0;
-    DEV(x);
-    out_host = l3d_ctest_host(dev, &bad_, "sumsq", "out_host", out_host);
-    CHECKED();
-    sumsq_t a = {x, out_host, n, at};
-    l3d_status st = SUBMIT(run_sumsq, a);
-    return st < 0 ? st : l3d_ctest_sync(dev);
+    DEV(out);
+    if (n < 0) return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "sumsq: %d tensors", n);
+    size_t un = (size_t)n, bytes = sizeof(sumsq_t) + un * (sizeof(void *) + sizeof(size_t)) +
+                                   (w ? un * sizeof(double) : 0);
+    sumsq_t *a = l3d_malloc(dev->ctx, bytes, "other");
+    if (!a) return L3D_ERR_NOMEM;
+    *a = (sumsq_t){n, w != NULL, out, at};
+    const void **ax = (const void **)(a + 1);
+    size_t *alen = (size_t *)(ax + n);
+    for (int k = 0; k < n; k++) {
+        ax[k] = l3d_ctest_untag(dev, &bad_, "sumsq", "x[k]", x[k]);
+        alen[k] = len[k];
+    }
+    if (w) memcpy(alen + n, w, un * sizeof(double));
+    l3d_status st = bad_ ? L3D_ERR_INVALID_ARG : l3d_ctest_submit(dev, run_sumsq, a, bytes);
+    l3d_free(dev->ctx, a, bytes, "other");
+    return st;
 }
 
 typedef struct {
