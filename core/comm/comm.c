@@ -393,7 +393,6 @@ static l3d_status p2p_start(l3d_comm_t *c, int send, void *buf, size_t count, l3
     size_t bytes = count * l3d_dtype_size(dt);
     c->stats.calls++;
     if (send) c->stats.bytes += bytes;
-    l3d_sched_round(&s);
     p2p_add(&s, c, send, buf, bytes, peer);
     return l3d_request_start(c, &s, what, p2p_tag(c), req_p);
 }

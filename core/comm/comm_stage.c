@@ -8,10 +8,6 @@ l3d_status l3d_comm_set_device(l3d_comm_t *c, l3d_device_t *dev) {
     if (!c) return L3D_ERR_INVALID_ARG;
     if (c->in_group)
         return l3d_error(c->ctx, L3D_ERR_INVALID_ARG, "l3d_comm_set_device inside a group");
-    if (dev && !l3d_dev_is_host(dev) && !dev->ops->is_device_ptr)
-        return l3d_error(c->ctx, L3D_ERR_INVALID_ARG, "device '%s' cannot tell its memory from "
-                         "the host's (no is_device_ptr): its buffers cannot be communicated",
-                         dev->ops->name);
     c->dev = dev;
     return L3D_OK;
 }

@@ -219,7 +219,7 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
         }
     }
     // Offloaded gradient pieces are summed by the host device; its memory is the host's.
-    l3d_device_t *dev = d->sharded && d->stage ? t->off.hdev : t->dev;
+    l3d_device_t *dev = d->stage ? t->off.hdev : t->dev;
     l3d_status st = L3D_OK;
     double *out = sumsq;
     if (!l3d_dev_is_host(dev)) {
