@@ -90,7 +90,7 @@ static l3d_status op_sumsq(ops_t *o) {
 }
 static l3d_status op_adamw(ops_t *o) {
     return l3d_dev_adamw(dev, o->p, o->big, o->m, o->vv, (size_t)N * F, 1e-4f, 0.9f, 0.95f, 1e-8f,
-                         0.1f, 0.1f, 0.05f, 1.0f, o->t);
+                         0.1f, 0.1f, 0.05f, 1.0f, NULL, 0.0f, o->t);
 }
 static l3d_status op_gemm(ops_t *o) {
     l3d_gemm_t g = {.trans_b = 1, .M = N, .N = F, .K = C, .alpha = 1.0f, .A = o->x, .lda = C,

@@ -41,6 +41,15 @@ l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_
         l3d_free(ctx, dev, sizeof(*dev), "other");
         return st;
     }
+    int nev = !!ops->event_create + !!ops->event_destroy + !!ops->event_record +
+              !!ops->stream_wait_event;
+    if (nev % 4 || !ops->sum_f64) {
+        ops->fini(dev);
+        l3d_free(ctx, dev, sizeof(*dev), "other");
+        return l3d_error(ctx, L3D_ERR_INTERNAL, "device '%s' has %s (devices/device.h)", name,
+                         nev % 4 ? "some of the four event entries but not all"
+                                 : "no sum_f64");
+    }
     if (!ops->is_host(dev) && !ops->is_device_ptr) {  // the communicator could not stage
         ops->fini(dev);
         l3d_free(ctx, dev, sizeof(*dev), "other");
@@ -54,6 +63,8 @@ l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_
 
 void l3d_device_destroy(l3d_device_t *dev) {
     if (!dev) return;
+    l3d_dev_event_destroy(dev, dev->comm_ready);
+    l3d_dev_stream_destroy(dev, dev->comm_stream);
     dev->ops->fini(dev);
     l3d_free(dev->ctx, dev, sizeof(*dev), "other");
 }

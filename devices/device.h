@@ -32,6 +32,7 @@
 #include <stdint.h>
 
 #include "core/l3d_core.h"  // l3d_malloc (the host-memory wrappers' fallback)
+#include "devices/device_math.h"
 #include "llama3d/comm.h"    // l3d_dtype
 #include "llama3d/ctx.h"
 #include "llama3d/device.h"
@@ -45,7 +46,12 @@
 //    optional, for tensor parallelism "2d").
 // 7: is_device_ptr (which memory a buffer is: the communicator stages device buffers);
 //    sumsq over many tensors into device memory, not blocking.
-#define L3D_DEVICE_ABI_VERSION 7
+// 8: events (record on one stream, wait on another: a collective on the communication stream
+//    after the compute that made its buffer, with no host wait); sum_f64 (the norm's
+//    per-rank parts summed on the device); adamw reads the norm from device memory, clips
+//    and skips a non-finite step itself, so the update needs no host read of the norm;
+//    peak_flops (the MFU roof from the device's datasheet, not a CPU-style measurement).
+#define L3D_DEVICE_ABI_VERSION 8
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -58,6 +64,10 @@ typedef struct l3d_device {
     // The stream ops are issued on: an opaque handle from stream_create, or NULL for the
     // device's default stream. Set with l3d_dev_set_stream.
     void *stream;
+    // The communicator's stream and the event that orders it after the compute stream
+    // (core/comm/comm_stage.c makes them when a device buffer is first staged; NULL on a
+    // device without streams or events). l3d_device_destroy frees them.
+    void *comm_stream, *comm_ready;
 } l3d_device_t;
 
 typedef enum l3d_copy_kind {
@@ -151,6 +161,25 @@ struct l3d_device_ops {
     void (*stream_destroy)(l3d_device_t *dev, void *stream);
     // Blocks until the ops issued on `stream` have finished.
     l3d_status (*stream_sync)(l3d_device_t *dev, void *stream);
+
+    // ---- events (optional: all four or none; NULL on devices with one in-order queue) --------
+    // An event marks a point in a stream (CUDA events without timing). *event_p is opaque.
+    l3d_status (*event_create)(l3d_device_t *dev, void **event_p);
+    // Frees it; an event still waited on by an unfinished op stays valid until that op runs.
+    void (*event_destroy)(l3d_device_t *dev, void *event);
+    // Marks the point after every op issued so far on `stream` (NULL: the default stream),
+    // replacing what the event marked before. Non-blocking.
+    l3d_status (*event_record)(l3d_device_t *dev, void *event, void *stream);
+    // Ops issued on `stream` from now on start only after the recorded point has finished.
+    // Non-blocking (the host does not wait); an event never recorded is already finished.
+    l3d_status (*stream_wait_event)(l3d_device_t *dev, void *stream, void *event);
+
+    // The dense GEMM peak in FLOP/s with `dt` operands and float32 accumulation, from the
+    // device's table (a GPU's datasheet figure for its model, without sparsity), the roof
+    // MFU is reported against; 0 for a dtype or model it does not know. Non-blocking.
+    // Optional: NULL where the roof is measured instead (the CPU: its sgemm,
+    // l3d_gemm_peak_measure), which on a GPU would be the wrong roof for 16-bit training.
+    double (*peak_flops)(const l3d_device_t *dev, l3d_dtype dt);
 
     // ---- ops ------------------------------------------------------------------------------
     l3d_status (*gemm)(l3d_device_t *dev, const l3d_gemm_t *g);
@@ -269,6 +298,10 @@ struct l3d_device_ops {
     // which cost a device sync per tensor, 146 a step for a 1B model.)
     l3d_status (*sumsq)(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
                         const double *w, double *out, l3d_dtype at);
+    // *out = x[0] + ... + x[n-1] (doubles, device memory), added in index order from 0.0
+    // (l3d_sum_f64_ordered): the per-rank parts of the norm, all-gathered, summed alike on
+    // every rank. out may be one of the x. Ordered on the stream like any op.
+    l3d_status (*sum_f64)(l3d_device_t *dev, double *out, const double *x, int n);
 
     // AdamW with torch.optim.AdamW semantics, one step over n elements:
     //   g = grad * grad_scale;  p *= 1 - lr * weight_decay
@@ -276,10 +309,17 @@ struct l3d_device_ops {
     //   p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
     // where bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are given by the caller. param, m and v
     // are float32 (the master weights and moments); grad: gt (a 16-bit model's gradients).
+    // Gradient clipping on the device (ABI 8): with `sumsq` (one double in device memory, the
+    // global sum of squares of the scaled gradients, as sumsq and sum_f64 leave it) the factor
+    // is l3d_adamw_gscale(*sumsq, grad_scale, max_norm): grad_scale times
+    // clip_grad_norm_'s coefficient for the norm sqrt(*sumsq) * grad_scale; and a non-finite
+    // *sumsq (an overflow on some rank) leaves param, m and v untouched, as torch's fused
+    // AdamW does with found_inf. So no host read of the norm comes between the backward and
+    // the update. sumsq NULL: the factor is grad_scale (max_norm unused).
     l3d_status (*adamw)(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                         size_t n, float lr, float beta1, float beta2, float eps,
                         float weight_decay, float bc1, float bc2, float grad_scale,
-                        l3d_dtype gt);
+                        const double *sumsq, float max_norm, l3d_dtype gt);
 
     // ---- RMSNorm of rows split by columns (optional, all three or none) ---------------------
     // Tensor parallelism "2d" holds a block of columns of each row, so the row statistics are
@@ -353,6 +393,24 @@ static inline l3d_status l3d_dev_stream_sync(l3d_device_t *d, void *s) {
     return d->ops->stream_sync ? d->ops->stream_sync(d, s) : d->ops->sync(d);
 }
 static inline void l3d_dev_set_stream(l3d_device_t *d, void *s) { d->stream = s; }
+// Events: on a device without them every op runs in one order, so recording and waiting are
+// nothing to do and creating one gives NULL.
+static inline l3d_status l3d_dev_event_create(l3d_device_t *d, void **e) {
+    *e = NULL;
+    return d->ops->event_create ? d->ops->event_create(d, e) : L3D_OK;
+}
+static inline void l3d_dev_event_destroy(l3d_device_t *d, void *e) {
+    if (d->ops->event_destroy && e) d->ops->event_destroy(d, e);
+}
+static inline l3d_status l3d_dev_event_record(l3d_device_t *d, void *e, void *stream) {
+    return d->ops->event_record && e ? d->ops->event_record(d, e, stream) : L3D_OK;
+}
+static inline l3d_status l3d_dev_stream_wait_event(l3d_device_t *d, void *stream, void *e) {
+    return d->ops->stream_wait_event && e ? d->ops->stream_wait_event(d, stream, e) : L3D_OK;
+}
+static inline double l3d_dev_peak_flops(const l3d_device_t *d, l3d_dtype dt) {
+    return d->ops->peak_flops ? d->ops->peak_flops(d, dt) : 0.0;
+}
 static inline l3d_status l3d_dev_convert(l3d_device_t *d, void *dst, l3d_dtype dst_type,
                                          const void *src, l3d_dtype src_type, size_t n) {
     return d->ops->convert(d, dst, dst_type, src, src_type, n);
@@ -484,11 +542,15 @@ static inline l3d_status l3d_dev_sumsq(l3d_device_t *d, const void *x, size_t n,
                                        l3d_dtype at) {
     return d->ops->sumsq(d, 1, &x, &n, NULL, out, at);
 }
+static inline l3d_status l3d_dev_sum_f64(l3d_device_t *d, double *out, const double *x, int n) {
+    return d->ops->sum_f64(d, out, x, n);
+}
 static inline l3d_status l3d_dev_adamw(l3d_device_t *d, float *p, const void *g, float *m,
                                        float *v, size_t n, float lr, float b1, float b2,
                                        float eps, float wd, float bc1, float bc2, float gscale,
-                                       l3d_dtype gt) {
-    return d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, gt);
+                                       const double *sumsq, float max_norm, l3d_dtype gt) {
+    return d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, sumsq,
+                         max_norm, gt);
 }
 
 #endif

@@ -599,7 +599,8 @@ Test(cpu_dtypes, sumsq_and_adamw_every_dtype) {
             for (int step = 1; step <= 2; step++)
                 cr_assert_eq(l3d_dev_adamw(dev, p[r], r ? g.h : (void *)g.f, mo[r], v[r], n, 1e-2f,
                                            0.9f, 0.95f, 1e-8f, 0.1f, 1.0f - powf(0.9f, step),
-                                           1.0f - powf(0.95f, step), 0.5f, r ? gt : F32),
+                                           1.0f - powf(0.95f, step), 0.5f, NULL, 0.0f,
+                                           r ? gt : F32),
                              L3D_OK);
         }
         cr_assert(!memcmp(p[0], p[1], n * 4) && !memcmp(mo[0], mo[1], n * 4) &&

@@ -557,7 +557,7 @@ Test(cpu_adamw, three_steps_by_hand) {
         }
         cr_assert_eq(l3d_dev_adamw(e.dev, p, grads[t - 1], m, v, 4, (float)lr, (float)b1,
                                    (float)b2, (float)eps, (float)wd, (float)bc1, (float)bc2,
-                                   (float)gs, L3D_FLOAT32),
+                                   (float)gs, NULL, 0.0f, L3D_FLOAT32),
                      L3D_OK);
         for (int i = 0; i < 4; i++) {
             cr_assert(fabs(p[i] - ep[i]) <= 1e-6 * fmax(1.0, fabs(ep[i])),
@@ -570,7 +570,7 @@ Test(cpu_adamw, three_steps_by_hand) {
     // m/bc1 = 0.05, sqrt(v/bc2) = 0.05, so p = 0.4995 - 0.01 * 1 = 0.4895 (up to eps).
     float p1[1] = {0.5f}, m1[1] = {0}, v1[1] = {0}, g1[1] = {0.1f};
     cr_assert_eq(l3d_dev_adamw(e.dev, p1, g1, m1, v1, 1, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f,
-                               0.05f, 0.5f, L3D_FLOAT32),
+                               0.05f, 0.5f, NULL, 0.0f, L3D_FLOAT32),
                  L3D_OK);
     cr_assert(fabsf(p1[0] - 0.4895f) < 1e-6f, "%.9g", (double)p1[0]);
     cr_assert(fabsf(m1[0] - 0.005f) < 1e-8f && fabsf(v1[0] - 1.25e-4f) < 1e-10f);

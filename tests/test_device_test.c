@@ -4,6 +4,7 @@
 // waits (so a missing sync reads stale memory every time) and keeps its streams apart.
 // That they give the CPU device's results bit for bit: tests/test_parallel_devices.c.
 #include <criterion/criterion.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -228,4 +229,110 @@ Test(device_test, listed_with_the_built_devices) {
     cr_assert(strstr(l3d_ctx_last_error(ctx), "cpu, cpu-opaque, cpu-async"), "%s",
               l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
+}
+
+// cpu-async: an event orders a second stream after the first without a host wait. Without
+// the wait, syncing the second stream runs none of the first's ops (a stale read, the bug a
+// missing event is on a GPU); with it, that sync runs the first up to the recorded point and
+// no further.
+Test(device_test, async_events_order_streams) {
+    env_t e = env_open("cpu-async");
+    float one[4] = {1, 1, 1, 1}, two[4] = {2, 2, 2, 2}, got[4];
+    float *buf;
+    void *s2, *ev;
+    cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(one), "acts", (void **)&buf), L3D_OK);
+    cr_assert_eq(l3d_dev_memset(e.dev, buf, 0, sizeof(one)), L3D_OK);
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+    cr_assert_eq(l3d_dev_stream_create(e.dev, &s2), L3D_OK);
+    cr_assert_eq(l3d_dev_event_create(e.dev, &ev), L3D_OK);
+    cr_assert_not_null(ev);
+    for (int wait = 0; wait < 2; wait++) {
+        cr_assert_eq(l3d_dev_copy(e.dev, buf, wait ? two : one, sizeof(one), L3D_COPY_H2D),
+                     L3D_OK);  // on the default stream
+        cr_assert_eq(l3d_dev_event_record(e.dev, ev, NULL), L3D_OK);
+        cr_assert_eq(l3d_dev_scale(e.dev, buf, 10.0f, 4, L3D_FLOAT32), L3D_OK);  // after it
+        if (wait) cr_assert_eq(l3d_dev_stream_wait_event(e.dev, s2, ev), L3D_OK);
+        memset(got, 0xff, sizeof(got));
+        l3d_dev_set_stream(e.dev, s2);
+        cr_assert_eq(l3d_dev_copy(e.dev, got, buf, sizeof(got), L3D_COPY_D2H), L3D_OK);
+        l3d_dev_set_stream(e.dev, NULL);
+        cr_assert_eq(l3d_dev_stream_sync(e.dev, s2), L3D_OK);
+        // no wait: the copy ran before either default-stream op (the memset's zeros);
+        // with it: after the H2D of twos, before the scale recorded after the event
+        for (int i = 0; i < 4; i++)
+            cr_assert_eq(got[i], wait ? 2.0f : 0.0f, "wait %d: got[%d] %g", wait, i,
+                         (double)got[i]);
+        cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+        if (!wait) cr_assert_eq(l3d_dev_memset(e.dev, buf, 0, sizeof(one)), L3D_OK);
+    }
+    cr_assert_eq(l3d_dev_copy(e.dev, got, buf, sizeof(got), L3D_COPY_D2H), L3D_OK);
+    cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+    cr_assert_eq(got[0], 20.0f, "the scale ran at the full sync");
+    l3d_dev_event_destroy(e.dev, ev);
+    l3d_dev_stream_destroy(e.dev, s2);
+    l3d_dev_free(e.dev, buf, sizeof(one), "acts");
+    env_close(e);
+}
+
+// The norm's per-rank parts summed on the device, and AdamW clipping with that device scalar
+// and skipping a non-finite one: the CPU device's numbers on every device, and the clipped
+// step equal to the unclipped entry given the coefficient torch's clip_grad_norm_ computes
+// (l3d_clip_coef) on the host.
+Test(device_test, norm_and_adamw_read_device_memory) {
+    const char *all[] = {"cpu", "cpu-opaque", "cpu-async"};
+    enum { N = 40 };
+    float ref_p[3][N];
+    for (int d = 0; d < 3; d++) {
+        env_t e = env_open(all[d]);
+        double parts[3] = {1.5, 0.25e-3, 2.75}, *dn, s;
+        float p0[N], g0[N], *p, *g, *m, *v;
+        for (int i = 0; i < N; i++) p0[i] = 0.01f * (float)i - 0.2f, g0[i] = 0.5f - 0.03f * (float)i;
+        size_t fb = sizeof(p0);
+        cr_assert_eq(l3d_dev_alloc(e.dev, 4 * sizeof(double), "other", (void **)&dn), L3D_OK);
+        cr_assert_eq(l3d_dev_alloc(e.dev, fb, "params", (void **)&p), L3D_OK);
+        cr_assert_eq(l3d_dev_alloc(e.dev, fb, "grads", (void **)&g), L3D_OK);
+        cr_assert_eq(l3d_dev_alloc(e.dev, fb, "optim", (void **)&m), L3D_OK);
+        cr_assert_eq(l3d_dev_alloc(e.dev, fb, "optim", (void **)&v), L3D_OK);
+        cr_assert_eq(l3d_dev_copy(e.dev, dn + 1, parts, sizeof(parts), L3D_COPY_H2D), L3D_OK);
+        cr_assert_eq(l3d_dev_sum_f64(e.dev, dn, dn + 1, 3), L3D_OK);
+        cr_assert_eq(l3d_dev_copy(e.dev, &s, dn, sizeof(s), L3D_COPY_D2H), L3D_OK);
+        cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+        cr_assert(s == (1.5 + 0.25e-3) + 2.75, "%s: sum %.17g", all[d], s);
+        // gradients scaled by S = 4: the norm is sqrt(s) / 4 = 0.5 > max_norm 0.25, so clipped
+        float S = 4.0f, max_norm = 0.25f;
+        float coef = l3d_clip_coef(sqrt(s) / S, max_norm);
+        cr_assert(coef < 1.0f);
+        float hp[N], hm[N] = {0}, got[N];
+        memcpy(hp, p0, fb);
+        for (int run = 0; run < 3; run++) {
+            cr_assert_eq(l3d_dev_copy(e.dev, p, p0, fb, L3D_COPY_H2D), L3D_OK);
+            cr_assert_eq(l3d_dev_copy(e.dev, g, g0, fb, L3D_COPY_H2D), L3D_OK);
+            cr_assert_eq(l3d_dev_memset(e.dev, m, 0, fb), L3D_OK);
+            cr_assert_eq(l3d_dev_memset(e.dev, v, 0, fb), L3D_OK);
+            if (run == 2) {  // a non-finite norm: nothing moves
+                double inf = INFINITY;
+                cr_assert_eq(l3d_dev_copy(e.dev, dn, &inf, sizeof(inf), L3D_COPY_H2D), L3D_OK);
+            }
+            // run 0: the coefficient from the device scalar; run 1: given by the host
+            cr_assert_eq(l3d_dev_adamw(e.dev, p, g, m, v, N, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f,
+                                       0.1f, 0.05f, run == 1 ? coef * (1.0f / S) : 1.0f / S,
+                                       run == 1 ? NULL : dn, max_norm, L3D_FLOAT32), L3D_OK);
+            cr_assert_eq(l3d_dev_copy(e.dev, run ? got : hp, p, fb, L3D_COPY_D2H), L3D_OK);
+            cr_assert_eq(l3d_dev_copy(e.dev, hm, m, fb, L3D_COPY_D2H), L3D_OK);
+            cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+            if (run == 1) cr_assert(!memcmp(got, hp, fb), "%s: device clip != host clip", all[d]);
+            if (run == 2)
+                cr_assert(!memcmp(got, p0, fb) && hm[0] == 0.0f, "%s: a non-finite norm "
+                          "updated the parameters", all[d]);
+        }
+        cr_assert(hp[3] != p0[3]);
+        memcpy(ref_p[d], hp, fb);
+        cr_assert(!memcmp(ref_p[d], ref_p[0], fb), "%s: not the cpu device's step", all[d]);
+        l3d_dev_free(e.dev, dn, 4 * sizeof(double), "other");
+        l3d_dev_free(e.dev, p, fb, "params");
+        l3d_dev_free(e.dev, g, fb, "grads");
+        l3d_dev_free(e.dev, m, fb, "optim");
+        l3d_dev_free(e.dev, v, fb, "optim");
+        env_close(e);
+    }
 }

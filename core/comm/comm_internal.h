@@ -253,10 +253,11 @@ void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes);
 // ---- device buffers (comm_stage.c) --------------------------------------------------------------
 // A call's buffers may be memory of the communicator's device. Transports take host memory,
 // so such a buffer is staged: its bytes are copied to a schedule temporary before the first
-// round (after the device's ops on the current stream that produced it, then waited for), and
-// a temporary receives what lands in a device buffer, copied to it when the op it belongs to
-// completes (an H2D local op, waited for before the request completes: the temporary goes with
-// the schedule).
+// round, and a temporary receives what lands in a device buffer, copied to it when the op it
+// belongs to completes (an H2D local op, waited for before the request completes: the
+// temporary goes with the schedule). Both copies run on the device's communication stream
+// (device->comm_stream), the D2H after an event recorded on the current stream: it waits for
+// the compute that produced the buffer, not for the whole device.
 // Nonzero when `p` is memory of c's device that needs staging.
 int l3d_stage_needed(const l3d_comm_t *c, const void *p);
 // Host copy of device [src, src + bytes): a schedule temporary, copied and waited for now.
@@ -271,6 +272,8 @@ void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sby
 // of the round (-1: at the round's end).
 void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
                    size_t bytes);
+// What the H2D local op runs: the copy on the communication stream, waited for.
+l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes);
 
 // ---- requests ----------------------------------------------------------------------------------
 struct l3d_request {

@@ -255,12 +255,8 @@ l3d_status l3d_sched_run_lop(const l3d_sched_lop_t *o) {
     case L3D_LOP_FINAL:
         l3d_reduce_final(o->dst, o->a, o->count, (l3d_dtype)o->dt, (l3d_redop)o->op, o->n);
         break;
-    case L3D_LOP_H2D: {
-        // waited for at once: the host temporary goes with the schedule, and the caller may
-        // use the device buffer as soon as the request completes
-        l3d_status st = l3d_dev_copy(o->dev, o->dst, o->a, o->count, L3D_COPY_H2D);
-        return st < 0 ? st : l3d_dev_stream_sync(o->dev, o->dev->stream);
-    }
+    case L3D_LOP_H2D:
+        return l3d_stage_h2d(o->dev, o->dst, o->a, o->count);
     }
     return L3D_OK;
 }

@@ -1,7 +1,7 @@
 // Device buffers in communicator calls: the communicator knows its device, and a buffer in
 // that device's memory reaches a transport, which takes host memory, through a host copy
 // (comm_internal.h, "device buffers"). A host buffer in the same call goes as it is.
-// defines: l3d_comm_set_device, l3d_stage_needed, l3d_stage_in, l3d_stage_call
+// defines: l3d_comm_set_device, l3d_stage_needed, l3d_stage_in, l3d_stage_call, l3d_stage_h2d
 #include "core/comm/comm_internal.h"
 
 l3d_status l3d_comm_set_device(l3d_comm_t *c, l3d_device_t *dev) {
@@ -16,11 +16,40 @@ int l3d_stage_needed(const l3d_comm_t *c, const void *p) {
     return c->dev && p && l3d_dev_is_device_ptr(c->dev, p);
 }
 
-// Copies [src, src + bytes) of device memory to host `h` and waits for it.
+// The device's communication stream, made on first use: copies for the communicator run
+// there, so waiting for one waits for the compute it depends on and nothing issued after it
+// (or on other streams). On a device without streams it is NULL, the one queue.
+static l3d_status comm_stream(l3d_device_t *d) {
+    if (d->comm_stream || !d->ops->stream_create) return L3D_OK;
+    L3D_CHECK(d->ctx, l3d_dev_stream_create(d, &d->comm_stream));
+    return l3d_dev_event_create(d, &d->comm_ready);
+}
+
+// Copies bytes between device memory and host `h` on the communication stream, after the ops
+// issued so far on the current one (through an event, not a wait for the whole device: the
+// compute that wrote a buffer being sent, or that zeroed or last read a buffer being
+// received into), and waits for the copy: the host reads it next, or the temporary goes.
+static l3d_status copy_on_comm(l3d_device_t *d, void *dst, const void *src, size_t bytes,
+                               l3d_copy_kind kind) {
+    void *compute = d->stream;
+    l3d_status st = comm_stream(d);
+    if (st >= 0) st = l3d_dev_event_record(d, d->comm_ready, compute);
+    if (st >= 0) st = l3d_dev_stream_wait_event(d, d->comm_stream, d->comm_ready);
+    if (st >= 0) {
+        l3d_dev_set_stream(d, d->comm_stream);
+        st = l3d_dev_copy(d, dst, src, bytes, kind);
+        l3d_dev_set_stream(d, compute);
+    }
+    return st < 0 ? st : l3d_dev_stream_sync(d, d->comm_stream);
+}
+
 static void d2h_now(l3d_sched_t *s, l3d_comm_t *c, void *h, const void *src, size_t bytes) {
-    l3d_status st = l3d_dev_copy(c->dev, h, src, bytes, L3D_COPY_D2H);
-    if (st >= 0) st = l3d_dev_stream_sync(c->dev, c->dev->stream);
+    l3d_status st = copy_on_comm(c->dev, h, src, bytes, L3D_COPY_D2H);
     if (st < 0) s->st = st;
+}
+
+l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes) {
+    return copy_on_comm(d, dst, h, bytes, L3D_COPY_H2D);
 }
 
 void *l3d_stage_in(l3d_sched_t *s, l3d_comm_t *c, const void *src, size_t bytes) {

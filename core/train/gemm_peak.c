@@ -1,5 +1,5 @@
-// The MFU roof: measuring a device's sgemm peak, and never reporting MFU against a roof the
-// run itself beat.
+// The MFU roof: a device's own table (a GPU) or its measured sgemm peak (the CPU), and never
+// reporting MFU against a roof the run itself beat.
 #include <math.h>
 
 #include "core/l3d_core.h"
@@ -67,6 +67,19 @@ out:
     free3(dev, m, bytes);
     l3d_device_destroy(dev);
     return st;
+}
+
+l3d_status l3d_device_peak_table(l3d_ctx_t *ctx, const char *device, l3d_dtype dt,
+                                 double *flops_p) {
+    if (!ctx || !flops_p) return L3D_ERR_INVALID_ARG;
+    *flops_p = 0.0;
+    l3d_device_t *dev = NULL;
+    l3d_device_params_t dp = {.num_threads = 1, .device_index = 0};
+    L3D_CHECK(ctx, l3d_device_create(ctx, device ? device : "cpu", &dp, &dev));
+    double f = l3d_dev_peak_flops(dev, dt);
+    l3d_device_destroy(dev);
+    *flops_p = f > 0.0 && isfinite(f) ? f : 0.0;
+    return L3D_OK;
 }
 
 double l3d_mfu_update(double achieved_flops, double *peak_flops, int *raised) {

@@ -196,11 +196,7 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
     l3d_free(ctx, t, sizeof(*t), "other");
 }
 
-float l3d_clip_scale(double norm, float max_norm) {
-    if (max_norm <= 0.0f) return 1.0f;
-    double coef = max_norm / (norm + 1e-6);
-    return coef < 1.0 ? (float)coef : 1.0f;
-}
+float l3d_clip_scale(double norm, float max_norm) { return l3d_clip_coef(norm, max_norm); }
 
 l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
     l3d_ctx_t *ctx = t->ctx;
@@ -245,25 +241,28 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         return l3d_error(ctx, L3D_ERR_DIVERGED, "step %d: loss is %g; lower the learning rate "
                          "or enable gradient_clipping", t->step + 1, loss);
 
-    // The global sum of squares is every rank's (clipping needs it): an inf or NaN anywhere
-    // reaches all ranks, so they agree on an overflow without another collective.
+    // The global sum of squares, left on the device for AdamW (devices/device.h, adamw): it
+    // clips with it and skips a step whose norm is not finite, the same on every rank (an inf
+    // or NaN anywhere reaches all of them through the sum). So the update follows the backward
+    // with no host read of the norm; the host reads it after, once, for the loss scaler and
+    // the log. A non-finite loss (dynamic loss scaling only) skips the update here.
+    L3D_CHECK(ctx, l3d_dp_grad_sumsq(t));
+    // the update as if it is applied: skipped steps move neither the LR schedule nor Adam's
+    // step count (DeepSpeed steps neither on an overflow)
+    int done = t->step - (int)t->scaler.skipped;
+    float lr = l3d_train_config_lr(cfg, done);
+    if (isfinite(loss)) {
+        int k = done + 1;
+        float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));
+        L3D_CHECK(ctx, l3d_dp_update(t, lr, bc1, bc2, (float)(1.0 / S)));
+    }
     double sumsq = 0.0;
-    L3D_CHECK(ctx, l3d_dp_grad_sumsq(t, &sumsq));
+    L3D_CHECK(ctx, l3d_dp_norm_read(t, &sumsq));
+    L3D_CHECK(ctx, l3d_dev_sync(dev));
     double norm = sqrt(sumsq) / S;
     int apply = 1;
     L3D_CHECK(ctx, l3d_loss_scaler_update(ctx, &t->scaler, !isfinite(sumsq) || !isfinite(loss),
                                           &apply));
-    // Updates applied before this one: skipped steps move neither the LR schedule nor Adam's
-    // step count (DeepSpeed steps neither on an overflow).
-    int done = t->step - (int)t->scaler.skipped + !apply;
-    float lr = l3d_train_config_lr(cfg, done);
-    if (apply) {
-        float gscale = l3d_clip_scale(norm, cfg->gradient_clipping) / S;
-        int k = done + 1;
-        float bc1 = (float)(1.0 - pow(cfg->beta1, k)), bc2 = (float)(1.0 - pow(cfg->beta2, k));
-        L3D_CHECK(ctx, l3d_dp_update(t, lr, bc1, bc2, gscale));
-    }
-    L3D_CHECK(ctx, l3d_dev_sync(dev));
     t->step++;
     double dt = l3d_time_now() - t0;
     // Evaluation after the update, outside the step's time (Megatron: every eval_interval

@@ -86,7 +86,7 @@ void l3d_dp_fini(l3d_trainer_t *t) {
     if (d->zero2) l3d_zero2_fini(t);
     if (d->cstage) l3d_dev_free(t->dev, d->cstage, d->Ppad * l3d_dtype_size(d->cdt), "grads");
     d->cstage = NULL;
-    if (d->norm_dev) l3d_dev_free(t->dev, d->norm_dev, sizeof(double), "other");
+    if (d->norm_dev) l3d_dev_free(d->norm_on, d->norm_dev, d->norm_len * sizeof(double), "other");
     d->norm_dev = NULL;
     size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
     l3d_free(t->ctx, d->b, nalloc * sizeof(*d->b), "other");
@@ -185,13 +185,15 @@ static float *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) 
     return t->dp.zero2 ? t->dp.gshard + b->sh + (a0 - lo) : t->grads + a0;
 }
 
-// Squared global gradient norm (clip_grad_norm_ over the whole model): every tensor's part
-// this rank is responsible for (all of its arena at stage 0, where the dp replicas agree; its
-// pieces when sharded, summed over dp), weighted by 1/repl so that a tensor held by several
-// tp ranks (norms, replicated kv heads) counts once, then summed over tp. One multi-tensor
-// call on the device (one wait, not one per tensor), then sums of doubles in rank order:
-// bit-identical everywhere.
-l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
+// Squared global gradient norm (clip_grad_norm_ over the whole model), left in device memory
+// (d->norm_dev[0]) for AdamW to read: every tensor's part this rank is responsible for (all of
+// its arena at stage 0, where the dp replicas agree; its pieces when sharded, summed over dp),
+// weighted by 1/repl so that a tensor held by several tp ranks (norms, replicated kv heads)
+// counts once, then summed over tp and pp. One multi-tensor call on the device, then for each
+// group an all-gather of the parts and their sum in rank order on the device (sum_f64):
+// bit-identical on every rank, and no host wait but the staging's where a transport takes
+// host memory.
+l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     // the pieces: at most one per tensor and bucket
@@ -220,35 +222,58 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq) {
     }
     // Offloaded gradient pieces are summed by the host device; its memory is the host's.
     l3d_device_t *dev = d->stage ? t->off.hdev : t->dev;
+    l3d_comm_t *groups[3] = {d->sharded ? d->comm : NULL, m->tp.size > 1 ? m->tp.comm : NULL,
+                             t->pp.comm};
+    size_t need = 1;
+    for (int g = 0; g < 3; g++)
+        if (groups[g]) need = L3D_MAX(need, 1 + (size_t)l3d_comm_size(groups[g]));
     l3d_status st = L3D_OK;
-    double *out = sumsq;
-    if (!l3d_dev_is_host(dev)) {
-        if (!d->norm_dev) st = l3d_dev_alloc(dev, sizeof(double), "other", (void **)&d->norm_dev);
-        out = d->norm_dev;
+    if (!d->norm_dev) {
+        d->norm_on = dev, d->norm_len = need;
+        st = l3d_dev_alloc(dev, need * sizeof(double), "other", (void **)&d->norm_dev);
     }
-    if (st >= 0) st = l3d_dev_sumsq_multi(dev, (int)n, x, len, w, out, L3D_FLOAT32);
-    if (st >= 0 && out != sumsq) {
-        st = l3d_dev_copy(dev, sumsq, out, sizeof(double), L3D_COPY_D2H);
-        if (st >= 0) st = l3d_dev_sync(dev);
-    }
+    if (st >= 0) st = l3d_dev_sumsq_multi(dev, (int)n, x, len, w, d->norm_dev, L3D_FLOAT32);
     l3d_free(t->ctx, mem, bytes ? bytes : 1, "other");
     L3D_CHECK(t->ctx, st);
-    if (d->sharded) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, d->comm, sumsq));
-    if (m->tp.size > 1) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, m->tp.comm, sumsq));
-    if (t->pp.comm) L3D_CHECK(t->ctx, l3d_dp_sum_double(t, t->pp.comm, sumsq));
+    for (int g = 0; g < 3; g++) {
+        if (!groups[g]) continue;
+        int gn = l3d_comm_size(groups[g]);
+        L3D_CHECK(t->ctx, l3d_comm_allgather(groups[g], d->norm_dev, d->norm_dev + 1,
+                                             sizeof(double), L3D_UINT8));
+        L3D_CHECK(t->ctx, l3d_dev_sum_f64(dev, d->norm_dev, d->norm_dev + 1, gn));
+    }
     return L3D_OK;
+}
+
+// The norm's sum of squares on the host, after the update (a copy and a wait: once a step).
+l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq) {
+    l3d_dp_t *d = &t->dp;
+    if (l3d_dev_is_host(d->norm_on)) {
+        L3D_CHECK(t->ctx, l3d_dev_sync(d->norm_on));
+        *sumsq = d->norm_dev[0];
+        return L3D_OK;
+    }
+    L3D_CHECK(t->ctx, l3d_dev_copy(d->norm_on, sumsq, d->norm_dev, sizeof(double),
+                                   L3D_COPY_D2H));
+    return l3d_dev_sync(d->norm_on);
 }
 
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
 // pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
 // persistent groups are gathered). With offload_optimizer the step runs on the host device
 // over host copies of the pieces (core/train/trainer_offload.c), which go back to the device first.
-l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale) {
+l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     const l3d_train_config_t *cfg = &t->cfg;
     int off = t->off.optim;
     l3d_device_t *odev = off ? t->off.hdev : t->dev;
+    // AdamW clips with the norm where it runs: the host device reads a host copy of it.
+    const double *sumsq = d->norm_dev;
+    if (odev != d->norm_on && !l3d_dev_is_host(d->norm_on)) {
+        L3D_CHECK(t->ctx, l3d_dp_norm_read(t, &d->norm_host));
+        sumsq = &d->norm_host;
+    }
     if (off) L3D_CHECK(t->ctx, l3d_offload_grads_to_host(t));
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i];
@@ -271,7 +296,8 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
             }
             L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
                                             a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
-                                            bc1, bc2, gscale, L3D_FLOAT32));
+                                            bc1, bc2, grad_scale, sumsq, cfg->gradient_clipping,
+                                            L3D_FLOAT32));
         }
     }
     if (off) L3D_CHECK(t->ctx, l3d_offload_params_to_device(t));

@@ -40,7 +40,12 @@ typedef struct l3d_dp {
     // ZeRO-2 (core/train/trainer_zero2.c; stage 2 with dp > 1): no full gradient arena. Buckets are
     // whole gradient groups; each micro-batch's backward accumulates a bucket in a window,
     // reduce-scatters it and adds this rank's piece to gshard (shard_len floats).
-    double *norm_dev;  // the gradient norm's sum of squares on a non-host device (lazily)
+    // The gradient norm's sum of squares (l3d_dp_grad_sumsq): [0] the sum, then room for a
+    // group's per-rank parts; in memory of norm_on (the device that sums the gradients: the
+    // host's with an offloaded ZeRO-2/3 shard), made on first use. norm_host: its host copy.
+    double *norm_dev, norm_host;
+    l3d_device_t *norm_on;
+    size_t norm_len;
     int zero2;
     float *gshard;
     float *win[L3D_ZERO2_MAX_WIN];
@@ -152,8 +157,9 @@ void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro);
 // Starts the buckets not started yet and waits for all of them.
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
-l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t, double *sumsq);
-l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float gscale);
+l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t);
+l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale);
+l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq);
 // This rank's pieces under ZeRO (dp.sharded): piece k (0 <= k < dp.nb) is arena floats
 // [*lo, *hi) (may be empty; never beyond the parameters' n_params) whose optimizer state sits
 // at adam_m/adam_v + *sh. Every arena float below n_params is in exactly one piece of one dp

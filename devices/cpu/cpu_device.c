@@ -185,5 +185,6 @@ const l3d_device_ops_t l3d_cpu_device_ops = {
     .xent_vp_stats = l3d_cpu_xent_vp_stats,
     .xent_vp_grad = l3d_cpu_xent_vp_grad,
     .sumsq = l3d_cpu_sumsq,
+    .sum_f64 = l3d_cpu_sum_f64,
     .adamw = l3d_cpu_adamw,
 };

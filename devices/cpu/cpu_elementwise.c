@@ -2,7 +2,8 @@
 // clipping) and the AdamW step. Work is cut into fixed chunks of L3D_CPU_CHUNK elements; with
 // 16-bit operands each task widens its chunk into its scratch slot, runs the same float32
 // body on it and rounds its outputs back, so the results are the float32 ones rounded once.
-// defines: l3d_cpu_swiglu_fwd/bwd, l3d_cpu_add, l3d_cpu_scale, l3d_cpu_sumsq, l3d_cpu_adamw
+// defines: l3d_cpu_swiglu_fwd/bwd, l3d_cpu_add, l3d_cpu_scale, l3d_cpu_sumsq, l3d_cpu_sum_f64,
+//          l3d_cpu_adamw
 #include <math.h>
 
 #include "devices/cpu/cpu.h"
@@ -214,6 +215,12 @@ l3d_status l3d_cpu_sumsq(l3d_device_t *dev, int n, const void *const *x, const s
     return L3D_OK;
 }
 
+l3d_status l3d_cpu_sum_f64(l3d_device_t *dev, double *out, const double *x, int n) {
+    if (n < 0) return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "sum_f64: %d values", n);
+    *out = l3d_sum_f64_ordered(x, n);
+    return L3D_OK;
+}
+
 // ---- adamw --------------------------------------------------------------------------------------
 L3D_CPU_SIMD static void adamw_body(const ew_t *e, size_t len, int task) {
     float *restrict p = e->p, *restrict m = e->m, *restrict v = e->v;
@@ -235,7 +242,11 @@ L3D_CPU_SIMD static void adamw_body(const ew_t *e, size_t len, int task) {
 l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                          size_t n, float lr, float beta1, float beta2, float eps,
                          float weight_decay, float bc1, float bc2, float grad_scale,
-                         l3d_dtype gt) {
+                         const double *sumsq, float max_norm, l3d_dtype gt) {
+    if (sumsq) {  // clipping and the overflow skip from the norm (device.h)
+        if (!isfinite(*sumsq)) return L3D_OK;
+        grad_scale = l3d_adamw_gscale(*sumsq, grad_scale, max_norm);
+    }
     if (!(bc1 > 0.0f) || !(bc2 > 0.0f))
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)bc1,

@@ -82,7 +82,7 @@ l3d_status l3d_ctest_sync(l3d_device_t *dev);
     .embedding_fwd_vp = l3d_ctest_embedding_fwd_vp, \
     .embedding_bwd_vp = l3d_ctest_embedding_bwd_vp, .xent_vp_max = l3d_ctest_xent_vp_max, \
     .xent_vp_stats = l3d_ctest_xent_vp_stats, .xent_vp_grad = l3d_ctest_xent_vp_grad, \
-    .sumsq = l3d_ctest_sumsq, .adamw = l3d_ctest_adamw
+    .sumsq = l3d_ctest_sumsq, .sum_f64 = l3d_ctest_sum_f64, .adamw = l3d_ctest_adamw
 
 l3d_status l3d_ctest_gemm(l3d_device_t *dev, const l3d_gemm_t *g);
 l3d_status l3d_ctest_convert(l3d_device_t *dev, void *dst, l3d_dtype dst_type, const void *src,
@@ -144,9 +144,10 @@ l3d_status l3d_ctest_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses
                                   float grad_scale, l3d_dtype at);
 l3d_status l3d_ctest_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
                            const double *w, double *out, l3d_dtype at);
+l3d_status l3d_ctest_sum_f64(l3d_device_t *dev, double *out, const double *x, int n);
 l3d_status l3d_ctest_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                            size_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float bc1, float bc2, float grad_scale,
-                           l3d_dtype gt);
+                           const double *sumsq, float max_norm, l3d_dtype gt);
 
 #endif

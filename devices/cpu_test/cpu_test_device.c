@@ -49,20 +49,34 @@ static l3d_ctest_queue_t *current_queue(l3d_device_t *dev) {
     return dev->stream ? (l3d_ctest_queue_t *)dev->stream : &t->queue0;
 }
 
+// A queued wait on an event (a job with no runner): the queue it is in goes on only once
+// queue `q` has run `seq` jobs.
+typedef struct {
+    l3d_ctest_queue_t *q;
+    uint64_t seq;
+} ev_wait_t;
+
 // The worker: runs the jobs of every queue the host waits on, in each queue's order. Nothing
-// runs before a wait asks for it.
+// runs before a wait asks for it. A queue whose next job waits on an event that another queue
+// has not reached yet is passed over, and that other queue is made to run up to the event.
 static void *worker_main(void *arg) {
     l3d_device_t *dev = arg;
     l3d_ctest_t *t = l3d_ctest_priv(dev);
     pthread_mutex_lock(&t->mu);
     for (;;) {
         l3d_ctest_queue_t *q = NULL;
-        for (l3d_ctest_queue_t *it = &t->queue0; it; it = it->next)
-            if (it->done < it->flush_to) {
-                q = it;
-                break;
+        int raised = 0;
+        for (l3d_ctest_queue_t *it = &t->queue0; it && !q; it = it->next) {
+            if (it->done >= it->flush_to) continue;
+            const ev_wait_t *w = it->head->run ? NULL : (const ev_wait_t *)it->head->args;
+            if (w && w->q->done < w->seq) {
+                if (w->q->flush_to < w->seq) w->q->flush_to = w->seq, raised = 1;
+                continue;
             }
+            q = it;
+        }
         if (!q) {
+            if (raised) continue;  // a queue before this one now has work
             if (t->stop) break;
             pthread_cond_wait(&t->wake, &t->mu);
             continue;
@@ -70,10 +84,13 @@ static void *worker_main(void *arg) {
         l3d_ctest_job_t *j = q->head;
         q->head = j->next;
         if (!q->head) q->tail = NULL;
-        pthread_mutex_unlock(&t->mu);
-        l3d_status st = j->run(&t->cpu, j->args);
+        l3d_status st = L3D_OK;
+        if (j->run) {
+            pthread_mutex_unlock(&t->mu);
+            st = j->run(&t->cpu, j->args);
+            pthread_mutex_lock(&t->mu);
+        }
         l3d_free(dev->ctx, j, sizeof(*j) + j->size, "other");
-        pthread_mutex_lock(&t->mu);
         if (st < 0 && t->failed == L3D_OK) t->failed = st;
         q->done++;
         pthread_cond_broadcast(&t->done_cv);
@@ -282,11 +299,12 @@ static l3d_status async_stream_sync(l3d_device_t *dev, void *stream) {
     return wait_queues(dev, stream ? (l3d_ctest_queue_t *)stream : &l3d_ctest_priv(dev)->queue0);
 }
 
-// Like cudaStreamDestroy: the stream's ops still run; then it is gone.
+// Like cudaStreamDestroy: the stream's ops still run; then it is gone. (Every queue is waited
+// for: a wait on one of this stream's events, queued elsewhere, may still name it.)
 static void async_stream_destroy(l3d_device_t *dev, void *stream) {
     l3d_ctest_t *t = l3d_ctest_priv(dev);
     l3d_ctest_queue_t *q = stream;
-    (void)wait_queues(dev, q);
+    (void)wait_queues(dev, NULL);
     pthread_mutex_lock(&t->mu);
     for (l3d_ctest_queue_t *it = &t->queue0; it; it = it->next)
         if (it->next == q) {
@@ -296,6 +314,40 @@ static void async_stream_destroy(l3d_device_t *dev, void *stream) {
     pthread_mutex_unlock(&t->mu);
     if (dev->stream == stream) dev->stream = NULL;
     l3d_free(dev->ctx, q, sizeof(*q), "other");
+}
+
+// ---- events (cpu-async: a queue and a count of its jobs) ------------------------------------
+static l3d_status async_event_create(l3d_device_t *dev, void **event_p) {
+    ev_wait_t *e = l3d_calloc(dev->ctx, 1, sizeof(*e), "other");
+    if (!e) return L3D_ERR_NOMEM;
+    *event_p = e;
+    return L3D_OK;
+}
+
+static void async_event_destroy(l3d_device_t *dev, void *event) {
+    l3d_free(dev->ctx, event, sizeof(ev_wait_t), "other");  // waits hold a copy
+}
+
+static l3d_status async_event_record(l3d_device_t *dev, void *event, void *stream) {
+    l3d_ctest_t *t = l3d_ctest_priv(dev);
+    ev_wait_t *e = event;
+    pthread_mutex_lock(&t->mu);
+    e->q = stream ? (l3d_ctest_queue_t *)stream : &t->queue0;
+    e->seq = e->q->issued;
+    pthread_mutex_unlock(&t->mu);
+    return L3D_OK;
+}
+
+// Queues a job with no runner on `stream`: the worker passes it only once the event's queue
+// has run to the recorded point.
+static l3d_status async_stream_wait_event(l3d_device_t *dev, void *stream, void *event) {
+    const ev_wait_t *e = event;
+    if (!e->q) return L3D_OK;  // never recorded: already finished
+    void *saved = dev->stream;
+    dev->stream = stream;
+    l3d_status st = l3d_ctest_submit(dev, NULL, e, sizeof(*e));
+    dev->stream = saved;
+    return st;
 }
 
 // ---- the tables -----------------------------------------------------------------------------
@@ -318,5 +370,9 @@ const l3d_device_ops_t l3d_cpu_async_device_ops = {
     .stream_create = async_stream_create,
     .stream_destroy = async_stream_destroy,
     .stream_sync = async_stream_sync,
+    .event_create = async_event_create,
+    .event_destroy = async_event_destroy,
+    .event_record = async_event_record,
+    .stream_wait_event = async_stream_wait_event,
     CTEST_COMMON_ENTRIES,
 };

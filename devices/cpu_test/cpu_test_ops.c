@@ -424,25 +424,43 @@ l3d_status l3d_ctest_sumsq(l3d_device_t *dev, int n, const void *const *x, const
 }
 
 typedef struct {
+    double *out;
+    const double *x;
+    int n;
+} sum_f64_t;
+static l3d_status run_sum_f64(l3d_device_t *cpu, const void *p) {
+    const sum_f64_t *a = p;
+    return CPU.sum_f64(cpu, a->out, a->x, a->n);
+}
+l3d_status l3d_ctest_sum_f64(l3d_device_t *dev, double *out, const double *x, int n) {
+    int bad_ = 0;
+    DEV(out), DEV(x);
+    CHECKED();
+    sum_f64_t a = {out, x, n};
+    return SUBMIT(run_sum_f64, a);
+}
+
+typedef struct {
     float *param, *m, *v;
     const void *grad;
+    const double *sumsq;
     size_t n;
-    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale;
+    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale, max_norm;
     l3d_dtype gt;
 } adamw_t;
 static l3d_status run_adamw(l3d_device_t *cpu, const void *p) {
     const adamw_t *a = p;
     return CPU.adamw(cpu, a->param, a->grad, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps,
-                     a->wd, a->bc1, a->bc2, a->grad_scale, a->gt);
+                     a->wd, a->bc1, a->bc2, a->grad_scale, a->sumsq, a->max_norm, a->gt);
 }
 l3d_status l3d_ctest_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
                            size_t n, float lr, float beta1, float beta2, float eps,
                            float weight_decay, float bc1, float bc2, float grad_scale,
-                           l3d_dtype gt) {
+                           const double *sumsq, float max_norm, l3d_dtype gt) {
     int bad_ = 0;
-    DEV(param), DEV(grad), DEV(m), DEV(v);
+    DEV(param), DEV(grad), DEV(m), DEV(v), DEV(sumsq);
     CHECKED();
-    adamw_t a = {param, m, v, grad, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
-                 grad_scale, gt};
+    adamw_t a = {param, m, v, grad, sumsq, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
+                 grad_scale, max_norm, gt};
     return SUBMIT(run_adamw, a);
 }

@@ -109,6 +109,11 @@ int64_t l3d_trainer_eval_tokens(const l3d_trainer_t *t);
 // best of 5. Takes about half a second: callers cache it (l3d train does, per machine).
 l3d_status l3d_gemm_peak_measure(l3d_ctx_t *ctx, const char *device, int threads,
                                  double *flops_p);
+// The roof `device` states itself for GEMMs in `dt` (bf16 training: its bfloat16 tensor-core
+// peak), FLOP/s: a GPU's datasheet table. 0 where the device has none (the CPU devices):
+// measure instead (l3d_gemm_peak_measure). Creates the device for the question.
+l3d_status l3d_device_peak_table(l3d_ctx_t *ctx, const char *device, l3d_dtype dt,
+                                 double *flops_p);
 // MFU of a rank that achieved `achieved_flops` FLOP/s against the roof *peak_flops. A run
 // that beat its roof proves the roof wrong: *peak_flops is raised to achieved_flops, *raised
 // set (may be NULL) and 1 returned. No roof (<= 0) or no work: 0.
