@@ -10,10 +10,10 @@
 // runs on freshly filled inputs and every rank counts the output elements that differ from a
 // reference computed here, element by element (#wrong, summed over ranks).
 //
-// Reference values: small non-negative integers depending on (rank, element index), exact in
-// every dtype; uint8 takes the full byte range so sums wrap. Reductions are computed as exact
-// integers, then AVG is a float32 division (truncating for integers) and half/bfloat16 round
-// once to nearest-even, which is the library's contract (docs/comm.md).
+// Reference values: cli/bench_comm.h. With --device NAME the calls get buffers in that
+// device's memory (the communicator stages them through host copies where the transport takes
+// host memory, docs/comm.md "Device buffers"); inputs are filled and outputs checked on host
+// images copied across outside the timed loop, so the time is the call's, staging included.
 //
 // Before the table every rank memcpy's MAXBYTES at once (best of 5): that bandwidth B bounds a
 // shared-memory allreduce at busbw <= 2(n-1)/n * B/n, printed after an allreduce table.
@@ -28,7 +28,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli/bench_comm.h"
 #include "cli/cli.h"
+#include "devices/device.h"
 #include "llama3d/comm.h"
 #include "platform/platform.h"
 
@@ -71,6 +73,7 @@ typedef struct {
     l3d_redop redop;
     const char *transport;  // NULL: default
     const char *json;       // --json FILE: rank 0 writes the out-of-place rows there (NULL: no)
+    const char *device;     // --device NAME: the buffers are that device's memory (NULL: host)
     int corrupt;
 } bc_opts_t;
 
@@ -93,6 +96,10 @@ typedef struct {
     l3d_comm_t *c;
     int rank;
     unsigned char *s, *r;  // MAXBYTES each, BC_ALIGN aligned
+    // --device: the buffers the calls get, in its memory; s and r are their host images,
+    // filled and checked on the host and copied across outside the timed loop
+    l3d_device_t *dev;
+    unsigned char *ds, *dr;
     l3d_status st;
     long long total_wrong;  // over all ranks (the same on every rank)
 } bc_rank_t;
@@ -157,7 +164,7 @@ static void bc_usage(FILE *f, const l3d_cli_flag_t *flags, int nflags) {
 static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
     const char *b = "8", *e = "64M", *f = "2", *n = "20", *w = "5", *c = "1", *op = "sum",
                *d = "float", *r = "0", *t = "2", *W = "1", *tp = NULL, *help = NULL, *help2 = NULL,
-               *json = NULL;
+               *json = NULL, *dev = NULL;
     const l3d_cli_flag_t flags[] = {
         {"-b", "MINBYTES", "smallest size (default 8; K/M/G suffixes)", &b, 0},
         {"-e", "MAXBYTES", "largest size (default 64M)", &e, 0},
@@ -173,6 +180,8 @@ static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
          &t, 0},
         {"-W", "WINDOW", "p2p: messages in flight per iteration (default 1)", &W, 0},
         {"--transport", "NAME", "local|ucx|ofi (default: local, or the launched job's)", &tp, 0},
+        {"--device", "NAME", "buffers in this device's memory (cpu-opaque, cpu-async: staged "
+         "through host copies; default: host memory)", &dev, 0},
         {"--json", "FILE", "also write the out-of-place rows as JSON (op, ranks, rows of bytes, "
          "time_us, algbw, busbw): l3d plan --intra/--inter read it", &json, 0},
         {"-h", NULL, "this help", &help, 1},
@@ -227,103 +236,34 @@ static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
         return L3D_EXIT_USAGE;
     }
     o->json = json;
+    if (dev) {  // one of the built devices (the generated registry)
+        char built[256] = "";
+        int found = 0;
+        for (int i = 0; l3d_device_backends[i]; i++) {
+            found |= !strcmp(dev, l3d_device_backends[i]->name);
+            size_t at = strlen(built);
+            snprintf(built + at, sizeof(built) - at, "%s%s", i ? ", " : "",
+                     l3d_device_backends[i]->name);
+        }
+        if (!found) {
+            fprintf(stderr, "l3d " BC_CMD ": --device: '%s' is not a built device (built: %s)\n",
+                    dev, built);
+            return L3D_EXIT_USAGE;
+        }
+    }
+    o->device = dev;
     const char *cor = getenv("L3D_BENCH_CORRUPT");
     o->corrupt = cor && !strcmp(cor, "1");
     return -1;
 }
 
-// ---- reference values --------------------------------------------------------------------
-
-static int64_t bc_pat(l3d_dtype dt, int rank, size_t i) {
-    if (dt == L3D_UINT8) return (int64_t)((i * 37u + (size_t)rank * 101u + 7u) & 0xffu);
-    return (int64_t)((i * 7u + (size_t)rank * 13u + 1u) % 11u);
-}
-
-static uint32_t bc_fbits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-// Round-to-nearest-even float32 -> bfloat16 / float16 (finite inputs; ours are).
-static uint16_t bc_to_bf16(float f) {
-    uint32_t u = bc_fbits(f);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-static uint16_t bc_to_f16(float f) {
-    uint32_t x = bc_fbits(f), sign = (x >> 16) & 0x8000u, m = x & 0x7fffffu;
-    int e = (int)((x >> 23) & 0xffu) - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) {  // subnormal half: units of 2^-24
-        if (e < -10) return (uint16_t)sign;
-        m |= 0x800000u;
-        unsigned shift = (unsigned)(14 - e);
-        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (m >> 13), rem = m & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;  // a carry bumps the exponent
-    return (uint16_t)(sign | h);
-}
-
-// Writes integer v as one element of dt; with avg, the reduced value v / n.
-static void bc_encode(l3d_dtype dt, int64_t v, int avg, int n, void *out) {
-    float f = (float)v;
-    if (avg) f /= (float)n;
-    switch (dt) {
-    case L3D_FLOAT32: memcpy(out, &f, 4); break;
-    case L3D_BFLOAT16: {
-        uint16_t h = bc_to_bf16(f);
-        memcpy(out, &h, 2);
-        break;
-    }
-    case L3D_FLOAT16: {
-        uint16_t h = bc_to_f16(f);
-        memcpy(out, &h, 2);
-        break;
-    }
-    case L3D_INT32: {
-        int32_t x = (int32_t)(avg ? v / n : v);
-        memcpy(out, &x, 4);
-        break;
-    }
-    case L3D_INT64: {
-        int64_t x = avg ? v / n : v;
-        memcpy(out, &x, 8);
-        break;
-    }
-    default: {
-        uint8_t x = (uint8_t)(v & 0xff);  // sums wrap in uint8, then avg divides
-        if (avg) x = (uint8_t)(x / n);
-        memcpy(out, &x, 1);
-        break;
-    }
-    }
-}
-
-// Fills elements [0, count) of buf with rank's pattern at global indices off + j.
+// Inputs where the op reads, the sentinel where it writes (the values: cli/bench_comm_ref.c).
 static void bc_fill(const bc_bench_t *b, void *buf, int rank, size_t off, size_t count) {
-    unsigned char *p = buf;
-    for (size_t j = 0; j < count; j++)
-        bc_encode(b->o.dt, bc_pat(b->o.dt, rank, off + j), 0, 1, p + j * b->es);
+    l3d_bc_fill(b->o.dt, b->es, buf, rank, off, count);
 }
-
 static void bc_sentinel(void *buf, size_t bytes) { memset(buf, 0xa5, bytes); }
-
-// The reduction over every rank of element g, encoded.
 static void bc_expect_red(const bc_bench_t *b, size_t g, void *out) {
-    l3d_dtype dt = b->o.dt;
-    l3d_redop op = b->o.redop;
-    int64_t acc = bc_pat(dt, 0, g);
-    for (int r = 1; r < b->nranks; r++) {
-        int64_t v = bc_pat(dt, r, g);
-        if (op == L3D_MAX) acc = v > acc ? v : acc;
-        else if (op == L3D_MIN) acc = v < acc ? v : acc;
-        else acc += v;
-    }
-    bc_encode(dt, acc, op == L3D_AVG, b->nranks, out);
+    l3d_bc_expect_red(b->o.dt, b->o.redop, b->nranks, g, out);
 }
 
 // ---- one rank ----------------------------------------------------------------------------
@@ -377,7 +317,7 @@ static l3d_status bc_call(bc_rank_t *rk, const bc_geom_t *g, int ip) {
     l3d_dtype dt = b->o.dt;
     l3d_redop op = b->o.redop;
     int root = (int)b->o.root, n = b->nranks, me = rk->rank;
-    unsigned char *S = rk->s, *R = rk->r;
+    unsigned char *S = rk->dev ? rk->ds : rk->s, *R = rk->dev ? rk->dr : rk->r;
     size_t blkb = g->blk * b->es;
     switch (b->o.op) {
     case OP_ALLREDUCE: return l3d_comm_allreduce(c, ip ? R : S, R, g->n, dt, op);
@@ -475,16 +415,16 @@ static long long bc_verify(bc_rank_t *rk, const bc_geom_t *g, int ip) {
         case OP_ALLREDUCE:
         case OP_REDUCE: bc_expect_red(b, j, want); break;
         case OP_REDUCE_SCATTER: bc_expect_red(b, (size_t)me * blk + j, want); break;
-        case OP_ALLGATHER: bc_encode(b->o.dt, bc_pat(b->o.dt, (int)(j / blk), j), 0, 1, want);
+        case OP_ALLGATHER: l3d_bc_encode(b->o.dt, l3d_bc_pat(b->o.dt, (int)(j / blk), j), 0, 1, want);
             break;
-        case OP_BROADCAST: bc_encode(b->o.dt, bc_pat(b->o.dt, root, j), 0, 1, want); break;
+        case OP_BROADCAST: l3d_bc_encode(b->o.dt, l3d_bc_pat(b->o.dt, root, j), 0, 1, want); break;
         case OP_ALLTOALL:
-            bc_encode(b->o.dt, bc_pat(b->o.dt, (int)(j / blk), (size_t)me * blk + j % blk), 0, 1,
+            l3d_bc_encode(b->o.dt, l3d_bc_pat(b->o.dt, (int)(j / blk), (size_t)me * blk + j % blk), 0, 1,
                       want);
             break;
-        case OP_SENDRECV: bc_encode(b->o.dt, bc_pat(b->o.dt, (me + n - 1) % n, j), 0, 1, want);
+        case OP_SENDRECV: l3d_bc_encode(b->o.dt, l3d_bc_pat(b->o.dt, (me + n - 1) % n, j), 0, 1, want);
             break;
-        default: bc_encode(b->o.dt, bc_pat(b->o.dt, 0, j), 0, 1, want); break;  // p2p, pingpong
+        default: l3d_bc_encode(b->o.dt, l3d_bc_pat(b->o.dt, 0, j), 0, 1, want); break;  // p2p, pingpong
         }
         wrong += memcmp(out + j * es, want, es) != 0;
     }
@@ -492,10 +432,23 @@ static long long bc_verify(bc_rank_t *rk, const bc_geom_t *g, int ip) {
 }
 
 // Times one variant and checks it: *ns (the slowest rank, per call) and *wrong (all ranks).
+// --device: the host images to the device buffers (to = 1) or back, and waits.
+static l3d_status bc_copy(bc_rank_t *rk, const bc_geom_t *g, int to) {
+    if (!rk->dev || !g->bytes) return L3D_OK;
+    l3d_device_t *d = rk->dev;
+    l3d_copy_kind k = to ? L3D_COPY_H2D : L3D_COPY_D2H;
+    l3d_status st = L3D_OK;
+    if (to) st = l3d_dev_copy(d, rk->ds, rk->s, g->bytes, k);
+    if (st == L3D_OK) st = to ? l3d_dev_copy(d, rk->dr, rk->r, g->bytes, k)
+                              : l3d_dev_copy(d, rk->r, rk->dr, g->bytes, k);
+    return st == L3D_OK ? l3d_dev_sync(d) : st;
+}
+
 static l3d_status bc_variant(bc_rank_t *rk, const bc_geom_t *g, int ip, int64_t *ns,
                              long long *wrong) {
     const bc_bench_t *b = rk->b;
     bc_prepare(rk, g, ip);
+    BC_TRY(rk, bc_copy(rk, g, 1));
     for (long long i = 0; i < b->o.warmup; i++) BC_TRY(rk, bc_call(rk, g, ip));
     BC_TRY(rk, l3d_comm_barrier(rk->c));
     int64_t t0 = bc_now_ns();
@@ -508,7 +461,9 @@ static l3d_status bc_variant(bc_rank_t *rk, const bc_geom_t *g, int ip, int64_t 
     *wrong = -1;
     if (b->o.check) {
         bc_prepare(rk, g, ip);
+        BC_TRY(rk, bc_copy(rk, g, 1));
         BC_TRY(rk, bc_call(rk, g, ip));
+        BC_TRY(rk, bc_copy(rk, g, 0));
         int64_t w = bc_verify(rk, g, ip), all = 0;
         BC_TRY(rk, l3d_comm_allreduce(rk->c, &w, &all, 1, L3D_INT64, L3D_SUM));
         *wrong = (long long)all;
@@ -524,6 +479,7 @@ static l3d_status bc_variant(bc_rank_t *rk, const bc_geom_t *g, int ip, int64_t 
 #define BC_START_MS 20
 static l3d_status bc_start_warm(bc_rank_t *rk, const bc_geom_t *g) {
     bc_prepare(rk, g, 0);
+    BC_TRY(rk, bc_copy(rk, g, 1));
     int64_t t0 = bc_now_ns(), t;
     do {
         for (int i = 0; i < 64; i++) BC_TRY(rk, bc_call(rk, g, 0));
@@ -602,7 +558,19 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
     memset(s, 0, alloc);  // touch every page before timing
     memset(r, 0, alloc);
     double B = 0;
-    l3d_status st = bc_memcpy_bw(rk, &B);
+    l3d_status st = L3D_OK;
+    if (o->device) {
+        l3d_ctx_t *ctx = l3d_comm_ctx(rk->c);
+        l3d_device_params_t dp = {.num_threads = 1};
+        if ((st = l3d_device_create(ctx, o->device, &dp, &rk->dev)) != L3D_OK ||
+            (st = l3d_dev_alloc(rk->dev, alloc, "comm", (void **)&rk->ds)) != L3D_OK ||
+            (st = l3d_dev_alloc(rk->dev, alloc, "comm", (void **)&rk->dr)) != L3D_OK ||
+            (st = l3d_comm_set_device(rk->c, rk->dev)) != L3D_OK) {
+            bc_fail(rk, st, "rank %d: --device %s: %s", me, o->device, l3d_ctx_last_error(ctx));
+            goto done;
+        }
+    }
+    st = bc_memcpy_bw(rk, &B);
     if (st != L3D_OK) goto done;
     double factor = 1.0;
     if (o->op == OP_ALLREDUCE) factor = 2.0 * (n - 1) / n;
@@ -610,9 +578,10 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
     int print = me == 0;
     if (print) {
         printf("# l3d bench comm: %s, %d ranks (%s transport), %s, %s, iters %lld, warmup %lld, "
-               "check %lld\n", b->op->name, n, l3d_comm_transport_name(rk->c),
+               "check %lld, buffers in %s%s\n", b->op->name, n, l3d_comm_transport_name(rk->c),
                bc_type_names[o->dt], b->op->reduces ? bc_redop_names[o->redop] : "none",
-               o->iters, o->warmup, o->check);
+               o->iters, o->warmup, o->check, o->device ? "device " : "host memory",
+               o->device ? o->device : "");
         printf("# memcpy bandwidth (%d ranks copying at once): %.2f GB/s\n", n, B);
         printf("#\n"
                "#                                                              out-of-place       "
@@ -681,6 +650,14 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
         if (o->json) st = bc_write_json(rk, o->json, jbytes, jus, jbus, rows < JMAX ? rows : JMAX);
     }
 done:
+    if (rk->dev) {
+        (void)l3d_comm_set_device(rk->c, NULL);
+        l3d_dev_free(rk->dev, rk->ds, alloc, "comm");
+        l3d_dev_free(rk->dev, rk->dr, alloc, "comm");
+        l3d_device_destroy(rk->dev);
+        rk->dev = NULL;
+        rk->ds = rk->dr = NULL;
+    }
     free(s);
     free(r);
     rk->s = rk->r = NULL;

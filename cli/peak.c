@@ -1,5 +1,6 @@
-// The MFU roof of l3d train: train.peak_flops when given, else the sgemm peak of this machine
-// from a small cache, measured (l3d_gemm_peak_measure) and stored on a miss. Measuring well
+// The MFU roof of l3d train: train.peak_flops when given, else the device's own figure for the
+// training dtype where it has a table (a GPU), else the sgemm peak of this machine from a
+// small cache, measured (l3d_gemm_peak_measure) and stored on a miss. Measuring well
 // takes about half a second and is disturbed by whatever else runs, so a machine measures
 // once per key and every later run reuses the figure. The cache is a convenience: a missing,
 // unreadable, corrupt or unwritable cache is a warning, never a failure.
@@ -112,6 +113,17 @@ l3d_status l3d_train_resolve_peak(l3d_ctx_t *ctx, l3d_train_config_t *cfg, int t
         snprintf(source, cap, "train.peak_flops");
         return L3D_OK;
     }
+    // A device that knows its peak (a GPU's table, in the training dtype) is not measured: a
+    // GPU's sgemm is not the roof of bf16 training.
+    l3d_dtype dt = cfg->bf16 ? L3D_BFLOAT16 : cfg->fp16 ? L3D_FLOAT16 : L3D_FLOAT32;
+    double table = 0.0;
+    l3d_status st = l3d_device_peak_table(ctx, cfg->device, dt, &table);
+    if (st < 0) return st;
+    if (table > 0.0) {
+        cfg->peak_flops = table;
+        snprintf(source, cap, "device %s's %s peak", cfg->device, l3d_dtype_name(dt));
+        return L3D_OK;
+    }
     char path[1024], key[320];
     cache_path(path, sizeof(path));
     cache_key(cfg->device, threads, key, sizeof(key));
@@ -123,7 +135,7 @@ l3d_status l3d_train_resolve_peak(l3d_ctx_t *ctx, l3d_train_config_t *cfg, int t
         snprintf(source, cap, "cached in %s", path);
         return L3D_OK;
     }
-    l3d_status st = l3d_gemm_peak_measure(ctx, cfg->device, threads, &f);
+    st = l3d_gemm_peak_measure(ctx, cfg->device, threads, &f);
     if (st < 0) {
         json_decref(root);
         return st;

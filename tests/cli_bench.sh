@@ -28,7 +28,7 @@ all_right() {
 "$L3D" bench comm -t 2 -b 8 -e 1M -f 4 -n 3 -w 1 >"$tmp/out" 2>"$tmp/err"
 rc=$?
 good=1
-grep -qx "# l3d bench comm: allreduce, 2 ranks (local transport), float, sum, iters 3, warmup 1, check 1" "$tmp/out" || good=0
+grep -qx "# l3d bench comm: allreduce, 2 ranks (local transport), float, sum, iters 3, warmup 1, check 1, buffers in host memory" "$tmp/out" || good=0
 grep -qE '^#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong$' "$tmp/out" || good=0
 grep -qE '^# memcpy bandwidth \(2 ranks copying at once\): [0-9]+\.[0-9]{2} GB/s$' "$tmp/out" || good=0
 grep -qx "# Out of bounds values : 0 OK" "$tmp/out" || good=0
@@ -75,6 +75,26 @@ if [ $rc -eq 1 ] && grep -qx "# Out of bounds values : 18 FAILED" "$tmp/out" \
 "$L3D" bench comm -t 2 -b 8 -e 8 -c 0 -n 1 -w 0 >"$tmp/out" 2>&1
 if [ $? -eq 0 ] && [ "$(rows "$tmp/out")" = "8 2 float sum -1 N/A N/A" ]; then ok "-c 0 prints N/A"; else fail "-c 0" "$tmp/out"; fi
 
+# 4b. Buffers in a device's memory (--device): the test devices' memory faults when the host
+#    touches it, so every row checked right means the communicator staged every buffer of
+#    every op (in place too); the same sizes as on host memory, and a flipped byte still caught.
+for op in allreduce reduce_scatter allgather broadcast reduce alltoall sendrecv pingpong; do
+  case $op in alltoall|sendrecv|pingpong) inplace=0 ;; *) inplace=1 ;; esac
+  for dev in cpu-opaque cpu-async; do
+    "$L3D" bench comm $op -t 3 -b 4 -e 96K -f 8 -n 2 -w 1 -d half -o max -r 2 >"$tmp/h" 2>&1; rch=$?
+    "$L3D" bench comm $op -t 3 -b 4 -e 96K -f 8 -n 2 -w 1 -d half -o max -r 2 --device $dev >"$tmp/d" 2>&1; rcd=$?
+    if [ $rch -eq 0 ] && [ $rcd -eq 0 ] && all_right "$tmp/d" $inplace && [ "$(rows "$tmp/h")" = "$(rows "$tmp/d")" ] \
+       && grep -q "buffers in device $dev\$" "$tmp/d"; then
+      ok "$op on $dev buffers ($(rows "$tmp/d" | wc -l) sizes, as on host memory)"
+    else
+      fail "$op on $dev (exit $rch / $rcd)" "$tmp/h" "$tmp/d"
+    fi
+  done
+done
+L3D_BENCH_CORRUPT=1 "$L3D" bench comm reduce_scatter -t 3 -b 12 -e 48 -n 1 -w 0 --device cpu-async >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 1 ] && grep -qx "# Out of bounds values : 18 FAILED" "$tmp/out"; then ok "a corrupted device result is caught"; else fail "device corruption not caught (exit $rc)" "$tmp/out"; fi
+
 # 5. Bad input exits 2 with one line naming the flag (or the op).
 expect_usage() {
   local name=$1 pat=$2; shift 2
@@ -97,6 +117,7 @@ expect_usage "root too big" "^l3d bench comm: -r: root 3 is not below the 2 rank
 expect_usage "p2p on one rank" "^l3d bench comm: p2p needs at least 2 ranks" bench comm p2p -t 1
 expect_usage "typo flag" "^l3d bench comm: unknown flag '--transprot' \(did you mean '--transport'\?\)" bench comm --transprot ucx
 expect_usage "bad transport" "^l3d bench comm: --transport: 'tcp'" bench comm --transport tcp
+expect_usage "unknown device" "^l3d bench comm: --device: 'gpu-nonesuch' is not a built device \(built: cpu, cpu-opaque, cpu-async" bench comm --device gpu-nonesuch
 expect_usage "no benchmark" "^usage: l3d bench comm" bench
 expect_usage "unknown benchmark" "^l3d bench: unknown benchmark 'gemm' \\(there is: comm" bench gemm
 

@@ -8,7 +8,7 @@
 //   transport, as tests/test_parallel.c runs them) gives the single rank's eval loss.
 // - data.shuffle: every layout trains on the same shuffled batches (the same losses as the
 //   single rank, different from the in-order ones), and a resumed run continues bit-identically.
-// - l3d_mfu_update: the clamp, without timing.
+// - l3d_mfu_update: the clamp, without timing; l3d_device_peak_table on the CPU devices.
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -136,6 +136,25 @@ Test(mfu, clamp_raises_the_roof) {
     cr_assert_eq(l3d_mfu_update(INFINITY, &peak, &raised), 0.0);
     cr_assert_eq(peak, 171.0);
     cr_assert_eq(l3d_mfu_update(10.0, NULL, NULL), 0.0);
+}
+
+// The roof's source: a device with a table states it; the CPU devices have none, so l3d train
+// measures their sgemm (cli/peak.c), and an unknown device is refused by name.
+Test(mfu, cpu_devices_have_no_table) {
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    const char *devs[] = {"cpu", "cpu-opaque", "cpu-async"};
+    for (int d = 0; d < 3; d++) {
+        double f = -1.0;
+        cr_assert_eq(l3d_device_peak_table(ctx, devs[d], L3D_BFLOAT16, &f), L3D_OK);
+        cr_assert_eq(f, 0.0, "%s: %g", devs[d], f);
+    }
+    double f = -1.0;
+    cr_assert_eq(l3d_device_peak_table(ctx, "gpu-nonesuch", L3D_FLOAT32, &f),
+                 L3D_ERR_UNSUPPORTED);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "gpu-nonesuch"), "%s", l3d_ctx_last_error(ctx));
+    cr_assert_eq(f, 0.0);
+    l3d_ctx_destroy(ctx);
 }
 
 // ---- the trainer: eval and shuffle on every layout -----------------------------------------
