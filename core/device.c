@@ -63,6 +63,9 @@ l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_
 
 void l3d_device_destroy(l3d_device_t *dev) {
     if (!dev) return;
+    for (int i = 0; i < L3D_DEVICE_BOUNCE; i++)
+        if (dev->bounce[i].p)
+            l3d_dev_free_host(dev, dev->bounce[i].p, dev->bounce[i].n, 1, "comm");
     l3d_dev_event_destroy(dev, dev->comm_ready);
     l3d_dev_stream_destroy(dev, dev->comm_stream);
     dev->ops->fini(dev);

@@ -55,6 +55,10 @@
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
+// Bounce buffers a device keeps for staging (l3d_device_t.bounce): a staged call holds two
+// (send and receive), and a few calls may be in flight (gradient buckets).
+#define L3D_DEVICE_BOUNCE 8
+
 // Object shape { ops, parent, priv } (STYLE.md point 5).
 typedef struct l3d_device {
     const l3d_device_ops_t *ops;
@@ -68,6 +72,15 @@ typedef struct l3d_device {
     // (core/comm/comm_stage.c makes them when a device buffer is first staged; NULL on a
     // device without streams or events). l3d_device_destroy frees them.
     void *comm_stream, *comm_ready;
+    // Host bounce buffers the communicator stages through (comm_stage.c): page-locked where
+    // the device pins (alloc_host), kept for the next call so that a staged collective does
+    // not fault in fresh pages every time; `busy` while a schedule holds one. Used by the
+    // thread that makes this device's communicator calls; l3d_device_destroy frees them.
+    struct l3d_bounce {
+        void *p;
+        size_t n;
+        int busy;
+    } bounce[L3D_DEVICE_BOUNCE];
 } l3d_device_t;
 
 typedef enum l3d_copy_kind {

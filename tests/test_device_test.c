@@ -336,3 +336,57 @@ Test(device_test, norm_and_adamw_read_device_memory) {
         env_close(e);
     }
 }
+
+// The communicator stages device buffers through the device's bounce buffers: kept from one
+// call to the next (the same host memory, not a new allocation), never shared by two calls in
+// flight (more calls than buffers take schedule temporaries, with right results), and freed
+// when the communicator's device changes.
+Test(device_test, staging_keeps_its_bounce_buffers) {
+    env_t e = env_open("cpu-async");
+    l3d_comm_t *c;
+    cr_assert_eq(l3d_comm_create_local(e.ctx, 1, &c), L3D_OK);
+    cr_assert_eq(l3d_comm_set_device(c, e.dev), L3D_OK);
+    enum { N = 1 << 16, K = 6 };  // 6 calls in flight hold 12 buffers: more than the device's 8
+    float *src[K], *dst[K], host[N];
+    l3d_request_t *req[K];
+    for (int k = 0; k < K; k++) {
+        cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(host), "acts", (void **)&src[k]), L3D_OK);
+        cr_assert_eq(l3d_dev_alloc(e.dev, sizeof(host), "acts", (void **)&dst[k]), L3D_OK);
+        for (int i = 0; i < N; i++) host[i] = (float)(k * N + i);
+        cr_assert_eq(l3d_dev_copy(e.dev, src[k], host, sizeof(host), L3D_COPY_H2D), L3D_OK);
+        cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+    }
+    void *kept[L3D_DEVICE_BOUNCE];
+    for (int round = 0; round < 3; round++) {
+        int inflight = round == 2 ? K : 1;
+        for (int k = 0; k < K; k += inflight) {
+            for (int j = k; j < k + inflight; j++)
+                cr_assert_eq(l3d_comm_iallreduce(c, src[j], dst[j], N, L3D_FLOAT32, L3D_SUM,
+                                                 &req[j]), L3D_OK);
+            for (int j = k; j < k + inflight; j++) cr_assert_eq(l3d_request_wait(req[j]), L3D_OK);
+        }
+        for (int k = 0; k < K; k++) {
+            cr_assert_eq(l3d_dev_copy(e.dev, host, dst[k], sizeof(host), L3D_COPY_D2H), L3D_OK);
+            cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+            for (int i = 0; i < N; i += 997)
+                cr_assert_eq(host[i], (float)(k * N + i), "round %d call %d [%d]", round, k, i);
+        }
+        int held = 0;
+        for (int i = 0; i < L3D_DEVICE_BOUNCE; i++) {
+            cr_assert_eq(e.dev->bounce[i].busy, 0, "round %d: buffer %d still held", round, i);
+            held += e.dev->bounce[i].p != NULL;
+            if (round == 1) cr_assert_eq(e.dev->bounce[i].p, kept[i], "round 1: buffer %d "
+                                         "replaced", i);
+            kept[i] = e.dev->bounce[i].p;
+        }
+        cr_assert_geq(held, 1, "round %d: no bounce buffer kept", round);
+    }
+    cr_assert_eq(l3d_comm_set_device(c, NULL), L3D_OK);
+    for (int i = 0; i < L3D_DEVICE_BOUNCE; i++) cr_assert_null(e.dev->bounce[i].p);
+    for (int k = 0; k < K; k++) {
+        l3d_dev_free(e.dev, src[k], sizeof(host), "acts");
+        l3d_dev_free(e.dev, dst[k], sizeof(host), "acts");
+    }
+    l3d_comm_destroy(c);
+    env_close(e);
+}

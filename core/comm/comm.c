@@ -378,7 +378,7 @@ static void p2p_add(l3d_sched_t *s, l3d_comm_t *c, int send, void *buf, size_t b
         if (h) l3d_sched_send(s, peer, 0, h, bytes);
         return;
     }
-    void *h = l3d_sched_tmp(s, bytes);
+    void *h = l3d_stage_tmp(s, c->dev, bytes);
     if (!h) return;
     int op = l3d_sched_recv(s, peer, 0, h, bytes);
     l3d_sched_h2d(s, c, op, buf, h, bytes);

@@ -215,6 +215,7 @@ typedef struct l3d_sched {
     struct l3d_sched_tmp {
         void *p;
         size_t n;
+        l3d_device_t *bounce;  // a device's bounce buffer (given back to it), or NULL
     } *tmp;
     uint32_t nt, cap_t;
     l3d_tp_coll_fn native;        // the transport entry of the one native op (if any)
@@ -274,6 +275,11 @@ void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const vo
                    size_t bytes);
 // What the H2D local op runs: the copy on the communication stream, waited for.
 l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes);
+// A host buffer of at least `bytes` for staging: one of the device's bounce buffers, owned by
+// the schedule until l3d_sched_fini gives it back (a schedule temporary when all are held).
+void *l3d_stage_tmp(l3d_sched_t *s, l3d_device_t *d, size_t bytes);
+// Gives back bounce buffer p (l3d_sched_fini).
+void l3d_stage_bounce_put(l3d_device_t *d, void *p);
 
 // ---- requests ----------------------------------------------------------------------------------
 struct l3d_request {

@@ -112,7 +112,10 @@ void l3d_world_scratch_release(l3d_world_t *w) {
 }
 
 void l3d_sched_fini(l3d_sched_t *s) {
-    for (uint32_t i = 0; i < s->nt; i++) tmp_free(s, s->tmp[i].p, s->tmp[i].n);
+    for (uint32_t i = 0; i < s->nt; i++) {
+        if (s->tmp[i].bounce) l3d_stage_bounce_put(s->tmp[i].bounce, s->tmp[i].p);
+        else tmp_free(s, s->tmp[i].p, s->tmp[i].n);
+    }
     l3d_world_t *w = s->world;
     if (w && !w->spare) w->spare = l3d_calloc(s->ctx, L3D_SPARE_SCHEDS, sizeof(*w->spare), "comm");
     // Kept whenever it owns an array: a native or copy-only schedule has rounds but no p2p
@@ -228,7 +231,7 @@ void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
     if (w && bytes >= SCRATCH_MIN)
         for (int i = 0; i < 4; i++)
             if (w->scratch[i].p && w->scratch[i].n >= bytes && w->scratch[i].n / 2 <= bytes) {
-                s->tmp[s->nt++] = (struct l3d_sched_tmp){w->scratch[i].p, w->scratch[i].n};
+                s->tmp[s->nt++] = (struct l3d_sched_tmp){w->scratch[i].p, w->scratch[i].n, NULL};
                 w->scratch[i].p = NULL;
                 return s->tmp[s->nt - 1].p;
             }
@@ -237,8 +240,44 @@ void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
         s->st = L3D_ERR_NOMEM;
         return NULL;
     }
-    s->tmp[s->nt++] = (struct l3d_sched_tmp){p, bytes};
+    s->tmp[s->nt++] = (struct l3d_sched_tmp){p, bytes, NULL};
     return p;
+}
+
+void *l3d_stage_tmp(l3d_sched_t *s, l3d_device_t *d, size_t bytes) {
+    if (grow(s, (void **)&s->tmp, s->nt, &s->cap_t, sizeof(*s->tmp))) return NULL;
+    if (!bytes) bytes = 1;
+    // the smallest free buffer that holds it; else a free slot, refilled at this size
+    int fit = -1, slot = -1;
+    for (int i = 0; i < L3D_DEVICE_BOUNCE; i++) {
+        const struct l3d_bounce *b = &d->bounce[i];
+        if (b->busy) continue;
+        if (b->p && b->n >= bytes && (fit < 0 || b->n < d->bounce[fit].n)) fit = i;
+        if (slot < 0 || (d->bounce[slot].p && (!b->p || b->n < d->bounce[slot].n))) slot = i;
+    }
+    if (fit < 0 && slot >= 0 && bytes <= SCRATCH_MAX) {
+        struct l3d_bounce *b = &d->bounce[slot];
+        if (b->p) {
+            if (s->world && s->world->caps.needs_mr) l3d_world_mr_purge(s->world, b->p, b->n);
+            l3d_dev_free_host(d, b->p, b->n, 1, "comm");
+            b->p = NULL;
+        }
+        if (l3d_dev_alloc_host(d, bytes, 1, "comm", &b->p) < 0) {
+            b->p = NULL;
+            return l3d_sched_tmp(s, bytes);
+        }
+        b->n = bytes;
+        fit = slot;
+    }
+    if (fit < 0) return l3d_sched_tmp(s, bytes);  // all held, or larger than kept buffers
+    d->bounce[fit].busy = 1;
+    s->tmp[s->nt++] = (struct l3d_sched_tmp){d->bounce[fit].p, bytes, d};
+    return d->bounce[fit].p;
+}
+
+void l3d_stage_bounce_put(l3d_device_t *d, void *p) {
+    for (int i = 0; i < L3D_DEVICE_BOUNCE; i++)
+        if (d->bounce[i].p == p) d->bounce[i].busy = 0;
 }
 
 l3d_status l3d_sched_run_lop(const l3d_sched_lop_t *o) {

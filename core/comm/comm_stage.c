@@ -8,6 +8,17 @@ l3d_status l3d_comm_set_device(l3d_comm_t *c, l3d_device_t *dev) {
     if (!c) return L3D_ERR_INVALID_ARG;
     if (c->in_group)
         return l3d_error(c->ctx, L3D_ERR_INVALID_ARG, "l3d_comm_set_device inside a group");
+    // The old device's idle bounce buffers go, with any registration a transport cached for
+    // them (a later buffer at the same address must not find it).
+    l3d_device_t *old = c->dev;
+    for (int i = 0; old && old != dev && i < L3D_DEVICE_BOUNCE; i++) {
+        struct l3d_bounce *b = &old->bounce[i];
+        if (!b->p || b->busy) continue;
+        if (c->world->caps.needs_mr) l3d_world_mr_purge(c->world, b->p, b->n);
+        l3d_dev_free_host(old, b->p, b->n, 1, "comm");
+        b->p = NULL;
+        b->n = 0;
+    }
     c->dev = dev;
     return L3D_OK;
 }
@@ -53,7 +64,7 @@ l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes
 }
 
 void *l3d_stage_in(l3d_sched_t *s, l3d_comm_t *c, const void *src, size_t bytes) {
-    void *h = l3d_sched_tmp(s, bytes);
+    void *h = l3d_stage_tmp(s, c->dev, bytes);
     if (!h) return NULL;
     d2h_now(s, c, h, src, bytes);
     return s->st < 0 ? NULL : h;
@@ -68,7 +79,7 @@ void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sby
         // in place, or one buffer inside the other (an allgather's own block): one host copy
         // of the union, so the algorithm sees the same overlap
         uintptr_t lo = L3D_MIN(sp, rp), hi = L3D_MAX(sp + sbytes, rp + rbytes);
-        char *h = l3d_sched_tmp(s, hi - lo);
+        char *h = l3d_stage_tmp(s, c->dev, hi - lo);
         if (!h) return;
         d2h_now(s, c, h + (sp - lo), *send, sbytes);
         *dev_recv = *recv;
@@ -79,6 +90,6 @@ void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sby
     if (ds) *send = l3d_stage_in(s, c, *send, sbytes);
     if (dr) {
         *dev_recv = *recv;
-        *recv = l3d_sched_tmp(s, rbytes);
+        *recv = l3d_stage_tmp(s, c->dev, rbytes);
     }
 }

@@ -78,7 +78,9 @@ l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **new
 // test devices cpu-opaque and cpu-async) goes to the transport through a host copy: taken
 // after the device's queued ops and waited for when the call starts, written back and waited
 // for before the call completes. Host buffers in the same call go as they are. Splits inherit
-// it. Not during a group (L3D_ERR_INVALID_ARG).
+// it. Not during a group (L3D_ERR_INVALID_ARG). The host copies are bounce buffers the device
+// keeps for later calls (pinned where it pins); setting another device (or NULL) frees the
+// old one's, so destroy a device after its communicators or set theirs to NULL first.
 l3d_status l3d_comm_set_device(l3d_comm_t *comm, l3d_device_t *dev);
 
 int l3d_comm_rank(const l3d_comm_t *comm);
