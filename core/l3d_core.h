@@ -39,6 +39,7 @@ typedef struct l3d_settings {
     char cache_dir[512];     // L3D_CACHE_DIR, else $XDG_CACHE_HOME/llama3d, ~/.cache/llama3d
     uint64_t mem_limit;      // L3D_MEM_LIMIT (bytes; 0 = none)
     double progress_after_s; // L3D_PROGRESS_AFTER (a front end's delay before drawing progress)
+    uint64_t stage_chunk;    // L3D_STAGE_CHUNK (bytes; 0 = staged collectives are not chunked)
 } l3d_settings_t;
 
 // The rows of the settings table, for `l3d --help-env`.

@@ -38,6 +38,10 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_MEM_LIMIT", "",
      "bytes (suffix K, M, G, T: binary) to treat as the most memory available, when it is less "
      "than the kernel and the cgroup report; runs that would need more are refused up front"},
+    {"L3D_STAGE_CHUNK", "4M",
+     "bytes per chunk when an allreduce, reduce or broadcast larger than this is staged "
+     "through host memory from a device the host cannot read (suffix K, M, G; 0: whole); the "
+     "copy of one chunk overlaps the collective of the previous; the same on every rank"},
     {"L3D_PROGRESS_AFTER", "1",
      "seconds an operation (loading, saving, tokenizing) runs before l3d draws its progress "
      "line on a terminal (0: at once)"},
@@ -61,7 +65,28 @@ void l3d_settings_default(l3d_settings_t *s) {
     s->comm_timeout_s = 300.0;
     s->comm_shm = 1;
     s->progress_after_s = 1.0;
+    s->stage_chunk = (uint64_t)4 << 20;
     snprintf(s->device, sizeof(s->device), "cpu");
+}
+
+// A byte count: a number, optionally followed by K, M, G or T (binary), at least `min`.
+static int parse_bytes(const char *v, double min, uint64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    double b = strtod(v, &end);
+    double mul = 1;
+    if (end && *end && !end[1]) {
+        const char *u = strchr("KMGT", *end == 'k' ? 'K' : *end);
+        if (u && *u) {
+            for (const char *q = "KMGT"; q <= u; q++) mul *= 1024;
+            end++;
+        }
+    }
+    b *= mul;
+    if (errno || end == v || *end || !(b >= min && b < 1.8e19) || b != (double)(uint64_t)b)
+        return -1;
+    *out = (uint64_t)b;
+    return 0;
 }
 
 static int parse_level(const char *v, int *out) {
@@ -203,24 +228,18 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
         snprintf(s->cache_dir, sizeof(s->cache_dir), "%s/.cache/llama3d", v);
     }
     if ((v = getenv("L3D_MEM_LIMIT")) && *v) {
-        char *end = NULL;
-        errno = 0;
-        double b = strtod(v, &end);
-        double mul = 1;
-        if (end && *end && !end[1]) {
-            const char *u = strchr("KMGT", *end == 'k' ? 'K' : *end);
-            if (u && *u) {
-                for (const char *q = "KMGT"; q <= u; q++) mul *= 1024;
-                end++;
-            }
-        }
-        b *= mul;
-        if (errno || end == v || *end || !(b >= 1 && b < 1.8e19)) {
+        if (parse_bytes(v, 1, &s->mem_limit)) {
             snprintf(err, errlen, "L3D_MEM_LIMIT: '%s' is not a byte count (a number, optionally "
                      "followed by K, M, G or T)", v);
             return L3D_ERR_CONFIG;
         }
-        s->mem_limit = (uint64_t)b;
+    }
+    if ((v = getenv("L3D_STAGE_CHUNK")) && *v) {
+        if (parse_bytes(v, 0, &s->stage_chunk) || (s->stage_chunk && s->stage_chunk < 256)) {
+            snprintf(err, errlen, "L3D_STAGE_CHUNK: '%s' is not 0 or a byte count >= 256 (a "
+                     "number, optionally followed by K, M, G or T)", v);
+            return L3D_ERR_CONFIG;
+        }
     }
     return L3D_OK;
 }

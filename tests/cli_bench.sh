@@ -91,6 +91,23 @@ for op in allreduce reduce_scatter allgather broadcast reduce alltoall sendrecv 
     fi
   done
 done
+# Chunked, pipelined staging (L3D_STAGE_CHUNK, down to 1000 bytes here so that every size past
+# it runs as chunks, the last one short): the same rows, with the transport's native
+# collectives and with each message-based algorithm.
+for algo in "" "allreduce:ring,broadcast:chain,reduce:chain" "allreduce:rabenseifner,broadcast:tree,reduce:tree"; do
+  for op in allreduce broadcast reduce; do
+    args=(bench comm $op -t 3 -b 12 -e 200K -f 7 -n 2 -w 1 -d float -r 1)
+    L3D_ALGO=$algo "$L3D" "${args[@]}" >"$tmp/h" 2>&1; rch=$?
+    L3D_ALGO=$algo L3D_STAGE_CHUNK=1000 L3D_LOG=debug L3D_LOG_SUBSYS=comm "$L3D" "${args[@]}" --device cpu-async >"$tmp/d" 2>"$tmp/de"; rcd=$?
+    # 201684 bytes (the largest size) in 202 chunks of 1000, the last one 684
+    if [ $rch -eq 0 ] && [ $rcd -eq 0 ] && all_right "$tmp/d" 1 && [ "$(rows "$tmp/h")" = "$(rows "$tmp/d")" ] \
+       && grep -q "$op of 201684 bytes staged in 202 chunks of 1000" "$tmp/de"; then
+      ok "$op in chunks of 1000 bytes on cpu-async buffers (${algo:-native}; $(rows "$tmp/d" | wc -l) sizes)"
+    else
+      fail "$op in chunks (${algo:-native}; exit $rch / $rcd)" "$tmp/h" "$tmp/d" "$tmp/de"
+    fi
+  done
+done
 L3D_BENCH_CORRUPT=1 "$L3D" bench comm reduce_scatter -t 3 -b 12 -e 48 -n 1 -w 0 --device cpu-async >"$tmp/out" 2>&1
 rc=$?
 if [ $rc -eq 1 ] && grep -qx "# Out of bounds values : 18 FAILED" "$tmp/out"; then ok "a corrupted device result is caught"; else fail "device corruption not caught (exit $rc)" "$tmp/out"; fi

@@ -47,9 +47,9 @@ static l3d_tp_coll_fn native_fn(const l3d_comm_t *c, l3d_coll op) {
     }
 }
 
-static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
-                             size_t count, l3d_dtype dt, l3d_redop rop, int root,
-                             l3d_request_t **req_p) {
+l3d_status l3d_coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
+                          size_t count, l3d_dtype dt, l3d_redop rop, int root,
+                          l3d_request_t **req_p) {
     if (!c || !req_p) return L3D_ERR_INVALID_ARG;
     const char *what = l3d_coll_name(op);
     int n = c->size, me = c->rank;
@@ -77,6 +77,9 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
     c->stats.calls++;
     c->stats.bytes += vol;
     if (op != L3D_COLL_BARRIER && count == 0) return l3d_request_done(c, what, L3D_OK, req_p);
+    // A large staged call goes in chunks, pipelined (comm_stage.c); every rank decides alike.
+    if (l3d_stage_chunked(c, op, count * esz))
+        return l3d_stage_pipe_start(c, op, sendbuf, recvbuf, count, dt, rop, root, req_p);
 
     // Device buffers through host copies (comm_internal.h, "device buffers"); the one that
     // receives is written back when the last round is done.
@@ -156,7 +159,8 @@ static l3d_status coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, vo
 static l3d_status coll_blocking(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
                                 size_t count, l3d_dtype dt, l3d_redop rop, int root) {
     l3d_request_t *r = NULL;
-    L3D_CHECK(c ? c->ctx : NULL, coll_start(c, op, sendbuf, recvbuf, count, dt, rop, root, &r));
+    L3D_CHECK(c ? c->ctx : NULL, l3d_coll_start(c, op, sendbuf, recvbuf, count, dt, rop, root,
+                                                &r));
     return l3d_request_wait(r);
 }
 
@@ -192,26 +196,26 @@ l3d_status l3d_comm_barrier(l3d_comm_t *c) {
 // ---- non-blocking -------------------------------------------------------------------------------
 l3d_status l3d_comm_iallreduce(l3d_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                                l3d_dtype dt, l3d_redop op, l3d_request_t **req_p) {
-    return coll_start(c, L3D_COLL_ALLREDUCE, sendbuf, recvbuf, count, dt, op, 0, req_p);
+    return l3d_coll_start(c, L3D_COLL_ALLREDUCE, sendbuf, recvbuf, count, dt, op, 0, req_p);
 }
 l3d_status l3d_comm_ireduce_scatter(l3d_comm_t *c, const void *sendbuf, void *recvbuf,
                                     size_t recvcount, l3d_dtype dt, l3d_redop op,
                                     l3d_request_t **req_p) {
-    return coll_start(c, L3D_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dt, op, 0, req_p);
+    return l3d_coll_start(c, L3D_COLL_REDUCE_SCATTER, sendbuf, recvbuf, recvcount, dt, op, 0, req_p);
 }
 l3d_status l3d_comm_iallgather(l3d_comm_t *c, const void *sendbuf, void *recvbuf,
                                size_t sendcount, l3d_dtype dt, l3d_request_t **req_p) {
-    return coll_start(c, L3D_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dt, L3D_SUM, 0, req_p);
+    return l3d_coll_start(c, L3D_COLL_ALLGATHER, sendbuf, recvbuf, sendcount, dt, L3D_SUM, 0, req_p);
 }
 l3d_status l3d_comm_ibroadcast(l3d_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                                l3d_dtype dt, int root, l3d_request_t **req_p) {
-    return coll_start(c, L3D_COLL_BROADCAST, sendbuf, recvbuf, count, dt, L3D_SUM, root, req_p);
+    return l3d_coll_start(c, L3D_COLL_BROADCAST, sendbuf, recvbuf, count, dt, L3D_SUM, root, req_p);
 }
 l3d_status l3d_comm_ireduce(l3d_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                             l3d_dtype dt, l3d_redop op, int root, l3d_request_t **req_p) {
-    return coll_start(c, L3D_COLL_REDUCE, sendbuf, recvbuf, count, dt, op, root, req_p);
+    return l3d_coll_start(c, L3D_COLL_REDUCE, sendbuf, recvbuf, count, dt, op, root, req_p);
 }
 l3d_status l3d_comm_ialltoall(l3d_comm_t *c, const void *sendbuf, void *recvbuf, size_t count,
                               l3d_dtype dt, l3d_request_t **req_p) {
-    return coll_start(c, L3D_COLL_ALLTOALL, sendbuf, recvbuf, count, dt, L3D_SUM, 0, req_p);
+    return l3d_coll_start(c, L3D_COLL_ALLTOALL, sendbuf, recvbuf, count, dt, L3D_SUM, 0, req_p);
 }

@@ -273,6 +273,20 @@ void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sby
 // of the round (-1: at the round's end).
 void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
                    size_t bytes);
+// Starts any collective (coll_api.c; the public entries and the pipe's chunks).
+l3d_status l3d_coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
+                          size_t count, l3d_dtype dt, l3d_redop rop, int root,
+                          l3d_request_t **req_p);
+// Chunked, pipelined staging (L3D_STAGE_CHUNK): nonzero when a call of `bytes` on c is run
+// as chunks. Decided from the communicator's device, the op and the size only, never from
+// this rank's buffers, so every rank decides alike (a host buffer on one rank and a device
+// buffer on another still make the same chunks).
+int l3d_stage_chunked(const l3d_comm_t *c, l3d_coll op, size_t bytes);
+l3d_status l3d_stage_pipe_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
+                                size_t count, l3d_dtype dt, l3d_redop rop, int root,
+                                l3d_request_t **req_p);
+l3d_status l3d_stage_pipe_advance(l3d_request_t *r, int *progressed);
+void l3d_stage_pipe_free(l3d_request_t *r);
 // What the H2D local op runs: the copy on the communication stream, waited for.
 l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes);
 // A host buffer of at least `bytes` for staging: one of the device's bounce buffers, owned by
@@ -301,11 +315,21 @@ struct l3d_request {
     int complete;
     l3d_status st;
     l3d_request_t *next, *prev;  // world->active
+    struct l3d_stage_pipe *pipe;  // a chunked staged call (comm_stage.c): no rounds of its own
 };
 
 // Takes the schedule (moved into the request) and starts it. On error the schedule is freed.
 l3d_status l3d_request_start(l3d_comm_t *c, l3d_sched_t *s, const char *what, uint64_t tag,
                              l3d_request_t **req_p);
+// A chunked staged call: a request with no rounds whose advance is l3d_stage_pipe_advance
+// (pipe is freed with it by l3d_stage_pipe_free); takes the schedule (its bounce buffers).
+l3d_status l3d_request_start_pipe(l3d_comm_t *c, l3d_sched_t *s, const char *what,
+                                  struct l3d_stage_pipe *pipe, l3d_request_t **req_p);
+// A chunk's request, driven by its pipe rather than by the world's progress: off the active
+// list; advance returns L3D_INPROGRESS until it completes, then its status.
+void l3d_request_unlink(l3d_request_t *r);
+l3d_status l3d_request_advance(l3d_request_t *r, int *progressed);
+void l3d_request_free(l3d_request_t *r);
 // A request that is complete already (count 0, native collectives).
 l3d_status l3d_request_done(l3d_comm_t *c, const char *what, l3d_status st,
                             l3d_request_t **req_p);

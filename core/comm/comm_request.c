@@ -233,6 +233,10 @@ static l3d_status op_failed(l3d_request_t *r, const l3d_sched_p2p_t *p, l3d_stat
 // One pass over the request. Returns L3D_OK when complete, L3D_INPROGRESS, or an error.
 static l3d_status req_advance(l3d_request_t *r, int *progressed) {
     if (r->complete) return r->st;
+    if (r->pipe) {
+        l3d_status st = l3d_stage_pipe_advance(r, progressed);
+        return st == L3D_INPROGRESS ? st : req_finish(r, st);
+    }
     l3d_comm_t *c = r->comm;
     l3d_world_t *w = c->world;
     l3d_status st = l3d_comm_check(c, r->what);
@@ -342,6 +346,8 @@ static void req_free(l3d_request_t *r) {
     if (r->prev) r->prev->next = r->next;
     else if (w->active == r) w->active = r->next;
     if (r->next) r->next->prev = r->prev;
+    r->next = r->prev = NULL;
+    if (r->pipe) l3d_stage_pipe_free(r);
     l3d_sched_fini(&r->s);
     if (w->nfree_reqs < L3D_SPARE_REQS) {  // kept with its arrays for the next call
         r->next = w->free_reqs;
@@ -441,6 +447,35 @@ l3d_status l3d_request_start(l3d_comm_t *c, l3d_sched_t *s, const char *what, ui
     *req_p = r;
     return L3D_OK;
 }
+
+l3d_status l3d_request_start_pipe(l3d_comm_t *c, l3d_sched_t *s, const char *what,
+                                  struct l3d_stage_pipe *pipe, l3d_request_t **req_p) {
+    l3d_request_t *r = req_new(c, what, 1);
+    if (!r) {
+        l3d_sched_fini(s);
+        return L3D_ERR_NOMEM;
+    }
+    r->s = *s;
+    memset(s, 0, sizeof(*s));
+    r->pipe = pipe;
+    *req_p = r;
+    return L3D_OK;
+}
+
+void l3d_request_unlink(l3d_request_t *r) {
+    l3d_world_t *w = r->comm->world;
+    if (r->prev) r->prev->next = r->next;
+    else if (w->active == r) w->active = r->next;
+    if (r->next) r->next->prev = r->prev;
+    r->next = r->prev = NULL;
+}
+
+l3d_status l3d_request_advance(l3d_request_t *r, int *progressed) {
+    if (!r->complete) (void)req_advance(r, progressed);
+    return r->complete ? r->st : L3D_INPROGRESS;
+}
+
+void l3d_request_free(l3d_request_t *r) { req_free(r); }
 
 l3d_status l3d_request_test(l3d_request_t *req, int *done_p) {
     *done_p = 0;

@@ -93,3 +93,164 @@ void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sby
         *recv = l3d_stage_tmp(s, c->dev, rbytes);
     }
 }
+
+// ---- chunked, pipelined staging --------------------------------------------------------------
+// An allreduce, reduce or broadcast larger than L3D_STAGE_CHUNK on a communicator whose device
+// the host cannot read runs as chunks of that size, each a collective of its own on host
+// memory (any algorithm, the transport's native ones included), with the copies on the
+// communication stream overlapping them: while chunk k is reduced, chunk k+1's D2H runs and
+// chunk k-1's H2D; two bounce buffers each way alternate. Each element is reduced exactly as
+// in a call of its chunk's size, so the result is the unchunked call's wherever the algorithm
+// reduces every element in the same order whatever the size (the local transport's native
+// allreduce, integer types); otherwise it is another fixed order: deterministic, and within
+// the same float bound (docs/comm.md).
+typedef struct l3d_stage_pipe {
+    l3d_coll op;
+    l3d_dtype dt;
+    l3d_redop rop;
+    int root;
+    const char *send;  // the caller's buffers (device memory where ds / dr)
+    char *recv;
+    int ds, dr, inplace;
+    size_t count, chunk, esz;  // elements: in all, per chunk
+    size_t k, nk;              // the chunk being reduced, the number of chunks
+    char *hs[2], *hr[2];       // bounce buffers of chunk bytes (hr == hs in place)
+    l3d_request_t *sub;        // chunk k's collective
+} l3d_stage_pipe_t;
+
+int l3d_stage_chunked(const l3d_comm_t *c, l3d_coll op, size_t bytes) {
+    uint64_t chunk = l3d_ctx_settings(c->ctx)->stage_chunk;
+    return c->dev && !l3d_dev_is_host(c->dev) && chunk && bytes > chunk &&
+           (op == L3D_COLL_ALLREDUCE || op == L3D_COLL_REDUCE || op == L3D_COLL_BROADCAST);
+}
+
+// Issues a copy on the communication stream without waiting (the pipe waits at the next
+// chunk boundary).
+static l3d_status copy_async(l3d_device_t *d, void *dst, const void *src, size_t bytes,
+                             l3d_copy_kind kind) {
+    void *compute = d->stream;
+    l3d_dev_set_stream(d, d->comm_stream);
+    l3d_status st = l3d_dev_copy(d, dst, src, bytes, kind);
+    l3d_dev_set_stream(d, compute);
+    return st;
+}
+
+static size_t chunk_len(const l3d_stage_pipe_t *p, size_t k) {
+    size_t off = k * p->chunk;
+    return L3D_MIN(p->chunk, p->count - off);
+}
+
+// D2H of chunk k's input into its bounce buffer (issued, not waited for).
+static l3d_status pipe_d2h(l3d_comm_t *c, l3d_stage_pipe_t *p, size_t k) {
+    if (!p->ds || k >= p->nk) return L3D_OK;
+    return copy_async(c->dev, p->hs[k % 2], p->send + k * p->chunk * p->esz,
+                      chunk_len(p, k) * p->esz, L3D_COPY_D2H);
+}
+
+// Starts chunk k's collective on host memory (its bounce buffers, or the caller's host
+// buffers at the chunk's offset). It is the pipe's, off the world's active list, and counts
+// as part of the caller's one call in the statistics.
+static l3d_status pipe_start_chunk(l3d_comm_t *c, l3d_stage_pipe_t *p, size_t k) {
+    size_t off = k * p->chunk * p->esz;
+    const void *s = p->ds ? p->hs[k % 2] : p->send ? p->send + off : NULL;
+    void *r = p->dr ? p->hr[k % 2] : p->recv ? p->recv + off : NULL;
+    l3d_comm_stats_t keep = c->stats;
+    l3d_status st = l3d_coll_start(c, p->op, s, r, chunk_len(p, k), p->dt, p->rop, p->root,
+                                   &p->sub);
+    c->stats = keep;
+    if (st < 0) {
+        p->sub = NULL;
+        return st;
+    }
+    l3d_request_unlink(p->sub);
+    return L3D_OK;
+}
+
+l3d_status l3d_stage_pipe_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
+                                size_t count, l3d_dtype dt, l3d_redop rop, int root,
+                                l3d_request_t **req_p) {
+    l3d_device_t *d = c->dev;
+    const char *what = l3d_coll_name(op);
+    l3d_stage_pipe_t *p = l3d_calloc(c->ctx, 1, sizeof(*p), "comm");
+    if (!p) return L3D_ERR_NOMEM;
+    int me = c->rank;
+    if (op == L3D_COLL_BROADCAST && me != root) sendbuf = NULL;  // not read
+    if (op == L3D_COLL_REDUCE && me != root) recvbuf = NULL;     // not written
+    *p = (l3d_stage_pipe_t){.op = op, .dt = dt, .rop = rop, .root = root, .send = sendbuf,
+                            .recv = recvbuf, .count = count, .esz = l3d_dtype_size(dt)};
+    p->chunk = L3D_MAX((size_t)1, (size_t)(l3d_ctx_settings(c->ctx)->stage_chunk / p->esz));
+    p->nk = (count + p->chunk - 1) / p->chunk;
+    p->ds = l3d_stage_needed(c, sendbuf);
+    p->dr = l3d_stage_needed(c, recvbuf);
+    p->inplace = p->ds && p->dr && (const void *)sendbuf == recvbuf;
+    l3d_sched_t s;
+    l3d_sched_init(&s, c);
+    size_t cb = p->chunk * p->esz;
+    for (int i = 0; i < 2; i++) {
+        if (p->ds) p->hs[i] = l3d_stage_tmp(&s, d, cb);
+        if (p->dr) p->hr[i] = p->inplace ? p->hs[i] : l3d_stage_tmp(&s, d, cb);
+    }
+    // Every copy of the call comes after the compute issued before it (one event); chunk 0
+    // is in host memory before its collective starts, chunk 1 on its way.
+    l3d_status st = s.st;
+    if (st >= 0) st = comm_stream(d);
+    if (st >= 0) st = l3d_dev_event_record(d, d->comm_ready, d->stream);
+    if (st >= 0) st = l3d_dev_stream_wait_event(d, d->comm_stream, d->comm_ready);
+    if (st >= 0) st = pipe_d2h(c, p, 0);
+    if (st >= 0) st = l3d_dev_stream_sync(d, d->comm_stream);
+    if (st >= 0) st = pipe_d2h(c, p, 1);
+    if (st < 0) {
+        l3d_sched_fini(&s);
+        l3d_free(c->ctx, p, sizeof(*p), "comm");
+        return l3d_error(c->ctx, st, "%s: staging a device buffer through host memory failed",
+                         what);
+    }
+    l3d_request_t *r = NULL;
+    if ((st = l3d_request_start_pipe(c, &s, what, p, &r)) < 0) {  // frees s on failure
+        l3d_free(c->ctx, p, sizeof(*p), "comm");
+        return st;
+    }
+    st = pipe_start_chunk(c, p, 0);
+    if (st < 0) {
+        l3d_request_free(r);  // frees p
+        return st;
+    }
+    l3d_log(c->ctx, L3D_LOG_DEBUG, L3D_SUBSYS_COMM, "%s of %zu bytes staged in %zu chunks of "
+            "%zu", what, count * p->esz, p->nk, cb);
+    *req_p = r;
+    return L3D_OK;
+}
+
+// Chunk k done: its H2D goes out, the next chunk's input is waited for (with that H2D's
+// predecessor), the one after it starts on its way, and the next collective starts.
+l3d_status l3d_stage_pipe_advance(l3d_request_t *r, int *progressed) {
+    l3d_stage_pipe_t *p = r->pipe;
+    l3d_comm_t *c = r->comm;
+    l3d_device_t *d = c->dev;
+    for (;;) {
+        l3d_status st = l3d_request_advance(p->sub, progressed);
+        if (st == L3D_INPROGRESS) return st;
+        l3d_request_free(p->sub);
+        p->sub = NULL;
+        if (st < 0) return st;
+        *progressed = 1;
+        size_t k = p->k;
+        if (p->dr)
+            L3D_CHECK(c->ctx, copy_async(d, p->recv + k * p->chunk * p->esz, p->hr[k % 2],
+                                         chunk_len(p, k) * p->esz, L3D_COPY_H2D));
+        p->k = ++k;
+        // the next chunk's D2H and this chunk's H2D are done after this wait: buffers k % 2
+        // hold chunk k's input, and (k + 1) % 2 are free for chunk k + 1
+        L3D_CHECK(c->ctx, l3d_dev_stream_sync(d, d->comm_stream));
+        if (k == p->nk) return L3D_OK;
+        L3D_CHECK(c->ctx, pipe_d2h(c, p, k + 1));
+        L3D_CHECK(c->ctx, pipe_start_chunk(c, p, k));
+    }
+}
+
+void l3d_stage_pipe_free(l3d_request_t *r) {
+    l3d_stage_pipe_t *p = r->pipe;
+    if (p->sub) l3d_request_free(p->sub);
+    l3d_free(r->comm->ctx, p, sizeof(*p), "comm");
+    r->pipe = NULL;
+}
