@@ -72,5 +72,29 @@ void l3d_device_destroy(l3d_device_t *dev) {
     l3d_free(dev->ctx, dev, sizeof(*dev), "other");
 }
 
+// Front to back when narrowing (chunk k's output lies in the input of chunks < k), back to
+// front when widening (in that of chunks > k); the first chunk, whose output overlaps its own
+// input, goes through the scratch.
+l3d_status l3d_dev_convert_in_place(l3d_device_t *dev, void *p, l3d_dtype dst_t,
+                                    l3d_dtype src_t, size_t n, void *scratch, size_t chunk) {
+    size_t ds = l3d_dtype_size(dst_t), ss = l3d_dtype_size(src_t), c = chunk;
+    if (!n || dst_t == src_t) return L3D_OK;
+    if (!c || !scratch || ds == ss)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "convert in place: %s to %s with a "
+                         "scratch of %zu", l3d_dtype_name(src_t), l3d_dtype_name(dst_t), c);
+    size_t nk = (n + c - 1) / c, c0 = L3D_MIN(n, c);
+    char *b = p;
+#define CHUNK(k)                                                                                   l3d_dev_convert(dev, b + (k) * c * ds, dst_t, b + (k) * c * ss, src_t,                                        L3D_MIN(c, n - (k) * c))
+    if (ds < ss) {
+        L3D_CHECK(dev->ctx, l3d_dev_convert(dev, scratch, dst_t, b, src_t, c0));
+        for (size_t k = 1; k < nk; k++) L3D_CHECK(dev->ctx, CHUNK(k));
+        return l3d_dev_copy(dev, b, scratch, c0 * ds, L3D_COPY_D2D);
+    }
+    for (size_t k = nk; k-- > 1;) L3D_CHECK(dev->ctx, CHUNK(k));
+    L3D_CHECK(dev->ctx, l3d_dev_copy(dev, scratch, b, c0 * ss, L3D_COPY_D2D));
+    return l3d_dev_convert(dev, b, dst_t, scratch, src_t, c0);
+#undef CHUNK
+}
+
 const char *l3d_device_name(const l3d_device_t *dev) { return dev ? dev->ops->name : "(none)"; }
 int l3d_device_threads(const l3d_device_t *dev) { return dev ? dev->num_threads : 0; }

@@ -363,6 +363,13 @@ struct l3d_device_ops {
 extern const l3d_device_ops_t *const l3d_device_backends[];
 // l3d_device_create / l3d_device_destroy: include/llama3d/device.h.
 
+// Converts n elements where they are (convert takes no overlapping ranges): p holds n src_t
+// values and receives n dst_t values, both from its start, in chunks of `chunk` elements, the
+// first through `scratch` (device memory for `chunk` elements of the narrower type). Each
+// element is converted once, as by one convert into another buffer. core/device.c.
+l3d_status l3d_dev_convert_in_place(l3d_device_t *dev, void *p, l3d_dtype dst_t,
+                                    l3d_dtype src_t, size_t n, void *scratch, size_t chunk);
+
 // ---- wrappers: the only way core/ reaches a device -----------------------------------------
 static inline l3d_status l3d_dev_alloc(l3d_device_t *d, size_t bytes, const char *tag, void **p) {
     return d->ops->alloc(d, bytes, tag, p);

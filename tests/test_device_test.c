@@ -390,3 +390,54 @@ Test(device_test, staging_keeps_its_bounce_buffers) {
     l3d_comm_destroy(c);
     env_close(e);
 }
+
+// Converting a buffer in place, in chunks through a small scratch (ZeRO-2/3 round a gradient
+// window into 16 bits where it is): the same bits as one convert into another buffer, for
+// narrowing and widening, whole chunks and a short last one, and a buffer shorter than a chunk.
+Test(device_test, convert_in_place_equals_convert) {
+    const char *all[] = {"cpu", "cpu-opaque", "cpu-async"};
+    const size_t lens[] = {1000, 64 * 5, 40, 1};
+    for (int d = 0; d < 3; d++) {
+        env_t e = env_open(all[d]);
+        for (size_t li = 0; li < sizeof(lens) / sizeof(lens[0]); li++) {
+            size_t n = lens[li], chunk = 64;
+            float *src = malloc(n * 4), *got = malloc(n * 4), *want = malloc(n * 4);
+            for (size_t i = 0; i < n; i++) src[i] = 1.0f / (float)(i + 3) - 0.01f * (float)i;
+            for (l3d_dtype h = L3D_BFLOAT16; h <= L3D_FLOAT16; h++) {
+                void *buf, *ref, *scratch;
+                cr_assert_eq(l3d_dev_alloc(e.dev, n * 4, "acts", &buf), L3D_OK);
+                cr_assert_eq(l3d_dev_alloc(e.dev, n * 4, "acts", &ref), L3D_OK);
+                cr_assert_eq(l3d_dev_alloc(e.dev, chunk * 2, "acts", &scratch), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, buf, src, n * 4, L3D_COPY_H2D), L3D_OK);
+                // narrowing: ref = convert(src) elsewhere; buf in place
+                cr_assert_eq(l3d_dev_convert(e.dev, ref, h, buf, L3D_FLOAT32, n), L3D_OK);
+                cr_assert_eq(l3d_dev_convert_in_place(e.dev, buf, h, L3D_FLOAT32, n, scratch,
+                                                      chunk), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, got, buf, n * 2, L3D_COPY_D2H), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, want, ref, n * 2, L3D_COPY_D2H), L3D_OK);
+                cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+                cr_assert(!memcmp(got, want, n * 2), "%s: narrowing %zu to %s", all[d], n,
+                          l3d_dtype_name(h));
+                // widening back: ref = convert(16-bit) elsewhere (from a copy); buf in place
+                void *h16;
+                cr_assert_eq(l3d_dev_alloc(e.dev, n * 2, "acts", &h16), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, h16, buf, n * 2, L3D_COPY_D2D), L3D_OK);
+                cr_assert_eq(l3d_dev_convert(e.dev, ref, L3D_FLOAT32, h16, h, n), L3D_OK);
+                cr_assert_eq(l3d_dev_convert_in_place(e.dev, buf, L3D_FLOAT32, h, n, scratch,
+                                                      chunk), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, got, buf, n * 4, L3D_COPY_D2H), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, want, ref, n * 4, L3D_COPY_D2H), L3D_OK);
+                cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
+                cr_assert(!memcmp(got, want, n * 4), "%s: widening %zu from %s", all[d], n,
+                          l3d_dtype_name(h));
+                cr_assert(got[n / 2] != src[n / 2] || n == 1, "%s: nothing was rounded", all[d]);
+                l3d_dev_free(e.dev, h16, n * 2, "acts");
+                l3d_dev_free(e.dev, buf, n * 4, "acts");
+                l3d_dev_free(e.dev, ref, n * 4, "acts");
+                l3d_dev_free(e.dev, scratch, chunk * 2, "acts");
+            }
+            free(src), free(got), free(want);
+        }
+        env_close(e);
+    }
+}

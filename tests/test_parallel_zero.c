@@ -125,11 +125,13 @@ Test(parallel, checkpoint_options, .timeout = 240) {
         }
         if (L->pp == 1) {
             // One activation set of 3 layers, N = 2 x 32 rows of 64: plain recompute keeps each
-            // layer's whole input (N x 64 floats) on the device; the options keep this rank's
-            // rows of it (1/tp when split, or with SP) on the device or the host, and add the
-            // two working inputs the layers pass through.
+            // layer's input (N x 64 floats; with SP this rank's N/tp rows, all it holds of the
+            // residual stream) on the device; the options keep this rank's rows of it (1/tp
+            // when split, or with SP) on the device or the host, and add the two working
+            // inputs the layers pass through (as long as a layer's input).
             size_t f = sizeof(float), NC = 64 * 64 * f, rows = NC / (size_t)(split || L->sp ? L->tp : 1);
-            size_t dev = plain.mem[0].acts - 3 * NC + 2 * NC + (cases[i].k->cpu ? 0 : 3 * rows);
+            size_t xr = NC / (size_t)(L->sp ? L->tp : 1);
+            size_t dev = plain.mem[0].acts - 3 * xr + 2 * xr + (cases[i].k->cpu ? 0 : 3 * rows);
             cr_expect_eq(got.mem[0].acts, dev, "case %zu: device %zu, expected %zu", i,
                          got.mem[0].acts, dev);
             cr_expect_eq(got.mem[0].host_acts, cases[i].k->cpu ? 3 * rows : 0, "case %zu", i);

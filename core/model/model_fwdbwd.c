@@ -82,12 +82,19 @@ static void *take(arena_t *a, size_t bytes) {
     return p;
 }
 
+// The rows of the residual stream (x_in, h, x_out, x_final, dres) a rank holds: all N, or
+// with sequence parallelism its N/tp (Korthikanti et al.'s sbh/t; the layers read and write
+// no others, and the pipeline sends those).
+static size_t resid_rows(const l3d_model_t *m, size_t N) {
+    return m->tp.sp ? N / (size_t)m->tp.size : N;
+}
+
 // Activations take es bytes an element (their dtype), row statistics f.
 static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m, size_t N,
                          int B, int T, int with_x_in, size_t es) {
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
-    size_t KD = (size_t)m->KVH * m->D, f = sizeof(float);
-    if (with_x_in) la->x_in = take(ar, N * C * es);
+    size_t KD = (size_t)m->KVH * m->D, f = sizeof(float), xr = resid_rows(m, N);
+    if (with_x_in) la->x_in = take(ar, xr * C * es);
     la->rstd1 = take(ar, N * f);
     la->ln1 = take(ar, N * C * es);
     la->q = take(ar, N * HD * es);
@@ -95,7 +102,7 @@ static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m
     la->v = take(ar, N * KD * es);
     la->att = take(ar, N * HD * es);
     la->lse = take(ar, (size_t)B * (size_t)m->H * (size_t)T * f);
-    la->h = take(ar, N * C * es);
+    la->h = take(ar, xr * C * es);
     la->rstd2 = take(ar, N * f);
     la->ln2 = take(ar, N * C * es);
     la->gate = take(ar, N * F * es);
@@ -125,12 +132,14 @@ static void layout_host_ckpt(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     }
 }
 
-// a->L layers (a->chunk's); the head's buffers only where the head runs.
-static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
+// a->L layers (a->chunk's); the head's buffers only where the head runs. The set's own
+// buffers come from ar, the working set (l3d_acts_t.work) from wk.
+static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model_t *m) {
     size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float), es = l3d_dtype_size(a->at);
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, V = (size_t)m->V;
     int L = a->L, head = m->has_head && a->chunk == m->nchunks - 1;
+    size_t xr = resid_rows(m, N);
     // a->layers is NULL when only counting (l3d_acts_bytes).
     l3d_layer_acts_t dummy;
     if (a->recompute & (L3D_CKPT_PARTITION | L3D_CKPT_CPU)) {
@@ -138,7 +147,7 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
         // buffers in turn (a layer reads one, writes its output to the other), and each
         // layer's kept rows are copied out of it in the forward and back in for the rebuild.
         void *w[2];
-        for (int i = 0; i < 2; i++) w[i] = take(ar, N * C * es);
+        for (int i = 0; i < 2; i++) w[i] = take(wk, xr * C * es);
         size_t rows, off;
         ckpt_span(m, a, &rows, &off);
         for (int l = 0; l < L; l++) {
@@ -147,7 +156,7 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
             la->ckpt = (a->recompute & L3D_CKPT_CPU) ? NULL : take(ar, rows * C * es);
         }
         l3d_layer_acts_t shared = {0};
-        layout_layer(ar, &shared, m, N, a->B, a->T, 0, es);
+        layout_layer(wk, &shared, m, N, a->B, a->T, 0, es);
         for (int l = 0; a->layers && l < L; l++) {
             void *x_in = a->layers[l].x_in, *ckpt = a->layers[l].ckpt;
             a->layers[l] = shared;
@@ -157,9 +166,10 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     } else if (a->recompute) {
         // Checkpointing: only each layer's input survives the forward; the rest of a layer's
         // activations are rebuilt in one shared set during its backward.
-        for (int l = 0; l < L; l++) (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, N * C * es);
+        for (int l = 0; l < L; l++)
+            (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, xr * C * es);
         l3d_layer_acts_t shared = {0};
-        layout_layer(ar, &shared, m, N, a->B, a->T, 0, es);
+        layout_layer(wk, &shared, m, N, a->B, a->T, 0, es);
         for (int l = 0; a->layers && l < L; l++) {
             void *x_in = a->layers[l].x_in;
             a->layers[l] = shared;
@@ -169,41 +179,44 @@ static void layout_acts(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
         for (int l = 0; l < L; l++)
             layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1, es);
     }
-    a->x_final = take(ar, N * C * es);
-    a->rstdf = take(ar, N * f);
-    a->lnf = take(ar, N * C * es);
-    a->logits = take(ar, (head ? N * V : 0) * es);  // last stage only
+    // Kept from the forward to the backward (the head's), or sent while the next pass runs
+    // (x_final, dres: an isend per set in flight), or read by the backward (tokens).
+    a->x_final = take(ar, xr * C * es);
+    a->rstdf = take(ar, (head ? N : 0) * f);  // the final norm and the head: last stage only
+    a->lnf = take(ar, (head ? N * C : 0) * es);
+    a->logits = take(ar, (head ? N * V : 0) * es);
     // 2d with tied embeddings: the head's block of the table and its gradient (model_tp.c)
     size_t tb = head && m->tp.mode == 2 && m->cfg.tie_word_embeddings ? V * C : 0;
     a->tied_w = take(ar, tb * l3d_dtype_size(m->wt));
     a->tied_g = take(ar, tb * f);
     a->tied_r = take(ar, tb * f);
-    a->losses = take(ar, N * f);
-    a->vp_max = take(ar, N * f);
-    a->vp_stats = take(ar, 2 * N * f);
-    a->sw = take(ar, N * F * es);
-    a->dres = take(ar, N * C * es);
-    void *sp_tmp = take(ar, N * C * es);  // sequence parallelism's (N,C) partial sums
-    for (int l = 0; a->layers && l < L; l++) a->layers[l].sp_tmp = sp_tmp;
-    a->dln = take(ar, N * C * es);
-    a->datt = take(ar, N * HD * es);
-    a->dq = take(ar, N * HD * es);
-    a->dk = take(ar, N * KD * es);
-    a->dv = take(ar, N * KD * es);
-    a->dgate = take(ar, N * F * es);
-    a->dup = take(ar, N * F * es);
+    a->dres = take(ar, xr * C * es);
     a->tokens = take(ar, N * sizeof(int32_t));
     a->targets = take(ar, N * sizeof(int32_t));
+    // The working set.
+    a->losses = take(wk, N * f);
+    a->vp_max = take(wk, N * f);
+    a->vp_stats = take(wk, 2 * N * f);
+    a->sw = take(wk, N * F * es);
+    void *sp_tmp = take(wk, N * C * es);  // sequence parallelism's (N,C) partial sums
+    for (int l = 0; a->layers && l < L; l++) a->layers[l].sp_tmp = sp_tmp;
+    a->dln = take(wk, N * C * es);
+    a->datt = take(wk, N * HD * es);
+    a->dq = take(wk, N * HD * es);
+    a->dk = take(wk, N * KD * es);
+    a->dv = take(wk, N * KD * es);
+    a->dgate = take(wk, N * F * es);
+    a->dup = take(wk, N * F * es);
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
     return l3d_acts_bytes_part(cfg, 1, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32,
-                               L3D_FLOAT32, NULL);
+                               L3D_FLOAT32, 1, NULL);
 }
 
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *lps, int chunk, int B, int T, int recompute,
-                           int sp, l3d_dtype at, l3d_dtype wt, size_t *host_bytes) {
+                           int sp, l3d_dtype at, l3d_dtype wt, int work, size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_mode(&m, cfg, tp, tp_mode, 0);
@@ -214,22 +227,22 @@ size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, i
     m.tp.sp = sp && tp > 1;
     l3d_acts_t a = {.B = B, .T = T, .at = at, .recompute = recompute, .chunk = chunk,
                     .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};
-    arena_t ar = {NULL, 0}, host = {NULL, 0};
-    layout_acts(&ar, &a, &m);
+    arena_t ar = {NULL, 0}, wk = {NULL, 0}, host = {NULL, 0};
+    layout_acts(&ar, &wk, &a, &m);
     if (recompute & L3D_CKPT_CPU) layout_host_ckpt(&host, &a, &m);
     if (host_bytes) *host_bytes = host.off;
-    return ar.off;
+    return ar.off + (work ? wk.off : 0);
 }
 
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p) {
     if (m->nchunks > 1)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: the model has %d chunks; "
                          "create them per chunk", m->nchunks);
-    return l3d_acts_create_chunk(m, 0, B, T, recompute, L3D_FLOAT32, acts_p);
+    return l3d_acts_create_chunk(m, 0, B, T, recompute, L3D_FLOAT32, NULL, acts_p);
 }
 
 l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
-                                 l3d_dtype at, l3d_acts_t **acts_p) {
+                                 l3d_dtype at, const l3d_acts_t *share, l3d_acts_t **acts_p) {
     if (chunk < 0 || chunk >= m->nchunks)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: chunk %d of %d", chunk,
                          m->nchunks);
@@ -237,6 +250,10 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
         return l3d_error(m->ctx, L3D_ERR_CONFIG,
                          "sequence length %d must be in [1, max_position_embeddings %d]", T,
                          m->cfg.max_position_embeddings);
+    if (share && (share->B != B || share->T != T || share->recompute != recompute ||
+                  share->at != at))
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: a working set is shared "
+                         "only by sets of the same shape, recomputation and dtype");
     L3D_CHECK(m->ctx, l3d_model_rope_reserve(m, T));
     l3d_acts_t *a = l3d_calloc(m->ctx, 1, sizeof(*a), "acts");
     if (!a) return L3D_ERR_NOMEM;
@@ -252,10 +269,16 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
     a->T = T;
     a->at = at;  // every op, GEMM and collective on the activations takes it
     a->recompute = recompute;
-    arena_t ar = {NULL, 0}, host = {NULL, 0};
-    layout_acts(&ar, a, m);
-    a->bytes = ar.off;
-    l3d_status st = l3d_dev_alloc(m->dev, a->bytes, "acts", &a->mem);
+    arena_t ar = {NULL, 0}, wk = {NULL, 0}, host = {NULL, 0};
+    layout_acts(&ar, &wk, a, m);
+    size_t own = ar.off;
+    a->work_bytes = wk.off;
+    l3d_status st = share && share->work_bytes != a->work_bytes
+                        ? l3d_error(m->ctx, L3D_ERR_INTERNAL, "activations: working sets of "
+                                    "%zu and %zu bytes", share->work_bytes, a->work_bytes)
+                        : L3D_OK;
+    a->bytes = own + (share ? 0 : a->work_bytes);
+    if (st >= 0) st = l3d_dev_alloc(m->dev, a->bytes, "acts", &a->mem);
     if (st >= 0 && (recompute & L3D_CKPT_CPU)) {
         layout_host_ckpt(&host, a, m);
         a->host_bytes = host.off;
@@ -267,8 +290,11 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
         l3d_free(m->ctx, a, sizeof(*a), "acts");
         return st;
     }
+    // (an offset of a device pointer: computed, never read by the host)
+    a->work = share ? share->work : (char *)a->mem + own;
     ar = (arena_t){a->mem, 0};
-    layout_acts(&ar, a, m);
+    wk = (arena_t){a->work, 0};
+    layout_acts(&ar, &wk, a, m);
     if (a->host_mem) {  // (after layout_acts, which leaves host checkpoints unset)
         host = (arena_t){a->host_mem, 0};
         layout_host_ckpt(&host, a, m);

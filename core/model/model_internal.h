@@ -148,6 +148,13 @@ typedef struct l3d_acts {
                     // layer's input kept
     void *mem;
     size_t bytes;
+    // The working set: the buffers a forward or a backward uses and leaves nothing in for
+    // the other (the rebuilt layer under recomputation and its working inputs, sw, sp_tmp,
+    // the cross-entropy's losses and reductions, dln, datt, dq, dk, dv, dgate, dup). A rank
+    // runs one pass at a time, so its activation sets share one (Megatron keeps one too): in
+    // mem after the set's own buffers when it owns it, else the owner's (work_bytes each).
+    void *work;
+    size_t work_bytes;
     void *host_mem;     // L3D_CKPT_CPU: the kept inputs (host_bytes, from alloc_host)
     size_t host_bytes;
     l3d_layer_acts_t *layers;  // L entries
@@ -433,9 +440,10 @@ size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute
 // of B split over its rows) on pipeline stage `stage` of `pp` (v chunks), sequence-parallel
 // when sp, activations in at, weights read in wt; *host_bytes (may be NULL) gets the host
 // part (L3D_CKPT_CPU).
+// `work`: 1 counts the working set too (the set that owns it), 0 the set's own buffers only.
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *layers_per_stage, int chunk, int B, int T,
-                           int recompute, int sp, l3d_dtype at, l3d_dtype wt,
+                           int recompute, int sp, l3d_dtype at, l3d_dtype wt, int work,
                            size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
@@ -444,10 +452,11 @@ l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
 void l3d_rope_inv_freq(const l3d_model_config_t *cfg, double *inv_freq);
 
 // Activations for all of m's layers (one chunk, float32), or for chunk `chunk` of them only,
-// stored in at.
+// stored in at. With `share` (another set of m with the same B, T, recompute and at, which
+// must outlive this one) the working set is share's, else this set has its own.
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p);
 l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
-                                 l3d_dtype at, l3d_acts_t **acts_p);
+                                 l3d_dtype at, const l3d_acts_t *share, l3d_acts_t **acts_p);
 void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 
 // One layer forward. x_out (N,C) receives the residual stream leaving the layer.

@@ -332,7 +332,8 @@ static size_t param_bytes(const l3d_model_t *m, const l3d_train_config_t *cfg, i
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);
 // ZeRO-2 keeps the gradient as that shard plus its windows; a 16-bit communication_data_type
-// adds a 16-bit copy of the arena (stages 0-1) or of each window.
+// adds a 16-bit copy of the arena (stages 0-1) or a scratch that converts the windows in
+// place (stages 2-3).
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
     l3d_model_t m;
@@ -346,7 +347,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
     mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3);
     mem->grads = Ppad * sizeof(float);
-    size_t reduced = Ppad;  // elements reduced out of float32 buffers: the arena, or the windows
+    size_t reduced = Ppad;  // 16-bit elements beside the float32 buffers: a copy of the arena, or
+                            // the windows' conversion scratch
     if (n > 1 && cfg->zero_stage >= 2) {
         size_t wlen[L3D_ZERO2_MAX_WIN];
         int nwin, nshared, reserved;
@@ -354,9 +356,10 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
         size_t all = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved);
         mem->grads = all * sizeof(float);
-        reduced = all - shard;
+        // (a 16-bit reduction converts the windows in place through a scratch)
+        reduced = l3d_zero2_cscratch_len(wlen, nwin);
     }
-    // communication_data_type: each has a 16-bit copy to be reduced in.
+    // communication_data_type: stages 0-1 have a 16-bit copy of the arena to be reduced in.
     l3d_dtype cdt = l3d_dp_comm_dtype(cfg);
     if (n > 1 && cdt != L3D_FLOAT32) mem->grads += reduced * l3d_dtype_size(cdt);
     mem->optim = 2 * shard * sizeof(float);
@@ -364,23 +367,31 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t stage = z2 && cfg->offload_optimizer
                        ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
     l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, shard, stage, mem);
-    // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk.
+    // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk, and
+    // one working set that they share (model_internal.h, l3d_acts_t.work).
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
     mem->acts = mem->host_acts = 0;
+    size_t own0 = 0;
     for (int c = 0; c < v; c++) {
         int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, cfg->grad_accum_steps, c) : 1;
-        size_t host = 0;
-        mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode,
-                                                         cfg->pp, v, 0,
-                                                         l3d_train_config_lps(cfg), c,
-                                                         cfg->micro_batch_size, cfg->seq_len,
-                                                         l3d_train_config_ckpt(cfg),
-                                                         cfg->sequence_parallel,
-                                                         l3d_train_config_act_dtype(cfg),
-                                                         l3d_train_config_weight_dtype(cfg),
-                                                         &host);
-        mem->host_acts += (size_t)slots * host;
+        for (int work = 0; work < 1 + (c == 0); work++) {
+            size_t host = 0, b = l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode, cfg->pp,
+                                                     v, 0, l3d_train_config_lps(cfg), c,
+                                                     cfg->micro_batch_size, cfg->seq_len,
+                                                     l3d_train_config_ckpt(cfg),
+                                                     cfg->sequence_parallel,
+                                                     l3d_train_config_act_dtype(cfg),
+                                                     l3d_train_config_weight_dtype(cfg), work,
+                                                     &host);
+            if (work) {  // the working set: what the first set has beyond its own buffers
+                mem->acts += b - own0;
+                continue;
+            }
+            if (c == 0) own0 = b;
+            mem->acts += (size_t)slots * b;
+            mem->host_acts += (size_t)slots * host;
+        }
     }
 }
 
@@ -390,7 +401,8 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     size_t g = d->Ppad, c = d->cstage ? d->Ppad : 0;  // c: elements of 16-bit copies
     if (d->zero2) {
         g = d->shard_len;
-        for (int w = 0; w < d->nwin; w++) g += d->win_len[w], c += d->cwin[w] ? d->win_len[w] : 0;
+        for (int w = 0; w < d->nwin; w++) g += d->win_len[w];
+        c = d->cscratch ? d->cscratch_len : 0;
     }
     mem->grads = g * sizeof(float) + c * l3d_dtype_size(d->cdt);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);

@@ -66,12 +66,14 @@ typedef struct l3d_dp {
     int zero3;
     struct l3d_zero3 *z3;
     // The dtype gradients travel in (l3d_dp_comm_dtype). Other than float32, a bucket is
-    // converted into a 16-bit copy before its reduction, and the reduced part this rank uses
-    // back into float32 after it: cstage (stages 0-1: Ppad elements, a bucket at its arena
-    // offset), cwin[w] (stages 2-3: window w's length). NULL when float32.
+    // converted into 16 bits before its reduction, and the reduced part this rank uses back
+    // into float32 after it: in cstage (stages 0-1: Ppad elements, a bucket at its arena
+    // offset); in place in the window (stages 2-3), through cscratch (cscratch_len 16-bit
+    // elements: l3d_zero2_cscratch_len). NULL when float32.
     l3d_dtype cdt;
     void *cstage;
-    void *cwin[L3D_ZERO2_MAX_WIN];
+    void *cscratch;
+    size_t cscratch_len;
 } l3d_dp_t;
 
 // Pipeline state (core/train/trainer_pp.c). With pp 1 there is one slot and no communicator.
@@ -158,6 +160,9 @@ void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro);
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t);
+// ZeRO-2/3 with a 16-bit communication_data_type: the elements of the scratch that converts
+// a window in place (the longest window's length, at most a fixed chunk).
+size_t l3d_zero2_cscratch_len(const size_t win_len[L3D_ZERO2_MAX_WIN], int nwin);
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale);
 l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq);
 // This rank's pieces under ZeRO (dp.sharded): piece k (0 <= k < dp.nb) is arena floats

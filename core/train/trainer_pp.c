@@ -52,7 +52,7 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
             L3D_CHECK(t->ctx, l3d_acts_create_chunk(t->model, c, nb,
                                                     cfg->seq_len, l3d_train_config_ckpt(cfg),
                                                     l3d_train_config_act_dtype(cfg),
-                                                    &p->slots[i]));
+                                                    i ? p->slots[0] : NULL, &p->slots[i]));
     t->acts = p->slots[0];
     p->nops = l3d_pp_schedule(kind, pp, p->v, stage, A, p->ops);
     if (pp > 1 && cfg->model.tie_word_embeddings) {

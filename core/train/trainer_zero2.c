@@ -5,7 +5,7 @@
 // gradient shard gshard. The optimizer then works on the shard exactly as ZeRO-1 does, and
 // the updated pieces are all-gathered back through the windows.
 //
-//   memory per rank: shard (P / dp) + windows of the two longest buckets, instead of P
+//   memory per rank: shard (P / dp) + two windows (l3d_zero2_windows), instead of P
 //   communication: the reduce-scatter happens for every micro-batch (DeepSpeed stage 2 with
 //   gradient accumulation does the same), A x the bytes of ZeRO-1's once-per-step reduction.
 //
@@ -17,15 +17,18 @@
 //
 // Windows: a bucket takes a free window when the backward first asks for one of its groups
 // (zeroed), is started (reduce-scatter) when grad_ready says it is complete, and gives the
-// window back once the reduction finished and its piece was added. Two windows, as long as the
-// two longest buckets, let one bucket reduce while the next fills (one window when a single
+// window back once the reduction finished and its piece was added. Two windows, one as long
+// as the longest bucket and one as long as the longest shorter member of two neighbours (which
+// may fill at once), let one bucket reduce while the next fills (one window when a single
 // bucket holds the whole stage); a tied head on a single stage writes the embedding's bucket
 // at the start of the backward and it completes last, so that case keeps one more, of the
 // embedding's size.
 //
-// communication_data_type bf16/fp16: a window is rounded into a 16-bit copy of its own (cwin)
-// when it starts and reduce-scattered there; this rank's piece is widened back into the window
-// before it is added to the shard.
+// communication_data_type bf16/fp16: a window is rounded into 16 bits in place when it starts
+// (its first half then holds the 16-bit bucket) and reduce-scattered there; this rank's piece
+// is widened back into float32 in the window before it is added to the shard. Each element is
+// rounded and widened once, as through a separate 16-bit copy, which DeepSpeed's estimate
+// does not count and which would cost half a window more.
 #include <string.h>
 
 #include "core/train/trainer_internal.h"
@@ -98,22 +101,29 @@ size_t l3d_zero2_max_piece(const l3d_model_t *m, double reduce_bucket_size, int 
     return mx / (size_t)dp;
 }
 
+// The lengths the shared windows need, from the buckets in backward order (scan order: the
+// arena's end first). Buckets fill in that order and one completes before the one after the
+// next starts (the head's and the final norm's fill together; then a layer at a time), so at
+// most two neighbours fill at once: one window as long as the longest bucket and one as long
+// as the longest shorter member of a neighbouring pair serve every pair. (The two longest
+// buckets, an untied embedding and head, are the backward's first and last: they never fill
+// together, and a second window of their length would hold nothing it needs to.)
 typedef struct len_arg {
-    size_t top[2], last;  // the two longest of all but the last bucket; the last
-    int seen;
+    size_t longest, pair;  // over the folded buckets
+    size_t prev, last;     // the last folded bucket; the latest seen (folded once known not to
+                           // be the reserved last one)
+    int folded, seen;
 } len_arg_t;
-static void top2(size_t top[2], size_t len) {
-    if (len > top[0]) {
-        top[1] = top[0];
-        top[0] = len;
-    } else if (len > top[1]) {
-        top[1] = len;
-    }
+static void fold(len_arg_t *a, size_t len) {
+    if (a->folded && L3D_MIN(a->prev, len) > a->pair) a->pair = L3D_MIN(a->prev, len);
+    if (len > a->longest) a->longest = len;
+    a->prev = len;
+    a->folded++;
 }
 static void bucket_lens(void *arg, int k, size_t lo, size_t hi, size_t len) {
     len_arg_t *a = arg;
     (void)k, (void)lo, (void)hi;
-    if (a->seen) top2(a->top, a->last);  // all but the last (the arena's start)
+    if (a->seen) fold(a, a->last);  // all but the last (the arena's start) for now
     a->last = len;
     a->seen = 1;
 }
@@ -123,17 +133,18 @@ size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp
                          int *reserved) {
     size_t shard = 0;
     int nb = l3d_zero2_buckets(m, reduce_bucket_size, dp, NULL, &shard);
-    len_arg_t a = {{0, 0}, 0, 0};
+    len_arg_t a = {0};
     scan_buckets(m, reduce_bucket_size, dp, bucket_lens, &a);
     // The tied head on the embedding's stage writes the embedding's bucket (the last one, at
     // offset 0) first, and it completes last: it keeps a window of its own, of its size.
     int tied = m->cfg.tie_word_embeddings && m->has_embed && m->has_head;
-    if (!tied) top2(a.top, a.last);
-    // The shared windows are as long as the two longest shared buckets: a bucket longer than
-    // the second takes the first. One shared bucket overlaps with nothing: one window.
+    if (!tied) fold(&a, a.last);
+    // One shared bucket overlaps with nothing: one window.
     int ns = nb - tied >= 2 ? 2 : 1;
     size_t total = shard;
-    for (int w = 0; w < ns; w++) total += win_len[w] = a.top[w];
+    win_len[0] = a.longest;
+    if (ns == 2) win_len[1] = a.pair;
+    for (int w = 0; w < ns; w++) total += win_len[w];
     if (tied) total += win_len[ns] = a.last;
     *nshared = ns;
     *nwin = ns + tied;
@@ -157,9 +168,11 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
         d->win_bucket[w] = -1;
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * sizeof(float), "grads",
                                         (void **)&d->win[w]));
-        if (d->cdt != L3D_FLOAT32)  // the window's 16-bit copy, reduced in its place
-            L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * l3d_dtype_size(d->cdt),
-                                            "grads", &d->cwin[w]));
+    }
+    if (d->cdt != L3D_FLOAT32) {
+        d->cscratch_len = l3d_zero2_cscratch_len(d->win_len, d->nwin);
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt),
+                                        "grads", &d->cscratch));
     }
     if (!t->cfg.offload_optimizer)
         return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
@@ -178,11 +191,11 @@ void l3d_zero2_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     for (int w = 0; w < d->nwin; w++) {
         l3d_dev_free(t->dev, d->win[w], d->win_len[w] * sizeof(float), "grads");
-        if (d->cwin[w])
-            l3d_dev_free(t->dev, d->cwin[w], d->win_len[w] * l3d_dtype_size(d->cdt), "grads");
         d->win[w] = NULL;
-        d->cwin[w] = NULL;
     }
+    if (d->cscratch)
+        l3d_dev_free(t->dev, d->cscratch, d->cscratch_len * l3d_dtype_size(d->cdt), "grads");
+    d->cscratch = NULL;
     if (t->cfg.offload_optimizer) {
         int pin = t->cfg.offload_optimizer_pin;
         l3d_dev_free_host(t->dev, d->gshard, d->shard_len * sizeof(float), pin, "host_grads");
@@ -199,6 +212,20 @@ static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
                      l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
 }
 
+#define CONV_CHUNK ((size_t)1 << 20)
+
+size_t l3d_zero2_cscratch_len(const size_t win_len[L3D_ZERO2_MAX_WIN], int nwin) {
+    size_t n = 0;
+    for (int w = 0; w < nwin; w++) n = L3D_MAX(n, win_len[w]);
+    return L3D_MIN(n, CONV_CHUNK);
+}
+
+static l3d_status convert_here(l3d_trainer_t *t, void *p, l3d_dtype dst_t, l3d_dtype src_t,
+                               size_t n) {
+    l3d_dp_t *d = &t->dp;
+    return l3d_dev_convert_in_place(t->dev, p, dst_t, src_t, n, d->cscratch, d->cscratch_len);
+}
+
 // Waits for window w's reduction and adds this rank's piece to the shard; frees w.
 static l3d_status win_complete(l3d_trainer_t *t, int w) {
     l3d_dp_t *d = &t->dp;
@@ -210,11 +237,12 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
     d->win_started[w] = 0;
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
     float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
-    if (d->cwin[w])  // reduced in cdt: this rank's piece widened back into the window
-        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, piece, L3D_FLOAT32,
-                                          (char *)d->cwin[w] + (size_t)d->rank * b->q *
-                                                                   l3d_dtype_size(d->cdt),
-                                          d->cdt, b->q));
+    if (d->cdt != L3D_FLOAT32) {  // reduced in cdt: this rank's piece widened back to float32
+        // (16-bit piece r at 2rq bytes, its float32 place at 4rq: apart but for rank 0)
+        char *h = (char *)d->win[w] + (size_t)d->rank * b->q * l3d_dtype_size(d->cdt);
+        if (d->rank == 0) L3D_CHECK(t->ctx, convert_here(t, piece, L3D_FLOAT32, d->cdt, b->q));
+        else L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, piece, L3D_FLOAT32, h, d->cdt, b->q));
+    }
     if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
     // offloaded: the piece goes to the host and is added there
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
@@ -228,10 +256,9 @@ static l3d_status win_start(l3d_trainer_t *t, int w) {
     l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
     void *buf = d->win[w];
     size_t es = l3d_dtype_size(d->cdt);
-    if (d->cwin[w]) {  // communication_data_type: the window rounded into its 16-bit copy
-        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, d->cwin[w], d->cdt, buf, L3D_FLOAT32, b->len));
+    if (d->cdt != L3D_FLOAT32) {  // communication_data_type: the window rounded in place
+        L3D_CHECK(t->ctx, convert_here(t, buf, d->cdt, L3D_FLOAT32, b->len));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-        buf = d->cwin[w];
     }
     d->win_started[w] = ++d->win_seq;
     l3d_status st = l3d_comm_ireduce_scatter(d->comm, buf,
@@ -242,8 +269,9 @@ static l3d_status win_start(l3d_trainer_t *t, int w) {
 
 // A shared window of at least len floats: the shortest one not filling, completed if it was
 // reducing (with every reduction started before it: they complete in order). Best fit
-// matters: the windows are as long as the two longest buckets, so any two buckets filling at
-// once (the head's and the last layer's, the head taking the shorter) both find one.
+// matters: the windows are as long as the longest bucket and the longest shorter member of a
+// neighbouring pair (l3d_zero2_windows), so of two neighbours filling at once the shorter
+// never takes the only window the longer fits.
 static l3d_status win_take(l3d_trainer_t *t, size_t len, int *w_p) {
     l3d_dp_t *d = &t->dp;
     int best = -1;
