@@ -27,8 +27,8 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/l3d-z3mem.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
-echo "| model | ranks | offload | l3d device GiB (params + grads + optim) | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU |"
-echo "|---|---|---|---|---|---|---|"
+echo "| model | ranks | offload | l3d device GiB (params + grads + optim) | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed |"
+echo "|---|---|---|---|---|---|---|---|"
 for model in llama3-8b llama3-70b; do
   # total parameters and DeepSpeed's largest layer (the embedding: vocabulary x hidden)
   info=$("$L3D" train --model "$model" --dry-run 2>&1 | sed -nE 's/.*\(([0-9.]+)M parameters: hidden ([0-9]+),.* vocab ([0-9]+).*/\1 \2 \3/p')
@@ -59,8 +59,9 @@ EOF
         else { gpu = 4 * big + int(18 * P / gpus); cpu = big * 4 * 8 * 1.5 }
         printf "%.1f %.1f", gpu / 2^30, cpu / 8 / 2^30 }')
       read -r dsg dsc <<<"$ds"
-      printf "| %s | %d | %s | %s | %s | %s | %s |\n" "$model" "$n" "$off" "$(gib "$dev")" \
-        "$(gib "${host:-0}")" "$dsg" "$dsc"
+      ratio=$(awk -v a="$dev" -v b="$dsg" 'BEGIN { printf "%.2f", a / 1024 / b }')
+      printf "| %s | %d | %s | %s | %s | %s | %s | %s |\n" "$model" "$n" "$off" "$(gib "$dev")" \
+        "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
     done
   done
 done

@@ -177,7 +177,7 @@ Test(parallel_cdt, runs_match_plan_and_estimate, .timeout = 600) {
         for (int r = 0; r < cases[i].dp * cases[i].tp * cases[i].pp; r++)
             cr_assert_eq(b16.grads_in_use[r], b16.mem[r].grads, "case %zu rank %d", i, r);
         cr_assert_eq(b16.mem[0].grads, b16.estimate.grads, "case %zu", i);
-        cr_assert_gt(b16.mem[0].grads, f32.mem[0].grads, "case %zu: no 16-bit copies", i);
+        cr_assert_gt(b16.mem[0].grads, f32.mem[0].grads, "case %zu: no conversion scratch", i);
         cr_assert_eq(b16.loss[0], f32.loss[0], "case %zu: the first loss", i);
         for (int k = 0; k < STEPS; k++) cr_assert(isfinite(b16.loss[k]), "case %zu step %d", i, k);
         free_result(&f32), free_result(&b16);

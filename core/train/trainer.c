@@ -332,8 +332,7 @@ static size_t param_bytes(const l3d_model_t *m, const l3d_train_config_t *cfg, i
 // Per rank: the gradient arena is padded to a multiple of dp; ZeRO >= 1 keeps AdamW's
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);
 // ZeRO-2 keeps the gradient as that shard plus its windows; a 16-bit communication_data_type
-// adds a 16-bit copy of the arena (stages 0-1) or a scratch that converts the windows in
-// place (stages 2-3).
+// adds the scratch that converts the buckets in place.
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
     l3d_model_t m;
@@ -347,8 +346,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
     mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3);
     mem->grads = Ppad * sizeof(float);
-    size_t reduced = Ppad;  // 16-bit elements beside the float32 buffers: a copy of the arena, or
-                            // the windows' conversion scratch
+    // a 16-bit communication_data_type converts each bucket in place, through a scratch
+    size_t longest = l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, (int)n);
     if (n > 1 && cfg->zero_stage >= 2) {
         size_t wlen[L3D_ZERO2_MAX_WIN];
         int nwin, nshared, reserved;
@@ -356,12 +355,12 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
         size_t all = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved);
         mem->grads = all * sizeof(float);
-        // (a 16-bit reduction converts the windows in place through a scratch)
-        reduced = l3d_zero2_cscratch_len(wlen, nwin);
+        longest = 0;
+        for (int w = 0; w < nwin; w++) longest = L3D_MAX(longest, wlen[w]);
     }
-    // communication_data_type: stages 0-1 have a 16-bit copy of the arena to be reduced in.
     l3d_dtype cdt = l3d_dp_comm_dtype(cfg);
-    if (n > 1 && cdt != L3D_FLOAT32) mem->grads += reduced * l3d_dtype_size(cdt);
+    if (n > 1 && cdt != L3D_FLOAT32)
+        mem->grads += l3d_dp_cscratch_len(longest) * l3d_dtype_size(cdt);
     mem->optim = 2 * shard * sizeof(float);
     int z2 = n > 1 && cfg->zero_stage >= 2;
     size_t stage = z2 && cfg->offload_optimizer
@@ -398,11 +397,10 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     const l3d_dp_t *d = &t->dp;
     mem->params = param_bytes(t->model, &t->cfg, d->n, d->zero3);
-    size_t g = d->Ppad, c = d->cstage ? d->Ppad : 0;  // c: elements of 16-bit copies
+    size_t g = d->Ppad, c = d->cscratch ? d->cscratch_len : 0;  // c: 16-bit scratch elements
     if (d->zero2) {
         g = d->shard_len;
         for (int w = 0; w < d->nwin; w++) g += d->win_len[w];
-        c = d->cscratch ? d->cscratch_len : 0;
     }
     mem->grads = g * sizeof(float) + c * l3d_dtype_size(d->cdt);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);

@@ -15,10 +15,12 @@
 //
 // The gradients are scaled by 1 / (global batch tokens) in the backward, so the reduction is a
 // sum: the update equals the single-rank one up to float summation order.
-// communication_data_type bf16/fp16: each bucket is rounded into a 16-bit copy (cstage) when it
-// starts, reduced there (the comm core adds in float32 and rounds once), and the part this
-// rank uses (all of it at stage 0, its piece at stage 1) widened back into the arena, as
-// DeepSpeed's allreduce_bucket casts to communication_data_type and copies back.
+// communication_data_type bf16/fp16: each bucket is rounded into 16 bits in place when it
+// starts (the first half of its float32 bytes), reduced there (the comm core adds in float32
+// and rounds once), and the part this rank uses (all of it at stage 0, its piece at stage 1)
+// widened back into the arena, as DeepSpeed's allreduce_bucket casts to
+// communication_data_type and copies back; not through a 16-bit copy of the arena, which
+// would cost 2 bytes a parameter more.
 // Reductions start on the last micro-batch of a step only (gradient accumulation boundary),
 // as in DeepSpeed stage 0/1. Stage 2 has buckets of its own and no gradient arena
 // (core/train/trainer_zero2.c); the optimizer below serves both sharded stages.
@@ -72,10 +74,33 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
         sh += d->b[i].q;
     }
     d->shard_len = d->sharded ? sh : d->P;
-    if (d->n > 1 && d->cdt != L3D_FLOAT32)
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->Ppad * l3d_dtype_size(d->cdt), "grads",
-                                        &d->cstage));
+    if (d->n > 1 && d->cdt != L3D_FLOAT32) {
+        d->cscratch_len = l3d_dp_cscratch_len(S);
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt),
+                                        "grads", &d->cscratch));
+    }
     return L3D_OK;
+}
+
+#define CONV_CHUNK ((size_t)1 << 20)
+
+size_t l3d_dp_cscratch_len(size_t longest) { return min_sz(longest, CONV_CHUNK); }
+
+l3d_status l3d_dp_narrow(l3d_trainer_t *t, float *p, size_t len) {
+    l3d_dp_t *d = &t->dp;
+    return l3d_dev_convert_in_place(t->dev, p, d->cdt, L3D_FLOAT32, len, d->cscratch,
+                                    d->cscratch_len);
+}
+
+l3d_status l3d_dp_widen(l3d_trainer_t *t, float *p, size_t first, size_t q) {
+    l3d_dp_t *d = &t->dp;
+    // 16-bit element `first` sits at 2 first bytes, its float32 place at 4 first: apart but for
+    // first 0, where the two overlap from the start
+    if (first == 0)
+        return l3d_dev_convert_in_place(t->dev, p, L3D_FLOAT32, d->cdt, q, d->cscratch,
+                                        d->cscratch_len);
+    return l3d_dev_convert(t->dev, p + first, L3D_FLOAT32,
+                           (char *)p + first * l3d_dtype_size(d->cdt), d->cdt, q);
 }
 
 void l3d_dp_fini(l3d_trainer_t *t) {
@@ -84,8 +109,9 @@ void l3d_dp_fini(l3d_trainer_t *t) {
         if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
     if (d->zero3) l3d_zero3_fini(t);
     if (d->zero2) l3d_zero2_fini(t);
-    if (d->cstage) l3d_dev_free(t->dev, d->cstage, d->Ppad * l3d_dtype_size(d->cdt), "grads");
-    d->cstage = NULL;
+    if (d->cscratch && !d->zero2)  // (ZeRO-2/3 free theirs)
+        l3d_dev_free(t->dev, d->cscratch, d->cscratch_len * l3d_dtype_size(d->cdt), "grads");
+    d->cscratch = NULL;
     if (d->norm_dev) l3d_dev_free(d->norm_on, d->norm_dev, d->norm_len * sizeof(double), "other");
     d->norm_dev = NULL;
     size_t nalloc = d->zero2 ? (size_t)l3d_model_grad_groups(t->model) : (size_t)d->nb;
@@ -96,10 +122,10 @@ void l3d_dp_fini(l3d_trainer_t *t) {
 static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
     l3d_dp_t *d = &t->dp;
     float *g = t->grads + b->off;
-    if (d->cstage) {  // reduced in cdt: the bucket rounded into its 16-bit copy
+    if (d->cscratch) {  // reduced in cdt: the bucket rounded in place
         size_t es = l3d_dtype_size(d->cdt);
-        char *c = (char *)d->cstage + b->off * es;
-        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, c, d->cdt, g, L3D_FLOAT32, b->len));
+        char *c = (char *)g;
+        L3D_CHECK(t->ctx, l3d_dp_narrow(t, g, b->len));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
         if (d->sharded)
             return l3d_comm_ireduce_scatter(d->comm, c, c + (size_t)d->rank * b->q * es, b->q,
@@ -161,12 +187,11 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
     if (st < 0)
         return l3d_error(t->ctx, st, "data-parallel gradient reduction: %s",
                          l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
-    for (int i = 0; d->cstage && i < d->nb; i++) {  // the reduced part back into float32
+    for (int i = 0; d->cscratch && i < d->nb; i++) {  // the reduced part back into float32
         const l3d_dp_bucket_t *b = &d->b[i];
-        size_t a0 = b->off + (d->sharded ? (size_t)d->rank * b->q : 0);
-        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, t->grads + a0, L3D_FLOAT32,
-                                          (char *)d->cstage + a0 * l3d_dtype_size(d->cdt), d->cdt,
-                                          d->sharded ? b->q : b->len));
+        L3D_CHECK(t->ctx, l3d_dp_widen(t, t->grads + b->off,
+                                       d->sharded ? (size_t)d->rank * b->q : 0,
+                                       d->sharded ? b->q : b->len));
     }
     return L3D_OK;
 }

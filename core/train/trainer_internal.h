@@ -67,11 +67,10 @@ typedef struct l3d_dp {
     struct l3d_zero3 *z3;
     // The dtype gradients travel in (l3d_dp_comm_dtype). Other than float32, a bucket is
     // converted into 16 bits before its reduction, and the reduced part this rank uses back
-    // into float32 after it: in cstage (stages 0-1: Ppad elements, a bucket at its arena
-    // offset); in place in the window (stages 2-3), through cscratch (cscratch_len 16-bit
-    // elements: l3d_zero2_cscratch_len). NULL when float32.
+    // into float32 after it, in place (in the arena at stages 0-1, in its window at 2-3: the
+    // first half of the bucket's float32 bytes holds it), through cscratch (cscratch_len
+    // 16-bit elements: l3d_dp_cscratch_len). NULL when float32.
     l3d_dtype cdt;
-    void *cstage;
     void *cscratch;
     size_t cscratch_len;
 } l3d_dp_t;
@@ -160,9 +159,15 @@ void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro);
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t);
-// ZeRO-2/3 with a 16-bit communication_data_type: the elements of the scratch that converts
-// a window in place (the longest window's length, at most a fixed chunk).
-size_t l3d_zero2_cscratch_len(const size_t win_len[L3D_ZERO2_MAX_WIN], int nwin);
+// A 16-bit communication_data_type: the elements of the scratch that converts buckets of at
+// most `longest` floats in place (at most a fixed chunk).
+size_t l3d_dp_cscratch_len(size_t longest);
+// The 16-bit copy of bucket b's first elements (the bucket's own float32 bytes, converted in
+// place) and back: stage 0-1 buckets in the arena, stage 2-3 ones in their window at p.
+l3d_status l3d_dp_narrow(l3d_trainer_t *t, float *p, size_t len);
+// This rank's reduced piece (q elements from element `first` of the 16-bit copy at p) back
+// to float32 at p + first: stage 1-3's piece, or the whole bucket (first 0, q its length).
+l3d_status l3d_dp_widen(l3d_trainer_t *t, float *p, size_t first, size_t q);
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale);
 l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq);
 // This rank's pieces under ZeRO (dp.sharded): piece k (0 <= k < dp.nb) is arena floats

@@ -170,7 +170,9 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
                                         (void **)&d->win[w]));
     }
     if (d->cdt != L3D_FLOAT32) {
-        d->cscratch_len = l3d_zero2_cscratch_len(d->win_len, d->nwin);
+        size_t longest = 0;
+        for (int w = 0; w < d->nwin; w++) longest = L3D_MAX(longest, d->win_len[w]);
+        d->cscratch_len = l3d_dp_cscratch_len(longest);
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt),
                                         "grads", &d->cscratch));
     }
@@ -212,20 +214,6 @@ static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
                      l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
 }
 
-#define CONV_CHUNK ((size_t)1 << 20)
-
-size_t l3d_zero2_cscratch_len(const size_t win_len[L3D_ZERO2_MAX_WIN], int nwin) {
-    size_t n = 0;
-    for (int w = 0; w < nwin; w++) n = L3D_MAX(n, win_len[w]);
-    return L3D_MIN(n, CONV_CHUNK);
-}
-
-static l3d_status convert_here(l3d_trainer_t *t, void *p, l3d_dtype dst_t, l3d_dtype src_t,
-                               size_t n) {
-    l3d_dp_t *d = &t->dp;
-    return l3d_dev_convert_in_place(t->dev, p, dst_t, src_t, n, d->cscratch, d->cscratch_len);
-}
-
 // Waits for window w's reduction and adds this rank's piece to the shard; frees w.
 static l3d_status win_complete(l3d_trainer_t *t, int w) {
     l3d_dp_t *d = &t->dp;
@@ -237,12 +225,8 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
     d->win_started[w] = 0;
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
     float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
-    if (d->cdt != L3D_FLOAT32) {  // reduced in cdt: this rank's piece widened back to float32
-        // (16-bit piece r at 2rq bytes, its float32 place at 4rq: apart but for rank 0)
-        char *h = (char *)d->win[w] + (size_t)d->rank * b->q * l3d_dtype_size(d->cdt);
-        if (d->rank == 0) L3D_CHECK(t->ctx, convert_here(t, piece, L3D_FLOAT32, d->cdt, b->q));
-        else L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, piece, L3D_FLOAT32, h, d->cdt, b->q));
-    }
+    if (d->cdt != L3D_FLOAT32)  // reduced in cdt: this rank's piece widened back to float32
+        L3D_CHECK(t->ctx, l3d_dp_widen(t, d->win[w], (size_t)d->rank * b->q, b->q));
     if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
     // offloaded: the piece goes to the host and is added there
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
@@ -257,7 +241,7 @@ static l3d_status win_start(l3d_trainer_t *t, int w) {
     void *buf = d->win[w];
     size_t es = l3d_dtype_size(d->cdt);
     if (d->cdt != L3D_FLOAT32) {  // communication_data_type: the window rounded in place
-        L3D_CHECK(t->ctx, convert_here(t, buf, d->cdt, L3D_FLOAT32, b->len));
+        L3D_CHECK(t->ctx, l3d_dp_narrow(t, buf, b->len));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     }
     d->win_started[w] = ++d->win_seq;
