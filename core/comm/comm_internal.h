@@ -294,6 +294,8 @@ l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes
 void *l3d_stage_tmp(l3d_sched_t *s, l3d_device_t *d, size_t bytes);
 // Gives back bounce buffer p (l3d_sched_fini).
 void l3d_stage_bounce_put(l3d_device_t *d, void *p);
+// Frees bounce buffer b (if any) and any registration w's transport cached for it.
+void l3d_stage_bounce_drop(l3d_world_t *w, l3d_device_t *d, struct l3d_bounce *b);
 
 // ---- requests ----------------------------------------------------------------------------------
 struct l3d_request {

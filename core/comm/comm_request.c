@@ -343,10 +343,7 @@ static void req_free(l3d_request_t *r) {
     l3d_world_t *w = r->comm->world;
     l3d_ctx_t *ctx = r->comm->ctx;
     if (!r->complete) req_finish(r, L3D_ERR_INTERNAL);
-    if (r->prev) r->prev->next = r->next;
-    else if (w->active == r) w->active = r->next;
-    if (r->next) r->next->prev = r->prev;
-    r->next = r->prev = NULL;
+    l3d_request_unlink(r);
     if (r->pipe) l3d_stage_pipe_free(r);
     l3d_sched_fini(&r->s);
     if (w->nfree_reqs < L3D_SPARE_REQS) {  // kept with its arrays for the next call

@@ -257,11 +257,7 @@ void *l3d_stage_tmp(l3d_sched_t *s, l3d_device_t *d, size_t bytes) {
     }
     if (fit < 0 && slot >= 0 && bytes <= SCRATCH_MAX) {
         struct l3d_bounce *b = &d->bounce[slot];
-        if (b->p) {
-            if (s->world && s->world->caps.needs_mr) l3d_world_mr_purge(s->world, b->p, b->n);
-            l3d_dev_free_host(d, b->p, b->n, 1, "comm");
-            b->p = NULL;
-        }
+        l3d_stage_bounce_drop(s->world, d, b);
         if (l3d_dev_alloc_host(d, bytes, 1, "comm", &b->p) < 0) {
             b->p = NULL;
             return l3d_sched_tmp(s, bytes);

@@ -11,16 +11,18 @@ l3d_status l3d_comm_set_device(l3d_comm_t *c, l3d_device_t *dev) {
     // The old device's idle bounce buffers go, with any registration a transport cached for
     // them (a later buffer at the same address must not find it).
     l3d_device_t *old = c->dev;
-    for (int i = 0; old && old != dev && i < L3D_DEVICE_BOUNCE; i++) {
-        struct l3d_bounce *b = &old->bounce[i];
-        if (!b->p || b->busy) continue;
-        if (c->world->caps.needs_mr) l3d_world_mr_purge(c->world, b->p, b->n);
-        l3d_dev_free_host(old, b->p, b->n, 1, "comm");
-        b->p = NULL;
-        b->n = 0;
-    }
+    for (int i = 0; old && old != dev && i < L3D_DEVICE_BOUNCE; i++)
+        if (!old->bounce[i].busy) l3d_stage_bounce_drop(c->world, old, &old->bounce[i]);
     c->dev = dev;
     return L3D_OK;
+}
+
+void l3d_stage_bounce_drop(l3d_world_t *w, l3d_device_t *d, struct l3d_bounce *b) {
+    if (!b->p) return;
+    if (w && w->caps.needs_mr) l3d_world_mr_purge(w, b->p, b->n);
+    l3d_dev_free_host(d, b->p, b->n, 1, "comm");
+    b->p = NULL;
+    b->n = 0;
 }
 
 int l3d_stage_needed(const l3d_comm_t *c, const void *p) {
@@ -36,22 +38,32 @@ static l3d_status comm_stream(l3d_device_t *d) {
     return l3d_dev_event_create(d, &d->comm_ready);
 }
 
-// Copies bytes between device memory and host `h` on the communication stream, after the ops
-// issued so far on the current one (through an event, not a wait for the whole device: the
-// compute that wrote a buffer being sent, or that zeroed or last read a buffer being
-// received into), and waits for the copy: the host reads it next, or the temporary goes.
+// Orders what is issued next on the communication stream after the ops issued so far on the
+// current one (through an event, not a wait for the whole device: the compute that wrote a
+// buffer being sent, or that zeroed or last read a buffer being received into).
+static l3d_status comm_after_compute(l3d_device_t *d) {
+    L3D_CHECK(d->ctx, comm_stream(d));
+    L3D_CHECK(d->ctx, l3d_dev_event_record(d, d->comm_ready, d->stream));
+    return l3d_dev_stream_wait_event(d, d->comm_stream, d->comm_ready);
+}
+
+// Issues a copy on the communication stream without waiting for it.
+static l3d_status copy_async(l3d_device_t *d, void *dst, const void *src, size_t bytes,
+                             l3d_copy_kind kind) {
+    void *compute = d->stream;
+    l3d_dev_set_stream(d, d->comm_stream);
+    l3d_status st = l3d_dev_copy(d, dst, src, bytes, kind);
+    l3d_dev_set_stream(d, compute);
+    return st;
+}
+
+// Copies bytes between device memory and host memory on the communication stream, after the
+// compute issued so far, and waits for the copy: the host reads it next, or the temporary goes.
 static l3d_status copy_on_comm(l3d_device_t *d, void *dst, const void *src, size_t bytes,
                                l3d_copy_kind kind) {
-    void *compute = d->stream;
-    l3d_status st = comm_stream(d);
-    if (st >= 0) st = l3d_dev_event_record(d, d->comm_ready, compute);
-    if (st >= 0) st = l3d_dev_stream_wait_event(d, d->comm_stream, d->comm_ready);
-    if (st >= 0) {
-        l3d_dev_set_stream(d, d->comm_stream);
-        st = l3d_dev_copy(d, dst, src, bytes, kind);
-        l3d_dev_set_stream(d, compute);
-    }
-    return st < 0 ? st : l3d_dev_stream_sync(d, d->comm_stream);
+    L3D_CHECK(d->ctx, comm_after_compute(d));
+    L3D_CHECK(d->ctx, copy_async(d, dst, src, bytes, kind));
+    return l3d_dev_stream_sync(d, d->comm_stream);
 }
 
 static void d2h_now(l3d_sched_t *s, l3d_comm_t *c, void *h, const void *src, size_t bytes) {
@@ -111,7 +123,7 @@ typedef struct l3d_stage_pipe {
     int root;
     const char *send;  // the caller's buffers (device memory where ds / dr)
     char *recv;
-    int ds, dr, inplace;
+    int ds, dr;
     size_t count, chunk, esz;  // elements: in all, per chunk
     size_t k, nk;              // the chunk being reduced, the number of chunks
     char *hs[2], *hr[2];       // bounce buffers of chunk bytes (hr == hs in place)
@@ -122,17 +134,6 @@ int l3d_stage_chunked(const l3d_comm_t *c, l3d_coll op, size_t bytes) {
     uint64_t chunk = l3d_ctx_settings(c->ctx)->stage_chunk;
     return c->dev && !l3d_dev_is_host(c->dev) && chunk && bytes > chunk &&
            (op == L3D_COLL_ALLREDUCE || op == L3D_COLL_REDUCE || op == L3D_COLL_BROADCAST);
-}
-
-// Issues a copy on the communication stream without waiting (the pipe waits at the next
-// chunk boundary).
-static l3d_status copy_async(l3d_device_t *d, void *dst, const void *src, size_t bytes,
-                             l3d_copy_kind kind) {
-    void *compute = d->stream;
-    l3d_dev_set_stream(d, d->comm_stream);
-    l3d_status st = l3d_dev_copy(d, dst, src, bytes, kind);
-    l3d_dev_set_stream(d, compute);
-    return st;
 }
 
 static size_t chunk_len(const l3d_stage_pipe_t *p, size_t k) {
@@ -182,20 +183,18 @@ l3d_status l3d_stage_pipe_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf,
     p->nk = (count + p->chunk - 1) / p->chunk;
     p->ds = l3d_stage_needed(c, sendbuf);
     p->dr = l3d_stage_needed(c, recvbuf);
-    p->inplace = p->ds && p->dr && (const void *)sendbuf == recvbuf;
+    int inplace = p->ds && p->dr && (const void *)sendbuf == recvbuf;
     l3d_sched_t s;
     l3d_sched_init(&s, c);
     size_t cb = p->chunk * p->esz;
     for (int i = 0; i < 2; i++) {
         if (p->ds) p->hs[i] = l3d_stage_tmp(&s, d, cb);
-        if (p->dr) p->hr[i] = p->inplace ? p->hs[i] : l3d_stage_tmp(&s, d, cb);
+        if (p->dr) p->hr[i] = inplace ? p->hs[i] : l3d_stage_tmp(&s, d, cb);
     }
     // Every copy of the call comes after the compute issued before it (one event); chunk 0
     // is in host memory before its collective starts, chunk 1 on its way.
     l3d_status st = s.st;
-    if (st >= 0) st = comm_stream(d);
-    if (st >= 0) st = l3d_dev_event_record(d, d->comm_ready, d->stream);
-    if (st >= 0) st = l3d_dev_stream_wait_event(d, d->comm_stream, d->comm_ready);
+    if (st >= 0) st = comm_after_compute(d);
     if (st >= 0) st = pipe_d2h(c, p, 0);
     if (st >= 0) st = l3d_dev_stream_sync(d, d->comm_stream);
     if (st >= 0) st = pipe_d2h(c, p, 1);

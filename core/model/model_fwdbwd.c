@@ -210,13 +210,15 @@ static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model
 }
 
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
+    size_t work = 0;
     return l3d_acts_bytes_part(cfg, 1, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32,
-                               L3D_FLOAT32, 1, NULL);
+                               L3D_FLOAT32, &work, NULL) + work;
 }
 
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *lps, int chunk, int B, int T, int recompute,
-                           int sp, l3d_dtype at, l3d_dtype wt, int work, size_t *host_bytes) {
+                           int sp, l3d_dtype at, l3d_dtype wt, size_t *work_bytes,
+                           size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_mode(&m, cfg, tp, tp_mode, 0);
@@ -231,7 +233,8 @@ size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, i
     layout_acts(&ar, &wk, &a, &m);
     if (recompute & L3D_CKPT_CPU) layout_host_ckpt(&host, &a, &m);
     if (host_bytes) *host_bytes = host.off;
-    return ar.off + (work ? wk.off : 0);
+    if (work_bytes) *work_bytes = wk.off;
+    return ar.off;
 }
 
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p) {

@@ -440,11 +440,12 @@ size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute
 // of B split over its rows) on pipeline stage `stage` of `pp` (v chunks), sequence-parallel
 // when sp, activations in at, weights read in wt; *host_bytes (may be NULL) gets the host
 // part (L3D_CKPT_CPU).
-// `work`: 1 counts the working set too (the set that owns it), 0 the set's own buffers only.
+// Returns the set's own bytes; *work_bytes (may be NULL) gets its working set's, which the
+// sets of a rank share (l3d_acts_t.work).
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *layers_per_stage, int chunk, int B, int T,
-                           int recompute, int sp, l3d_dtype at, l3d_dtype wt, int work,
-                           size_t *host_bytes);
+                           int recompute, int sp, l3d_dtype at, l3d_dtype wt,
+                           size_t *work_bytes, size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);

@@ -371,27 +371,22 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
     mem->acts = mem->host_acts = 0;
-    size_t own0 = 0;
+    size_t work = 0;  // (the same for every chunk)
     for (int c = 0; c < v; c++) {
         int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, cfg->grad_accum_steps, c) : 1;
-        for (int work = 0; work < 1 + (c == 0); work++) {
-            size_t host = 0, b = l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode, cfg->pp,
-                                                     v, 0, l3d_train_config_lps(cfg), c,
-                                                     cfg->micro_batch_size, cfg->seq_len,
-                                                     l3d_train_config_ckpt(cfg),
-                                                     cfg->sequence_parallel,
-                                                     l3d_train_config_act_dtype(cfg),
-                                                     l3d_train_config_weight_dtype(cfg), work,
-                                                     &host);
-            if (work) {  // the working set: what the first set has beyond its own buffers
-                mem->acts += b - own0;
-                continue;
-            }
-            if (c == 0) own0 = b;
-            mem->acts += (size_t)slots * b;
-            mem->host_acts += (size_t)slots * host;
-        }
+        size_t host = 0;
+        mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode,
+                                                         cfg->pp, v, 0,
+                                                         l3d_train_config_lps(cfg), c,
+                                                         cfg->micro_batch_size, cfg->seq_len,
+                                                         l3d_train_config_ckpt(cfg),
+                                                         cfg->sequence_parallel,
+                                                         l3d_train_config_act_dtype(cfg),
+                                                         l3d_train_config_weight_dtype(cfg),
+                                                         &work, &host);
+        mem->host_acts += (size_t)slots * host;
     }
+    mem->acts += work;
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {

@@ -74,17 +74,20 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
         sh += d->b[i].q;
     }
     d->shard_len = d->sharded ? sh : d->P;
-    if (d->n > 1 && d->cdt != L3D_FLOAT32) {
-        d->cscratch_len = l3d_dp_cscratch_len(S);
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt),
-                                        "grads", &d->cscratch));
-    }
-    return L3D_OK;
+    return l3d_dp_cscratch_alloc(t, S);
 }
 
 #define CONV_CHUNK ((size_t)1 << 20)
 
 size_t l3d_dp_cscratch_len(size_t longest) { return min_sz(longest, CONV_CHUNK); }
+
+l3d_status l3d_dp_cscratch_alloc(l3d_trainer_t *t, size_t longest) {
+    l3d_dp_t *d = &t->dp;
+    if (d->n == 1 || d->cdt == L3D_FLOAT32) return L3D_OK;
+    d->cscratch_len = l3d_dp_cscratch_len(longest);
+    return l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt), "grads",
+                         &d->cscratch);
+}
 
 l3d_status l3d_dp_narrow(l3d_trainer_t *t, float *p, size_t len) {
     l3d_dp_t *d = &t->dp;
@@ -109,7 +112,7 @@ void l3d_dp_fini(l3d_trainer_t *t) {
         if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
     if (d->zero3) l3d_zero3_fini(t);
     if (d->zero2) l3d_zero2_fini(t);
-    if (d->cscratch && !d->zero2)  // (ZeRO-2/3 free theirs)
+    if (d->cscratch)
         l3d_dev_free(t->dev, d->cscratch, d->cscratch_len * l3d_dtype_size(d->cdt), "grads");
     d->cscratch = NULL;
     if (d->norm_dev) l3d_dev_free(d->norm_on, d->norm_dev, d->norm_len * sizeof(double), "other");

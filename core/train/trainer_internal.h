@@ -162,6 +162,8 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t);
 // A 16-bit communication_data_type: the elements of the scratch that converts buckets of at
 // most `longest` floats in place (at most a fixed chunk).
 size_t l3d_dp_cscratch_len(size_t longest);
+// Allocates it (nothing to do without dp or with float32 reductions); l3d_dp_fini frees it.
+l3d_status l3d_dp_cscratch_alloc(l3d_trainer_t *t, size_t longest);
 // The 16-bit copy of bucket b's first elements (the bucket's own float32 bytes, converted in
 // place) and back: stage 0-1 buckets in the arena, stage 2-3 ones in their window at p.
 l3d_status l3d_dp_narrow(l3d_trainer_t *t, float *p, size_t len);

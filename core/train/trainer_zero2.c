@@ -164,18 +164,14 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
                             &d->nshared, &d->win_reserved);
     // The full-arena views (checkpoints' optimizer gather) reach the last bucket's padding.
     d->Ppad = d->b[0].off + d->b[0].len;
+    size_t longest = 0;  // (a tied embedding's own window may be the longest)
     for (int w = 0; w < d->nwin; w++) {
         d->win_bucket[w] = -1;
+        longest = L3D_MAX(longest, d->win_len[w]);
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * sizeof(float), "grads",
                                         (void **)&d->win[w]));
     }
-    if (d->cdt != L3D_FLOAT32) {
-        size_t longest = 0;
-        for (int w = 0; w < d->nwin; w++) longest = L3D_MAX(longest, d->win_len[w]);
-        d->cscratch_len = l3d_dp_cscratch_len(longest);
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt),
-                                        "grads", &d->cscratch));
-    }
+    L3D_CHECK(t->ctx, l3d_dp_cscratch_alloc(t, longest));
     if (!t->cfg.offload_optimizer)
         return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
     // Offloaded optimizer: the shard accumulates in host memory, each reduced piece copied
@@ -195,9 +191,6 @@ void l3d_zero2_fini(l3d_trainer_t *t) {
         l3d_dev_free(t->dev, d->win[w], d->win_len[w] * sizeof(float), "grads");
         d->win[w] = NULL;
     }
-    if (d->cscratch)
-        l3d_dev_free(t->dev, d->cscratch, d->cscratch_len * l3d_dtype_size(d->cdt), "grads");
-    d->cscratch = NULL;
     if (t->cfg.offload_optimizer) {
         int pin = t->cfg.offload_optimizer_pin;
         l3d_dev_free_host(t->dev, d->gshard, d->shard_len * sizeof(float), pin, "host_grads");
