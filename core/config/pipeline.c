@@ -93,7 +93,9 @@ l3d_status l3d_pp_check(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int A) 
 // Simulation. Each ordered pair of neighbouring stages is a FIFO channel of message ids
 // (direction, micro-batch, receiving virtual stage); with pp 2 both neighbours are one stage
 // and share a channel. A stage advances while its next op's message is at the head of its
-// channel; another message there means the transport would deliver the wrong data.
+// channel; another message there means the transport would deliver the wrong data. A send
+// completes when its message leaves the channel, and a stage waits for that before it reuses
+// the send's ring buffer (L3D_PP_RING).
 typedef struct sim {
     int pp, U, A;
     int *q, *head, *tail;  // channel c holds q[c * cap + head .. tail)
@@ -113,8 +115,11 @@ l3d_status l3d_pp_validate(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int 
                          "virtual stages %d is out of range (at most 2^24)", pp, A, v);
     L3D_CHECK(ctx, l3d_pp_check(ctx, kind, pp, v, A));
     size_t P = (size_t)pp, M = 2 * (size_t)A * (size_t)v, V = (size_t)v;
+    // ring: per stage and direction, the buffers used so far and each buffer's last message
+    // (channel, position; -1: none pending)
+    size_t R = L3D_PP_RING, ring_ints = 2 * P * (1 + 2 * R);
     size_t bytes = P * M * sizeof(l3d_pp_op_t) + (2 * P + 2 * P * V) * sizeof(int) +
-                   2 * P * (2 + M) * sizeof(int);
+                   2 * P * (2 + M) * sizeof(int) + ring_ints * sizeof(int);
     char *mem = l3d_calloc(ctx, 1, bytes, "other");
     if (!mem) return L3D_ERR_NOMEM;
     l3d_pp_op_t *ops = (l3d_pp_op_t *)mem;
@@ -122,6 +127,8 @@ l3d_status l3d_pp_validate(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int 
     sim_t sm = {pp, pp * v, A, maxlive + P * V, NULL, NULL, M};
     sm.head = sm.q + 2 * P * M;
     sm.tail = sm.head + 2 * P;
+    int *ring = sm.tail + 2 * P;
+    for (size_t i = 0; i < ring_ints; i++) ring[i] = i % (1 + 2 * R) ? -1 : 0;
     for (int s = 0; s < pp; s++) nops[s] = l3d_pp_schedule(kind, pp, v, s, A, ops + (size_t)s * M);
     l3d_status st = L3D_OK;
     for (int moved = 1; moved && st >= 0;) {
@@ -131,6 +138,12 @@ l3d_status l3d_pp_validate(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int 
                 l3d_pp_op_t o = ops[(size_t)s * M + (size_t)pc[s]];
                 int u = o.chunk * pp + s, up = (s + 1) % pp, down = (s - 1 + pp) % pp;
                 int recv = o.backward ? u < sm.U - 1 : u > 0;
+                int send = o.backward ? u > 0 : u < sm.U - 1;
+                // A B always writes a dres buffer, an F one only when it sends: the buffer's
+                // previous send must have been received.
+                int *rg = ring + ((size_t)s * 2 + (size_t)o.backward) * (1 + 2 * R);
+                int *e = o.backward || send ? rg + 1 + 2 * ((size_t)rg[0] % R) : NULL;
+                if (e && e[0] >= 0 && sm.head[e[0]] <= e[1]) break;
                 if (recv) {
                     int c = channel(&sm, o.backward ? up : down, s);
                     if (sm.head[c] == sm.tail[c]) break;
@@ -145,9 +158,14 @@ l3d_status l3d_pp_validate(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int 
                     }
                     sm.head[c]++;
                 }
-                int send = o.backward ? u > 0 : u < sm.U - 1;
+                if (e) {
+                    rg[0]++;
+                    e[0] = -1;
+                }
                 if (send) {
                     int dst = o.backward ? down : up, c = channel(&sm, s, dst);
+                    e[0] = c;
+                    e[1] = sm.tail[c];
                     sm.q[(size_t)c * M + (size_t)sm.tail[c]++] =
                         msg_id(&sm, o.backward, o.micro, o.backward ? u - 1 : u + 1);
                 }

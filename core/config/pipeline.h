@@ -6,10 +6,13 @@
 // u = c * pp + s of U = pp * v, and micro-batch j flows through u = 0 .. U-1. Messages:
 // F(j, c) at u > 0 receives micro-batch j's activations from the stage of u-1 ((s-1) mod pp),
 // and at u < U-1 sends its output to the stage of u+1; B(j, c) at u < U-1 receives the
-// gradient from the stage of u+1, and at u > 0 sends dL/dinput to the stage of u-1. Sends
-// never block (isend, waited before the buffer is reused), receives do, and the messages
-// from one stage to another arrive in the order sent (there are no tags): the validation
-// checks that every receive finds its own message at the head of its channel.
+// gradient from the stage of u+1, and at u > 0 sends dL/dinput to the stage of u-1. Receives
+// block, and the messages from one stage to another arrive in the order sent (there are no
+// tags): the validation checks that every receive finds its own message at the head of its
+// channel. Sends are isends from a ring of L3D_PP_RING buffers per direction (x_final for F,
+// dres for every B): an op waits for its buffer's previous send before it runs, and a send
+// completes only once received (rendezvous, the strictest transport), which the validation
+// models too.
 //   GPipe: F(0..A-1), then B(0..A-1): A activation sets in flight.
 //   1F1B (PipeDream-flush, Megatron's default): w = min(pp-s-1, A) warm-up forwards, then
 //   F and B alternating, then the remaining B: at most w+1 sets in flight.
@@ -25,6 +28,8 @@
 #include "core/l3d_core.h"
 
 typedef enum l3d_pp_kind { L3D_PP_1F1B = 0, L3D_PP_GPIPE = 1, L3D_PP_INTERLEAVED = 2 } l3d_pp_kind;
+
+enum { L3D_PP_RING = 2 };  // buffers per direction: a send overlaps the next op
 
 typedef struct l3d_pp_op {
     int backward;  // 0: F, 1: B

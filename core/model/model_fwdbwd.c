@@ -179,9 +179,18 @@ static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model
         for (int l = 0; l < L; l++)
             layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1, es);
     }
-    // Kept from the forward to the backward (the head's), or sent while the next pass runs
-    // (x_final, dres: an isend per set in flight), or read by the backward (tokens).
-    a->x_final = take(ar, xr * C * es);
+    // Kept from the forward to the backward: the head's, and the tokens. What a stage sends
+    // (x_final elsewhere, every dres) lives in the working set: L3D_PP_RING of each, which the
+    // pipeline hands out in turn (a buffer is rewritten once its send completed), as Megatron
+    // frees an output tensor once sent.
+    // (One stage sends nothing: one dres. Every set of a rank has the same working set, so
+    // the head's set has x buffers it does not use.)
+    for (int i = 0; i < L3D_PP_RING; i++) {
+        a->xring[i] = m->pp_size > 1 ? take(wk, xr * C * es) : NULL;
+        a->dring[i] = m->pp_size > 1 || !i ? take(wk, xr * C * es) : NULL;
+    }
+    a->x_final = head || m->pp_size == 1 ? take(ar, xr * C * es) : a->xring[0];
+    a->dres = a->dring[0];
     a->rstdf = take(ar, (head ? N : 0) * f);  // the final norm and the head: last stage only
     a->lnf = take(ar, (head ? N * C : 0) * es);
     a->logits = take(ar, (head ? N * V : 0) * es);
@@ -190,7 +199,6 @@ static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model
     a->tied_w = take(ar, tb * l3d_dtype_size(m->wt));
     a->tied_g = take(ar, tb * f);
     a->tied_r = take(ar, tb * f);
-    a->dres = take(ar, xr * C * es);
     a->tokens = take(ar, N * sizeof(int32_t));
     a->targets = take(ar, N * sizeof(int32_t));
     // The working set.

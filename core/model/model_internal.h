@@ -10,6 +10,7 @@
 #define L3D_MODEL_INTERNAL_H
 
 #include "core/config/config_layout.h"
+#include "core/config/pipeline.h"
 #include "core/l3d_core.h"
 #include "devices/device.h"
 #include "llama3d/comm.h"
@@ -159,6 +160,10 @@ typedef struct l3d_acts {
     size_t host_bytes;
     l3d_layer_acts_t *layers;  // L entries
     void *x_final, *lnf, *logits;
+    // The working set's send buffers (core/config/pipeline.h): x_final of a chunk without the
+    // head (NULL with it: x_final is kept for the final norm's backward) and dres; x_final and
+    // dres point at [0] until the pipeline picks one for a pass.
+    void *xring[L3D_PP_RING], *dring[L3D_PP_RING];
     float *rstdf, *losses;
     void *sw;                  // (N,F) SwiGLU output scratch
     float *vp_max, *vp_stats;  // (N), (N,2): vocabulary-parallel cross-entropy reductions

@@ -79,17 +79,10 @@ static l3d_status eval_err(l3d_trainer_t *t, l3d_comm_t *c, l3d_status st, const
                      l3d_ctx_last_error(l3d_comm_ctx(c)));
 }
 
-static l3d_status wait_req(l3d_trainer_t *t, l3d_request_t **r) {
-    if (!*r) return L3D_OK;
-    l3d_status st = l3d_request_wait(*r);
-    *r = NULL;
-    return st < 0 ? eval_err(t, t->pp.comm, st, "send") : L3D_OK;
-}
-
 // This stage's forward of eval batch b, micro-batch by micro-batch and chunk by chunk in the
 // order (micro-batch, chunk): every stage runs its part of (j, c) after the stage before it,
 // so the receives follow the sends and nothing waits on a later item. Each chunk reuses its
-// first activation slot; its previous send is waited before the slot is written again.
+// first activation slot and sends from the pipeline's ring (l3d_pp_take_x).
 static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
     l3d_pp_t *p = &t->pp;
     l3d_model_t *m = t->model;
@@ -108,7 +101,8 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
         for (int c = 0; c < p->v; c++) {
             int slot = p->slot0[c], u = c * pp + stage;
             l3d_acts_t *a = p->slots[slot];
-            L3D_CHECK(t->ctx, wait_req(t, &p->fsend[slot]));
+            l3d_request_t **send = NULL;
+            if (u < U - 1) L3D_CHECK(t->ctx, l3d_pp_take_x(t, a, &send));
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o,
                                            nl * sizeof(int32_t), L3D_COPY_H2D));
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets + ot,
@@ -120,8 +114,7 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
             // grad_scale 0: the fused cross-entropy's logit gradient is not used.
             L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, 0.0f, &s));
             *sum += s;
-            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up,
-                                                  &p->fsend[slot])) < 0)
+            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up, send)) < 0)
                 return eval_err(t, p->comm, st, "send of activations");
         }
     }
@@ -140,11 +133,8 @@ l3d_status l3d_trainer_eval(l3d_trainer_t *t, double *loss) {
     // 16-bit weights: the passes read the float32 master rounded as it is now
     l3d_status st = l3d_model_refresh_weights(t->model);
     for (int b = 0; b < cfg->eval_iters && st >= 0; b++) st = eval_batch(t, b, &sum);
-    for (int i = 0; i < t->pp.nslots; i++) {
-        l3d_status s2 = wait_req(t, &t->pp.fsend[i]);
-        if (st >= 0) st = s2;
-    }
-    L3D_CHECK(ctx, st);
+    l3d_status s2 = l3d_pp_wait_sends(t);
+    L3D_CHECK(ctx, st < 0 ? st : s2);
     // The loss lives on the last stage and is split over the dp ranks: every rank gets the sum.
     if (t->pp.comm) L3D_CHECK(ctx, l3d_dp_sum_double(t, t->pp.comm, &sum));
     L3D_CHECK(ctx, l3d_dp_sum_double(t, t->dp.comm, &sum));

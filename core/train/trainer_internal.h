@@ -83,7 +83,10 @@ typedef struct l3d_pp {
     // activation sets: micro-batch j of chunk c uses slots[slot0[c] + j % (slot0[c+1] - slot0[c])]
     l3d_acts_t **slots;
     int slot0[L3D_MAX_CHUNKS + 1];
-    l3d_request_t **fsend, **bsend;  // per slot: the pending send of x_final / dres
+    // the send ring (core/config/pipeline.h): each buffer's pending send of x_final / dres,
+    // and the buffers handed out so far
+    l3d_request_t *fsend[L3D_PP_RING], *bsend[L3D_PP_RING];
+    unsigned nf, nb;
     l3d_pp_op_t *ops;
     int nops;
 } l3d_pp_t;
@@ -290,6 +293,10 @@ void l3d_pp_fini(l3d_trainer_t *t);
 // Runs the step's micro-batches on this stage (all of them when pp 1); *loss_sum is the
 // sum over the step's tokens of this dp rank, on every stage.
 l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum);
+// The send ring: points a->x_final at the next x buffer once its previous send completed;
+// *send receives the place for the new send's request. wait_sends completes them all.
+l3d_status l3d_pp_take_x(l3d_trainer_t *t, l3d_acts_t *a, l3d_request_t ***send);
+l3d_status l3d_pp_wait_sends(l3d_trainer_t *t);
 
 // core/train/comm_plan.c: the communication of one step of world rank 0, as terms. The kind sets a
 // term's cost in l3d plan (core/plan/plan_cost.c): an all-reduce moves 2(n-1)/n of its buffer per

@@ -10,7 +10,9 @@
 //         layer's input. Run this stage's layers. Last stage: loss; others: isend x_final.
 //   B(j)  last stage: from the loss; others: receive dL/dx_final (N,C) from stage+1 into dres.
 //         Backward through this stage's layers; first stage: embedding; others: isend dres.
-// A send's buffer belongs to the slot, so the send is waited before the slot is written again.
+// What a stage sends comes from the working set's ring (L3D_PP_RING buffers per direction):
+// a pass takes the next buffer once that buffer's previous send has completed, so a slot keeps
+// only what its backward reads (the schedule's validation proves no wait can deadlock).
 // With tied embeddings the first and last stages each hold the table (the last as the head)
 // and sum its gradient once the backward of the step is done (Megatron's embedding group).
 #include <string.h>
@@ -41,10 +43,8 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
     p->slot0[p->v] = p->nslots;
     size_t nops = 2 * (size_t)A * (size_t)p->v;
     p->slots = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->slots), "other");
-    p->fsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->fsend), "other");
-    p->bsend = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->bsend), "other");
     p->ops = l3d_calloc(t->ctx, nops, sizeof(*p->ops), "other");
-    if (!p->slots || !p->fsend || !p->bsend || !p->ops) return L3D_ERR_NOMEM;
+    if (!p->slots || !p->ops) return L3D_ERR_NOMEM;
     int b0, nb;  // (2d: this grid row's sequences of each micro-batch)
     l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
     for (int c = 0; c < p->v; c++)
@@ -68,17 +68,15 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
 
 void l3d_pp_fini(l3d_trainer_t *t) {
     l3d_pp_t *p = &t->pp;
-    for (int i = 0; p->slots && i < p->nslots; i++) {
-        if (p->fsend && p->fsend[i]) (void)l3d_request_wait(p->fsend[i]);
-        if (p->bsend && p->bsend[i]) (void)l3d_request_wait(p->bsend[i]);
-        if (t->model) l3d_acts_destroy(t->model, p->slots[i]);
+    for (int i = 0; i < L3D_PP_RING; i++) {
+        if (p->fsend[i]) (void)l3d_request_wait(p->fsend[i]);
+        if (p->bsend[i]) (void)l3d_request_wait(p->bsend[i]);
     }
-    size_t n = (size_t)p->nslots;
+    for (int i = 0; p->slots && i < p->nslots; i++)
+        if (t->model) l3d_acts_destroy(t->model, p->slots[i]);
     l3d_free(t->ctx, p->ops, 2 * (size_t)t->cfg.grad_accum_steps * (size_t)p->v * sizeof(*p->ops),
              "other");
-    l3d_free(t->ctx, p->bsend, n * sizeof(*p->bsend), "other");
-    l3d_free(t->ctx, p->fsend, n * sizeof(*p->fsend), "other");
-    l3d_free(t->ctx, p->slots, n * sizeof(*p->slots), "other");
+    l3d_free(t->ctx, p->slots, (size_t)p->nslots * sizeof(*p->slots), "other");
     l3d_comm_destroy(p->emb_comm);
     memset(p, 0, sizeof(*p));
     t->acts = NULL;
@@ -89,6 +87,34 @@ static l3d_status wait_send(l3d_trainer_t *t, l3d_request_t **r) {
     l3d_status st = l3d_request_wait(*r);
     *r = NULL;
     return st < 0 ? comm_err(t, t->pp.comm, st, "send") : L3D_OK;
+}
+
+l3d_status l3d_pp_take_x(l3d_trainer_t *t, l3d_acts_t *a, l3d_request_t ***send) {
+    l3d_pp_t *p = &t->pp;
+    unsigned k = p->nf++ % L3D_PP_RING;
+    L3D_CHECK(t->ctx, wait_send(t, &p->fsend[k]));
+    a->x_final = a->xring[k];
+    *send = &p->fsend[k];
+    return L3D_OK;
+}
+
+static l3d_status take_dres(l3d_trainer_t *t, l3d_acts_t *a, l3d_request_t ***send) {
+    l3d_pp_t *p = &t->pp;
+    unsigned k = p->nb++ % L3D_PP_RING;
+    L3D_CHECK(t->ctx, wait_send(t, &p->bsend[k]));
+    a->dres = a->dring[k] ? a->dring[k] : a->dring[0];
+    *send = &p->bsend[k];
+    return L3D_OK;
+}
+
+l3d_status l3d_pp_wait_sends(l3d_trainer_t *t) {
+    l3d_pp_t *p = &t->pp;
+    l3d_status st = L3D_OK;
+    for (int i = 0; i < L3D_PP_RING; i++) {
+        l3d_status s1 = wait_send(t, &p->fsend[i]), s2 = wait_send(t, &p->bsend[i]);
+        if (st >= 0) st = s1 < 0 ? s1 : s2;
+    }
+    return st;
 }
 
 static l3d_status load_micro(l3d_trainer_t *t, l3d_acts_t *a, int j) {
@@ -125,8 +151,9 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
         int c = o.chunk, u = c * pp + stage;
         int slot = p->slot0[c] + o.micro % (p->slot0[c + 1] - p->slot0[c]);
         l3d_acts_t *a = p->slots[slot];
+        l3d_request_t **send = NULL;
         if (!o.backward) {
-            L3D_CHECK(t->ctx, wait_send(t, &p->fsend[slot]));
+            if (u < U - 1) L3D_CHECK(t->ctx, l3d_pp_take_x(t, a, &send));
             L3D_CHECK(t->ctx, load_micro(t, a, o.micro));
             if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
                                              down)) < 0)
@@ -134,24 +161,19 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
             double s = 0.0;
             L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, grad_scale, &s));
             sum += s;
-            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up,
-                                                  &p->fsend[slot])) < 0)
+            if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up, send)) < 0)
                 return comm_err(t, p->comm, st, "send of activations");
         } else {
-            L3D_CHECK(t->ctx, wait_send(t, &p->bsend[slot]));
+            L3D_CHECK(t->ctx, take_dres(t, a, &send));
             l3d_dp_arm(t, a, o.micro == A - 1);
             if (u < U - 1 && (st = l3d_comm_recv(p->comm, a->dres, nc, a->at, up)) < 0)
                 return comm_err(t, p->comm, st, "receive of gradients");
             L3D_CHECK(t->ctx, l3d_model_stage_backward(m, a, t->grads));
-            if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, a->at, down,
-                                              &p->bsend[slot])) < 0)
+            if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, a->at, down, send)) < 0)
                 return comm_err(t, p->comm, st, "send of gradients");
         }
     }
-    for (int i = 0; i < p->nslots; i++) {
-        L3D_CHECK(t->ctx, wait_send(t, &p->fsend[i]));
-        L3D_CHECK(t->ctx, wait_send(t, &p->bsend[i]));
-    }
+    L3D_CHECK(t->ctx, l3d_pp_wait_sends(t));
     if (p->emb_comm && !t->dp.zero2) {  // (ZeRO-2 sums the reduced pieces: trainer_zero2.c)
         // the embedding (first stage) and the tied head (last stage): one gradient
         const l3d_param_t *e = NULL;
