@@ -90,13 +90,18 @@ static size_t resid_rows(const l3d_model_t *m, size_t N) {
 }
 
 // Activations take es bytes an element (their dtype), row statistics f.
+// A kept layer (with_x_in) under sequence parallelism keeps its norms' rows only (ln_part);
+// the layer rebuilt under recomputation keeps them all (it is one set, and its backward
+// follows at once).
 static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m, size_t N,
                          int B, int T, int with_x_in, size_t es) {
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, f = sizeof(float), xr = resid_rows(m, N);
+    la->ln_part = with_x_in && m->tp.sp;
+    size_t lr = la->ln_part ? xr : N;
     if (with_x_in) la->x_in = take(ar, xr * C * es);
     la->rstd1 = take(ar, N * f);
-    la->ln1 = take(ar, N * C * es);
+    la->ln1 = take(ar, lr * C * es);
     la->q = take(ar, N * HD * es);
     la->k = take(ar, N * KD * es);
     la->v = take(ar, N * KD * es);
@@ -104,7 +109,7 @@ static void layout_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m
     la->lse = take(ar, (size_t)B * (size_t)m->H * (size_t)T * f);
     la->h = take(ar, xr * C * es);
     la->rstd2 = take(ar, N * f);
-    la->ln2 = take(ar, N * C * es);
+    la->ln2 = take(ar, lr * C * es);
     la->gate = take(ar, N * F * es);
     la->up = take(ar, N * F * es);
 }
@@ -341,12 +346,15 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
     // outputs reduce-scattered back to rows.
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
-    L3D_CHECK(ctx, l3d_tp_rmsnorm_fwd(m, l3d_elem(a->ln1, at, roff), a->rstd1, a->x_in, LW(ln1),
+    // (ln_part: the norm's rows are kept in a->ln1 and gathered into sp_tmp, free until o_proj)
+    void *ln = a->ln_part ? a->sp_tmp : a->ln1;
+    size_t lo = a->ln_part ? 0 : roff;
+    L3D_CHECK(ctx, l3d_tp_rmsnorm_fwd(m, l3d_elem(a->ln1, at, lo), a->rstd1, a->x_in, LW(ln1),
                                       (int)rows, at, wt));
-    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln1, rows, at));
-    L3D_CHECK(ctx, linear_fwd(m, COL, a->q, HD, a->ln1, LW(wq), N, C, HD, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_fwd(m, COL, k_new, KD, a->ln1, LW(wk), N, C, KD, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_fwd(m, COL, v_new, KD, a->ln1, LW(wv), N, C, KD, 0.0f, at, wt));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows_from(m, l3d_elem(a->ln1, at, lo), ln, rows, at));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->q, HD, ln, LW(wq), N, C, HD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, k_new, KD, ln, LW(wk), N, C, KD, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, v_new, KD, ln, LW(wv), N, C, KD, 0.0f, at, wt));
     L3D_CHECK(ctx, l3d_dev_rope(dev, a->q, m->cos_tab, m->sin_tab, B, T, m->H, m->D, pos0, 0, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, k_new, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, pos0, 0,
                                 at));
@@ -364,11 +372,12 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
         L3D_CHECK(ctx, linear_fwd(m, ROW, a->h, C, a->att, LW(wo), N, HD, C, 1.0f, at, wt));
         L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)N * C, at));
     }
-    L3D_CHECK(ctx, l3d_tp_rmsnorm_fwd(m, l3d_elem(a->ln2, at, roff), a->rstd2, a->h, LW(ln2),
+    ln = a->ln_part ? a->sp_tmp : a->ln2;  // (sp_tmp is free again until down_proj)
+    L3D_CHECK(ctx, l3d_tp_rmsnorm_fwd(m, l3d_elem(a->ln2, at, lo), a->rstd2, a->h, LW(ln2),
                                       (int)rows, at, wt));
-    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->ln2, rows, at));
-    L3D_CHECK(ctx, linear_fwd(m, COL, a->gate, F, a->ln2, LW(wg), N, C, F, 0.0f, at, wt));
-    L3D_CHECK(ctx, linear_fwd(m, COL, a->up, F, a->ln2, LW(wu), N, C, F, 0.0f, at, wt));
+    if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows_from(m, l3d_elem(a->ln2, at, lo), ln, rows, at));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->gate, F, ln, LW(wg), N, C, F, 0.0f, at, wt));
+    L3D_CHECK(ctx, linear_fwd(m, COL, a->up, F, ln, LW(wu), N, C, F, 0.0f, at, wt));
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, sw, a->gate, a->up, (size_t)N * F, at));
     // x_out = h + swiglu Wd^T (row-parallel down_proj, as o_proj)
     if (sp) {
@@ -418,9 +427,12 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtyp
     // (sw <- dsw: the weight gradient reads sw first)
     L3D_CHECK(ctx, linear_bwd(m, ROW, sw, 0.0f, GW(wd), D, sw, LW(wd), N, F, C, at, wt));
     L3D_CHECK(ctx, l3d_dev_swiglu_bwd(dev, acts->dgate, acts->dup, sw, a->gate, a->up, NF, at));
-    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wg), acts->dgate, a->ln2, LW(wg), N, C,
+    // the norm's output on all N rows (kept in part: gathered into sp_tmp, D having been read)
+    const void *ln2g = a->ln_part ? a->sp_tmp : a->ln2;
+    if (a->ln_part) L3D_CHECK(ctx, l3d_tp_gather_rows_from(m, a->ln2, a->sp_tmp, rows, at));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wg), acts->dgate, ln2g, LW(wg), N, C,
                               F, at, wt));
-    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wu), acts->dup, a->ln2, LW(wu), N, C,
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wu), acts->dup, ln2g, LW(wu), N, C,
                               F, at, wt));
     // Column-parallel gate/up: each tp rank's columns give part of dL/dln2 (Megatron's f).
     REDUCE_DLN();
@@ -436,11 +448,13 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtyp
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dq, m->cos_tab, m->sin_tab, B, T, m->H, m->D, 0, 1, at));
     L3D_CHECK(ctx, l3d_dev_rope(dev, acts->dk, m->cos_tab, m->sin_tab, B, T, m->KVH, m->D, 0, 1,
                                 at));
-    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wq), acts->dq, a->ln1, LW(wq), N, C,
+    const void *ln1g = a->ln_part ? a->sp_tmp : a->ln1;  // (as ln2's: D was read by o_proj's)
+    if (a->ln_part) L3D_CHECK(ctx, l3d_tp_gather_rows_from(m, a->ln1, a->sp_tmp, rows, at));
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 0.0f, GW(wq), acts->dq, ln1g, LW(wq), N, C,
                               HD, at, wt));
-    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wk), acts->dk, a->ln1, LW(wk), N, C,
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wk), acts->dk, ln1g, LW(wk), N, C,
                               KD, at, wt));
-    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wv), acts->dv, a->ln1, LW(wv), N, C,
+    L3D_CHECK(ctx, linear_bwd(m, COL, acts->dln, 1.0f, GW(wv), acts->dv, ln1g, LW(wv), N, C,
                               KD, at, wt));
     REDUCE_DLN();
     L3D_CHECK(ctx, l3d_tp_rmsnorm_bwd(m, dres, GW(ln1), dln, a->x_in, LW(ln1), a->rstd1,

@@ -101,7 +101,7 @@ typedef struct l3d_layer_params {
 typedef struct l3d_layer_acts {
     void *x_in;    // (N,C) residual stream entering the layer
     float *rstd1;  // (N)
-    void *ln1;     // (N,C)
+    void *ln1;     // (N,C); with ln_part this rank's (N/tp,C)
     void *q;       // (N,H*D) after rope
     void *k;       // (N,KVH*D) after rope (or the KV cache)
     void *v;       // (N,KVH*D)
@@ -109,10 +109,15 @@ typedef struct l3d_layer_acts {
     float *lse;    // (B,H,T)
     void *h;       // (N,C) residual after attention
     float *rstd2;  // (N)
-    void *ln2;     // (N,C)
+    void *ln2;     // (N,C); with ln_part this rank's (N/tp,C)
     void *gate;    // (N,F)
     void *up;      // (N,F)
     void *sp_tmp;  // (N,C) sequence-parallel scratch, shared by all layers (NULL: no SP)
+    // Sequence parallelism, layers kept (no recomputation): ln1 and ln2 keep this rank's rows
+    // only, and are all-gathered into sp_tmp for the GEMMs that read them, in the forward and
+    // again in the backward (Megatron's sequence parallelism: 2sbh/tp bytes where all N rows
+    // took 2sbh; two more all-gathers a layer).
+    int ln_part;
     // Checkpointing with partition_activations or cpu_checkpointing (L3D_CKPT_*): the saved
     // input, x_in's rows this rank keeps, on the device or in host memory; x_in is then one of
     // two buffers shared by the layers (NULL: x_in is the saved input itself).
@@ -390,6 +395,9 @@ l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *d
                               l3d_dtype at, l3d_dtype wt);
 // full (N,C) <- every rank's rows (this rank's already at full + rank*rows*C): in place.
 l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t);
+// The same from this rank's rows elsewhere (mine: rows x C).
+l3d_status l3d_tp_gather_rows_from(l3d_model_t *m, const void *mine, void *full, size_t rows,
+                                   l3d_dtype t);
 // out (rows,C) = this rank's rows of the sum over tp of partial (N,C).
 l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const void *partial, void *out, size_t rows,
                                l3d_dtype t);

@@ -318,12 +318,16 @@ int l3d_tp_sub_comms(const l3d_model_t *m, l3d_comm_t *out[L3D_TP3D_COMMS]) {
     return L3D_TP3D_COMMS;
 }
 
-l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t) {
+l3d_status l3d_tp_gather_rows_from(l3d_model_t *m, const void *mine, void *full, size_t rows,
+                                   l3d_dtype t) {
     L3D_CHECK(m->ctx, l3d_dev_sync(m->dev));
-    size_t n = rows * (size_t)m->C;
-    l3d_status st = l3d_comm_allgather(m->tp.comm, l3d_elem(full, t, (size_t)m->tp.rank * n),
-                                       full, n, t);
+    l3d_status st = l3d_comm_allgather(m->tp.comm, mine, full, rows * (size_t)m->C, t);
     return st < 0 ? comm_fail(m, m->tp.comm, st, "sequence all-gather") : L3D_OK;
+}
+
+l3d_status l3d_tp_gather_rows(l3d_model_t *m, void *full, size_t rows, l3d_dtype t) {
+    size_t n = rows * (size_t)m->C;
+    return l3d_tp_gather_rows_from(m, l3d_elem(full, t, (size_t)m->tp.rank * n), full, rows, t);
 }
 
 l3d_status l3d_tp_scatter_rows(l3d_model_t *m, const void *partial, void *out, size_t rows,

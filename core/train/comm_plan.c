@@ -119,13 +119,14 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         add_when(s, AR, AFTER, 1, 8 * (uint64_t)tp);  // global gradient norm (a double per rank)
     } else if (sp) {
         // Sequence parallelism: per micro-batch the embedding's reduce-scatter, per layer 2
-        // all-gathers + 2 reduce-scatters forward (again when recomputed) and backward, the
+        // all-gathers + 2 reduce-scatters forward (again when recomputed) and backward, where
+        // kept layers (no recomputation) gather their norms' outputs again (ln_part), the
         // embedding gradient's all-gather; the last stage adds lnf's all-gather and the head's
         // reduce-scatter and the cross-entropy's max and sums. Once per step the norm weight
         // gradients (partial over rows) are summed: 2 per layer, + the final norm.
         s->group = L3D_MESH_TP;
         uint64_t lst = (uint64_t)last, ck = cfg->activation_checkpointing ? 2 : 1;
-        uint64_t nc = 2 + 4 * L * ck + 4 * L + 2 * lst;
+        uint64_t nc = 2 + 4 * L * ck + 4 * L + 2 * (ck == 1) * L + 2 * lst;
         s->per_mb = 1;
         add_op(s, GA, A * nc, A * nc * N * C * e);
         add_op(s, AR, A * 2 * lst, A * lst * 3 * N * f);
