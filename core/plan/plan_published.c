@@ -125,7 +125,9 @@ l3d_status l3d_plan_published(l3d_ctx_t *ctx, const l3d_plan_runtime_t *rt,
             req.runtime.dp_fp32_grads = 1;
         }
         req.runtime.pp_scatter_gather = cal;
-        req.ignore_fit = 1;  // these runs ran: their memory was their framework's
+        // These runs ran, so their layout must fit llama3d's memory too: the unstated keys
+        // take the fastest fitting values, as for any plan.
+        req.ignore_fit = 0;
         req.gpus = p->dp * p->tp * p->pp * p->cp;
         req.seq_len = p->seq;
         req.global_batch = p->batch;
