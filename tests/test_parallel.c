@@ -333,6 +333,25 @@ Test(parallel, schedules_complete) {
                                 cr_assert(seen[0][c][j] == 1 && seen[1][c][j] == 1);
                             cr_assert_eq(peak[c], l3d_pp_slots((l3d_pp_kind)kind, pp, v, s, A, c));
                         }
+                        // The layer pool: the peak of live layers along the ops (chunks of
+                        // 1, 2, .. layers: uneven), never more than the per-chunk peaks summed.
+                        int cl[4] = {1, 2, 3, 4}, lv = 0, lpeak = 0, summed = 0;
+                        for (int i = 0; i < n; i++) {
+                            lv += ops[i].backward ? -cl[ops[i].chunk] : cl[ops[i].chunk];
+                            if (lv > lpeak) lpeak = lv;
+                        }
+                        for (int c = 0; c < v; c++) summed += peak[c] * cl[c];
+                        cr_assert_eq(l3d_pp_layer_peak((l3d_pp_kind)kind, pp, v, s, A, cl), lpeak);
+                        cr_assert_leq(lpeak, summed);
+                        // Even chunks of k = 2 layers on stage 0 with the warm-up filled:
+                        // Korthikanti et al.'s L (1 + (p-1)/(pv)), the model's L = pp v k
+                        // (interleaved), and L = pp k (1F1B, A >= pp: pp micro-batches).
+                        int k2[4] = {2, 2, 2, 2};
+                        if (kind == L3D_PP_INTERLEAVED && s == 0 && A * v > 2 * (pp - 1) + (v - 1) * pp)
+                            cr_assert_eq(l3d_pp_layer_peak(L3D_PP_INTERLEAVED, pp, v, 0, A, k2),
+                                         2 * (v * pp + pp - 1), "pp %d v %d A %d", pp, v, A);
+                        if (kind == L3D_PP_1F1B && s == 0 && A >= pp)
+                            cr_assert_eq(l3d_pp_layer_peak(L3D_PP_1F1B, pp, 1, 0, A, k2), 2 * pp);
                         int want = kind == L3D_PP_GPIPE ? A : (pp - s < A ? pp - s : A);
                         if (kind != L3D_PP_INTERLEAVED)
                             cr_assert_eq(peak[0], want, "kind %d pp %d stage %d A %d: peak %d",

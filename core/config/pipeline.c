@@ -25,24 +25,23 @@ static l3d_pp_op_t interleaved_at(int pp, int v, int stage, int A, int i) {
     return interleaved_op(pp, v, rem + (i - w - 2 * rem), 1);
 }
 
-int l3d_pp_schedule(l3d_pp_kind kind, int pp, int v, int stage, int A, l3d_pp_op_t *ops) {
-    int n = 0;
-    if (kind == L3D_PP_GPIPE) {
-        for (int j = 0; j < A; j++) ops[n++] = (l3d_pp_op_t){0, j, 0};
-        for (int j = 0; j < A; j++) ops[n++] = (l3d_pp_op_t){1, j, 0};
-        return n;
-    }
-    if (kind == L3D_PP_INTERLEAVED) {
-        for (; n < 2 * A * v; n++) ops[n] = interleaved_at(pp, v, stage, A, n);
-        return n;
-    }
+// Op i of the stage's schedule (the orders in pipeline.h; 1F1B: w warm-up forwards, then F
+// and B alternating, then the last w backwards).
+static l3d_pp_op_t op_at(l3d_pp_kind kind, int pp, int v, int stage, int A, int i) {
+    if (kind == L3D_PP_INTERLEAVED) return interleaved_at(pp, v, stage, A, i);
+    if (kind == L3D_PP_GPIPE) return i < A ? (l3d_pp_op_t){0, i, 0} : (l3d_pp_op_t){1, i - A, 0};
     int w = L3D_MIN(pp - stage - 1, A);
-    for (int j = 0; j < w; j++) ops[n++] = (l3d_pp_op_t){0, j, 0};
-    for (int i = 0; i < A - w; i++) {
-        ops[n++] = (l3d_pp_op_t){0, w + i, 0};
-        ops[n++] = (l3d_pp_op_t){1, i, 0};
+    if (i < w) return (l3d_pp_op_t){0, i, 0};
+    if (i < 2 * A - w) {
+        int k = i - w;
+        return k % 2 ? (l3d_pp_op_t){1, k / 2, 0} : (l3d_pp_op_t){0, w + k / 2, 0};
     }
-    for (int j = A - w; j < A; j++) ops[n++] = (l3d_pp_op_t){1, j, 0};
+    return (l3d_pp_op_t){1, A - w + (i - (2 * A - w)), 0};
+}
+
+int l3d_pp_schedule(l3d_pp_kind kind, int pp, int v, int stage, int A, l3d_pp_op_t *ops) {
+    int n = 2 * A * (kind == L3D_PP_INTERLEAVED ? v : 1);
+    for (int i = 0; i < n; i++) ops[i] = op_at(kind, pp, v, stage, A, i);
     return n;
 }
 
@@ -58,6 +57,16 @@ int l3d_pp_slots(l3d_pp_kind kind, int pp, int v, int stage, int A, int chunk) {
         peak = live > peak ? live : peak;
     }
     return peak > 0 ? peak : 1;
+}
+
+int l3d_pp_layer_peak(l3d_pp_kind kind, int pp, int v, int stage, int A, const int *chunk_layers) {
+    int live = 0, peak = 0, n = 2 * A * (kind == L3D_PP_INTERLEAVED ? v : 1);
+    for (int i = 0; i < n; i++) {
+        l3d_pp_op_t o = op_at(kind, pp, v, stage, A, i);
+        live += o.backward ? -chunk_layers[o.chunk] : chunk_layers[o.chunk];
+        peak = L3D_MAX(peak, live);
+    }
+    return peak;
 }
 
 l3d_status l3d_pp_kind_parse(l3d_ctx_t *ctx, const char *name, l3d_pp_kind *kind) {

@@ -42,6 +42,11 @@ int l3d_pp_schedule(l3d_pp_kind kind, int pp, int v, int stage, int A, l3d_pp_op
 // Activation sets chunk `chunk` of the stage needs (its micro-batches forwarded and not yet
 // backwarded, at most). They are consecutive micro-batches: j uses set j mod the count.
 int l3d_pp_slots(l3d_pp_kind kind, int pp, int v, int stage, int A, int chunk);
+// The stage's peak of live layers along its schedule: the sum over its forwarded-not-yet-
+// backwarded micro-batches of their chunk's layer count (chunk_layers[c]), what a pool of
+// layer activations shared by the chunks needs (Korthikanti's L (1 + (p-1)/(pv)) on stage 0
+// when the chunks are even, where per-chunk peaks summed give more).
+int l3d_pp_layer_peak(l3d_pp_kind kind, int pp, int v, int stage, int A, const int *chunk_layers);
 // The schedule's preconditions (interleaved: pp >= 2, v >= 2, A % pp == 0; others: v == 1):
 // L3D_ERR_CONFIG naming the knob to change.
 l3d_status l3d_pp_check(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int A);

@@ -137,52 +137,49 @@ static void layout_host_ckpt(arena_t *ar, l3d_acts_t *a, const l3d_model_t *m) {
     }
 }
 
+// One layer's own storage, what it keeps from its forward to its backward: everything
+// (no recomputation), its input (recomputation), or its checkpoint rows apart from it
+// (L3D_CKPT_PARTITION; with L3D_CKPT_CPU they are host memory: nothing here). A set's layers
+// take it from the set's memory, or, in a pooled set, from blocks bound per micro-batch
+// (l3d_acts_bind). The other fields of a layer are the set's (shared by its layers).
+static void layout_own_layer(arena_t *ar, l3d_layer_acts_t *la, const l3d_model_t *m,
+                             const l3d_acts_t *a) {
+    size_t N = (size_t)a->B * (size_t)a->T, es = l3d_dtype_size(a->at), C = (size_t)m->C;
+    if (a->recompute & (L3D_CKPT_PARTITION | L3D_CKPT_CPU)) {
+        size_t rows, off;
+        ckpt_span(m, a, &rows, &off);
+        if (!(a->recompute & L3D_CKPT_CPU)) la->ckpt = take(ar, rows * C * es);
+    } else if (a->recompute) {
+        la->x_in = take(ar, resid_rows(m, N) * C * es);
+    } else {
+        layout_layer(ar, la, m, N, a->B, a->T, 1, es);
+    }
+}
+
 // a->L layers (a->chunk's); the head's buffers only where the head runs. The set's own
-// buffers come from ar, the working set (l3d_acts_t.work) from wk.
+// buffers come from ar (its layers' too unless a->pooled), the working set
+// (l3d_acts_t.work) from wk.
 static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model_t *m) {
     size_t N = (size_t)a->B * (size_t)a->T, f = sizeof(float), es = l3d_dtype_size(a->at);
     size_t C = (size_t)m->C, F = (size_t)m->F, HD = (size_t)m->H * m->D;
     size_t KD = (size_t)m->KVH * m->D, V = (size_t)m->V;
     int L = a->L, head = m->has_head && a->chunk == m->nchunks - 1;
     size_t xr = resid_rows(m, N);
-    // a->layers is NULL when only counting (l3d_acts_bytes).
-    l3d_layer_acts_t dummy;
-    if (a->recompute & (L3D_CKPT_PARTITION | L3D_CKPT_CPU)) {
-        // Checkpoints apart from the working input: the layers' inputs pass through two
-        // buffers in turn (a layer reads one, writes its output to the other), and each
-        // layer's kept rows are copied out of it in the forward and back in for the rebuild.
-        void *w[2];
+    // What the layers share. Recomputation: one rebuilt layer, in the working set.
+    // Checkpoints apart from the working input: the layers' inputs also pass through two
+    // working buffers in turn (a layer reads one, writes its output to the other), and each
+    // layer's kept rows are copied out of it in the forward and back in for the rebuild.
+    l3d_layer_acts_t shared = {0};
+    void *w[2] = {NULL, NULL};
+    if (a->recompute & (L3D_CKPT_PARTITION | L3D_CKPT_CPU))
         for (int i = 0; i < 2; i++) w[i] = take(wk, xr * C * es);
-        size_t rows, off;
-        ckpt_span(m, a, &rows, &off);
-        for (int l = 0; l < L; l++) {
-            l3d_layer_acts_t *la = a->layers ? &a->layers[l] : &dummy;
-            la->x_in = w[l % 2];
-            la->ckpt = (a->recompute & L3D_CKPT_CPU) ? NULL : take(ar, rows * C * es);
-        }
-        l3d_layer_acts_t shared = {0};
-        layout_layer(wk, &shared, m, N, a->B, a->T, 0, es);
-        for (int l = 0; a->layers && l < L; l++) {
-            void *x_in = a->layers[l].x_in, *ckpt = a->layers[l].ckpt;
-            a->layers[l] = shared;
-            a->layers[l].x_in = x_in;
-            a->layers[l].ckpt = ckpt;
-        }
-    } else if (a->recompute) {
-        // Checkpointing: only each layer's input survives the forward; the rest of a layer's
-        // activations are rebuilt in one shared set during its backward.
-        for (int l = 0; l < L; l++)
-            (a->layers ? &a->layers[l] : &dummy)->x_in = take(ar, xr * C * es);
-        l3d_layer_acts_t shared = {0};
-        layout_layer(wk, &shared, m, N, a->B, a->T, 0, es);
-        for (int l = 0; a->layers && l < L; l++) {
-            void *x_in = a->layers[l].x_in;
-            a->layers[l] = shared;
-            a->layers[l].x_in = x_in;
-        }
-    } else {
-        for (int l = 0; l < L; l++)
-            layout_layer(ar, a->layers ? &a->layers[l] : &dummy, m, N, a->B, a->T, 1, es);
+    if (a->recompute) layout_layer(wk, &shared, m, N, a->B, a->T, 0, es);
+    // a->layers is NULL when only counting (l3d_acts_bytes).
+    for (int l = 0; l < L; l++) {
+        l3d_layer_acts_t dummy, *la = a->layers ? &a->layers[l] : &dummy;
+        *la = shared;
+        if (w[0]) la->x_in = w[l % 2];
+        if (!a->pooled) layout_own_layer(ar, la, m, a);
     }
     // Kept from the forward to the backward: the head's, and the tokens. What a stage sends
     // (x_final elsewhere, every dres) lives in the working set: L3D_PP_RING of each, which the
@@ -225,13 +222,13 @@ static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model
 size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute) {
     size_t work = 0;
     return l3d_acts_bytes_part(cfg, 1, 1, 1, 1, 0, NULL, 0, B, T, recompute, 0, L3D_FLOAT32,
-                               L3D_FLOAT32, &work, NULL) + work;
+                               L3D_FLOAT32, 0, NULL, &work, NULL) + work;
 }
 
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *lps, int chunk, int B, int T, int recompute,
-                           int sp, l3d_dtype at, l3d_dtype wt, size_t *work_bytes,
-                           size_t *host_bytes) {
+                           int sp, l3d_dtype at, l3d_dtype wt, int pooled,
+                           size_t *block_bytes, size_t *work_bytes, size_t *host_bytes) {
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_mode(&m, cfg, tp, tp_mode, 0);
@@ -241,9 +238,12 @@ size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, i
     l3d_model_batch_slice(&m, B, &b0, &B);  // (2d: the grid row's sequences)
     m.tp.sp = sp && tp > 1;
     l3d_acts_t a = {.B = B, .T = T, .at = at, .recompute = recompute, .chunk = chunk,
-                    .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk]};
-    arena_t ar = {NULL, 0}, wk = {NULL, 0}, host = {NULL, 0};
+                    .L = m.chunk_start[chunk + 1] - m.chunk_start[chunk], .pooled = pooled};
+    arena_t ar = {NULL, 0}, wk = {NULL, 0}, host = {NULL, 0}, blk = {NULL, 0};
     layout_acts(&ar, &wk, &a, &m);
+    l3d_layer_acts_t dummy = {0};
+    layout_own_layer(&blk, &dummy, &m, &a);
+    if (block_bytes) *block_bytes = blk.off;
     if (recompute & L3D_CKPT_CPU) layout_host_ckpt(&host, &a, &m);
     if (host_bytes) *host_bytes = host.off;
     if (work_bytes) *work_bytes = wk.off;
@@ -254,11 +254,24 @@ l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts
     if (m->nchunks > 1)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: the model has %d chunks; "
                          "create them per chunk", m->nchunks);
-    return l3d_acts_create_chunk(m, 0, B, T, recompute, L3D_FLOAT32, NULL, acts_p);
+    return l3d_acts_create_chunk(m, 0, B, T, recompute, L3D_FLOAT32, NULL, 0, acts_p);
+}
+
+size_t l3d_acts_block_bytes(const l3d_model_t *m, const l3d_acts_t *a) {
+    arena_t blk = {NULL, 0};
+    l3d_layer_acts_t dummy = {0};
+    layout_own_layer(&blk, &dummy, m, a);
+    return blk.off;
+}
+
+void l3d_acts_bind(const l3d_model_t *m, l3d_acts_t *a, int l, void *block) {
+    arena_t blk = {block, 0};
+    layout_own_layer(&blk, &a->layers[l], m, a);
 }
 
 l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
-                                 l3d_dtype at, const l3d_acts_t *share, l3d_acts_t **acts_p) {
+                                 l3d_dtype at, const l3d_acts_t *share, int pooled,
+                                 l3d_acts_t **acts_p) {
     if (chunk < 0 || chunk >= m->nchunks)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "activations: chunk %d of %d", chunk,
                          m->nchunks);
@@ -285,6 +298,7 @@ l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int re
     a->T = T;
     a->at = at;  // every op, GEMM and collective on the activations takes it
     a->recompute = recompute;
+    a->pooled = pooled;
     arena_t ar = {NULL, 0}, wk = {NULL, 0}, host = {NULL, 0};
     layout_acts(&ar, &wk, a, m);
     size_t own = ar.off;

@@ -152,6 +152,7 @@ typedef struct l3d_acts {
     int l_first;    // m's local index of layers[0]
     int recompute;  // activation checkpointing (L3D_CKPT_*): layers share one buffer set, each
                     // layer's input kept
+    int pooled;     // the layers' own storage is bound per micro-batch (l3d_acts_bind)
     void *mem;
     size_t bytes;
     // The working set: the buffers a forward or a backward uses and leaves nothing in for
@@ -455,10 +456,12 @@ size_t l3d_acts_bytes(const l3d_model_config_t *cfg, int B, int T, int recompute
 // part (L3D_CKPT_CPU).
 // Returns the set's own bytes; *work_bytes (may be NULL) gets its working set's, which the
 // sets of a rank share (l3d_acts_t.work).
+// pooled: as l3d_acts_create_chunk's (the layers' own storage left out); *block_bytes (may
+// be NULL) gets one layer's own storage, pooled or not.
 size_t l3d_acts_bytes_part(const l3d_model_config_t *cfg, int tp, int tp_mode, int pp, int v,
                            int stage, const int *layers_per_stage, int chunk, int B, int T,
-                           int recompute, int sp, l3d_dtype at, l3d_dtype wt,
-                           size_t *work_bytes, size_t *host_bytes);
+                           int recompute, int sp, l3d_dtype at, l3d_dtype wt, int pooled,
+                           size_t *block_bytes, size_t *work_bytes, size_t *host_bytes);
 
 // Grows the rope tables to cover positions [0, len).
 l3d_status l3d_model_rope_reserve(l3d_model_t *m, int len);
@@ -469,8 +472,16 @@ void l3d_rope_inv_freq(const l3d_model_config_t *cfg, double *inv_freq);
 // stored in at. With `share` (another set of m with the same B, T, recompute and at, which
 // must outlive this one) the working set is share's, else this set has its own.
 l3d_status l3d_acts_create(l3d_model_t *m, int B, int T, int recompute, l3d_acts_t **acts_p);
+// pooled: the layers keep nothing of their own (what they keep from forward to backward is
+// a block of l3d_acts_block_bytes, the same for every layer of m, bound to layer l of the
+// set by l3d_acts_bind before the forward that fills it; the pipeline's pool).
 l3d_status l3d_acts_create_chunk(l3d_model_t *m, int chunk, int B, int T, int recompute,
-                                 l3d_dtype at, const l3d_acts_t *share, l3d_acts_t **acts_p);
+                                 l3d_dtype at, const l3d_acts_t *share, int pooled,
+                                 l3d_acts_t **acts_p);
+size_t l3d_acts_block_bytes(const l3d_model_t *m, const l3d_acts_t *a);
+// Points layer l's own activations at block (device memory, l3d_acts_block_bytes; computed
+// addresses, nothing is read or written).
+void l3d_acts_bind(const l3d_model_t *m, l3d_acts_t *a, int l, void *block);
 void l3d_acts_destroy(l3d_model_t *m, l3d_acts_t *a);
 
 // One layer forward. x_out (N,C) receives the residual stream leaving the layer.

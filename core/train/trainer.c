@@ -366,14 +366,17 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t stage = z2 && cfg->offload_optimizer
                        ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
     l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, shard, stage, mem);
-    // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk, and
-    // one working set that they share (model_internal.h, l3d_acts_t.work).
+    // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk, one
+    // working set that they share (model_internal.h, l3d_acts_t.work), and the pool of layer
+    // blocks its schedule's peak of live layers needs (trainer_pp.c).
     l3d_pp_kind kind = L3D_PP_1F1B;
     (void)l3d_pp_kind_parse(NULL, cfg->pp_schedule, &kind);
+    if (cfg->pp == 1) kind = L3D_PP_1F1B;
     mem->acts = mem->host_acts = 0;
-    size_t work = 0;  // (the same for every chunk)
+    size_t work = 0, block = 0;  // (the same for every chunk)
+    int A = cfg->grad_accum_steps, chunk_layers[L3D_MAX_CHUNKS];
     for (int c = 0; c < v; c++) {
-        int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, cfg->grad_accum_steps, c) : 1;
+        int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, A, c) : 1;
         size_t host = 0;
         mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode,
                                                          cfg->pp, v, 0,
@@ -382,11 +385,12 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
                                                          l3d_train_config_ckpt(cfg),
                                                          cfg->sequence_parallel,
                                                          l3d_train_config_act_dtype(cfg),
-                                                         l3d_train_config_weight_dtype(cfg),
-                                                         &work, &host);
+                                                         l3d_train_config_weight_dtype(cfg), 1,
+                                                         &block, &work, &host);
         mem->host_acts += (size_t)slots * host;
+        chunk_layers[c] = m.chunk_start[c + 1] - m.chunk_start[c];
     }
-    mem->acts += work;
+    mem->acts += work + (size_t)l3d_pp_layer_peak(kind, cfg->pp, v, 0, A, chunk_layers) * block;
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
@@ -405,4 +409,5 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
         mem->acts += t->pp.slots[i]->bytes;
         mem->host_acts += t->pp.slots[i]->host_bytes;
     }
+    mem->acts += (size_t)t->pp.nblocks * t->pp.block_bytes;
 }

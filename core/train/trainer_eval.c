@@ -103,16 +103,21 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
             l3d_acts_t *a = p->slots[slot];
             l3d_request_t **send = NULL;
             if (u < U - 1) L3D_CHECK(t->ctx, l3d_pp_take_x(t, a, &send));
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o,
-                                           nl * sizeof(int32_t), L3D_COPY_H2D));
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, a->targets, t->h_targets + ot,
-                                           nl * sizeof(int32_t), L3D_COPY_H2D));
-            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
-                                             down)) < 0)
-                return eval_err(t, p->comm, st, "receive of activations");
+            // (the layer blocks are the slot's from the receive to the end of the forward)
+            L3D_CHECK(t->ctx, l3d_pp_bind(t, slot));
+            st = l3d_dev_copy(t->dev, a->tokens, t->h_tokens + o, nl * sizeof(int32_t),
+                              L3D_COPY_H2D);
+            if (st >= 0)
+                st = l3d_dev_copy(t->dev, a->targets, t->h_targets + ot, nl * sizeof(int32_t),
+                                  L3D_COPY_H2D);
+            if (st >= 0 && u > 0 &&
+                (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at, down)) < 0)
+                st = eval_err(t, p->comm, st, "receive of activations");
             double s = 0.0;
             // grad_scale 0: the fused cross-entropy's logit gradient is not used.
-            L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, 0.0f, &s));
+            if (st >= 0) st = l3d_model_stage_forward(m, a, 0.0f, &s);
+            l3d_pp_unbind(t, slot);
+            L3D_CHECK(t->ctx, st);
             *sum += s;
             if (u < U - 1 && (st = l3d_comm_isend(p->comm, a->x_final, nc, a->at, up, send)) < 0)
                 return eval_err(t, p->comm, st, "send of activations");
@@ -131,6 +136,7 @@ l3d_status l3d_trainer_eval(l3d_trainer_t *t, double *loss) {
                          "data.eval_path or data.eval_fraction");
     double sum = 0.0;
     // 16-bit weights: the passes read the float32 master rounded as it is now
+    l3d_pp_pool_reset(&t->pp);
     l3d_status st = l3d_model_refresh_weights(t->model);
     for (int b = 0; b < cfg->eval_iters && st >= 0; b++) st = eval_batch(t, b, &sum);
     l3d_status s2 = l3d_pp_wait_sends(t);

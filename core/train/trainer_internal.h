@@ -87,6 +87,14 @@ typedef struct l3d_pp {
     // and the buffers handed out so far
     l3d_request_t *fsend[L3D_PP_RING], *bsend[L3D_PP_RING];
     unsigned nf, nb;
+    // The layers' activations: a pool of nblocks blocks (block_bytes each) bound to a slot's
+    // layers at its forward and returned at its backward; nblocks is the schedule's peak of
+    // live layers (l3d_pp_layer_peak). free_blk holds the free ones' indices (nfree of them),
+    // held[slot * maxL + l] the block of a slot's layer l.
+    void *pool;
+    size_t block_bytes;
+    int nblocks, nfree, maxL;
+    int *free_blk, *held;
     l3d_pp_op_t *ops;
     int nops;
 } l3d_pp_t;
@@ -297,6 +305,12 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum);
 // *send receives the place for the new send's request. wait_sends completes them all.
 l3d_status l3d_pp_take_x(l3d_trainer_t *t, l3d_acts_t *a, l3d_request_t ***send);
 l3d_status l3d_pp_wait_sends(l3d_trainer_t *t);
+// The layer pool: binds free blocks to the slot's layers (before its forward), and returns
+// them (after its backward).
+l3d_status l3d_pp_bind(l3d_trainer_t *t, int slot);
+void l3d_pp_unbind(l3d_trainer_t *t, int slot);
+// Every block free (a pass that failed half-way may have left some bound).
+void l3d_pp_pool_reset(l3d_pp_t *p);
 
 // core/train/comm_plan.c: the communication of one step of world rank 0, as terms. The kind sets a
 // term's cost in l3d plan (core/plan/plan_cost.c): an all-reduce moves 2(n-1)/n of its buffer per

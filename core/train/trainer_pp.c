@@ -23,6 +23,11 @@ static l3d_status comm_err(l3d_trainer_t *t, l3d_comm_t *c, l3d_status st, const
     return l3d_error(t->ctx, st, "pipeline %s: %s", what, l3d_ctx_last_error(l3d_comm_ctx(c)));
 }
 
+void l3d_pp_pool_reset(l3d_pp_t *p) {
+    for (int i = 0; i < p->nblocks; i++) p->free_blk[i] = p->nblocks - 1 - i;
+    p->nfree = p->nblocks;
+}
+
 l3d_status l3d_pp_init(l3d_trainer_t *t) {
     l3d_pp_t *p = &t->pp;
     const l3d_train_config_t *cfg = &t->cfg;
@@ -42,9 +47,18 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
     }
     p->slot0[p->v] = p->nslots;
     size_t nops = 2 * (size_t)A * (size_t)p->v;
+    int chunk_layers[L3D_MAX_CHUNKS];
+    p->maxL = 1;
+    for (int c = 0; c < p->v; c++) {
+        chunk_layers[c] = t->model->chunk_start[c + 1] - t->model->chunk_start[c];
+        p->maxL = L3D_MAX(p->maxL, chunk_layers[c]);
+    }
+    p->nblocks = l3d_pp_layer_peak(kind, pp, p->v, stage, A, chunk_layers);
     p->slots = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->slots), "other");
     p->ops = l3d_calloc(t->ctx, nops, sizeof(*p->ops), "other");
-    if (!p->slots || !p->ops) return L3D_ERR_NOMEM;
+    p->free_blk = l3d_calloc(t->ctx, (size_t)p->nblocks + 1, sizeof(int), "other");
+    p->held = l3d_calloc(t->ctx, (size_t)p->nslots * (size_t)p->maxL, sizeof(int), "other");
+    if (!p->slots || !p->ops || !p->free_blk || !p->held) return L3D_ERR_NOMEM;
     int b0, nb;  // (2d: this grid row's sequences of each micro-batch)
     l3d_model_batch_slice(t->model, cfg->micro_batch_size, &b0, &nb);
     for (int c = 0; c < p->v; c++)
@@ -52,8 +66,13 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
             L3D_CHECK(t->ctx, l3d_acts_create_chunk(t->model, c, nb,
                                                     cfg->seq_len, l3d_train_config_ckpt(cfg),
                                                     l3d_train_config_act_dtype(cfg),
-                                                    i ? p->slots[0] : NULL, &p->slots[i]));
+                                                    i ? p->slots[0] : NULL, 1, &p->slots[i]));
     t->acts = p->slots[0];
+    p->block_bytes = l3d_acts_block_bytes(t->model, p->slots[0]);
+    if (p->nblocks > 0 && p->block_bytes > 0)
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, (size_t)p->nblocks * p->block_bytes, "acts",
+                                        &p->pool));
+    l3d_pp_pool_reset(p);
     p->nops = l3d_pp_schedule(kind, pp, p->v, stage, A, p->ops);
     if (pp > 1 && cfg->model.tie_word_embeddings) {
         // Collective over the world: the first and last stage of each (dp, tp) place.
@@ -74,6 +93,9 @@ void l3d_pp_fini(l3d_trainer_t *t) {
     }
     for (int i = 0; p->slots && i < p->nslots; i++)
         if (t->model) l3d_acts_destroy(t->model, p->slots[i]);
+    if (p->pool) l3d_dev_free(t->dev, p->pool, (size_t)p->nblocks * p->block_bytes, "acts");
+    l3d_free(t->ctx, p->free_blk, ((size_t)p->nblocks + 1) * sizeof(int), "other");
+    l3d_free(t->ctx, p->held, (size_t)p->nslots * (size_t)p->maxL * sizeof(int), "other");
     l3d_free(t->ctx, p->ops, 2 * (size_t)t->cfg.grad_accum_steps * (size_t)p->v * sizeof(*p->ops),
              "other");
     l3d_free(t->ctx, p->slots, (size_t)p->nslots * sizeof(*p->slots), "other");
@@ -105,6 +127,26 @@ static l3d_status take_dres(l3d_trainer_t *t, l3d_acts_t *a, l3d_request_t ***se
     a->dres = a->dring[k] ? a->dring[k] : a->dring[0];
     *send = &p->bsend[k];
     return L3D_OK;
+}
+
+l3d_status l3d_pp_bind(l3d_trainer_t *t, int slot) {
+    l3d_pp_t *p = &t->pp;
+    l3d_acts_t *a = p->slots[slot];
+    if (p->nfree < a->L)  // (the schedule's peak says it cannot happen)
+        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "pipeline: %d layer blocks free, %d needed",
+                         p->nfree, a->L);
+    for (int l = 0; l < a->L; l++) {
+        int b = p->free_blk[--p->nfree];
+        p->held[(size_t)slot * (size_t)p->maxL + (size_t)l] = b;
+        l3d_acts_bind(t->model, a, l, (char *)p->pool + (size_t)b * p->block_bytes);
+    }
+    return L3D_OK;
+}
+
+void l3d_pp_unbind(l3d_trainer_t *t, int slot) {
+    l3d_pp_t *p = &t->pp;
+    for (int l = p->slots[slot]->L - 1; l >= 0; l--)
+        p->free_blk[p->nfree++] = p->held[(size_t)slot * (size_t)p->maxL + (size_t)l];
 }
 
 l3d_status l3d_pp_wait_sends(l3d_trainer_t *t) {
@@ -146,6 +188,7 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
     // Chunk c of this stage is virtual stage u = c pp + stage of U: its input comes from the
     // stage before (stage 0's later chunks: from the last stage), its output goes to the next.
     int U = pp * p->v, up = (stage + 1) % pp, down = (stage - 1 + pp) % pp;
+    l3d_pp_pool_reset(p);
     for (int k = 0; k < p->nops; k++) {
         l3d_pp_op_t o = p->ops[k];
         int c = o.chunk, u = c * pp + stage;
@@ -154,6 +197,7 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
         l3d_request_t **send = NULL;
         if (!o.backward) {
             if (u < U - 1) L3D_CHECK(t->ctx, l3d_pp_take_x(t, a, &send));
+            L3D_CHECK(t->ctx, l3d_pp_bind(t, slot));
             L3D_CHECK(t->ctx, load_micro(t, a, o.micro));
             if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
                                              down)) < 0)
@@ -169,6 +213,7 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
             if (u < U - 1 && (st = l3d_comm_recv(p->comm, a->dres, nc, a->at, up)) < 0)
                 return comm_err(t, p->comm, st, "receive of gradients");
             L3D_CHECK(t->ctx, l3d_model_stage_backward(m, a, t->grads));
+            l3d_pp_unbind(t, slot);  // (the device's stream orders the blocks' next writes)
             if (u > 0 && (st = l3d_comm_isend(p->comm, a->dres, nc, a->at, down, send)) < 0)
                 return comm_err(t, p->comm, st, "send of gradients");
         }
