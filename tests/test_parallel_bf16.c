@@ -66,6 +66,51 @@ Test(parallel_bf16, checkpointing_changes_no_bit, .timeout = 600) {
     free_result(&e), free_result(&f);
 }
 
+// ZeRO-1/2 under 16-bit weights keep 1/dp of the float32 master and gather their pieces
+// rounded (core/train/trainer_master.c): the weights the passes read are the whole updated
+// master rounded, as at ZeRO-0, so with the gradients reduced alike (float32: two addends,
+// one order; one micro-batch a rank) every loss and weight is ZeRO-0's bit for bit, offloaded
+// or not, bf16 and fp16.
+// (Without clipping: the sharded gradient norm sums its squares in another order, so it is
+// equal only to float64 rounding, 1e-12 relative for these few thousand terms, and a clip
+// factor taken from it could differ in its last bit.)
+static const off_knobs_t k_optim = {1, 0};
+
+Test(parallel_bf16, sharded_master_changes_no_bit, .timeout = 600) {
+    make_data();
+    g_comm_dtype = L3D_FLOAT32;
+    // one micro-batch a rank: ZeRO-2 reduces each micro-batch's gradient, ZeRO-0 the step's sum
+    const layout_t z0 = {2, 1, 1, 0, 0, 2, 0, 0, 0, 0}, z1 = {2, 1, 1, 1, 0, 2, 0, 0, 0, 0},
+                   z2 = {2, 1, 1, 2, 0, 2, 3000, 0, 0, 0};
+    for (int fp16 = 0; fp16 < 2; fp16++) {
+        *(fp16 ? &g_fp16 : &g_bf16) = fp16 ? 12 : 1;
+        result_t a = {0}, b = {0};
+        run_layout(&z0, &a);
+        const layout_t *ls[2] = {&z1, &z2};
+        for (int i = 0; i < 4; i++) {
+            g_off = i >= 2 ? &k_optim : NULL;
+            run_layout(ls[i % 2], &b);
+            char what[64];
+            snprintf(what, sizeof(what), "%s ZeRO-%d%s", fp16 ? "fp16" : "bf16", ls[i % 2]->zero,
+                     i >= 2 ? " offloaded" : "");
+            for (int st = 0; st < STEPS; st++)
+                cr_assert(a.loss[st] == b.loss[st] &&
+                              fabs(a.gnorm[st] - b.gnorm[st]) <= 1e-12 * a.gnorm[st],
+                          "%s: step %d loss %.17g vs %.17g, norm %.17g vs %.17g", what, st,
+                          a.loss[st], b.loss[st], a.gnorm[st], b.gnorm[st]);
+            same_weights(what, &a, &b, 2);
+            // 2 bytes a parameter and 4 a shard float (the optimizer's shard: 8 bytes a float)
+            size_t P = a.mem[0].params / 6, shard = (b.mem[0].optim + b.mem[0].host_optim) / 8;
+            cr_assert_eq(b.mem[0].params, 2 * P + (i >= 2 ? 0 : 4 * shard), "%s", what);
+            free_result(&b);
+        }
+        g_off = NULL;
+        g_bf16 = g_fp16 = 0;
+        free_result(&a);
+    }
+    g_comm_dtype = -1;
+}
+
 // 16-bit training through the layouts: traffic and memory exactly as planned (activations and
 // the tp/pp traffic of activations half of float32's; the 16-bit weight copies and ZeRO-3's
 // 16-bit pool, persistent groups and gathers counted in their dtype; every allocation as
@@ -107,8 +152,15 @@ Test(parallel_bf16, layouts_match_plan_and_estimate, .timeout = 900) {
             cr_assert_eq(b16.host_in_use[r][0], b16.mem[r].host_params, "%s rank %d", name, r);
             cr_assert_eq(b16.grads_in_use[r], b16.mem[r].grads, "%s rank %d", name, r);
         }
-        // below ZeRO-3 a 2-byte copy beside each float32 master: 6 bytes a parameter
-        cr_assert(cases[i].zero == 3 || 2 * b16.mem[0].params == 3 * f32.mem[0].params,
+        // below ZeRO-3 a 2-byte copy beside each float32 master: 6 bytes a parameter; under
+        // ZeRO-1/2 (dp > 1) the master is this rank's shard, as exp_avg is: 2 bytes a
+        // parameter + 4 a shard float (float32 keeps its 4 bytes a parameter)
+        size_t P = f32.mem[0].params / 4, shard = b16.mem[0].optim / 8;
+        int master16 = cases[i].dp > 1 && (cases[i].zero == 1 || cases[i].zero == 2);
+        cr_assert(cases[i].zero == 3 || b16.mem[0].params == (master16 ? 2 * P + 4 * shard
+                                                                        : 6 * P),
+                  "%s: params %zu, float32 %zu", name, b16.mem[0].params, f32.mem[0].params);
+        cr_assert(!master16 || b16.mem[0].params < f32.mem[0].params + f32.mem[0].params / 8,
                   "%s: params %zu, float32 %zu", name, b16.mem[0].params, f32.mem[0].params);
         int tpp = cases[i].tp > 1 || cases[i].pp > 1;
         cr_assert(!tpp || b16.plan[L3D_MESH_TP].bytes + b16.plan[L3D_MESH_PP].bytes <

@@ -82,7 +82,8 @@ static void same_as_cpu(const dev_case_t *c) {
 // One rank: every op of a training step (forward, backward, clipping, AdamW) in float32,
 // with recomputation and accumulation, and in bf16 and fp16. Then the layouts: dp with ZeRO
 // 1, 2 (bucketed) and 3, tp (1d with and without sequence parallelism, 2d, 3d), pp with 1F1B,
-// GPipe and interleaving, and the 3D mixes, in float32 and 16-bit; ZeRO-3 with offload.
+// GPipe and interleaving, and the 3D mixes, in float32 and 16-bit; ZeRO-3 with offload;
+// ZeRO-1/2's sharded float32 master under 16-bit weights, offloaded and resumed.
 // Checkpoints: saved sharded on one layout, resumed on another (the gathers and the
 // resharding of model_tp.c and checkpoint*.c).
 static dev_case_t k_cases[] = {
@@ -105,6 +106,8 @@ static dev_case_t k_cases[] = {
     {.L = {2, 1, 2, 2, 0, 8, 0, 0.25f, 0, 0}, .fp16 = 10},
     {.L = {1, 8, 1, 0, 0, 4, 0, 0.25f, 0, 0}, .tp_mode = 3, .micro = 4},
     {.L = {2, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, .offload = 1},
+    {.L = {2, 1, 1, 2, 0, 8, 3000, 0.25f, 0, 0}, .bf16 = 1, .offload = 1},
+    {.L = {2, 1, 2, 1, 0, 8, 0, 0.25f, 0, 0}, .fp16 = 10, .to = {2, 1, 1, 2, 0, 8, 0, 0.25f, 0, 0}},
     {.L = {2, 2, 2, 3, 0, 8, 0, 0.25f, 0, 0}, .to = {1, 2, 2, 0, 0, 8, 0, 0.25f, 0, 0}},
     {.L = {2, 2, 2, 1, 0, 8, 0, 0.25f, 0, 0}, .to = {1, 4, 2, 0, 0, 8, 0, 0.25f, 0, 0}},
     {.L = {1, 2, 2, 0, 0, 8, 0, 0.25f, 0, 0}, .to = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}},

@@ -203,7 +203,8 @@ static float normal_at(uint64_t key, uint64_t i) {
 l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what) {
     if (m->params) return L3D_OK;
     return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model's parameters are partitioned "
-                     "over data-parallel ranks (ZeRO-3); save them with l3d_trainer_save", what);
+                     "over data-parallel ranks (ZeRO-3, or ZeRO-1/2's float32 master under "
+                     "16-bit weights); save them with l3d_trainer_save", what);
 }
 
 l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {

@@ -179,8 +179,10 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
         size_t Ppad = (P + n - 1) / n * n;
         uint64_t nb = (Ppad + l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp) - 1) /
                       l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, dp);
-        // Gradients are reduced in communication_data_type (else float32).
+        // Gradients are reduced in communication_data_type (else float32); ZeRO-1/2 gather
+        // parameters in the weights' dtype under 16-bit weights (trainer_master.c).
         uint64_t gb = l3d_dtype_size(l3d_dp_comm_dtype(cfg));  // bytes per element
+        uint64_t pb = l3d_master16(cfg, dp) ? l3d_dtype_size(l3d_train_config_weight_dtype(cfg)) : f;
         if (zero2) {
             size_t shard = 0;
             uint64_t nb2 = (uint64_t)l3d_zero2_buckets(&m0, l3d_zero_bucket_size(cfg), dp, NULL,
@@ -200,12 +202,14 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
                 add_when(s, GA, AFTER, pc, pf * wb);
             } else {
                 s->per_mb = 0;
-                add_when(s, GA, AFTER, nb2, all);  // all-gather of the updated parameters
+                // all-gather of the updated parameters (rounded pieces of the master under
+                // 16-bit weights, trainer_master.c)
+                add_when(s, GA, AFTER, nb2, all / f * pb);
             }
             add_when(s, AR, AFTER, 1, 8 * (uint64_t)dp);  // gradient norm of the shards
         } else if (cfg->zero_stage >= 1) {
             add_op(s, GA, nb, Ppad * gb);            // reduce-scatter of every bucket
-            add_when(s, GA, AFTER, nb, Ppad * f);    // all-gather of the updated parameters
+            add_when(s, GA, AFTER, nb, Ppad * pb);   // all-gather of the updated parameters
             add_when(s, AR, AFTER, 1, 8 * (uint64_t)dp);  // gradient norm of the shards
         } else {
             add_op(s, AR, nb, Ppad * gb);  // all-reduce of every bucket

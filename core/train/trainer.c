@@ -133,6 +133,8 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     // The optimizer state: on the device, or in host memory beside its master copy
     // (offload_optimizer; core/train/trainer_offload.c).
     L3D_CHECK_GOTO(ctx, l3d_offload_init(t), st, err);
+    // ZeRO-1/2 under 16-bit weights keep the float32 master's pieces only (trainer_master.c).
+    L3D_CHECK_GOTO(ctx, l3d_master_init(t), st, err);
     l3d_device_t *odev = t->off.optim ? t->off.hdev : t->dev;
     if (t->off.optim) {
         int pin = cfg->offload_optimizer_pin;
@@ -317,12 +319,16 @@ int64_t l3d_trainer_eval_tokens(const l3d_trainer_t *t) {
 }
 
 // Parameter bytes per rank of model part m (dims set): the float32 arena and, under 16-bit
-// weights, its rounded copy; ZeRO-3 (zero3: dp > 1) keeps the float32 pieces, their rounded
-// copy, and the persistent groups and the gather pool in the weights' dtype.
+// weights, its rounded copy; ZeRO-1/2 under 16-bit weights (l3d_master16) the rounded
+// parameters and the float32 master's shard floats (in host memory with offload_optimizer);
+// ZeRO-3 (zero3: dp > 1) the float32 pieces, their rounded copy, and the persistent groups and
+// the gather pool in the weights' dtype.
 static size_t param_bytes(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
-                          int zero3) {
+                          int zero3, size_t shard) {
     size_t ew = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
     size_t copy = ew < sizeof(float) ? ew : 0;
+    if (l3d_master16(cfg, dp))
+        return m->n_params * ew + (cfg->offload_optimizer ? 0 : shard * sizeof(float));
     if (!zero3) return m->n_params * (sizeof(float) + copy);
     size_t sh, pers, pool;
     (void)l3d_zero3_sizes(m, cfg, dp, &sh, &pers, &pool);
@@ -344,7 +350,6 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t P = m.n_params;
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
     size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
-    mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3);
     mem->grads = Ppad * sizeof(float);
     // a 16-bit communication_data_type converts each bucket in place, through a scratch
     size_t longest = l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, (int)n);
@@ -362,10 +367,12 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     if (n > 1 && cdt != L3D_FLOAT32)
         mem->grads += l3d_dp_cscratch_len(longest) * l3d_dtype_size(cdt);
     mem->optim = 2 * shard * sizeof(float);
+    mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3, shard);
     int z2 = n > 1 && cfg->zero_stage >= 2;
     size_t stage = z2 && cfg->offload_optimizer
                        ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
-    l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, shard, stage, mem);
+    l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, l3d_master16(cfg, (int)n), shard,
+                       stage, mem);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk, one
     // working set that they share (model_internal.h, l3d_acts_t.work), and the pool of layer
     // blocks its schedule's peak of live layers needs (trainer_pp.c).
@@ -395,7 +402,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     const l3d_dp_t *d = &t->dp;
-    mem->params = param_bytes(t->model, &t->cfg, d->n, d->zero3);
+    mem->params = param_bytes(t->model, &t->cfg, d->n, d->zero3, d->shard_len);
     size_t g = d->Ppad, c = d->cscratch ? d->cscratch_len : 0;  // c: 16-bit scratch elements
     if (d->zero2) {
         g = d->shard_len;
@@ -403,7 +410,7 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     }
     mem->grads = g * sizeof(float) + c * l3d_dtype_size(d->cdt);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
-    l3d_offload_memory(&t->cfg, d->zero2, d->zero3, d->shard_len, d->stage_len, mem);
+    l3d_offload_memory(&t->cfg, d->zero2, d->zero3, d->master16, d->shard_len, d->stage_len, mem);
     mem->acts = mem->host_acts = 0;
     for (int i = 0; i < t->pp.nslots; i++) {
         mem->acts += t->pp.slots[i]->bytes;

@@ -235,12 +235,13 @@ static l3d_status dist_save(l3d_trainer_t *t, const char *dir) {
 
 static l3d_status save(l3d_trainer_t *t, const char *dir);
 
-// ZeRO-3 keeps 1/dp of the parameters: a save (and a resume) works on them whole again for its
-// duration (collective over dp), then they are partitioned back.
+// ZeRO-3 keeps 1/dp of the parameters, ZeRO-1/2 under 16-bit weights 1/dp of the float32
+// master: a save (and a resume) works on them whole again for its duration (collective over
+// dp), then they are partitioned back.
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir) {
-    L3D_CHECK(t->ctx, l3d_zero3_materialize(t));
+    L3D_CHECK(t->ctx, l3d_dp_params_whole(t));
     l3d_status st = save(t, dir);
-    l3d_status pst = l3d_zero3_partition(t);
+    l3d_status pst = l3d_dp_params_part(t);
     return st < 0 ? st : pst;
 }
 
@@ -321,9 +322,9 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir);
 // Every rank resumes or none does: a rank that cannot read the checkpoint must not leave the
 // others waiting in their first step.
 l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
-    l3d_status st = l3d_zero3_materialize(t);
+    l3d_status st = l3d_dp_params_whole(t);
     if (st >= 0) st = resume(t, dir);
-    l3d_status pst = l3d_zero3_partition(t);
+    l3d_status pst = l3d_dp_params_part(t);
     if (st >= 0) st = pst;
     if (st >= 0) st = l3d_offload_pull(t);  // the offloaded master follows the weights read
     l3d_comm_t *world = t->mesh->world;

@@ -48,6 +48,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
     d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
     d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (l3d_zero3_init, after this)
+    d->master16 = l3d_master16(&t->cfg, d->n);        // (l3d_master_init, after offload's)
     d->P = t->model->n_params;
     d->cdt = l3d_dp_comm_dtype(&t->cfg);
     if (d->zero2) return l3d_zero2_init(t);
@@ -112,6 +113,7 @@ void l3d_dp_fini(l3d_trainer_t *t) {
         if (d->b[i].req) (void)l3d_request_wait(d->b[i].req);
     if (d->zero3) l3d_zero3_fini(t);
     if (d->zero2) l3d_zero2_fini(t);
+    l3d_master_fini(t);
     if (d->cscratch)
         l3d_dev_free(t->dev, d->cscratch, d->cscratch_len * l3d_dtype_size(d->cdt), "grads");
     d->cscratch = NULL;
@@ -288,7 +290,8 @@ l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq) {
 
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
 // pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
-// persistent groups are gathered). With offload_optimizer the step runs on the host device
+// persistent groups are gathered; ZeRO-1/2 under 16-bit weights: the pieces are the float32
+// master, gathered rounded into the 16-bit parameters, core/train/trainer_master.c). With offload_optimizer the step runs on the host device
 // over host copies of the pieces (core/train/trainer_offload.c), which go back to the device first.
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale) {
     l3d_dp_t *d = &t->dp;
@@ -319,7 +322,9 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
                 param = l3d_offload_master(t) + s;
                 grad = t->off.grad + s;
             } else {
-                param = d->zero3 ? l3d_zero3_piece_at(t, s) : m->params + a0;
+                param = d->zero3      ? l3d_zero3_piece_at(t, s)
+                        : d->master16 ? l3d_master_at(t, s)
+                                      : m->params + a0;
                 grad = d->sharded ? piece_grad(t, &d->b[k], a0) : t->grads + a0;
             }
             L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
@@ -332,6 +337,7 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
     if (!d->sharded) return L3D_OK;
     if (d->zero3) return l3d_zero3_gather_persistent(t);
     if (d->zero2) return l3d_zero2_gather_params(t);
+    if (d->master16) return l3d_master_gather(t);
     // Gather through the gradient arena (it is padded to Ppad; the parameters are not).
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     for (int k = 0; k < d->nb; k++) {

@@ -65,6 +65,12 @@ typedef struct l3d_dp {
     // sharded like the gradients, one bucket per gradient group.
     int zero3;
     struct l3d_zero3 *z3;
+    // ZeRO-1/2 with 16-bit weights (core/train/trainer_master.c; l3d_master16): the float32
+    // master is this rank's pieces (master, shard_len floats; NULL with offload_optimizer, whose
+    // host master it is then, rounded through stage16 in host memory), m->params freed.
+    int master16;
+    float *master;
+    void *stage16;
     // The dtype gradients travel in (l3d_dp_comm_dtype). Other than float32, a bucket is
     // converted into 16 bits before its reduction, and the reduced part this rank uses back
     // into float32 after it, in place (in the arena at stages 0-1, in its window at 2-3: the
@@ -270,6 +276,27 @@ l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t);
 l3d_status l3d_zero3_materialize(l3d_trainer_t *t);
 l3d_status l3d_zero3_partition(l3d_trainer_t *t);
 
+// core/train/trainer_master.c: ZeRO-1/2's sharded float32 master under 16-bit weights.
+// master16: whether a layout has it. init (after l3d_offload_init) allocates the master and
+// partitions (frees m->params); at: the master at shard offset sh (device, or the offloaded
+// host master); piece16: this rank's piece of bucket k rounded to the weights' dtype into dst
+// (device, q elements); gather (ZeRO-1, after AdamW): every piece into m->wp.
+int l3d_master16(const l3d_train_config_t *cfg, int dp);
+l3d_status l3d_master_init(l3d_trainer_t *t);
+void l3d_master_fini(l3d_trainer_t *t);
+float *l3d_master_at(l3d_trainer_t *t, size_t sh);
+l3d_status l3d_master_piece16(l3d_trainer_t *t, int k, void *dst);
+l3d_status l3d_master_gather(l3d_trainer_t *t);
+// m->params <- the whole float32 parameters from a shard of pieces (shard layout; device or
+// host memory), all-gathered over dp.
+l3d_status l3d_dp_master_whole(l3d_trainer_t *t, const float *shard);
+// Checkpoints and tests: whole gives m->params the whole stage again where the parameters are
+// partitioned (ZeRO-3; ZeRO-1/2's master under 16-bit weights), collective over dp; part copies
+// this rank's pieces back out of it (and the 16-bit copy from it) and frees it. No-ops where
+// nothing is partitioned.
+l3d_status l3d_dp_params_whole(l3d_trainer_t *t);
+l3d_status l3d_dp_params_part(l3d_trainer_t *t);
+
 // core/train/trainer_offload.c: ZeRO offload. init (after l3d_zero3_init, before the update's first
 // use) creates the host device and the host arrays and pulls the master; pull refreshes the
 // master from the device's parameters (after a resume); grads_to_host copies the reduced
@@ -283,9 +310,9 @@ l3d_status l3d_offload_params_to_device(l3d_trainer_t *t);
 float *l3d_offload_master(l3d_trainer_t *t);
 // Moves the bytes of `mem` (device figures of a shard of shard_len floats) that the offload
 // switches put in host memory into its host_* fields (zero2: the gradient shard and a
-// staging buffer of stage_len floats too).
-void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, size_t shard_len,
-                        size_t stage_len, l3d_mem_breakdown_t *mem);
+// staging buffer of stage_len floats too; master16: the master's rounded pieces).
+void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, int master16,
+                        size_t shard_len, size_t stage_len, l3d_mem_breakdown_t *mem);
 
 // core/train/trainer_eval.c: the streams the trainer reads. init loads data.eval_path or splits
 // off data.eval_fraction's tail; load_batch fills this rank's micro-batch j of step `step` from

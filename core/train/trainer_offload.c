@@ -7,7 +7,8 @@
 // fp32 master copy of this rank's parameter pieces and a host copy of its gradient pieces.
 // Each step the reduced gradient pieces go D2H, AdamW updates the master on the host device,
 // and the updated pieces go H2D into the device's parameters (ZeRO-1/2: into the whole
-// parameters, then all-gathered as without offload; ZeRO-3: into the parameter shard).
+// parameters, then all-gathered as without offload; ZeRO-3: into the parameter shard;
+// ZeRO-1/2 under 16-bit weights: rounded on the host, then gathered, trainer_master.c).
 // offload_param (ZeRO-3, with offload_optimizer): the parameter shard itself lives in host
 // memory and is the master; each gather copies this rank's piece H2D first.
 //
@@ -70,6 +71,8 @@ float *l3d_offload_master(l3d_trainer_t *t) {
 l3d_status l3d_offload_pull(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
     if (!o->optim || o->param) return L3D_OK;  // (a host parameter shard is the master)
+    // (ZeRO-1/2's sharded master: l3d_dp_params_part wrote it with the pieces)
+    if (t->dp.master16 && !t->model->params) return L3D_OK;
     for (int k = 0; k < l3d_dp_pieces(t); k++) {
         size_t lo, hi, sh;
         l3d_dp_piece(t, k, &lo, &hi, &sh);
@@ -97,7 +100,9 @@ l3d_status l3d_offload_grads_to_host(l3d_trainer_t *t) {
 
 l3d_status l3d_offload_params_to_device(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
-    if (o->param) return L3D_OK;  // the gathers copy the host shard's pieces themselves
+    // the gathers copy the host shard's pieces themselves (ZeRO-3), or round them (ZeRO-1/2's
+    // sharded master, l3d_master_piece16)
+    if (o->param || t->dp.master16) return L3D_OK;
     for (int k = 0; k < l3d_dp_pieces(t); k++) {
         size_t lo, hi, sh;
         l3d_dp_piece(t, k, &lo, &hi, &sh);
@@ -108,8 +113,8 @@ l3d_status l3d_offload_params_to_device(l3d_trainer_t *t) {
     return l3d_dev_sync(t->dev);
 }
 
-void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, size_t shard_len,
-                        size_t stage_len, l3d_mem_breakdown_t *mem) {
+void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, int master16,
+                        size_t shard_len, size_t stage_len, l3d_mem_breakdown_t *mem) {
     size_t shard = shard_len * sizeof(float);
     mem->host_params = mem->host_grads = mem->host_optim = 0;
     if (!cfg->offload_optimizer) return;
@@ -128,5 +133,7 @@ void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, siz
         mem->host_params = shard;
     } else {
         mem->host_params = shard;  // the master copy
+        // (ZeRO-1/2's sharded master under 16-bit weights: its pieces rounded, trainer_master.c)
+        if (master16) mem->host_params += shard_len * l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
     }
 }

@@ -361,7 +361,11 @@ static l3d_status gather_complete(l3d_trainer_t *t, int w) {
     b->req = NULL;
     d->win_bucket[w] = -1;
     if (st < 0) return comm_fail(t, st, "parameter all-gather");
-    return l3d_dev_copy(t->dev, t->model->params + b->off, d->win[w],
+    l3d_model_t *m = t->model;
+    if (d->master16)  // (the 16-bit parameters: trainer_master.c)
+        return l3d_dev_copy(t->dev, l3d_elem(m->wp, m->wt, b->off), d->win[w],
+                            (b->end - b->off) * l3d_dtype_size(m->wt), L3D_COPY_D2D);
+    return l3d_dev_copy(t->dev, m->params + b->off, d->win[w],
                         (b->end - b->off) * sizeof(float), L3D_COPY_D2D);
 }
 
@@ -399,13 +403,17 @@ l3d_status l3d_zero2_gather_params(l3d_trainer_t *t) {
         L3D_CHECK(t->ctx, gather_window(t, k, &w));
         l3d_dp_bucket_t *b = &d->b[k];
         size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
-        float *mine = d->win[w] + (size_t)d->rank * b->q;
-        if (hi > lo)
+        // (under 16-bit weights the master's piece, rounded: trainer_master.c)
+        l3d_dtype gt = d->master16 ? m->wt : L3D_FLOAT32;
+        void *mine = l3d_elem(d->win[w], gt, (size_t)d->rank * b->q);
+        if (d->master16)
+            L3D_CHECK(t->ctx, l3d_master_piece16(t, k, mine));
+        else if (hi > lo)
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, m->params + lo,
                                            (hi - lo) * sizeof(float), L3D_COPY_D2D));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
         d->win_bucket[w] = k;
-        st = l3d_comm_iallgather(d->comm, mine, d->win[w], b->q, L3D_FLOAT32, &b->req);
+        st = l3d_comm_iallgather(d->comm, mine, d->win[w], b->q, gt, &b->req);
         if (st < 0) {
             d->win_bucket[w] = -1;
             return comm_fail(t, st, "parameter all-gather");

@@ -471,35 +471,14 @@ l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t) {
 
 // ---- whole again, for checkpoints --------------------------------------------------------------
 // With 16-bit weights the pool and the persistent groups are rounded copies: the whole float32
-// parameters come from the master pieces, all-gathered as the optimizer state is (into a
-// padded arena first: the last bucket's padding runs past the parameters).
-static l3d_status materialize_master(l3d_trainer_t *t) {
-    l3d_dp_t *d = &t->dp;
-    l3d_model_t *m = t->model;
-    float *full = NULL;
-    size_t fbytes = d->Ppad * sizeof(float);
-    L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, fbytes, "params", (void **)&full));
-    l3d_status st = l3d_dp_optim_gather(t, d->z3->pshard, full);
-    if (st >= 0)
-        st = l3d_dev_alloc(t->dev, m->n_params * sizeof(float), "params", (void **)&m->params);
-    if (st >= 0)
-        st = l3d_dev_copy(t->dev, m->params, full, m->n_params * sizeof(float), L3D_COPY_D2D);
-    if (st >= 0) st = l3d_dev_sync(t->dev);
-    l3d_dev_free(t->dev, full, fbytes, "params");
-    if (st < 0 && m->params) {
-        l3d_dev_free(t->dev, m->params, m->n_params * sizeof(float), "params");
-        m->params = NULL;
-    }
-    return st;
-}
-
+// parameters come from the master pieces (l3d_dp_master_whole).
 l3d_status l3d_zero3_materialize(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     l3d_zero3_t *z = d->z3;
     if (!d->zero3 || !z || m->params) return L3D_OK;
     while (z->nlive > 0) L3D_CHECK(t->ctx, live_drop(t, 0));
-    if (z->wshard) return materialize_master(t);
+    if (z->wshard) return l3d_dp_master_whole(t, z->pshard);
     L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, m->n_params * sizeof(float), "params",
                                     (void **)&m->params));
     l3d_status st = L3D_OK;

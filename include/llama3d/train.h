@@ -83,9 +83,11 @@ int l3d_trainer_has_eval(const l3d_trainer_t *t);
 l3d_status l3d_trainer_save(l3d_trainer_t *t, const char *dir);
 l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir);
 
-// The trainer's model (this rank's part). Under ZeRO-3 with dp > 1 its parameters are
-// partitioned between steps: the model's own entry points (save, load, logits, KV caches)
-// refuse it with L3D_ERR_INVALID_ARG; l3d_trainer_save gathers and saves them.
+// The trainer's model (this rank's part). With dp > 1 under ZeRO-3, and under ZeRO-1/2 with
+// bf16 or fp16 weights (whose float32 master is sharded as DeepSpeed's is), its float32
+// parameters are partitioned between steps: the model's own entry points (save, load,
+// logits, KV caches) refuse it with L3D_ERR_INVALID_ARG; l3d_trainer_save gathers and saves
+// them.
 l3d_model_t *l3d_trainer_model(l3d_trainer_t *t);
 // The memory a trainer for `cfg` allocates, computed without allocating (for any preset,
 // however large). Equals l3d_trainer_memory of a trainer created from the same config.

@@ -150,7 +150,7 @@ static void *rank_main(void *p) {
         for (int h = 0; h < 3; h++) a->res->host_in_use[a->r][h] = l3d_ctx_mem_in_use(ctx, host[h]);
         a->res->acts_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "acts");
         a->res->host_acts_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "host_acts");
-        st = l3d_zero3_materialize(t);  // ZeRO-3 keeps a 1/dp piece: the weights whole again
+        st = l3d_dp_params_whole(t);  // ZeRO keeps a 1/dp piece: the weights whole again
     }
     if (st == L3D_OK && a->res) {
         if (a->r == 0) l3d_train_config_comm(&cfg, a->res->plan);
