@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# ZeRO-3 memory per rank, l3d's dry run beside DeepSpeed's published estimate.
+# ZeRO-1/2/3 memory per rank, l3d's dry run beside DeepSpeed's published estimates.
 # Usage: bench/zero3_memory.sh [BUILD_DIR]            (default ./build)
 #
 # For llama3-8b and llama3-70b on 8, 64 and 512 ranks of pure data parallelism (one node of 8
 # per 8 ranks), with the seed config's fp16 and zero_optimization sections (fp16 training;
-# stage 3, prefetch 1e8, persistence 1e4, max live 1e9) and each of DeepSpeed's three offload
-# settings (both to the cpu, as the seed file; optimizer only; none), it prints `l3d train --dry-run`'s model-state
-# memory of rank 0 (parameters + gradients + optimizer, device and host; activations apart)
-# next to DeepSpeed's estimate_zero3_model_states_mem_needs (deepspeed/runtime/zero/stage3.py,
-# documented at deepspeed.readthedocs.io memory.html) with zero_init and
-# additional_buffer_factor 1.5, whose CPU figure is per node and is divided by 8 here.
-# Both are fp16 mixed precision: DeepSpeed's formula counts 2-byte parameters and gradients on
-# the GPU and 18 bytes a parameter on the CPU (fp16 parameters; fp32 master, exp_avg,
-# exp_avg_sq, gradients); llama3d keeps the same 18 bytes of this rank's 1/dp (a float16 copy
-# beside the float32 master, float32 gradients, two moments) and gathers float16. Nothing is
-# allocated; the table takes a second.
+# stage 3: prefetch 1e8, persistence 1e4, max live 1e9; every stage: reduce_bucket_size 1e8)
+# and each of DeepSpeed's offload settings (stage 3: both to the cpu, as the seed file,
+# optimizer only, none; stages 1-2: optimizer only, none), it prints `l3d train --dry-run`'s
+# model-state memory of rank 0 (parameters + gradients + optimizer, device and host;
+# activations apart) next to DeepSpeed's estimate: estimate_zero3_model_states_mem_needs
+# (deepspeed/runtime/zero/stage3.py) at stage 3, estimate_zero2_model_states_mem_needs
+# (deepspeed/runtime/zero/stage_1_and_2.py, which serves stages 1 and 2) below it, both
+# documented at deepspeed.readthedocs.io memory.html, with zero_init and
+# additional_buffer_factor 1.5; their CPU figure is per node and is divided by 8 here.
+# All are fp16 mixed precision: DeepSpeed's formulas count 2-byte parameters and gradients on
+# the GPU and partition the fp32 master and both moments (stage 3: the parameters and
+# gradients too); llama3d partitions the same, keeps float16 parameters, and accumulates the
+# gradients in float32. Nothing is allocated; the table takes a few seconds.
 set -u
 case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 BUILD=${1:-./build}
@@ -27,41 +29,48 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/l3d-z3mem.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
-echo "| model | ranks | offload | l3d device GiB (params + grads + optim) | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| model | ranks | stage | offload | l3d device GiB (params + grads + optim) | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed |"
+echo "|---|---|---|---|---|---|---|---|---|"
 for model in llama3-8b llama3-70b; do
   # total parameters and DeepSpeed's largest layer (the embedding: vocabulary x hidden)
   info=$("$L3D" train --model "$model" --dry-run 2>&1 | sed -nE 's/.*\(([0-9.]+)M parameters: hidden ([0-9]+),.* vocab ([0-9]+).*/\1 \2 \3/p')
   read -r pm hidden vocab <<<"$info"
   for n in 8 64 512; do
-    for off in both optimizer none; do
-      case $off in
-        both) o='"offload_optimizer": {"device": "cpu", "pin_memory": true}, "offload_param": {"device": "cpu", "pin_memory": true},' ;;
-        optimizer) o='"offload_optimizer": {"device": "cpu", "pin_memory": true},' ;;
-        none) o='' ;;
-      esac
-      cat >"$tmp/c.json" <<EOF
-{"train_batch_size": $n, "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
- "fp16": {"enabled": true},
- "zero_optimization": {"stage": 3, $o "overlap_comm": true, "reduce_bucket_size": 1e8,
-   "stage3_prefetch_bucket_size": 1e8, "stage3_param_persistence_threshold": 1e4,
-   "stage3_max_live_parameters": 1e9}}
-EOF
-      line=$("$L3D" train --config "$tmp/c.json" --model "$model" --world "$n" --dry-run 2>&1 | grep '^memory')
-      [ -n "$line" ] || { echo "zero3_memory.sh: $model on $n ranks: dry run failed" >&2; exit 1; }
-      dev=$(echo "$line" | sed -nE 's/^memory[^:]*: parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB,.*/\1 \2 \3/p' |
-        awk '{ print $1 + $2 + $3 }')
-      host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
-      ds=$(awk -v pm="$pm" -v h="$hidden" -v v="$vocab" -v n="$n" -v off="$off" 'BEGIN {
-        P = pm * 1e6; big = h * v; nodes = n / 8; gpus = n
-        if (off == "both") { gpu = 4 * big; cpu = P * 18 / nodes * 1.5 }
-        else if (off == "optimizer") { gpu = 4 * big + int(2 * P / gpus); cpu = P * 16 / nodes * 1.5 }
-        else { gpu = 4 * big + int(18 * P / gpus); cpu = big * 4 * 8 * 1.5 }
-        printf "%.1f %.1f", gpu / 2^30, cpu / 8 / 2^30 }')
-      read -r dsg dsc <<<"$ds"
-      ratio=$(awk -v a="$dev" -v b="$dsg" 'BEGIN { printf "%.2f", a / 1024 / b }')
-      printf "| %s | %d | %s | %s | %s | %s | %s | %s |\n" "$model" "$n" "$off" "$(gib "$dev")" \
-        "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
+    for stage in 3 2 1; do
+      offs="both optimizer none"
+      [ "$stage" = 3 ] || offs="optimizer none"
+      for off in $offs; do
+        case $off in
+          both) o='"offload_optimizer": {"device": "cpu", "pin_memory": true}, "offload_param": {"device": "cpu", "pin_memory": true},' ;;
+          optimizer) o='"offload_optimizer": {"device": "cpu", "pin_memory": true},' ;;
+          none) o='' ;;
+        esac
+        z3=''
+        [ "$stage" = 3 ] && z3=', "stage3_prefetch_bucket_size": 1e8, "stage3_param_persistence_threshold": 1e4, "stage3_max_live_parameters": 1e9'
+        printf '%s\n' "{\"train_batch_size\": $n, \"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1," \
+          " \"fp16\": {\"enabled\": true}," \
+          " \"zero_optimization\": {\"stage\": $stage, $o \"overlap_comm\": true, \"reduce_bucket_size\": 1e8$z3}}" >"$tmp/c.json"
+        line=$("$L3D" train --config "$tmp/c.json" --model "$model" --world "$n" --dry-run 2>&1 | grep '^memory')
+        [ -n "$line" ] || { echo "zero3_memory.sh: $model on $n ranks, stage $stage: dry run failed" >&2; exit 1; }
+        dev=$(echo "$line" | sed -nE 's/^memory[^:]*: parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB,.*/\1 \2 \3/p' |
+          awk '{ print $1 + $2 + $3 }')
+        host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
+        ds=$(awk -v pm="$pm" -v h="$hidden" -v v="$vocab" -v n="$n" -v off="$off" -v st="$stage" 'BEGIN {
+          P = pm * 1e6; big = h * v; nodes = n / 8; gpus = n
+          if (st == 3) {
+            if (off == "both") { gpu = 4 * big; cpu = P * 18 / nodes * 1.5 }
+            else if (off == "optimizer") { gpu = 4 * big + int(2 * P / gpus); cpu = P * 16 / nodes * 1.5 }
+            else { gpu = 4 * big + int(18 * P / gpus); cpu = big * 4 * 8 * 1.5 }
+          } else {
+            if (off == "optimizer") { gpu = 2 * P; cpu = P * (4 * gpus > 16 ? 4 * gpus : 16) * 1.5 }
+            else { gpu = 4 * P + int(16 * P / gpus); cpu = P * 4 * 8 * 1.5 }
+          }
+          printf "%.1f %.1f", gpu / 2^30, cpu / 8 / 2^30 }')
+        read -r dsg dsc <<<"$ds"
+        ratio=$(awk -v a="$dev" -v b="$dsg" 'BEGIN { printf "%.2f", a / 1024 / b }')
+        printf "| %s | %d | %d | %s | %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
+          "$(gib "$dev")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
+      done
     done
   done
 done
