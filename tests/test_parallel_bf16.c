@@ -108,6 +108,25 @@ Test(parallel_bf16, sharded_master_changes_no_bit, .timeout = 600) {
         g_bf16 = g_fp16 = 0;
         free_result(&a);
     }
+    // ZeRO-3 with the optimizer offloaded keeps its float32 shard on the host only (the master)
+    // and the rounded copy on the device: the same steps as without offload
+    const layout_t z3 = {2, 1, 1, 3, 0, 2, 0, 0, 0, 0};
+    for (int fp16 = 0; fp16 < 2; fp16++) {
+        *(fp16 ? &g_fp16 : &g_bf16) = fp16 ? 12 : 1;
+        result_t a = {0}, b = {0};
+        run_layout(&z3, &a);
+        g_off = &k_optim;
+        run_layout(&z3, &b);
+        g_off = NULL;
+        const char *what = fp16 ? "fp16 ZeRO-3 offloaded" : "bf16 ZeRO-3 offloaded";
+        same_run(what, &a, &b, 2);
+        // the device keeps the float32 shard's rounded copy (2 bytes a shard float), not it
+        size_t shard = b.mem[0].host_optim / 8;
+        cr_assert_eq(a.mem[0].params - b.mem[0].params, 4 * shard, "%s", what);
+        cr_assert_eq(b.mem[0].host_params, 6 * shard, "%s", what);
+        g_bf16 = g_fp16 = 0;
+        free_result(&a), free_result(&b);
+    }
     g_comm_dtype = -1;
 }
 

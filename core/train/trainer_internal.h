@@ -268,6 +268,9 @@ void l3d_zero3_arm(l3d_trainer_t *t);
 void l3d_zero3_fini(l3d_trainer_t *t);
 // This rank's parameter shard at offset sh (a piece's parameters, l3d_dp_piece).
 float *l3d_zero3_piece_at(l3d_trainer_t *t, size_t sh);
+// Whether ZeRO-3's float32 shard lives in host memory (offload_param; offload_optimizer under
+// 16-bit weights): it is then the offloaded master.
+int l3d_zero3_shard_on_host(const l3d_train_config_t *cfg);
 // After AdamW updated the pieces: all-gathers the persistent groups (and marks the 16-bit
 // copy of the pieces for rounding again before the next gather).
 l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t);

@@ -10,7 +10,9 @@
 // parameters, then all-gathered as without offload; ZeRO-3: into the parameter shard;
 // ZeRO-1/2 under 16-bit weights: rounded on the host, then gathered, trainer_master.c).
 // offload_param (ZeRO-3, with offload_optimizer): the parameter shard itself lives in host
-// memory and is the master; each gather copies this rank's piece H2D first.
+// memory and is the master; each gather copies this rank's piece H2D first. ZeRO-3 under
+// 16-bit weights with offload_optimizer alone keeps its float32 shard there as the master
+// too, and only the rounded copy on the device (trainer_zero3.c).
 //
 // Every host array has the optimizer shard's layout (l3d_dp_piece: piece k at shard offset
 // sh), so the update is the device one with other pointers.
@@ -30,7 +32,9 @@ l3d_status l3d_offload_init(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
     const l3d_train_config_t *cfg = &t->cfg;
     o->optim = cfg->offload_optimizer;
-    o->param = cfg->offload_param && t->dp.zero3;
+    // (ZeRO-3 keeps its float32 shard in host memory with offload_param, and under 16-bit
+    // weights with the optimizer alone: that shard is the master)
+    o->param = t->dp.zero3 && l3d_zero3_shard_on_host(cfg);
     if (!o->optim) return L3D_OK;
     // The host's AdamW runs on threads of its own: a CPU device beside the training device.
     int threads = t->dev->num_threads > 0 ? t->dev->num_threads : 1;
@@ -125,12 +129,13 @@ void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, int
         mem->grads -= min_sz(mem->grads, shard);
         mem->host_grads += stage_len * sizeof(float);
     }
-    if (cfg->offload_param && zero3) {
-        // the shard moves to the host, with its 16-bit copy under 16-bit weights
+    if (zero3 && l3d_zero3_shard_on_host(cfg)) {
+        // the float32 shard moves to the host, and under 16-bit weights its rounded copy
+        // (offload_param) or a host staging of that copy's size (the copy stays)
         size_t ew = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
-        if (ew < sizeof(float)) shard += shard_len * ew;
-        mem->params -= min_sz(mem->params, shard);
-        mem->host_params = shard;
+        size_t copy = ew < sizeof(float) ? shard_len * ew : 0;
+        mem->params -= min_sz(mem->params, shard + (cfg->offload_param ? copy : 0));
+        mem->host_params = shard + copy;
     } else {
         mem->host_params = shard;  // the master copy
         // (ZeRO-1/2's sharded master under 16-bit weights: its pieces rounded, trainer_master.c)

@@ -30,7 +30,10 @@
 // Each pass starts with an empty pool: a rank runs one pass at a time (pipeline chunks too),
 // releases every group it asked for, and never gathers ahead past its own chunk.
 // With offload_param the shard lives in host memory (core/train/trainer_offload.c): each gather
-// copies this rank's piece to the device first.
+// copies this rank's piece to the device first. With offload_optimizer alone under 16-bit
+// weights the float32 shard lives there too (it is the offloaded master: DeepSpeed's device
+// keeps the fp16 partition only), and its rounded copy on the device is refreshed through a
+// host staging of its size after each update.
 //
 // 16-bit weights (bf16/fp16.enabled, m->wt): pshard stays the float32 master that AdamW
 // updates; wshard, a copy of it rounded to wt (beside it: host memory with offload_param), is
@@ -57,6 +60,8 @@ typedef struct l3d_zero3 {
     size_t ew;            // its bytes
     void *wshard;         // 16-bit wt: dp.shard_len elements, pshard rounded (NULL: float32)
     int stale;            // pshard changed since wshard was rounded from it
+    void *stage16;        // pshard in host memory, wshard on the device: the host's rounding
+                          // (host memory, dp.shard_len elements; NULL otherwise)
     void *pers;           // the persistent buckets whole (wt)
     size_t pers_len;
     size_t *pers_at;      // per bucket: its offset in pers, SIZE_MAX when not persistent
@@ -107,12 +112,22 @@ size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int 
 }
 
 // ---- the pool --------------------------------------------------------------------------------
-// The parameter shard lives in host memory with offload_param (core/train/trainer_offload.c).
-static l3d_copy_kind shard_to_device(const l3d_trainer_t *t) {
-    return t->cfg.offload_param ? L3D_COPY_H2D : L3D_COPY_D2D;
+// Where the shards live (core/train/trainer_offload.c): the float32 pieces in host memory with
+// offload_param, and with offload_optimizer under 16-bit weights; their rounded copy in host
+// memory with offload_param only.
+int l3d_zero3_shard_on_host(const l3d_train_config_t *cfg) {
+    return cfg->offload_param ||
+           (cfg->offload_optimizer &&
+            l3d_dtype_size(l3d_train_config_weight_dtype(cfg)) < sizeof(float));
+}
+static int shard_host(const l3d_trainer_t *t) { return l3d_zero3_shard_on_host(&t->cfg); }
+// what the gathers send (the rounded copy, else the pieces) to the device
+static l3d_copy_kind send_to_device(const l3d_trainer_t *t) {
+    int host = t->dp.z3->wshard ? t->cfg.offload_param : shard_host(t);
+    return host ? L3D_COPY_H2D : L3D_COPY_D2D;
 }
 static l3d_copy_kind device_to_shard(const l3d_trainer_t *t) {
-    return t->cfg.offload_param ? L3D_COPY_D2H : L3D_COPY_D2D;
+    return shard_host(t) ? L3D_COPY_D2H : L3D_COPY_D2D;
 }
 
 static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
@@ -173,14 +188,20 @@ static l3d_status live_drop(l3d_trainer_t *t, int i) {
 static l3d_status refresh_wshard(l3d_trainer_t *t) {
     l3d_zero3_t *z = t->dp.z3;
     if (!z->wshard || !z->stale) return L3D_OK;
-    l3d_device_t *dev = t->cfg.offload_param ? t->off.hdev : t->dev;
+    l3d_device_t *dev = shard_host(t) ? t->off.hdev : t->dev;
     if (!dev)
         return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-3: a host parameter shard without "
                          "the host device of offload_optimizer");
-    L3D_CHECK(t->ctx, l3d_dev_convert(dev, z->wshard, z->wt, z->pshard, L3D_FLOAT32,
-                                      t->dp.shard_len));
+    size_t n = t->dp.shard_len;
+    void *to = z->stage16 ? z->stage16 : z->wshard;  // (then copied to the device's wshard)
+    L3D_CHECK(t->ctx, l3d_dev_convert(dev, to, z->wt, z->pshard, L3D_FLOAT32, n));
+    L3D_CHECK(t->ctx, l3d_dev_sync(dev));
+    if (z->stage16) {
+        L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, z->wshard, z->stage16, n * z->ew, L3D_COPY_H2D));
+        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    }
     z->stale = 0;
-    return l3d_dev_sync(dev);
+    return L3D_OK;
 }
 
 // What the gathers send: this rank's piece of bucket b in wt.
@@ -198,7 +219,7 @@ static l3d_status gather_into(l3d_trainer_t *t, const l3d_dp_bucket_t *b, void *
     void *mine = l3d_elem(dst, z->wt, (size_t)d->rank * b->q);
     L3D_CHECK(t->ctx, refresh_wshard(t));
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, send_piece(z, b), b->q * z->ew,
-                                   shard_to_device(t)));
+                                   send_to_device(t)));
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     return l3d_comm_iallgather(d->comm, mine, dst, b->q, z->wt, req);
 }
@@ -357,17 +378,22 @@ static l3d_status z3_release(void *arg, size_t lo, size_t hi) {
 }
 
 // ---- lifetime --------------------------------------------------------------------------------
-// A shard-sized array of es-byte elements: host memory with offload_param.
-static l3d_status shard_alloc(l3d_trainer_t *t, size_t es, void **p) {
+// pin_memory of the offload that put the shard in host memory
+static int shard_pin(const l3d_trainer_t *t) {
+    return t->cfg.offload_param ? t->cfg.offload_param_pin : t->cfg.offload_optimizer_pin;
+}
+
+// A shard-sized array of es-byte elements, in host memory or the device's.
+static l3d_status shard_alloc(l3d_trainer_t *t, size_t es, int host, void **p) {
     size_t bytes = t->dp.shard_len * es;
-    if (t->cfg.offload_param)
-        return l3d_dev_alloc_host(t->dev, bytes, t->cfg.offload_param_pin, "host_params", p);
+    if (host)
+        return l3d_dev_alloc_host(t->dev, bytes, shard_pin(t), "host_params", p);
     return l3d_dev_alloc(t->dev, bytes, "params", p);
 }
-static void shard_free(l3d_trainer_t *t, size_t es, void *p) {
+static void shard_free(l3d_trainer_t *t, size_t es, int host, void *p) {
     size_t bytes = t->dp.shard_len * es;
-    if (t->cfg.offload_param)
-        l3d_dev_free_host(t->dev, p, bytes, t->cfg.offload_param_pin, "host_params");
+    if (host)
+        l3d_dev_free_host(t->dev, p, bytes, shard_pin(t), "host_params");
     else
         l3d_dev_free(t->dev, p, bytes, "params");
 }
@@ -408,8 +434,11 @@ l3d_status l3d_zero3_init(l3d_trainer_t *t) {
         l3d_model_grad_group(m, i, &lo, &n, NULL);
         z->grp_bucket[i] = bucket_of(d, lo, lo + n);
     }
-    L3D_CHECK(t->ctx, shard_alloc(t, sizeof(float), (void **)&z->pshard));
-    if (z->wt != L3D_FLOAT32) L3D_CHECK(t->ctx, shard_alloc(t, z->ew, &z->wshard));
+    L3D_CHECK(t->ctx, shard_alloc(t, sizeof(float), shard_host(t), (void **)&z->pshard));
+    if (z->wt != L3D_FLOAT32)
+        L3D_CHECK(t->ctx, shard_alloc(t, z->ew, t->cfg.offload_param, &z->wshard));
+    if (z->wt != L3D_FLOAT32 && shard_host(t) && !t->cfg.offload_param)
+        L3D_CHECK(t->ctx, shard_alloc(t, z->ew, 1, &z->stage16));
     if (z->pers_len)
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pers_len * z->ew, "params", &z->pers));
     L3D_CHECK(t->ctx, l3d_zero3_partition(t));  // the whole parameters freed before the pool
@@ -435,8 +464,9 @@ void l3d_zero3_fini(l3d_trainer_t *t) {
     int G = l3d_model_grad_groups(t->model);
     l3d_dev_free(t->dev, z->pool, z->pool_len * z->ew, "params");
     l3d_dev_free(t->dev, z->pers, z->pers_len * z->ew, "params");
-    if (z->wshard) shard_free(t, z->ew, z->wshard);
-    if (z->pshard) shard_free(t, sizeof(float), z->pshard);
+    if (z->stage16) shard_free(t, z->ew, 1, z->stage16);
+    if (z->wshard) shard_free(t, z->ew, t->cfg.offload_param, z->wshard);
+    if (z->pshard) shard_free(t, sizeof(float), shard_host(t), z->pshard);
     l3d_free(t->ctx, z->live, (size_t)G * sizeof(live_t), "other");
     l3d_free(t->ctx, z->seq, ((size_t)G + 1) * sizeof(int), "other");
     l3d_free(t->ctx, z->grp_bucket, (size_t)G * sizeof(int), "other");
@@ -513,8 +543,8 @@ l3d_status l3d_zero3_partition(l3d_trainer_t *t) {
         size_t hi = min_sz(lo + b->q, b->end), n = hi - lo;
         float *piece = z->pshard + b->sh;
         // the piece past the bucket's end is padding: zero, as every rank's gather expects
-        // (host memory with offload_param: written through the host's own memset)
-        if (t->cfg.offload_param) memset(piece + n, 0, (b->q - n) * sizeof(float));
+        // (host memory: written through the host's own memset)
+        if (shard_host(t)) memset(piece + n, 0, (b->q - n) * sizeof(float));
         else L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, piece + n, 0, (b->q - n) * sizeof(float)));
         if (n)
             L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, piece, m->params + lo, n * sizeof(float),
