@@ -38,6 +38,10 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_MEM_LIMIT", "",
      "bytes (suffix K, M, G, T: binary) to treat as the most memory available, when it is less "
      "than the kernel and the cgroup report; runs that would need more are refused up front"},
+    {"L3D_DEVICE_MEMORY", "",
+     "bytes (suffix K, M, G, T) of device memory cpu-opaque and cpu-async report as their own, "
+     "as a GPU's (default: the machine's), so that a run on them is refused up front as on a "
+     "GPU of that size"},
     {"L3D_STAGE_CHUNK", "4M",
      "bytes per chunk when an allreduce, reduce or broadcast larger than this is staged "
      "through host memory from a device the host cannot read (suffix K, M, G; 0: whole); the "
@@ -231,6 +235,13 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
         if (parse_bytes(v, 1, &s->mem_limit)) {
             snprintf(err, errlen, "L3D_MEM_LIMIT: '%s' is not a byte count (a number, optionally "
                      "followed by K, M, G or T)", v);
+            return L3D_ERR_CONFIG;
+        }
+    }
+    if ((v = getenv("L3D_DEVICE_MEMORY")) && *v) {
+        if (parse_bytes(v, 1, &s->device_memory)) {
+            snprintf(err, errlen, "L3D_DEVICE_MEMORY: '%s' is not a byte count (a number, "
+                     "optionally followed by K, M, G or T)", v);
             return L3D_ERR_CONFIG;
         }
     }

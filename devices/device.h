@@ -51,7 +51,9 @@
 //    per-rank parts summed on the device); adamw reads the norm from device memory, clips
 //    and skips a non-finite step itself, so the update needs no host read of the norm;
 //    peak_flops (the MFU roof from the device's datasheet, not a CPU-style measurement).
-#define L3D_DEVICE_ABI_VERSION 8
+// 9: mem_info (a device with memory of its own says how much: a run that cannot fit is
+//    refused before it allocates, as one that cannot fit the host's memory is).
+#define L3D_DEVICE_ABI_VERSION 9
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -193,6 +195,12 @@ struct l3d_device_ops {
     // Optional: NULL where the roof is measured instead (the CPU: its sgemm,
     // l3d_gemm_peak_measure), which on a GPU would be the wrong roof for 16-bit training.
     double (*peak_flops)(const l3d_device_t *dev, l3d_dtype dt);
+
+    // The device's own memory: bytes free for its allocations now (*free_bytes) and in all
+    // (*total_bytes). Blocking (a driver query), allocates nothing. Optional: NULL where the
+    // device's memory is the machine's (the CPU device), which core checks against what the
+    // OS and the cgroup give.
+    l3d_status (*mem_info)(const l3d_device_t *dev, uint64_t *free_bytes, uint64_t *total_bytes);
 
     // ---- ops ------------------------------------------------------------------------------
     l3d_status (*gemm)(l3d_device_t *dev, const l3d_gemm_t *g);
@@ -430,6 +438,12 @@ static inline l3d_status l3d_dev_stream_wait_event(l3d_device_t *d, void *stream
 }
 static inline double l3d_dev_peak_flops(const l3d_device_t *d, l3d_dtype dt) {
     return d->ops->peak_flops ? d->ops->peak_flops(d, dt) : 0.0;
+}
+// L3D_ERR_UNSUPPORTED when the device's memory is the machine's (mem_info NULL).
+static inline l3d_status l3d_dev_mem_info(const l3d_device_t *d, uint64_t *free_bytes,
+                                          uint64_t *total_bytes) {
+    if (!d->ops->mem_info) return L3D_ERR_UNSUPPORTED;
+    return d->ops->mem_info(d, free_bytes, total_bytes);
 }
 static inline l3d_status l3d_dev_convert(l3d_device_t *d, void *dst, l3d_dtype dst_type,
                                          const void *src, l3d_dtype src_type, size_t n) {

@@ -36,6 +36,22 @@ check "L3D_MEM_LIMIT=40M: tiny training runs" $?
 L3D_MEM_LIMIT=40M "$L3D" train --model llama3-tiny --steps 1 --seq-len 64 --dp 2 >/dev/null 2>"$tmp/dp2.err"
 rc=$?; [ $rc -eq 2 ] && grep -q "as 2 ranks in this process" "$tmp/dp2.err"
 check "dp 2 as threads counts both ranks (exit $rc)" $?
+# A device with memory of its own (mem_info; the test devices report L3D_DEVICE_MEMORY, as a
+# GPU its own): the device part is checked against it, even where the machine has room.
+L3D_DEVICE=cpu-opaque L3D_DEVICE_MEMORY=20M "$L3D" train --model llama3-tiny --steps 1 \
+  --seq-len 64 >/dev/null 2>"$tmp/dev.err"
+rc=$?; [ $rc -eq 2 ] && grep -q "needs 30.4 MiB but only 20.0 MiB is available (free memory of device cpu-opaque); nothing was allocated" "$tmp/dev.err"
+check "cpu-opaque with 20 MiB: refused with exit 2 naming the device (exit $rc)" $?
+[ $rc -ne 2 ] && show "$tmp/dev.err"
+L3D_DEVICE=cpu-async L3D_DEVICE_MEMORY=40M "$L3D" train --model llama3-tiny --steps 1 \
+  --seq-len 64 >/dev/null 2>&1
+check "cpu-async with 40 MiB: tiny training runs" $?
+L3D_DEVICE=cpu-opaque L3D_DEVICE_MEMORY=40M L3D_MEM_LIMIT=20M "$L3D" train --model llama3-tiny \
+  --steps 1 --seq-len 64 >/dev/null 2>&1
+check "the host's limit does not count against the device's memory" $?
+L3D_DEVICE_MEMORY=x "$L3D" train --steps 1 >/dev/null 2>"$tmp/bad.err"
+rc=$?; [ $rc -eq 2 ] && grep -q "L3D_DEVICE_MEMORY: 'x'" "$tmp/bad.err"
+check "a bad L3D_DEVICE_MEMORY is exit 2 naming it (exit $rc)" $?
 L3D_MEM_LIMIT=lots "$L3D" train --steps 1 >/dev/null 2>"$tmp/bad.err"
 rc=$?; [ $rc -eq 2 ] && grep -q "L3D_MEM_LIMIT: 'lots'" "$tmp/bad.err"
 check "a bad L3D_MEM_LIMIT is exit 2 naming it (exit $rc)" $?

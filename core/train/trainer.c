@@ -26,19 +26,21 @@ static void mib_or_gib(char *out, size_t cap, uint64_t b) {
     else snprintf(out, cap, "%.1f MiB", (double)b / (1 << 20));
 }
 
-// The whole training footprint against the memory the machine and its cgroup can give, before
-// anything is allocated: with overcommit a run that cannot fit is otherwise OOM-killed part
-// way through filling its weights or optimizer state. Ranks that are threads of this process
-// (the in-process transport) share its memory, so they count together; every rank checks
-// before the mesh is built, which no rank passes until all have checked, so no rank has
-// allocated when another one compares.
+// The whole training footprint against the memory it will come from, before anything is
+// allocated: with overcommit a run that cannot fit is otherwise OOM-killed part way through
+// filling its weights or optimizer state, and a GPU fails at an arbitrary allocation. A device
+// with memory of its own (mem_info) is checked for the device part and the machine for the
+// host part (offload); on the CPU devices both are the machine's. Ranks that are threads of
+// this process (the in-process transport) share its memory, and for now its device too
+// (device_index 0), so they count together; every rank checks before the mesh is built,
+// which no rank passes until all have checked, so no rank has allocated when another one
+// compares.
 static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
-                                     l3d_comm_t *world) {
+                                     l3d_comm_t *world, const l3d_device_t *dev) {
     l3d_mem_breakdown_t m;
     l3d_train_config_memory(cfg, &m);
-    // (offloaded host bytes are this machine's memory too on the CPU device)
-    uint64_t one = (uint64_t)m.params + m.grads + m.optim + m.acts + m.host_params +
-                   m.host_grads + m.host_optim + m.host_acts;
+    uint64_t on_dev = (uint64_t)m.params + m.grads + m.optim + m.acts;
+    uint64_t on_host = (uint64_t)m.host_params + m.host_grads + m.host_optim + m.host_acts;
     int threads = world && !strcmp(l3d_comm_transport_name(world), "local") ? l3d_comm_size(world)
                                                                             : 1;
     char p[32], g[32], o[32], a[32], what[320];
@@ -53,7 +55,16 @@ static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *c
                       threads);
     snprintf(what + n, sizeof(what) - (size_t)n, " (parameters %s, gradients %s, optimizer %s, "
              "activations %s)", p, g, o, a);
-    return l3d_mem_check(ctx, one * (uint64_t)threads, what);
+    uint64_t free_b, total_b;
+    if (l3d_dev_mem_info(dev, &free_b, &total_b) < 0)
+        return l3d_mem_check(ctx, (on_dev + on_host) * (uint64_t)threads, what);
+    char src[96];
+    snprintf(src, sizeof(src), "free memory of device %s", dev->ops->name);
+    L3D_CHECK(ctx, l3d_mem_check_with(ctx, on_dev * (uint64_t)threads, free_b, src, what));
+    if (!on_host) return L3D_OK;
+    snprintf(what, sizeof(what), "its offloaded part (host memory)%s",
+             threads > 1 ? ", for every rank in this process" : "");
+    return l3d_mem_check(ctx, on_host * (uint64_t)threads, what);
 }
 
 l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
@@ -75,14 +86,12 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
                                                       t->cfg.origin : "train config"), st, err);
     cfg = &t->cfg;
     int v = l3d_train_config_v(cfg);
-    // Host memory only: a device's memory is the device's to refuse.
-    if (!strcmp(cfg->device, "cpu"))
-        L3D_CHECK_GOTO(ctx, check_train_memory(ctx, cfg, world), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
-                                        cfg->parallel_order, &t->mesh), st, err);
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
     l3d_device_params_t dp = {.num_threads = threads, .device_index = 0};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
+    L3D_CHECK_GOTO(ctx, check_train_memory(ctx, cfg, world, t->dev), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,
+                                        cfg->parallel_order, &t->mesh), st, err);
     L3D_CHECK_GOTO(ctx, l3d_mesh_set_device(t->mesh, t->dev), st, err);
     if (cfg->tp_mode == 2)
         L3D_CHECK_GOTO(ctx, l3d_model_create_2d(ctx, t->dev, &cfg->model,

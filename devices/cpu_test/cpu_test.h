@@ -41,6 +41,10 @@ typedef struct l3d_ctest_queue {
 typedef struct l3d_ctest {
     l3d_device_t cpu;  // the CPU device the kernels run on (same ctx)
     int async;
+    // mem_info: the memory the device reports as its own (L3D_DEVICE_MEMORY, else the
+    // machine's) and the bytes its allocations hold (alloc and free run on the host thread
+    // that owns the device)
+    uint64_t mem_total, mem_used;
     // cpu-async: the worker and its queues (the default stream's first)
     pthread_mutex_t mu;
     pthread_cond_t wake, done_cv;

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "devices/cpu_test/cpu_test.h"
 
@@ -144,6 +145,11 @@ static l3d_status ctest_init(l3d_device_t *dev, const l3d_device_params_t *param
     l3d_ctest_t *t = l3d_calloc(dev->ctx, 1, sizeof(*t), "other");
     if (!t) return L3D_ERR_NOMEM;
     t->async = async;
+    t->mem_total = l3d_ctx_settings(dev->ctx)->device_memory;
+    if (!t->mem_total) {
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+        t->mem_total = pages > 0 && page > 0 ? (uint64_t)pages * (uint64_t)page : 0;
+    }
     t->cpu.ops = &l3d_cpu_device_ops;
     t->cpu.ctx = dev->ctx;
     l3d_status st = l3d_cpu_device_ops.init(&t->cpu, params);
@@ -201,6 +207,16 @@ static l3d_status ctest_alloc(l3d_device_t *dev, size_t bytes, const char *tag, 
     void *p = NULL;
     L3D_CHECK(dev->ctx, l3d_cpu_device_ops.alloc(&l3d_ctest_priv(dev)->cpu, bytes, tag, &p));
     *ptr_p = p ? (void *)((uintptr_t)p | L3D_CTEST_TAG) : NULL;
+    if (p) l3d_ctest_priv(dev)->mem_used += bytes;
+    return L3D_OK;
+}
+
+// As cudaMemGetInfo, for the memory this device reports (the caller's figures, not the OS's).
+static l3d_status ctest_mem_info(const l3d_device_t *dev, uint64_t *free_bytes,
+                                 uint64_t *total_bytes) {
+    const l3d_ctest_t *t = l3d_ctest_priv(dev);
+    *total_bytes = t->mem_total;
+    *free_bytes = t->mem_used < t->mem_total ? t->mem_total - t->mem_used : 0;
     return L3D_OK;
 }
 
@@ -215,6 +231,8 @@ static void ctest_free(l3d_device_t *dev, void *ptr, size_t bytes, const char *t
     }
     (void)wait_queues(dev, NULL);
     l3d_cpu_device_ops.free(&l3d_ctest_priv(dev)->cpu, p, bytes, tag);
+    l3d_ctest_t *t = l3d_ctest_priv(dev);
+    t->mem_used -= bytes < t->mem_used ? bytes : t->mem_used;
 }
 
 static int ctest_is_host(const l3d_device_t *dev) {
@@ -356,7 +374,7 @@ static l3d_status async_stream_wait_event(l3d_device_t *dev, void *stream, void 
     .abi_version = L3D_DEVICE_ABI_VERSION, .size = sizeof(l3d_device_ops_t),                  \
     .fini = ctest_fini, .alloc = ctest_alloc, .free = ctest_free, .is_host = ctest_is_host,     \
     .is_device_ptr = ctest_is_device_ptr, .copy = ctest_copy, .memset = ctest_memset,          \
-    .sync = ctest_sync, L3D_CTEST_OP_ENTRIES
+    .sync = ctest_sync, .mem_info = ctest_mem_info, L3D_CTEST_OP_ENTRIES
 
 const l3d_device_ops_t l3d_cpu_opaque_device_ops = {
     .name = "cpu-opaque",
