@@ -41,6 +41,11 @@ static void unknown_command(const char *cmd) {
         {"plan", "did you mean 'l3d plan'?"},
         {"chat", "to chat with a model: l3d generate --checkpoint DIR --chat M.json"},
     };
+    if (cmd[0] == '-') {  // a command's flag first: `l3d --steps 5` for `l3d train --steps 5`
+        fprintf(stderr, "l3d: unknown command '%s' (flags follow a command, e.g. 'l3d train "
+                "%s'; l3d --help)\n", cmd, cmd);
+        return;
+    }
     const char *best = NULL;
     size_t bestd = 99;
     for (size_t k = 0; k < sizeof(known) / sizeof(known[0]); k++) {

@@ -26,6 +26,7 @@ expect_error "unknown command" "unknown command 'trian' \(did you mean 'l3d trai
 expect_error "unknown command chat" "unknown command 'chat' \(to chat with a model: l3d generate --checkpoint DIR --chat M.json\)" "$L3D" chat
 expect_error "unknown command caht" "l3d generate --checkpoint DIR --chat M.json" "$L3D" caht
 expect_error "unknown command, nothing near" "unknown command 'xyzzy' \(commands: train, generate" "$L3D" xyzzy
+expect_error "a flag where the command goes" "unknown command '--steps' \(flags follow a command, e.g. 'l3d train --steps'" "$L3D" --steps 5
 for c in trian chat xyzzy; do
   if [ "$("$L3D" $c 2>&1 | wc -l)" -ne 1 ]; then echo "FAIL unknown command $c: not one line"; fails=$((fails + 1)); fi
 done
