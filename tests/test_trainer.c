@@ -72,3 +72,40 @@ Test(trainer, clip_scale_by_hand) {
     cr_assert_eq(l3d_clip_scale(1e9, 0.0f), 1.0f);                // 0 turns clipping off
     cr_assert_eq(l3d_clip_scale(3.0, -1.0f), 1.0f);
 }
+
+// Korthikanti et al. 2022 (arXiv 2205.05198), the reference for activation memory:
+// per layer sbh(10 + 24/t + 5as/(ht)) bytes with tensor parallelism (their equation 2; the
+// last term the stored attention scores), 34sbh/t with sequence parallelism and selective
+// recomputation (equation 5), 16-bit activations, GPT shapes. What llama3d keeps of a layer
+// (one block of the pipeline's layer pool) must not exceed it for their Table 3 models at
+// tp 8, s 2048, b 1: flash attention stores no scores, Llama has no dropout masks, and
+// SwiGLU's gate and up are kept where GPT keeps its MLP's 4h input and GELU output (the GPT
+// model as plan_published.c builds it: F = 8h/3, heads = kv heads).
+Test(trainer, layer_activations_within_korthikanti) {
+    static const int shapes[][2] = {{6144, 64}, {12288, 96}, {20480, 128}, {25600, 160}};
+    const double s = 2048, b = 1, t = 8;
+    for (size_t i = 0; i < sizeof(shapes) / sizeof(shapes[0]); i++) {
+        l3d_model_config_t mc;
+        cr_assert_eq(l3d_model_config_preset(NULL, "llama3-8b", &mc), L3D_OK);
+        double h = shapes[i][0], a = shapes[i][1];
+        mc.hidden_size = shapes[i][0];
+        mc.num_attention_heads = mc.num_key_value_heads = shapes[i][1];
+        mc.head_dim = shapes[i][0] / shapes[i][1];
+        mc.num_hidden_layers = 8;
+        mc.intermediate_size = (int)(8.0 * h / 3 / 64 + 0.5) * 64;
+        mc.vocab_size = 51200;
+        mc.max_position_embeddings = 2048;
+        mc.tie_word_embeddings = 1;
+        for (int sp = 0; sp < 2; sp++) {
+            size_t block = 0, work = 0;
+            (void)l3d_acts_bytes_part(&mc, 8, 1, 1, 1, 0, NULL, 0, 1, 2048, 0, sp,
+                                      L3D_BFLOAT16, L3D_BFLOAT16, 1, &block, &work, NULL);
+            double ref = sp ? 34 * s * b * h / t : s * b * h * (10 + 24 / t);
+            double ref_scores = ref + 5 * a * s * s * b / t;  // (stored scores, without SP)
+            cr_assert(block > 0 && block <= ref, "h %g sp %d: a layer keeps %zu bytes, "
+                      "Korthikanti %.0f", h, sp, block, ref);
+            cr_assert(block < ref_scores);
+            cr_log_info("h %g sp %d: %.2f of Korthikanti's", h, sp, block / ref);
+        }
+    }
+}
