@@ -72,6 +72,14 @@ void l3d_device_destroy(l3d_device_t *dev) {
     l3d_free(dev->ctx, dev, sizeof(*dev), "other");
 }
 
+// Chunk k (of c elements, the last maybe shorter) of n converted where it lies.
+static l3d_status convert_chunk(l3d_device_t *dev, char *b, l3d_dtype dst_t, l3d_dtype src_t,
+                                size_t n, size_t c, size_t k) {
+    size_t ds = l3d_dtype_size(dst_t), ss = l3d_dtype_size(src_t);
+    return l3d_dev_convert(dev, b + k * c * ds, dst_t, b + k * c * ss, src_t,
+                           L3D_MIN(c, n - k * c));
+}
+
 // Front to back when narrowing (chunk k's output lies in the input of chunks < k), back to
 // front when widening (in that of chunks > k); the first chunk, whose output overlaps its own
 // input, goes through the scratch.
@@ -84,16 +92,16 @@ l3d_status l3d_dev_convert_in_place(l3d_device_t *dev, void *p, l3d_dtype dst_t,
                          "scratch of %zu", l3d_dtype_name(src_t), l3d_dtype_name(dst_t), c);
     size_t nk = (n + c - 1) / c, c0 = L3D_MIN(n, c);
     char *b = p;
-#define CHUNK(k)                                                                                   l3d_dev_convert(dev, b + (k) * c * ds, dst_t, b + (k) * c * ss, src_t,                                        L3D_MIN(c, n - (k) * c))
     if (ds < ss) {
         L3D_CHECK(dev->ctx, l3d_dev_convert(dev, scratch, dst_t, b, src_t, c0));
-        for (size_t k = 1; k < nk; k++) L3D_CHECK(dev->ctx, CHUNK(k));
+        for (size_t k = 1; k < nk; k++)
+            L3D_CHECK(dev->ctx, convert_chunk(dev, b, dst_t, src_t, n, c, k));
         return l3d_dev_copy(dev, b, scratch, c0 * ds, L3D_COPY_D2D);
     }
-    for (size_t k = nk; k-- > 1;) L3D_CHECK(dev->ctx, CHUNK(k));
+    for (size_t k = nk; k-- > 1;)
+        L3D_CHECK(dev->ctx, convert_chunk(dev, b, dst_t, src_t, n, c, k));
     L3D_CHECK(dev->ctx, l3d_dev_copy(dev, scratch, b, c0 * ss, L3D_COPY_D2D));
     return l3d_dev_convert(dev, b, dst_t, scratch, src_t, c0);
-#undef CHUNK
 }
 
 const char *l3d_device_name(const l3d_device_t *dev) { return dev ? dev->ops->name : "(none)"; }

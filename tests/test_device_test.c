@@ -394,6 +394,21 @@ Test(device_test, staging_keeps_its_bounce_buffers) {
 // Converting a buffer in place, in chunks through a small scratch (ZeRO-2/3 round a gradient
 // window into 16 bits where it is): the same bits as one convert into another buffer, for
 // narrowing and widening, whole chunks and a short last one, and a buffer shorter than a chunk.
+// buf (n elements of src_t, device) converted to dst_t in place through scratch (chunk
+// elements) gives the bytes of one convert of `from` (buf's contents, read first) into ref.
+static void in_place_matches(l3d_device_t *dev, void *buf, const void *from, void *ref,
+                             l3d_dtype dst_t, l3d_dtype src_t, size_t n, void *scratch,
+                             size_t chunk, float *got, float *want, const char *what) {
+    size_t bytes = n * l3d_dtype_size(dst_t);
+    cr_assert_eq(l3d_dev_convert(dev, ref, dst_t, from, src_t, n), L3D_OK);
+    cr_assert_eq(l3d_dev_convert_in_place(dev, buf, dst_t, src_t, n, scratch, chunk), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(dev, got, buf, bytes, L3D_COPY_D2H), L3D_OK);
+    cr_assert_eq(l3d_dev_copy(dev, want, ref, bytes, L3D_COPY_D2H), L3D_OK);
+    cr_assert_eq(l3d_dev_sync(dev), L3D_OK);
+    cr_assert(!memcmp(got, want, bytes), "%s: %zu from %s to %s", what, n,
+              l3d_dtype_name(src_t), l3d_dtype_name(dst_t));
+}
+
 Test(device_test, convert_in_place_equals_convert) {
     const char *all[] = {"cpu", "cpu-opaque", "cpu-async"};
     const size_t lens[] = {1000, 64 * 5, 40, 1};
@@ -404,32 +419,18 @@ Test(device_test, convert_in_place_equals_convert) {
             float *src = malloc(n * 4), *got = malloc(n * 4), *want = malloc(n * 4);
             for (size_t i = 0; i < n; i++) src[i] = 1.0f / (float)(i + 3) - 0.01f * (float)i;
             for (l3d_dtype h = L3D_BFLOAT16; h <= L3D_FLOAT16; h++) {
-                void *buf, *ref, *scratch;
+                void *buf, *ref, *scratch, *h16;
                 cr_assert_eq(l3d_dev_alloc(e.dev, n * 4, "acts", &buf), L3D_OK);
                 cr_assert_eq(l3d_dev_alloc(e.dev, n * 4, "acts", &ref), L3D_OK);
                 cr_assert_eq(l3d_dev_alloc(e.dev, chunk * 2, "acts", &scratch), L3D_OK);
-                cr_assert_eq(l3d_dev_copy(e.dev, buf, src, n * 4, L3D_COPY_H2D), L3D_OK);
-                // narrowing: ref = convert(src) elsewhere; buf in place
-                cr_assert_eq(l3d_dev_convert(e.dev, ref, h, buf, L3D_FLOAT32, n), L3D_OK);
-                cr_assert_eq(l3d_dev_convert_in_place(e.dev, buf, h, L3D_FLOAT32, n, scratch,
-                                                      chunk), L3D_OK);
-                cr_assert_eq(l3d_dev_copy(e.dev, got, buf, n * 2, L3D_COPY_D2H), L3D_OK);
-                cr_assert_eq(l3d_dev_copy(e.dev, want, ref, n * 2, L3D_COPY_D2H), L3D_OK);
-                cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
-                cr_assert(!memcmp(got, want, n * 2), "%s: narrowing %zu to %s", all[d], n,
-                          l3d_dtype_name(h));
-                // widening back: ref = convert(16-bit) elsewhere (from a copy); buf in place
-                void *h16;
                 cr_assert_eq(l3d_dev_alloc(e.dev, n * 2, "acts", &h16), L3D_OK);
+                cr_assert_eq(l3d_dev_copy(e.dev, buf, src, n * 4, L3D_COPY_H2D), L3D_OK);
+                // narrowing, then widening back (from a copy of the 16-bit values)
+                in_place_matches(e.dev, buf, buf, ref, h, L3D_FLOAT32, n, scratch, chunk, got,
+                                 want, all[d]);
                 cr_assert_eq(l3d_dev_copy(e.dev, h16, buf, n * 2, L3D_COPY_D2D), L3D_OK);
-                cr_assert_eq(l3d_dev_convert(e.dev, ref, L3D_FLOAT32, h16, h, n), L3D_OK);
-                cr_assert_eq(l3d_dev_convert_in_place(e.dev, buf, L3D_FLOAT32, h, n, scratch,
-                                                      chunk), L3D_OK);
-                cr_assert_eq(l3d_dev_copy(e.dev, got, buf, n * 4, L3D_COPY_D2H), L3D_OK);
-                cr_assert_eq(l3d_dev_copy(e.dev, want, ref, n * 4, L3D_COPY_D2H), L3D_OK);
-                cr_assert_eq(l3d_dev_sync(e.dev), L3D_OK);
-                cr_assert(!memcmp(got, want, n * 4), "%s: widening %zu from %s", all[d], n,
-                          l3d_dtype_name(h));
+                in_place_matches(e.dev, buf, h16, ref, L3D_FLOAT32, h, n, scratch, chunk, got,
+                                 want, all[d]);
                 cr_assert(got[n / 2] != src[n / 2] || n == 1, "%s: nothing was rounded", all[d]);
                 l3d_dev_free(e.dev, h16, n * 2, "acts");
                 l3d_dev_free(e.dev, buf, n * 4, "acts");

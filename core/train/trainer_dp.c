@@ -288,11 +288,50 @@ l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq) {
     return l3d_dev_sync(d->norm_on);
 }
 
+// ZeRO-1, after the update: every bucket all-gathered through its own span of the gradient
+// arena (free now; padded to Ppad where the parameters are not), all at once, into the
+// parameters: this rank's float32 pieces into m->params, or under 16-bit weights the master's
+// pieces rounded into m->wp (trainer_master.c; a span's floats hold twice its 16-bit elements).
+static l3d_status zero1_gather(l3d_trainer_t *t) {
+    l3d_dp_t *d = &t->dp;
+    l3d_model_t *m = t->model;
+    l3d_dtype gt = d->master16 ? m->wt : L3D_FLOAT32;
+    void *whole = d->master16 ? m->wp : (void *)m->params;
+    l3d_status st = l3d_dev_sync(t->dev);
+    for (int k = 0; k < d->nb && st >= 0; k++) {
+        l3d_dp_bucket_t *b = &d->b[k];
+        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
+        void *span = t->grads + b->off, *mine = l3d_elem(span, gt, (size_t)d->rank * b->q);
+        if (d->master16) st = l3d_master_piece16(t, k, mine);
+        else if (hi > lo)
+            st = l3d_dev_copy(t->dev, mine, m->params + lo, (hi - lo) * sizeof(float),
+                              L3D_COPY_D2D);
+        if (st >= 0) st = l3d_dev_sync(t->dev);
+        if (st >= 0) st = l3d_comm_iallgather(d->comm, mine, span, b->q, gt, &b->req);
+    }
+    for (int k = 0; k < d->nb; k++) {  // (every started gather is waited, failed or not)
+        l3d_dp_bucket_t *b = &d->b[k];
+        if (!b->req) continue;
+        l3d_status s = l3d_request_wait(b->req);
+        b->req = NULL;
+        size_t end = min_sz(b->end, d->P);
+        if (s >= 0 && st >= 0 && end > b->off)
+            s = l3d_dev_copy(t->dev, l3d_elem(whole, gt, b->off), t->grads + b->off,
+                             (end - b->off) * l3d_dtype_size(gt), L3D_COPY_D2D);
+        if (s < 0 && st >= 0) st = s;
+    }
+    if (st < 0)
+        return l3d_error(t->ctx, st, "ZeRO-1 parameter all-gather: %s",
+                         l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    return l3d_dev_sync(t->dev);
+}
+
 // AdamW over the parameters this rank updates, then (sharded) the all-gather of the updated
 // pieces into every rank's parameters (ZeRO-3: the pieces are the parameters; only the
 // persistent groups are gathered; ZeRO-1/2 under 16-bit weights: the pieces are the float32
-// master, gathered rounded into the 16-bit parameters, core/train/trainer_master.c). With offload_optimizer the step runs on the host device
-// over host copies of the pieces (core/train/trainer_offload.c), which go back to the device first.
+// master, gathered rounded into the 16-bit parameters, core/train/trainer_master.c). With
+// offload_optimizer the step runs on the host device over host copies of the pieces
+// (core/train/trainer_offload.c), which go back to the device first.
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
@@ -337,33 +376,7 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
     if (!d->sharded) return L3D_OK;
     if (d->zero3) return l3d_zero3_gather_persistent(t);
     if (d->zero2) return l3d_zero2_gather_params(t);
-    if (d->master16) return l3d_master_gather(t);
-    // Gather through the gradient arena (it is padded to Ppad; the parameters are not).
-    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-    for (int k = 0; k < d->nb; k++) {
-        l3d_dp_bucket_t *b = &d->b[k];
-        size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
-        if (hi > lo)
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, t->grads + lo, m->params + lo,
-                                           (hi - lo) * sizeof(float), L3D_COPY_D2D));
-        L3D_CHECK(t->ctx, l3d_comm_iallgather(d->comm, t->grads + lo, t->grads + b->off, b->q,
-                                              L3D_FLOAT32, &b->req));
-    }
-    l3d_status st = L3D_OK;
-    for (int k = 0; k < d->nb; k++) {
-        l3d_dp_bucket_t *b = &d->b[k];
-        l3d_status s = l3d_request_wait(b->req);
-        b->req = NULL;
-        if (s < 0 && st >= 0) st = s;
-        if (s >= 0 && b->off < d->P)
-            s = l3d_dev_copy(t->dev, m->params + b->off, t->grads + b->off,
-                             (min_sz(b->off + b->len, d->P) - b->off) * sizeof(float),
-                             L3D_COPY_D2D);
-        if (s < 0 && st >= 0) st = s;
-    }
-    if (st < 0)
-        return l3d_error(t->ctx, st, "ZeRO-1 parameter all-gather: %s", l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
-    return L3D_OK;
+    return zero1_gather(t);
 }
 
 int l3d_dp_pieces(const l3d_trainer_t *t) { return t->dp.sharded ? t->dp.nb : 1; }

@@ -67,10 +67,9 @@ typedef struct l3d_dp {
     struct l3d_zero3 *z3;
     // ZeRO-1/2 with 16-bit weights (core/train/trainer_master.c; l3d_master16): the float32
     // master is this rank's pieces (master, shard_len floats; NULL with offload_optimizer, whose
-    // host master it is then, rounded through stage16 in host memory), m->params freed.
+    // host master it is then), m->params freed.
     int master16;
     float *master;
-    void *stage16;
     // The dtype gradients travel in (l3d_dp_comm_dtype). Other than float32, a bucket is
     // converted into 16 bits before its reduction, and the reduced part this rank uses back
     // into float32 after it, in place (in the arena at stages 0-1, in its window at 2-3: the
@@ -112,6 +111,10 @@ typedef struct l3d_offload {
     float *master;        // shard floats in host memory: this rank's parameter pieces (NULL
                           // with param: the host parameter shard is the master)
     float *grad;          // shard floats in host memory: the reduced gradient pieces
+    // 16-bit weights with a host master and 16-bit parameters on the device (ZeRO-1/2's
+    // sharded master; ZeRO-3 without offload_param): the master's pieces rounded on the host
+    // (shard elements of the weights' dtype), then copied over (l3d_offload_round); else NULL
+    void *stage16;
 } l3d_offload_t;
 
 struct l3d_trainer {
@@ -283,13 +286,12 @@ l3d_status l3d_zero3_partition(l3d_trainer_t *t);
 // master16: whether a layout has it. init (after l3d_offload_init) allocates the master and
 // partitions (frees m->params); at: the master at shard offset sh (device, or the offloaded
 // host master); piece16: this rank's piece of bucket k rounded to the weights' dtype into dst
-// (device, q elements); gather (ZeRO-1, after AdamW): every piece into m->wp.
+// (device, q elements), what the ZeRO-1/2 parameter gathers send.
 int l3d_master16(const l3d_train_config_t *cfg, int dp);
 l3d_status l3d_master_init(l3d_trainer_t *t);
 void l3d_master_fini(l3d_trainer_t *t);
 float *l3d_master_at(l3d_trainer_t *t, size_t sh);
 l3d_status l3d_master_piece16(l3d_trainer_t *t, int k, void *dst);
-l3d_status l3d_master_gather(l3d_trainer_t *t);
 // m->params <- the whole float32 parameters from a shard of pieces (shard layout; device or
 // host memory), all-gathered over dp.
 l3d_status l3d_dp_master_whole(l3d_trainer_t *t, const float *shard);
@@ -311,6 +313,10 @@ l3d_status l3d_offload_pull(l3d_trainer_t *t);
 l3d_status l3d_offload_grads_to_host(l3d_trainer_t *t);
 l3d_status l3d_offload_params_to_device(l3d_trainer_t *t);
 float *l3d_offload_master(l3d_trainer_t *t);
+// The master's pieces [sh, sh + n) rounded to the weights' dtype on the host and copied to
+// dst (device memory, n elements), waited for: what the device's 16-bit parameters are made
+// from when the only master is in host memory (stage16).
+l3d_status l3d_offload_round(l3d_trainer_t *t, size_t sh, size_t n, void *dst);
 // Moves the bytes of `mem` (device figures of a shard of shard_len floats) that the offload
 // switches put in host memory into its host_* fields (zero2: the gradient shard and a
 // staging buffer of stage_len floats too; master16: the master's rounded pieces).

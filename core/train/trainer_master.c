@@ -7,9 +7,10 @@
 // floats on the device, or, with offload_optimizer, the offloaded master in host memory and
 // nothing float32 on the device. AdamW updates them in place; then each rank rounds its pieces
 // to the weights' dtype and all-gathers them into m->wp (through the gradient arena at ZeRO-1,
-// the windows at ZeRO-2, both free after the update): 2 bytes an element where ZeRO-1/2
-// gathered the float32 pieces, and m->wp is bit for bit what rounding the whole updated master
-// gave. Offloaded, the host rounds its pieces (into `stage16`, host memory) and copies them in.
+// trainer_dp.c, the windows at ZeRO-2, trainer_zero2.c, both free after the update): 2 bytes
+// an element where ZeRO-1/2 gathered the float32 pieces, and m->wp is bit for bit what
+// rounding the whole updated master gave. Offloaded, the host rounds its pieces and copies
+// them in (l3d_offload_round).
 //
 //   parameter memory per rank: P x 2 + (P/dp) x 4 bytes (no offload) or P x 2 (offload),
 //   instead of P x (4 + 2)
@@ -18,11 +19,9 @@
 // (l3d_dp_params_whole, collective over dp) and puts them back (l3d_dp_params_part), as
 // ZeRO-3 does.
 // defines: l3d_master16, l3d_master_init, l3d_master_fini, l3d_master_at,
-//          l3d_master_piece16, l3d_master_gather, l3d_dp_master_whole, l3d_dp_params_whole,
+//          l3d_master_piece16, l3d_dp_master_whole, l3d_dp_params_whole,
 //          l3d_dp_params_part
 #include "core/train/trainer_internal.h"
-
-static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
 int l3d_master16(const l3d_train_config_t *cfg, int dp) {
     return dp > 1 && cfg->zero_stage >= 1 && cfg->zero_stage < 3 &&
@@ -55,11 +54,8 @@ static l3d_status partition(l3d_trainer_t *t) {
 l3d_status l3d_master_init(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     if (!d->master16) return L3D_OK;
-    size_t n = d->shard_len, ew = l3d_dtype_size(t->model->wt);
-    if (t->off.optim) {  // (offload_init made the host master, zeroed)
-        L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, n * ew, t->cfg.offload_optimizer_pin,
-                                             "host_params", &d->stage16));
-    } else {
+    size_t n = d->shard_len;
+    if (!t->off.optim) {  // (else the host master, offload_init's, zeroed)
         // zeroed: a piece past the parameters' end is padding that every gather sends
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, n * sizeof(float), "params", (void **)&d->master));
         L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, d->master, 0, n * sizeof(float)));
@@ -69,57 +65,16 @@ l3d_status l3d_master_init(l3d_trainer_t *t) {
 
 void l3d_master_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
-    size_t n = d->shard_len;
-    if (d->master) l3d_dev_free(t->dev, d->master, n * sizeof(float), "params");
-    if (d->stage16)
-        l3d_dev_free_host(t->dev, d->stage16, n * l3d_dtype_size(t->model->wt),
-                          t->cfg.offload_optimizer_pin, "host_params");
+    if (d->master) l3d_dev_free(t->dev, d->master, d->shard_len * sizeof(float), "params");
     d->master = NULL;
-    d->stage16 = NULL;
 }
 
 l3d_status l3d_master_piece16(l3d_trainer_t *t, int k, void *dst) {
     l3d_dp_t *d = &t->dp;
     const l3d_dp_bucket_t *b = &d->b[k];
     l3d_dtype wt = t->model->wt;
-    if (!t->off.optim)
-        return l3d_dev_convert(t->dev, dst, wt, d->master + b->sh, L3D_FLOAT32, b->q);
-    void *h = l3d_elem(d->stage16, wt, b->sh);
-    L3D_CHECK(t->ctx, l3d_dev_convert(t->off.hdev, h, wt, t->off.master + b->sh, L3D_FLOAT32,
-                                      b->q));
-    L3D_CHECK(t->ctx, l3d_dev_sync(t->off.hdev));
-    return l3d_dev_copy(t->dev, dst, h, b->q * l3d_dtype_size(wt), L3D_COPY_H2D);
-}
-
-// ZeRO-1: bucket k gathers through its own span of the gradient arena (its len floats hold
-// len 16-bit elements twice over), every bucket at once, as the float32 gather did.
-l3d_status l3d_master_gather(l3d_trainer_t *t) {
-    l3d_dp_t *d = &t->dp;
-    l3d_model_t *m = t->model;
-    l3d_dtype wt = m->wt;
-    l3d_status st = L3D_OK;
-    for (int k = 0; k < d->nb && st >= 0; k++) {
-        l3d_dp_bucket_t *b = &d->b[k];
-        void *span = t->grads + b->off, *mine = l3d_elem(span, wt, (size_t)d->rank * b->q);
-        st = l3d_master_piece16(t, k, mine);
-        if (st >= 0) st = l3d_dev_sync(t->dev);
-        if (st >= 0) st = l3d_comm_iallgather(d->comm, mine, span, b->q, wt, &b->req);
-    }
-    for (int k = 0; k < d->nb; k++) {
-        l3d_dp_bucket_t *b = &d->b[k];
-        if (!b->req) continue;
-        l3d_status s = l3d_request_wait(b->req);
-        b->req = NULL;
-        size_t end = min_sz(b->end, d->P);
-        if (s >= 0 && st >= 0 && end > b->off)
-            s = l3d_dev_copy(t->dev, l3d_elem(m->wp, wt, b->off), t->grads + b->off,
-                             (end - b->off) * l3d_dtype_size(wt), L3D_COPY_D2D);
-        if (s < 0 && st >= 0) st = s;
-    }
-    if (st < 0)
-        return l3d_error(t->ctx, st, "ZeRO-1 parameter all-gather: %s",
-                         l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
-    return l3d_dev_sync(t->dev);
+    if (t->off.optim) return l3d_offload_round(t, b->sh, b->q, dst);
+    return l3d_dev_convert(t->dev, dst, wt, d->master + b->sh, L3D_FLOAT32, b->q);
 }
 
 // ---- whole again, for checkpoints ---------------------------------------------------------

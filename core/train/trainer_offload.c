@@ -28,6 +28,13 @@ static float *device_piece(l3d_trainer_t *t, size_t lo, size_t sh) {
     return t->model->params + lo;
 }
 
+// Whether the only float32 master is in host memory while the device keeps 16-bit parameters
+// made from it (o->stage16): ZeRO-1/2's sharded master, ZeRO-3's shard without offload_param.
+static int rounds_on_host(const l3d_train_config_t *cfg, int zero3, int master16) {
+    if (!cfg->offload_optimizer) return 0;
+    return master16 || (zero3 && l3d_zero3_shard_on_host(cfg) && !cfg->offload_param);
+}
+
 l3d_status l3d_offload_init(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
     const l3d_train_config_t *cfg = &t->cfg;
@@ -54,13 +61,31 @@ l3d_status l3d_offload_init(l3d_trainer_t *t) {
                                              (void **)&o->master));
         L3D_CHECK(t->ctx, l3d_dev_memset(o->hdev, o->master, 0, bytes));
     }
+    if (rounds_on_host(cfg, t->dp.zero3, t->dp.master16))
+        L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, t->dp.shard_len * l3d_dtype_size(t->model->wt),
+                                             pin, "host_params", &o->stage16));
     return l3d_offload_pull(t);
+}
+
+l3d_status l3d_offload_round(l3d_trainer_t *t, size_t sh, size_t n, void *dst) {
+    l3d_offload_t *o = &t->off;
+    l3d_dtype wt = t->model->wt;
+    void *h = l3d_elem(o->stage16, wt, sh);
+    L3D_CHECK(t->ctx, l3d_dev_convert(o->hdev, h, wt, l3d_offload_master(t) + sh, L3D_FLOAT32,
+                                      n));
+    L3D_CHECK(t->ctx, l3d_dev_sync(o->hdev));
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, dst, h, n * l3d_dtype_size(wt), L3D_COPY_H2D));
+    return l3d_dev_sync(t->dev);
 }
 
 void l3d_offload_fini(l3d_trainer_t *t) {
     l3d_offload_t *o = &t->off;
     size_t bytes = t->dp.shard_len * sizeof(float);
     l3d_dev_free_host(t->dev, o->master, bytes, t->cfg.offload_optimizer_pin, "host_params");
+    if (o->stage16)
+        l3d_dev_free_host(t->dev, o->stage16, t->dp.shard_len * l3d_dtype_size(t->model->wt),
+                          t->cfg.offload_optimizer_pin, "host_params");
+    o->stage16 = NULL;
     if (!t->dp.zero2)
         l3d_dev_free_host(t->dev, o->grad, bytes, t->cfg.offload_optimizer_pin, "host_grads");
     o->master = o->grad = NULL;
@@ -129,16 +154,13 @@ void l3d_offload_memory(const l3d_train_config_t *cfg, int zero2, int zero3, int
         mem->grads -= min_sz(mem->grads, shard);
         mem->host_grads += stage_len * sizeof(float);
     }
-    if (zero3 && l3d_zero3_shard_on_host(cfg)) {
-        // the float32 shard moves to the host, and under 16-bit weights its rounded copy
-        // (offload_param) or a host staging of that copy's size (the copy stays)
-        size_t ew = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
-        size_t copy = ew < sizeof(float) ? shard_len * ew : 0;
+    // The master (ZeRO-3: the float32 shard moves to the host when it is the master), and a
+    // 16-bit copy of the shard: ZeRO-3's with offload_param (it moves too), or stage16.
+    size_t ew = l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
+    size_t copy = ew < sizeof(float) ? shard_len * ew : 0;
+    mem->host_params = shard;
+    if (zero3 && l3d_zero3_shard_on_host(cfg))
         mem->params -= min_sz(mem->params, shard + (cfg->offload_param ? copy : 0));
-        mem->host_params = shard + copy;
-    } else {
-        mem->host_params = shard;  // the master copy
-        // (ZeRO-1/2's sharded master under 16-bit weights: its pieces rounded, trainer_master.c)
-        if (master16) mem->host_params += shard_len * l3d_dtype_size(l3d_train_config_weight_dtype(cfg));
-    }
+    if ((zero3 && cfg->offload_param) || rounds_on_host(cfg, zero3, master16))
+        mem->host_params += copy;
 }

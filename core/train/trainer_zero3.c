@@ -60,8 +60,6 @@ typedef struct l3d_zero3 {
     size_t ew;            // its bytes
     void *wshard;         // 16-bit wt: dp.shard_len elements, pshard rounded (NULL: float32)
     int stale;            // pshard changed since wshard was rounded from it
-    void *stage16;        // pshard in host memory, wshard on the device: the host's rounding
-                          // (host memory, dp.shard_len elements; NULL otherwise)
     void *pers;           // the persistent buckets whole (wt)
     size_t pers_len;
     size_t *pers_at;      // per bucket: its offset in pers, SIZE_MAX when not persistent
@@ -182,23 +180,23 @@ static l3d_status live_drop(l3d_trainer_t *t, int i) {
     return st;
 }
 
-// wshard = pshard rounded to wt when pshard changed since (on the host's own device when both
-// are host memory: the offload's, which exists from the first gather on, not at the first
-// partition).
+// wshard = pshard rounded to wt when pshard changed since: on the device; on the host's own
+// device when both are host memory (the offload's, which exists from the first gather on, not
+// at the first partition); through the offload's host staging when pshard is host memory and
+// wshard the device's.
 static l3d_status refresh_wshard(l3d_trainer_t *t) {
     l3d_zero3_t *z = t->dp.z3;
     if (!z->wshard || !z->stale) return L3D_OK;
-    l3d_device_t *dev = shard_host(t) ? t->off.hdev : t->dev;
-    if (!dev)
-        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-3: a host parameter shard without "
-                         "the host device of offload_optimizer");
     size_t n = t->dp.shard_len;
-    void *to = z->stage16 ? z->stage16 : z->wshard;  // (then copied to the device's wshard)
-    L3D_CHECK(t->ctx, l3d_dev_convert(dev, to, z->wt, z->pshard, L3D_FLOAT32, n));
-    L3D_CHECK(t->ctx, l3d_dev_sync(dev));
-    if (z->stage16) {
-        L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, z->wshard, z->stage16, n * z->ew, L3D_COPY_H2D));
-        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    if (shard_host(t) && !t->cfg.offload_param) {
+        L3D_CHECK(t->ctx, l3d_offload_round(t, 0, n, z->wshard));
+    } else {
+        l3d_device_t *dev = shard_host(t) ? t->off.hdev : t->dev;
+        if (!dev)
+            return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-3: a host parameter shard without "
+                             "the host device of offload_optimizer");
+        L3D_CHECK(t->ctx, l3d_dev_convert(dev, z->wshard, z->wt, z->pshard, L3D_FLOAT32, n));
+        L3D_CHECK(t->ctx, l3d_dev_sync(dev));
     }
     z->stale = 0;
     return L3D_OK;
@@ -437,8 +435,6 @@ l3d_status l3d_zero3_init(l3d_trainer_t *t) {
     L3D_CHECK(t->ctx, shard_alloc(t, sizeof(float), shard_host(t), (void **)&z->pshard));
     if (z->wt != L3D_FLOAT32)
         L3D_CHECK(t->ctx, shard_alloc(t, z->ew, t->cfg.offload_param, &z->wshard));
-    if (z->wt != L3D_FLOAT32 && shard_host(t) && !t->cfg.offload_param)
-        L3D_CHECK(t->ctx, shard_alloc(t, z->ew, 1, &z->stage16));
     if (z->pers_len)
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, z->pers_len * z->ew, "params", &z->pers));
     L3D_CHECK(t->ctx, l3d_zero3_partition(t));  // the whole parameters freed before the pool
@@ -464,7 +460,6 @@ void l3d_zero3_fini(l3d_trainer_t *t) {
     int G = l3d_model_grad_groups(t->model);
     l3d_dev_free(t->dev, z->pool, z->pool_len * z->ew, "params");
     l3d_dev_free(t->dev, z->pers, z->pers_len * z->ew, "params");
-    if (z->stage16) shard_free(t, z->ew, 1, z->stage16);
     if (z->wshard) shard_free(t, z->ew, t->cfg.offload_param, z->wshard);
     if (z->pshard) shard_free(t, sizeof(float), shard_host(t), z->pshard);
     l3d_free(t->ctx, z->live, (size_t)G * sizeof(live_t), "other");
