@@ -213,11 +213,12 @@ static int published(l3d_ctx_t *ctx, int as_json) {
         free(s);
         return s ? L3D_EXIT_OK : L3D_EXIT_FAIL;
     }
-    printf("%-20s %-18s %-5s %10s %10s %8s  %s\n", "source", "run", "fit", "published s",
+    // "fitted": a calibration row (the runtime constants were fitted on it); "no": held out
+    printf("%-20s %-18s %-6s %10s %10s %8s  %s\n", "source", "run", "fitted", "published s",
            "planned s", "error", "planned layout");
     for (int i = 0; i < n; i++) {
         const l3d_plan_layout_t *l = &rows[i].plan.layout;
-        printf("%-20s %-18s %-5s %10.3f %10.3f %+7.1f%%  dp=%d tp=%d pp=%d cp=%d v=%d mb=%d "
+        printf("%-20s %-18s %-6s %10.3f %10.3f %+7.1f%%  dp=%d tp=%d pp=%d cp=%d v=%d mb=%d "
                "zero=%d rc=%s sp=%d%s\n",
                rows[i].source, rows[i].name, rows[i].calibration ? "yes" : "no",
                rows[i].published_s, rows[i].predicted_s, 100 * rows[i].error, l->dp, l->tp,

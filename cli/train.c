@@ -98,6 +98,10 @@ void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int t
            "%g\n",
            (double)c->lr, (double)c->beta1, (double)c->beta2, (double)c->eps,
            (double)c->weight_decay, (double)c->gradient_clipping);
+    // (data_types.grad_accum_dtype: docs/precision.md)
+    const char *prec = c->bf16 ? "bf16" : c->fp16 ? "fp16" : "fp32";
+    printf("  precision %s; weight gradients accumulate in %s\n", prec,
+           c->grad_dtype > 0 ? prec : "fp32");
     static const char *const sched[] = {"constant", "WarmupLR", "WarmupDecayLR", "WarmupCosineLR"};
     printf("  schedule %s", sched[c->sched]);
     // The lr values each schedule really runs through: WarmupCosineLR scales the optimizer's

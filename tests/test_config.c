@@ -478,6 +478,15 @@ Test(config, wrong_types_and_values) {
         {"{\"scheduler\": {\"type\": \"WarmupLR\", \"params\": {\"warmup_num_steps\": 0}}}",
          "warmup_num_steps"},
         {"{\"communication_data_type\": \"int8\"}", "communication_data_type"},
+        {"{\"data_types\": {\"grad_accum_dtype\": \"fp8\"}}", "must be fp32, fp16 or bf16"},
+        {"{\"data_types\": {\"grad_accum_dtype\": \"bf16\"}}", "needs bf16.enabled"},
+        {"{\"fp16\": {\"enabled\": true}, \"data_types\": {\"grad_accum_dtype\": \"bf16\"}}",
+         "needs bf16.enabled"},
+        {"{\"bf16\": {\"enabled\": true}, \"communication_data_type\": \"fp32\", "
+         "\"data_types\": {\"grad_accum_dtype\": \"bf16\"}}", "communication_data_type asks"},
+        {"{\"fp16\": {\"enabled\": true}, \"fp32_allreduce\": true, "
+         "\"data_types\": {\"grad_accum_dtype\": \"fp16\"}}", "fp32_allreduce asks"},
+        {"{\"data_types\": {\"grad_dtype\": \"fp32\"}}", "data_types.grad_dtype"},
         {"{\"parallel\": {\"dp\": 0}}", "parallel.dp"},
         {"{\"train\": {\"device\": 3}}", "train.device: expected a string"},
         {"{\"data\": {\"seq_len\": -5}}", "data.seq_len"},
@@ -603,6 +612,14 @@ Test(config, notes) {
     cr_assert_eq(ds_fresh("{\"communication_data_type\": \"fp32\"}", &c), L3D_OK, "%s", err());
     cr_assert_eq(c.comm_dtype, L3D_FLOAT32);
     ASSERT_ERR_HAS(ds_fresh("{\"fp32_allreduce\": 1}", &c), L3D_ERR_CONFIG, "fp32_allreduce");
+    // data_types.grad_accum_dtype (DeepSpeed's key): fp32, or the training dtype
+    cr_assert_eq(c.grad_dtype, -1);
+    cr_assert_eq(ds_fresh("{\"bf16\": {\"enabled\": true}, \"data_types\": "
+                          "{\"grad_accum_dtype\": \"bf16\"}}", &c), L3D_OK, "%s", err());
+    cr_assert(c.grad_dtype == L3D_BFLOAT16 && c.n_notes == 0);
+    cr_assert_eq(ds_fresh("{\"data_types\": {\"grad_accum_dtype\": \"fp32\"}}", &c), L3D_OK,
+                 "%s", err());
+    cr_assert_eq(c.grad_dtype, L3D_FLOAT32);
     cr_assert_eq(ds_fresh("{\"gradient_predivide_factor\": 8}", &c), L3D_OK, "%s", err());
     cr_assert(has_note(&c, "gradient_predivide_factor 8: without effect"));
 }

@@ -270,3 +270,60 @@ Test(parallel_bf16, resume_continues_exactly, .timeout = 600) {
         cr_assert_eq(system(cmd), 0);
     }
 }
+
+// data_types.grad_accum_dtype bf16 / fp16: the weight gradients accumulate in the training
+// dtype (2 bytes an element: the arena at stages 0-1, the windows at 2-3), every op adding
+// in float32 and rounding once into them (the device contract), and reduced in that dtype.
+// Where each gradient element receives one op's result (untied embeddings, tp 1, one
+// micro-batch a rank), that is exactly the rounding a float32 gradient gets from the 16-bit
+// communication_data_type before its reduction (the default under bf16 / fp16): the two runs
+// agree bit for bit, every loss, norm and weight, at every ZeRO stage, offloaded too. The
+// gradient memory is the estimate's (check_plan_memory) and below the float32 run's.
+Test(parallel_bf16, grad_accum_16bit_changes_no_bit, .timeout = 600) {
+    make_data();
+    g_untied = 1;
+    static const struct {
+        layout_t L;
+        int fp16;
+        const off_knobs_t *off;
+    } cases[] = {
+        {{2, 1, 1, 0, 0, 2, 0, 0, 0, 0}, 0, NULL},     {{2, 1, 1, 1, 0, 2, 3000, 0, 0, 0}, 1, NULL},
+        {{2, 1, 1, 2, 0, 2, 3000, 0, 0, 0}, 0, NULL},  {{2, 1, 1, 3, 0, 2, 0, 0, 0, 0}, 1, NULL},
+        {{2, 1, 1, 1, 0, 2, 0, 0, 0, 0}, 0, &k_optim}, {{2, 1, 2, 2, 0, 2, 0, 0, 1, 0}, 1, NULL},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int fp16 = cases[i].fp16, *knob = fp16 ? &g_fp16 : &g_bf16;
+        *knob = fp16 ? 12 : 1;
+        g_off = cases[i].off;
+        result_t a = {0}, b = {0};
+        run_layout(&cases[i].L, &a);
+        g_grad_dtype = fp16 ? L3D_FLOAT16 : L3D_BFLOAT16;
+        run_layout(&cases[i].L, &b);
+        g_grad_dtype = -1;
+        char what[80];
+        snprintf(what, sizeof(what), "case %zu: %s ZeRO-%d%s, 16-bit gradients", i,
+                 fp16 ? "fp16" : "bf16", cases[i].L.zero, cases[i].off ? " offloaded" : "");
+        same_run(what, &a, &b, cases[i].L.dp * cases[i].L.pp);
+        check_plan_memory(what, &b);
+        cr_assert_lt(b.mem[0].grads, a.mem[0].grads, "%s", what);
+        cr_log_info("%s: gradient memory %zu -> %zu bytes", what, a.mem[0].grads, b.mem[0].grads);
+        *knob = 0;
+        g_off = NULL;
+        free_result(&a), free_result(&b);
+    }
+    g_untied = 0;
+}
+
+// Where the partials of one gradient element meet in the gradient itself - micro-batches
+// accumulated (8 on one rank), a tied embedding's two uses, tensor-parallel sums of the
+// norms' partial rows under SP - each partial is rounded before it is added, one more
+// rounding of the 16-bit size per addition: the same first-order argument as for the stored
+// activations, so the run stays within tracks_bound of the float64 trajectory and learns.
+Test(parallel_bf16, grad_accum_16bit_tracks_float64, .timeout = 600) {
+    reference();  // (float32, before the knob: it is kept for the runs below)
+    g_grad_dtype = L3D_BFLOAT16;
+    tracks_float64("bfloat16 with bfloat16 gradients", &g_bf16, 1);
+    g_grad_dtype = L3D_FLOAT16;
+    tracks_float64("float16 with float16 gradients", &g_fp16, 12);
+    g_grad_dtype = -1;
+}

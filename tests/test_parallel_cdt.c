@@ -66,15 +66,17 @@ static l3d_status fill_and_reduce(cdt_arg_t *a, l3d_trainer_t *t) {
     l3d_acts_t *acts = t->pp.slots[0];
     l3d_dp_arm(t, acts, 1);
     if (!d->zero2) {
-        for (size_t i = 0; i < d->Ppad; i++) t->grads[i] = i < m->n_params ? grad_value(a->r, i) : 0;
+        float *g = t->grads;  // (float32 gradients here: grad_accum_dtype unset)
+        for (size_t i = 0; i < d->Ppad; i++) g[i] = i < m->n_params ? grad_value(a->r, i) : 0;
         return l3d_dp_reduce_finish(t);  // starts every bucket, waits, widens back
     }
     memset(d->gshard, 0, d->shard_len * sizeof(float));
     for (int g = l3d_model_grad_groups(m) - 1; g >= 0; g--) {  // the backward's order
         size_t lo, n;
-        float *w;
+        void *wv;
         l3d_model_grad_group(m, g, &lo, &n, NULL);
-        L3D_CHECK(t->ctx, acts->grad_window(acts->grad_ready_arg, lo, lo + n, &w));
+        L3D_CHECK(t->ctx, acts->grad_window(acts->grad_ready_arg, lo, lo + n, &wv));
+        float *w = wv;
         for (size_t i = 0; i < n; i++) w[i] = grad_value(a->r, lo + i);
         L3D_CHECK(t->ctx, acts->grad_ready(acts->grad_ready_arg, lo));
     }
@@ -107,7 +109,7 @@ static void *cdt_rank(void *p) {
         for (size_t j = 0; j < n; j++) {
             size_t i = lo + j;
             int real = i < t->model->n_params && (!t->dp.zero2 || i < b->end);
-            float got = t->dp.zero2 ? t->dp.gshard[b->sh + j] : t->grads[i];
+            float got = t->dp.zero2 ? t->dp.gshard[b->sh + j] : ((const float *)t->grads)[i];
             note_value(a, i, got, real ? expected(want_t, i) : 0.0f);
         }
     }

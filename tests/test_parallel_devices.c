@@ -14,6 +14,7 @@
 typedef struct {
     layout_t L;
     int bf16, fp16, tp_mode, offload, micro;
+    int grad16;   // data_types.grad_accum_dtype: the training dtype
     layout_t to;  // dp 0: train the 20 steps on L; else save at step 10 on L, resume on `to`
 } dev_case_t;
 
@@ -26,6 +27,7 @@ static void run_case(const dev_case_t *c, result_t *res) {
     g_tp_mode = c->tp_mode;
     g_micro = c->micro;
     g_off = c->offload ? &k_offload : NULL;
+    g_grad_dtype = !c->grad16 ? -1 : c->bf16 ? L3D_BFLOAT16 : L3D_FLOAT16;
     if (!c->to.dp) {
         run_layout(&c->L, res);
     } else {
@@ -41,6 +43,7 @@ static void run_case(const dev_case_t *c, result_t *res) {
     }
     g_bf16 = g_fp16 = g_tp_mode = g_micro = 0;
     g_off = NULL;
+    g_grad_dtype = -1;
 }
 
 static const char *k_devices[] = {"cpu-opaque", "cpu-async"};
@@ -83,7 +86,9 @@ static void same_as_cpu(const dev_case_t *c) {
 // with recomputation and accumulation, and in bf16 and fp16. Then the layouts: dp with ZeRO
 // 1, 2 (bucketed) and 3, tp (1d with and without sequence parallelism, 2d, 3d), pp with 1F1B,
 // GPipe and interleaving, and the 3D mixes, in float32 and 16-bit; ZeRO-3 with offload;
-// ZeRO-1/2's sharded float32 master under 16-bit weights, offloaded and resumed.
+// ZeRO-1/2's sharded float32 master under 16-bit weights, offloaded and resumed; 16-bit
+// weight gradients (accumulated over micro-batches with tp sums; in ZeRO-2 windows offloaded
+// over a pipeline; in ZeRO-3 windows widened into their scratch).
 // Checkpoints: saved sharded on one layout, resumed on another (the gathers and the
 // resharding of model_tp.c and checkpoint*.c).
 static dev_case_t k_cases[] = {
@@ -108,6 +113,9 @@ static dev_case_t k_cases[] = {
     {.L = {2, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, .offload = 1},
     {.L = {2, 1, 1, 2, 0, 8, 3000, 0.25f, 0, 0}, .bf16 = 1, .offload = 1},
     {.L = {2, 1, 2, 1, 0, 8, 0, 0.25f, 0, 0}, .fp16 = 10, .to = {2, 1, 1, 2, 0, 8, 0, 0.25f, 0, 0}},
+    {.L = {2, 2, 1, 1, 0, 8, 0, 0.25f, 0, 1}, .bf16 = 1, .grad16 = 1},
+    {.L = {2, 1, 2, 2, 0, 8, 3000, 0.25f, 0, 0}, .fp16 = 10, .offload = 1, .grad16 = 1},
+    {.L = {2, 1, 1, 3, 0, 8, 0, 0.25f, 0, 0}, .bf16 = 1, .grad16 = 1},
     {.L = {2, 2, 2, 3, 0, 8, 0, 0.25f, 0, 0}, .to = {1, 2, 2, 0, 0, 8, 0, 0.25f, 0, 0}},
     {.L = {2, 2, 2, 1, 0, 8, 0, 0.25f, 0, 0}, .to = {1, 4, 2, 0, 0, 8, 0, 0.25f, 0, 0}},
     {.L = {1, 2, 2, 0, 0, 8, 0, 0.25f, 0, 0}, .to = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0}},

@@ -305,6 +305,44 @@ static l3d_status parse_loss_scaling(const l3d_cfgjson_t *j, json_t *f16, l3d_tr
     return L3D_OK;
 }
 
+// data_types.grad_accum_dtype: fp32, or the training dtype (a 16-bit gradient of another kind
+// would round the 16-bit products twice). With a 16-bit one the gradients are reduced in it
+// (communication_data_type, if given, must agree). After fp16 / bf16 and the scalars.
+static l3d_status parse_data_types(const l3d_dsparser_t *p, json_t *root) {
+    const l3d_cfgjson_t *j = &p->j;
+    static const l3d_dskey_t k_dt[] = {{"grad_accum_dtype", '*', NULL}};
+    l3d_train_config_t *cfg = p->cfg;
+    json_t *dt;
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "data_types", &dt));
+    if (!dt) return L3D_OK;
+    L3D_CHECK(j->ctx, l3d_dsconfig_check_section(p, dt, "data_types", k_dt, L3D_ARRAY_LEN(k_dt)));
+    json_t *g = json_object_get(dt, "grad_accum_dtype");
+    if (!g || json_is_null(g)) return L3D_OK;
+    char s[16];
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, dt, "data_types", "grad_accum_dtype", s, sizeof(s),
+                                          NULL));
+    if (!strcmp(s, "fp32")) cfg->grad_dtype = L3D_FLOAT32;
+    else if (!strcmp(s, "bf16")) cfg->grad_dtype = L3D_BFLOAT16;
+    else if (!strcmp(s, "fp16")) cfg->grad_dtype = L3D_FLOAT16;
+    else
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: data_types.grad_accum_dtype: '%s' must be fp32, fp16 or bf16",
+                         j->origin, s);
+    if (cfg->grad_dtype == L3D_FLOAT32) return L3D_OK;
+    int want = cfg->grad_dtype == L3D_BFLOAT16 ? cfg->bf16 : cfg->fp16;
+    if (!want)
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: data_types.grad_accum_dtype '%s' needs %s.enabled: gradients "
+                         "accumulate in fp32 or in the training dtype", j->origin, s, s);
+    if (cfg->fp32_allreduce || (cfg->comm_dtype >= 0 && cfg->comm_dtype != cfg->grad_dtype))
+        return l3d_error(j->ctx, L3D_ERR_CONFIG,
+                         "%s: data_types.grad_accum_dtype '%s' reduces the gradients in %s; "
+                         "%s asks for another dtype: drop it, or accumulate in fp32",
+                         j->origin, s, s,
+                         cfg->fp32_allreduce ? "fp32_allreduce" : "communication_data_type");
+    return L3D_OK;
+}
+
 static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
     static const l3d_dskey_t k_fp16[] = {
@@ -342,8 +380,9 @@ static l3d_status parse_precision(const l3d_dsparser_t *p, json_t *root) {
                          "rejects this too)",
                          j->origin);
     // Both effective (docs/precision.md): the passes' weights, activations and their
-    // gradients in the 16-bit dtype over float32 masters, weight gradients and optimizer state.
-    return L3D_OK;
+    // gradients in the 16-bit dtype over float32 masters, weight gradients (unless
+    // data_types says otherwise) and optimizer state.
+    return parse_data_types(p, root);
 }
 
 // ---- zero_optimization -------------------------------------------------------------------

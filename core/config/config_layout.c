@@ -151,6 +151,11 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
     if (cfg->dp < 1 || cfg->tp < 1 || cfg->pp < 1)
         return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel: dp %d, tp %d, pp %d must be >= 1",
                          origin, cfg->dp, cfg->tp, cfg->pp);
+    if (!planning && cfg->tp_mode >= 2 && cfg->tp > 1 && cfg->grad_dtype > 0)
+        return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "%s: data_types.grad_accum_dtype %s with "
+                         "parallel.tp_mode \"%dd\": its products sum partial gradients in "
+                         "float32; use fp32 or tp_mode \"1d\"", origin,
+                         cfg->grad_dtype == L3D_BFLOAT16 ? "bf16" : "fp16", cfg->tp_mode);
     if (cfg->n_layers_per_stage) {
         int sum = 0;
         for (int i = 0; i < cfg->n_layers_per_stage; i++) sum += cfg->layers_per_stage[i];

@@ -55,6 +55,7 @@ void l3d_train_config_default(l3d_ctx_t *ctx, l3d_train_config_t *cfg) {
     cfg->warmup_min_ratio = 0.0f;
     cfg->cos_min_ratio = 1e-4f;
     cfg->reduce_bucket_size = 5e8;  // DeepSpeed's default
+    cfg->grad_dtype = -1;           // data_types.grad_accum_dtype unset: float32
     cfg->comm_dtype = -1;           // communication_data_type unset: the gradients' dtype
     cfg->stage3_prefetch_bucket_size = 5e7;  // DeepSpeed's defaults (zero/config.py)
     cfg->stage3_param_persistence_threshold = 1e5;
@@ -133,7 +134,7 @@ static const l3d_dskey_t k_top[] = {
     // prescale_gradients true asks for, so the key needs nothing.
     {"prescale_gradients", 'b', NULL},
     {"gradient_predivide_factor", '*', NULL}, {"communication_data_type", '*', NULL},
-    {"fp32_allreduce", '*', NULL},
+    {"fp32_allreduce", '*', NULL}, {"data_types", '*', NULL},
     // llama3d only has Adam/AdamW, which DeepSpeed supports with ZeRO: nothing to allow.
     {"zero_allow_untested_optimizer", 'b', NULL}, {"memory_breakdown", 'b', ""},
     {"dump_state", 'b', ""},

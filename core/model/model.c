@@ -172,6 +172,18 @@ l3d_status l3d_model_set_weight_dtype(l3d_model_t *m, l3d_dtype wt, int with_cop
     return l3d_model_refresh_weights(m);
 }
 
+l3d_status l3d_model_set_grad_dtype(l3d_model_t *m, l3d_dtype gt) {
+    if (gt != L3D_FLOAT32 && gt != m->wt)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "gradients in %s: float32 or the weights' "
+                         "dtype (%s) only", l3d_dtype_name(gt), l3d_dtype_name(m->wt));
+    if (gt != L3D_FLOAT32 && m->tp.mode >= 2)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "gradients in %s under %dd tensor "
+                         "parallelism: its products sum partial gradients in float32; 1d only",
+                         l3d_dtype_name(gt), m->tp.mode);
+    m->gt = gt;
+    return L3D_OK;
+}
+
 l3d_status l3d_model_refresh_weights(l3d_model_t *m) {
     if (!m->wp || !m->params) return L3D_OK;
     return l3d_dev_convert(m->dev, m->wp, m->wt, m->params, L3D_FLOAT32, m->n_params);

@@ -51,18 +51,20 @@ static l3d_status linear_fwd(l3d_model_t *m, int kind, void *y, int ldy, const v
 }
 // dW(O,I) += dy(N,O)^T x(N,I), then dx(N,I) = dy(N,O) W(O,I) (beta as above). dx may be x's
 // buffer: the weight gradient reads x first.
-static l3d_status linear_bwd(l3d_model_t *m, int kind, void *dx, float beta, float *dW,
+static l3d_status linear_bwd(l3d_model_t *m, int kind, void *dx, float beta, void *dW,
                              const void *dy, const void *x, const void *W, int N, int I, int O,
                              l3d_dtype at, l3d_dtype wt) {
+    // (2d and 3d: float32 gradients, l3d_model_set_grad_dtype)
     if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, dW, dy, x, N, I, O, at));
+        L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, (float *)dW, dy, x, N, I, O, at));
         return l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta, at, wt);
     }
     if (m->tp.mode == 3)
-        return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, dW, dy, x, W, N, I, O, at, wt);
+        return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, (float *)dW, dy, x, W, N, I, O, at,
+                                  wt);
     l3d_gemm_t gw = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
                      .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I,
-                     .a_type = at, .b_type = at};
+                     .a_type = at, .b_type = at, .c_type = m->gt};
     L3D_CHECK(m->ctx, l3d_dev_gemm(m->dev, &gw));
     l3d_gemm_t gx = {.trans_a = 0, .trans_b = 0, .M = N, .N = I, .K = O, .alpha = 1.0f,
                      .beta = beta, .A = dy, .lda = O, .B = W, .ldb = I, .C = dx, .ldc = I,
@@ -408,7 +410,7 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
 // On entry acts->dres = dL/dx_out of layer l; on return dL/dx_in. Gradients += into Gl, the
 // layer's gradient group (its first float is input_layernorm's).
 static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtype wt,
-                                 l3d_acts_t *acts, float *Gl) {
+                                 l3d_acts_t *acts, void *Gl) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     const l3d_layer_params_t *lp = &m->layer[l];
@@ -424,7 +426,7 @@ static l3d_status layer_backward(l3d_model_t *m, int l, const void *Wl, l3d_dtyp
     int sp = m->tp.sp;
     size_t rows = sp ? (size_t)N / (size_t)m->tp.size : (size_t)N, roff = sp ? (size_t)m->tp.rank * rows * C : 0;
     void *D = sp ? a->sp_tmp : dres, *dln = l3d_elem(acts->dln, at, roff);
-#define GW(f) (Gl + (lp->f - lp->ln1))
+#define GW(f) l3d_elem(Gl, m->gt, lp->f - lp->ln1)
 #define GATHER_D()                                                                             \
     if (sp) {                                                                                  \
         L3D_CHECK(ctx, l3d_dev_copy(dev, l3d_elem(D, at, roff), dres, rows * C * es,           \
@@ -585,7 +587,7 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_norm(m)));
     if (sp) L3D_CHECK(ctx, l3d_tp_gather_rows(m, a->lnf, rows, at));
     L3D_CHECK(ctx, params_get(m, a, l3d_model_group_head(m), 0, &w));
-    float *unused;
+    void *unused;
     L3D_CHECK(ctx, l3d_tp_tied_head_w(m, a, w, NULL, &w, &unused));
     L3D_CHECK(ctx, linear_fwd(m, COL, a->logits, V, a->lnf, w, N, C, V, 0.0f, at, wt));
     L3D_CHECK(ctx, params_done(m, a, l3d_model_group_head(m)));
@@ -625,17 +627,17 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
 
 // The gradient of group i (l3d_model_grad_group) for this micro-batch: in G, or where the
 // grad_window hook puts it.
-static l3d_status group_grads(l3d_model_t *m, l3d_acts_t *a, float *G, int i, float **g) {
+static l3d_status group_grads(l3d_model_t *m, l3d_acts_t *a, void *G, int i, void **g) {
     size_t lo, n;
     l3d_model_grad_group(m, i, &lo, &n, NULL);
     if (!a->grad_window) {
-        *g = G + lo;
+        *g = l3d_elem(G, m->gt, lo);
         return L3D_OK;
     }
     return a->grad_window(a->grad_ready_arg, lo, lo + n, g);
 }
 
-l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
+l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, void *G) {
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
     int B = a->B, T = a->T, N = B * T, C = m->C, V = m->V, L = a->L;
@@ -649,12 +651,12 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     if (head) {
         // head and final norm: logits hold dL/dlogits since the forward. A tied head on the
         // first stage is the embedding: its group, which completes last.
-        float *gh, *gn;
+        void *gh, *gn;
         int gi_head = l3d_model_group_head(m), gi_norm = l3d_model_group_norm(m);
         L3D_CHECK(ctx, group_grads(m, a, G, gi_head, &gh));
         L3D_CHECK(ctx, group_grads(m, a, G, gi_norm, &gn));
         L3D_CHECK(ctx, params_get(m, a, gi_head, 1, &w));
-        float *ghb;  // (tied under 2d/3d: the head's block of the table's gradient)
+        void *ghb;  // (tied under 2d/3d: the head's block of the table's gradient)
         L3D_CHECK(ctx, l3d_tp_tied_head_w(m, a, w, gh, &w, &ghb));
         L3D_CHECK(ctx, linear_bwd(m, COL, a->dln, 0.0f, ghb, a->logits, a->lnf, w, N, C, V, at,
                                   wt));
@@ -688,7 +690,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             L3D_CHECK(ctx, l3d_layer_forward(m, lm, w, &a->layers[l], a->dln, a->sw, B, T, 0, T,
                                              0, at, wt));
         }
-        float *gl;
+        void *gl;
         L3D_CHECK(ctx, group_grads(m, a, G, g, &gl));
         L3D_CHECK(ctx, layer_backward(m, lm, w, wt, a, gl));
         L3D_CHECK(ctx, params_done(m, a, g));
@@ -703,7 +705,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
             dx = sp_tmp;
         }
         // (the embedding's backward is a scatter-add of dx: it reads no parameter)
-        float *ge;
+        void *ge;
         L3D_CHECK(ctx, group_grads(m, a, G, 0, &ge));
         L3D_CHECK(ctx, l3d_tp_embedding_bwd(m, ge, dx, a->tokens, N, at));
         if (a->tp_sync_grads) L3D_CHECK(ctx, l3d_tp_sum_embed_grad(m, ge));
@@ -712,7 +714,7 @@ l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *G) {
     return l3d_dev_sync(dev);
 }
 
-l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *G, float grad_scale,
+l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, void *G, float grad_scale,
                                  double *loss_sum_p) {
     L3D_CHECK(m->ctx, l3d_model_stage_forward(m, a, grad_scale, loss_sum_p));
     return l3d_model_stage_backward(m, a, G);

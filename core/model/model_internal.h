@@ -193,7 +193,7 @@ typedef struct l3d_acts {
     // zero when the group is first asked for in a backward. Called before the group's first
     // write, possibly again for the same group (a tied head and the embedding); may block
     // (ZeRO-2 waits for a free window). Shares grad_ready_arg.
-    l3d_status (*grad_window)(void *arg, size_t lo, size_t hi, float **g);
+    l3d_status (*grad_window)(void *arg, size_t lo, size_t hi, void **g);
     // Optional (NULL: the parameters are l3d_model_pass_params): where the forward (backward 0)
     // or the backward (1) of these activations' chunk reads parameter group [lo, hi)
     // (l3d_model_grad_group), stored in m->wt. *w receives the address of arena element lo,
@@ -232,6 +232,13 @@ struct l3d_model {
     // float32 arena stays the master; NULL under ZeRO-3, whose gathered groups are in wt).
     l3d_dtype wt;
     void *wp;
+    // The dtype weight gradients are written and accumulated in (l3d_model_set_grad_dtype):
+    // float32 (the default), or wt under a 16-bit data_types.grad_accum_dtype. Every op adds
+    // in float32 and rounds once into a 16-bit gradient (the device contract), so one
+    // micro-batch's gradient equals the float32 one rounded, but for the sums that meet in
+    // the gradient itself (a tied embedding's two uses, tensor-parallel sums of replicated
+    // gradients, micro-batches accumulated): each rounds its partial first.
+    l3d_dtype gt;
     l3d_param_t *tensors;
     int n_tensors;
     size_t embed;                  // offset of model.embed_tokens.weight
@@ -339,18 +346,18 @@ l3d_status l3d_tp_embedding_fwd(l3d_model_t *m, void *out, const void *table,
 l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const void *table,
                                         const int32_t *tokens, int N, l3d_dtype at,
                                         l3d_dtype wt);
-l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
+l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, void *dtable, const void *dout,
                                 const int32_t *tokens, int N, l3d_dtype at);
 // Softmax cross-entropy over a->logits (N, V local), in place as xent_fwd_bwd; vocabulary-
 // parallel over tp with two all-reduces of (N) and (N,2) floats; a->losses on every rank.
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale);
 // Sums a layer's k/v gradients (gk, gv: KVH*D x C each) over the tp ranks that hold the
 // same key/value heads.
-l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv);
+l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, void *gk, void *gv);
 // Sequence parallelism: rows of a norm's input are split, so its weight gradient g (C floats)
 // is partial: sums it over tp. 2d: over the grid column (the replicas of the block); 3d: over
 // plane l.
-l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g);
+l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, void *g);
 // 2d: what one rank counts (l3d_comm_get_stats) on its grid row [0] and column [1] in one
 // training micro-batch of B sequences (its slice) of T tokens on a stage of L layers, with
 // the embedding (embed) and the final norm, head and loss (head): bytes and calls. recompute:
@@ -371,7 +378,7 @@ void l3d_tp3d_micro_bytes(const l3d_model_config_t *cfg, int q, int L, int embed
 int l3d_tp_sub_comms(const l3d_model_t *m, l3d_comm_t *out[L3D_TP3D_COMMS]);
 // 2d: sums the embedding's gradient (Vemb x C) over the grid column, 3d over plane l; a no-op
 // in 1D.
-l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
+l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, void *g);
 // Tied embeddings under 2d and 3d: the head's weight block from the table E (Vemb x C, this
 // rank's columns; weight dtype) and its gradient back into E's gradient gE. 3d: the block is
 // rows (j*q + i)*V/q^2.. of E itself (*w and *gw point there; nothing moves). 2d: rank (i, j)
@@ -380,9 +387,9 @@ l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g);
 // in the backward it reuses that block (*w = a->tied_w) and zeroes *gw = a->tied_g;
 // l3d_tp_tied_head_g sends a->tied_g back and adds what rank (j, i) sent
 // to rows i*V/q.. of gE. The diagonal copies. 1D, or untied: *w = E, *gw = gE, no-op.
-l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, float *gE,
-                              const void **w, float **gw);
-l3d_status l3d_tp_tied_head_g(l3d_model_t *m, l3d_acts_t *a, float *gE);
+l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, void *gE,
+                              const void **w, void **gw);
+l3d_status l3d_tp_tied_head_g(l3d_model_t *m, l3d_acts_t *a, void *gE);
 // 2d with tied embeddings: what l3d_tp_tied_head_w + _g count on the grid's communicator per
 // micro-batch at grid rank (i, j) (weights of wes bytes): 0 on the diagonal.
 void l3d_tp2d_tied_bytes(const l3d_model_config_t *cfg, int q, int i, int j, int wes,
@@ -391,7 +398,7 @@ void l3d_tp2d_tied_bytes(const l3d_model_config_t *cfg, int q, int i, int j, int
 // form (row statistics summed over the grid row; 3d: along axis l).
 l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void *x,
                               const void *w, int rows, l3d_dtype at, l3d_dtype wt);
-l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,
+l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, void *dw, const void *dout,
                               const void *x, const void *w, const float *rstd, int rows,
                               l3d_dtype at, l3d_dtype wt);
 // full (N,C) <- every rank's rows (this rank's already at full + rank*rows*C): in place.
@@ -425,6 +432,10 @@ int l3d_model_grad_group_chunk(const l3d_model_t *m, int i);
 // one); call it after every change of params that a pass should see.
 l3d_status l3d_model_set_weight_dtype(l3d_model_t *m, l3d_dtype wt, int with_copy);
 l3d_status l3d_model_refresh_weights(l3d_model_t *m);
+// Weight gradients in gt (m->gt above): float32, or the weights' dtype where tensor
+// parallelism is 1D (the 2d and 3d products sum their partial gradients in float32
+// scratch). Anything else is L3D_ERR_INVALID_ARG naming the combination.
+l3d_status l3d_model_set_grad_dtype(l3d_model_t *m, l3d_dtype gt);
 // The arena training passes read, in m->wt (NULL when neither exists: ZeRO-3).
 static inline const void *l3d_model_pass_params(const l3d_model_t *m) {
     return m->wt == L3D_FLOAT32 ? (const void *)m->params : m->wp;
@@ -495,16 +506,16 @@ l3d_status l3d_layer_forward(l3d_model_t *m, int l, const void *Wl, const l3d_la
                              size_t kv_bstride, l3d_dtype at, l3d_dtype wt);
 
 // Training forward + loss + backward of one micro-batch whose tokens/targets are already in
-// a->tokens / a->targets. Gradients are accumulated (+=) into grads (same layout as params),
+// a->tokens / a->targets. Gradients are accumulated (+=) into grads (same layout as params, m->gt),
 // scaled by grad_scale (1 / target tokens in the global batch). *loss_sum_p receives the sum
 // of the per-token losses (not scaled).
-l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, float *grads, float grad_scale,
+l3d_status l3d_model_train_micro(l3d_model_t *m, l3d_acts_t *a, void *grads, float grad_scale,
                                  double *loss_sum_p);
 // The two halves of train_micro for a pipeline stage (see core/model/model_fwdbwd.c): forward
 // (loss on the last stage, 0 elsewhere) and backward, of the chunk `a` was created for. Both
 // return with the device synced.
 l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_scale,
                                    double *loss_sum_p);
-l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, float *grads);
+l3d_status l3d_model_stage_backward(l3d_model_t *m, l3d_acts_t *a, void *grads);
 
 #endif

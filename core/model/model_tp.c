@@ -57,12 +57,12 @@ l3d_status l3d_tp_embedding_fwd_partial(l3d_model_t *m, void *out, const void *t
                                     m->V, m->cfg.vocab_size, at, wt);
 }
 
-l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, float *dtable, const void *dout,
+l3d_status l3d_tp_embedding_bwd(l3d_model_t *m, void *dtable, const void *dout,
                                 const int32_t *tokens, int N, l3d_dtype at) {
     if (m->tp.size == 1 || m->tp.mode >= 2)
-        return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C, at, L3D_FLOAT32);
+        return l3d_dev_embedding_bwd(m->dev, dtable, dout, tokens, N, m->C, at, m->gt);
     return l3d_dev_embedding_bwd_vp(m->dev, dtable, dout, tokens, N, m->C, m->tp.v0, m->V, at,
-                                    L3D_FLOAT32);
+                                    m->gt);
 }
 
 l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
@@ -85,24 +85,24 @@ l3d_status l3d_tp_xent(l3d_model_t *m, l3d_acts_t *a, int N, float grad_scale) {
                                 Vl, v0, grad_scale, at);
 }
 
-l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, float *gk, float *gv) {
+// (in m->gt: a 16-bit gradient's partials are summed in float32 and rounded once)
+l3d_status l3d_tp_sum_kv_grads(l3d_model_t *m, void *gk, void *gv) {
     if (!m->tp.kv_comm) return L3D_OK;
     size_t n = (size_t)m->KVH * m->D * m->C;
-    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, gk, n, L3D_FLOAT32, L3D_SUM, "k_proj gradient"));
-    return allreduce(m, m->tp.kv_comm, gv, n, L3D_FLOAT32, L3D_SUM, "v_proj gradient");
+    L3D_CHECK(m->ctx, allreduce(m, m->tp.kv_comm, gk, n, m->gt, L3D_SUM, "k_proj gradient"));
+    return allreduce(m, m->tp.kv_comm, gv, n, m->gt, L3D_SUM, "v_proj gradient");
 }
 
-l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, float *g) {
+l3d_status l3d_tp_sum_norm_grad(l3d_model_t *m, void *g) {
     if (m->tp.mode >= 2)
-        return allreduce(m, m->tp.repl_comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM,
-                         "norm gradient");
+        return allreduce(m, m->tp.repl_comm, g, (size_t)m->C, m->gt, L3D_SUM, "norm gradient");
     if (!m->tp.sp) return L3D_OK;
-    return allreduce(m, m->tp.comm, g, (size_t)m->C, L3D_FLOAT32, L3D_SUM, "norm gradient");
+    return allreduce(m, m->tp.comm, g, (size_t)m->C, m->gt, L3D_SUM, "norm gradient");
 }
 
-l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, float *g) {
+l3d_status l3d_tp_sum_embed_grad(l3d_model_t *m, void *g) {
     if (m->tp.mode < 2) return L3D_OK;
-    return allreduce(m, m->tp.repl_comm, g, (size_t)m->Vemb * (size_t)m->C, L3D_FLOAT32, L3D_SUM,
+    return allreduce(m, m->tp.repl_comm, g, (size_t)m->Vemb * (size_t)m->C, m->gt, L3D_SUM,
                      "embedding gradient");
 }
 
@@ -136,8 +136,8 @@ static l3d_status tied_swap(l3d_model_t *m, const void *send, void *recv, size_t
     return st < 0 ? comm_fail(m, c, st, what) : L3D_OK;
 }
 
-l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, float *gE,
-                              const void **w, float **gw) {
+l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, void *gE,
+                              const void **w, void **gw) {
     *w = E, *gw = gE;
     if (!m->cfg.tie_word_embeddings || m->tp.mode < 2) return L3D_OK;
     size_t C = (size_t)m->C, V = (size_t)m->V, es = l3d_dtype_size(m->wt);
@@ -145,7 +145,7 @@ l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, floa
     if (m->tp.mode == 3) {
         size_t row = (size_t)(r / q % q) * V + (size_t)(r / (q * q)) * (V / (size_t)q);
         *w = (const char *)E + row * C * es;
-        if (gE) *gw = gE + row * C;
+        if (gE) *gw = l3d_elem(gE, m->gt, row * C);
         return L3D_OK;
     }
     *w = a->tied_w, *gw = a->tied_g;
@@ -156,12 +156,12 @@ l3d_status l3d_tp_tied_head_w(l3d_model_t *m, l3d_acts_t *a, const void *E, floa
                      "tied head weights");
 }
 
-l3d_status l3d_tp_tied_head_g(l3d_model_t *m, l3d_acts_t *a, float *gE) {
+l3d_status l3d_tp_tied_head_g(l3d_model_t *m, l3d_acts_t *a, void *gE) {
     if (!m->cfg.tie_word_embeddings || m->tp.mode != 2) return L3D_OK;
     size_t C = (size_t)m->C, V = (size_t)m->V, i = (size_t)(m->tp.rank / m->tp.q);
     L3D_CHECK(m->ctx, tied_swap(m, a->tied_g, a->tied_r, V * C, L3D_FLOAT32,
                                 "tied head gradient"));
-    float *rows = gE + i * V * C;
+    float *rows = (float *)gE + i * V * C;  // (2d: float32 gradients, l3d_model_set_grad_dtype)
     return l3d_dev_add(m->dev, rows, rows, a->tied_r, V * C, L3D_FLOAT32);
 }
 
@@ -293,18 +293,18 @@ l3d_status l3d_tp_rmsnorm_fwd(l3d_model_t *m, void *out, float *rstd, const void
                                     eps, at, wt);
 }
 
-l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, float *dw, const void *dout,
+l3d_status l3d_tp_rmsnorm_bwd(l3d_model_t *m, void *dx, void *dw, const void *dout,
                               const void *x, const void *w, const float *rstd, int rows,
                               l3d_dtype at, l3d_dtype wt) {
     float *dot;
     if (m->tp.mode < 2)
         return l3d_dev_rmsnorm_bwd(m->dev, dx, dw, dout, x, w, rstd, rows, m->C, at, wt,
-                                   L3D_FLOAT32);
+                                   m->gt);
     L3D_CHECK(m->ctx, row_stat(m, rows, &dot));
     L3D_CHECK(m->ctx, l3d_dev_rmsnorm_rowdot(m->dev, dot, dout, x, w, rows, m->C, at, wt));
     L3D_CHECK(m->ctx, sum_row_stat(m, dot, rows));
     return l3d_dev_rmsnorm_rows_bwd(m->dev, dx, dw, dout, x, w, rstd, dot, rows, m->C,
-                                    m->cfg.hidden_size, at, wt, L3D_FLOAT32);
+                                    m->cfg.hidden_size, at, wt, m->gt);
 }
 
 int l3d_tp_sub_comms(const l3d_model_t *m, l3d_comm_t *out[L3D_TP3D_COMMS]) {

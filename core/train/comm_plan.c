@@ -62,7 +62,7 @@ int l3d_train_config_comm_terms(const l3d_train_config_t *cfg, l3d_comm_term_t *
     int sp = cfg->sequence_parallel && tp > 1;
     // ZeRO-2 reduces every micro-batch's gradient, so the tp sums of gradients run per
     // micro-batch too (else once per step).
-    int zero2 = dp > 1 && cfg->zero_stage >= 2;
+    int zero2 = l3d_train_config_zero2(cfg, dp);
     uint64_t Ag = zero2 ? A : 1;
     if (cfg->tp_mode == 2 && tp > 1) {
         // 2d (docs/parallel.md): the grid's rows and columns, counted with the tp group. Per

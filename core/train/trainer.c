@@ -131,14 +131,14 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     // pieces, core/train/trainer_zero3.c).
     L3D_CHECK_GOTO(ctx, l3d_model_set_weight_dtype(t->model, l3d_train_config_weight_dtype(cfg),
                                                    !t->dp.zero3), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_model_set_grad_dtype(t->model, t->dp.gt), st, err);
     // ZeRO-3 partitions the parameters now, before the optimizer state and the activations
     // exist: the whole model and all of those would otherwise be the run's peak.
     if (t->dp.zero3) L3D_CHECK_GOTO(ctx, l3d_zero3_init(t), st, err);
     // ZeRO-2 holds gradient shards and windows (l3d_zero2_init), no full arena.
-    size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * sizeof(float);
+    size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * l3d_dtype_size(t->dp.gt);
     size_t obytes = t->dp.shard_len * sizeof(float);
-    if (gbytes)
-        L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", (void **)&t->grads), st, err);
+    if (gbytes) L3D_CHECK_GOTO(ctx, l3d_dev_alloc(t->dev, gbytes, "grads", &t->grads), st, err);
     // The optimizer state: on the device, or in host memory beside its master copy
     // (offload_optimizer; core/train/trainer_offload.c).
     L3D_CHECK_GOTO(ctx, l3d_offload_init(t), st, err);
@@ -184,7 +184,7 @@ void l3d_trainer_destroy(l3d_trainer_t *t) {
     l3d_free(ctx, t->h_targets, n * sizeof(int32_t), "data");
     l3d_free(ctx, t->h_tokens, n * sizeof(int32_t), "data");
     if (t->model) {
-        size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * sizeof(float);
+        size_t gbytes = t->dp.zero2 ? 0 : t->dp.Ppad * l3d_dtype_size(t->dp.gt);
         size_t obytes = t->dp.shard_len * sizeof(float);
         l3d_dp_fini(t);
         l3d_pp_fini(t);
@@ -229,7 +229,7 @@ l3d_status l3d_trainer_step(l3d_trainer_t *t, l3d_step_stats_t *stats) {
         L3D_CHECK(ctx, l3d_dev_memset(t->dp.stage ? t->off.hdev : dev, t->dp.gshard, 0,
                                       t->dp.shard_len * sizeof(float)));
     else
-        L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * sizeof(float)));
+        L3D_CHECK(ctx, l3d_dev_memset(dev, t->grads, 0, t->dp.Ppad * l3d_dtype_size(t->dp.gt)));
     // Loss = mean over every target token of the global batch, so each micro-batch's
     // gradient is scaled by 1 / (global batch tokens), not by 1 / (micro-batch tokens), and
     // the data-parallel reduction is a plain sum. dp rank r takes the global batch's
@@ -359,25 +359,29 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     size_t P = m.n_params;
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
     size_t Ppad = (P + n - 1) / n * n, shard = n > 1 && cfg->zero_stage >= 1 ? Ppad / n : P;
-    mem->grads = Ppad * sizeof(float);
+    l3d_dtype gt = l3d_train_config_grad_dtype(cfg);
+    size_t ge = l3d_dtype_size(gt);
+    mem->grads = Ppad * ge;
     // a 16-bit communication_data_type converts each bucket in place, through a scratch
     size_t longest = l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, (int)n);
-    if (n > 1 && cfg->zero_stage >= 2) {
+    int z2 = l3d_train_config_zero2(cfg, (int)n);
+    if (z2) {
         size_t wlen[L3D_ZERO2_MAX_WIN];
         int nwin, nshared, reserved;
         double rbs = l3d_zero_bucket_size(cfg);
         l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
         size_t all = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved);
-        mem->grads = all * sizeof(float);
+        // the float32 shard, the windows in gt, and (16-bit windows) the widened piece
+        mem->grads = shard * sizeof(float) + (all - shard) * ge;
+        if (gt != L3D_FLOAT32) mem->grads += l3d_zero2_max_piece(&m, rbs, (int)n) * sizeof(float);
         longest = 0;
         for (int w = 0; w < nwin; w++) longest = L3D_MAX(longest, wlen[w]);
     }
     l3d_dtype cdt = l3d_dp_comm_dtype(cfg);
-    if (n > 1 && cdt != L3D_FLOAT32)
+    if (n > 1 && cdt != gt)
         mem->grads += l3d_dp_cscratch_len(longest) * l3d_dtype_size(cdt);
     mem->optim = 2 * shard * sizeof(float);
     mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3, shard);
-    int z2 = n > 1 && cfg->zero_stage >= 2;
     size_t stage = z2 && cfg->offload_optimizer
                        ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
     l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, l3d_master16(cfg, (int)n), shard,
@@ -412,12 +416,13 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     const l3d_dp_t *d = &t->dp;
     mem->params = param_bytes(t->model, &t->cfg, d->n, d->zero3, d->shard_len);
-    size_t g = d->Ppad, c = d->cscratch ? d->cscratch_len : 0;  // c: 16-bit scratch elements
+    size_t c = d->cscratch ? d->cscratch_len : 0;  // c: 16-bit scratch elements
+    size_t g = d->zero2 ? 0 : d->Ppad, f = 0;     // g: elements in gt; f: floats
     if (d->zero2) {
-        g = d->shard_len;
+        f = d->shard_len + (d->pscratch ? d->stage_len : 0);
         for (int w = 0; w < d->nwin; w++) g += d->win_len[w];
     }
-    mem->grads = g * sizeof(float) + c * l3d_dtype_size(d->cdt);
+    mem->grads = g * l3d_dtype_size(d->gt) + f * sizeof(float) + c * l3d_dtype_size(d->cdt);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);
     l3d_offload_memory(&t->cfg, d->zero2, d->zero3, d->master16, d->shard_len, d->stage_len, mem);
     mem->acts = mem->host_acts = 0;

@@ -111,7 +111,8 @@ static l3d_status full_optim(l3d_trainer_t *t, ckpt_state_t *cs) {
         cs->v = t->adam_v;
         return L3D_OK;
     }
-    cs->m = t->grads;  // ZeRO-2 has no gradient arena: a temporary too
+    // ZeRO-2 has no gradient arena, and a 16-bit one is too short: a temporary too
+    if (t->dp.gt == L3D_FLOAT32) cs->m = t->grads;
     if (!cs->m)
         L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, t->dp.Ppad * sizeof(float), "staging",
                                         (void **)&cs->m));
@@ -128,7 +129,8 @@ static l3d_status full_model(l3d_trainer_t *t, ckpt_state_t *cs) {
 
 static void full_optim_release(l3d_trainer_t *t, ckpt_state_t *cs) {
     if (t->dp.sharded) l3d_dev_free(t->dev, cs->v, t->dp.Ppad * sizeof(float), "staging");
-    if (t->dp.zero2) l3d_dev_free(t->dev, cs->m, t->dp.Ppad * sizeof(float), "staging");
+    if (t->dp.sharded && cs->m && cs->m != t->grads)
+        l3d_dev_free(t->dev, cs->m, t->dp.Ppad * sizeof(float), "staging");
     if (cs->full) {
         size_t bytes = cs->full->n_params * sizeof(float);
         l3d_dev_free(t->dev, cs->fv, bytes, "staging");

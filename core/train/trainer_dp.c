@@ -46,11 +46,12 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     d->n = comm ? l3d_comm_size(comm) : 1;
     d->rank = comm ? l3d_comm_rank(comm) : 0;
     d->sharded = d->n > 1 && t->cfg.zero_stage >= 1;
-    d->zero2 = d->n > 1 && t->cfg.zero_stage >= 2;
+    d->zero2 = l3d_train_config_zero2(&t->cfg, d->n);
     d->zero3 = d->n > 1 && t->cfg.zero_stage >= 3;  // (l3d_zero3_init, after this)
     d->master16 = l3d_master16(&t->cfg, d->n);        // (l3d_master_init, after offload's)
     d->P = t->model->n_params;
     d->cdt = l3d_dp_comm_dtype(&t->cfg);
+    d->gt = l3d_train_config_grad_dtype(&t->cfg);
     if (d->zero2) return l3d_zero2_init(t);
     size_t n = (size_t)d->n;
     d->Ppad = (d->P + n - 1) / n * n;
@@ -84,26 +85,26 @@ size_t l3d_dp_cscratch_len(size_t longest) { return min_sz(longest, CONV_CHUNK);
 
 l3d_status l3d_dp_cscratch_alloc(l3d_trainer_t *t, size_t longest) {
     l3d_dp_t *d = &t->dp;
-    if (d->n == 1 || d->cdt == L3D_FLOAT32) return L3D_OK;
+    if (d->n == 1 || d->cdt == d->gt) return L3D_OK;
     d->cscratch_len = l3d_dp_cscratch_len(longest);
     return l3d_dev_alloc(t->dev, d->cscratch_len * l3d_dtype_size(d->cdt), "grads",
                          &d->cscratch);
 }
 
-l3d_status l3d_dp_narrow(l3d_trainer_t *t, float *p, size_t len) {
+l3d_status l3d_dp_narrow(l3d_trainer_t *t, void *p, size_t len) {
     l3d_dp_t *d = &t->dp;
     return l3d_dev_convert_in_place(t->dev, p, d->cdt, L3D_FLOAT32, len, d->cscratch,
                                     d->cscratch_len);
 }
 
-l3d_status l3d_dp_widen(l3d_trainer_t *t, float *p, size_t first, size_t q) {
+l3d_status l3d_dp_widen(l3d_trainer_t *t, void *p, size_t first, size_t q) {
     l3d_dp_t *d = &t->dp;
     // 16-bit element `first` sits at 2 first bytes, its float32 place at 4 first: apart but for
     // first 0, where the two overlap from the start
     if (first == 0)
         return l3d_dev_convert_in_place(t->dev, p, L3D_FLOAT32, d->cdt, q, d->cscratch,
                                         d->cscratch_len);
-    return l3d_dev_convert(t->dev, p + first, L3D_FLOAT32,
+    return l3d_dev_convert(t->dev, (float *)p + first, L3D_FLOAT32,
                            (char *)p + first * l3d_dtype_size(d->cdt), d->cdt, q);
 }
 
@@ -126,7 +127,7 @@ void l3d_dp_fini(l3d_trainer_t *t) {
 
 static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
     l3d_dp_t *d = &t->dp;
-    float *g = t->grads + b->off;
+    void *g = l3d_elem(t->grads, d->gt, b->off);
     if (d->cscratch) {  // reduced in cdt: the bucket rounded in place
         size_t es = l3d_dtype_size(d->cdt);
         char *c = (char *)g;
@@ -137,10 +138,10 @@ static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
                                             d->cdt, L3D_SUM, &b->req);
         return l3d_comm_iallreduce(d->comm, c, c, b->len, d->cdt, L3D_SUM, &b->req);
     }
-    if (d->sharded)
-        return l3d_comm_ireduce_scatter(d->comm, g, g + (size_t)d->rank * b->q, b->q,
-                                        L3D_FLOAT32, L3D_SUM, &b->req);
-    return l3d_comm_iallreduce(d->comm, g, g, b->len, L3D_FLOAT32, L3D_SUM, &b->req);
+    if (d->sharded)  // (gradients in their own dtype: float32, or a 16-bit gt)
+        return l3d_comm_ireduce_scatter(d->comm, g, l3d_elem(g, d->gt, (size_t)d->rank * b->q),
+                                        b->q, d->gt, L3D_SUM, &b->req);
+    return l3d_comm_iallreduce(d->comm, g, g, b->len, d->gt, L3D_SUM, &b->req);
 }
 
 // grad_ready hook: starts every bucket that lies wholly in [final_from, Ppad).
@@ -194,7 +195,7 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
                          l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
     for (int i = 0; d->cscratch && i < d->nb; i++) {  // the reduced part back into float32
         const l3d_dp_bucket_t *b = &d->b[i];
-        L3D_CHECK(t->ctx, l3d_dp_widen(t, t->grads + b->off,
+        L3D_CHECK(t->ctx, l3d_dp_widen(t, (float *)t->grads + b->off,
                                        d->sharded ? (size_t)d->rank * b->q : 0,
                                        d->sharded ? b->q : b->len));
     }
@@ -208,11 +209,18 @@ l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
     return l3d_comm_sum_double(c, x);
 }
 
-// The gradient of arena float a0 of bucket b's piece on this rank: in the arena (ZeRO-1) or
-// in the gradient shard (ZeRO-2).
-static float *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) {
+// The gradient of arena element a0 of bucket b's piece on this rank: in the arena (ZeRO-1, in
+// dp.gt) or in the float32 gradient shard (ZeRO-2; l3d_dp_grad_dtype says which).
+static void *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) {
     size_t lo = b->off + (size_t)t->dp.rank * b->q;
-    return t->dp.zero2 ? t->dp.gshard + b->sh + (a0 - lo) : t->grads + a0;
+    return t->dp.zero2 ? (void *)(t->dp.gshard + b->sh + (a0 - lo))
+                       : l3d_elem(t->grads, t->dp.gt, a0);
+}
+
+// The dtype of the gradients AdamW and the norm read: ZeRO-2/3's float32 shard, else the
+// arena's.
+static l3d_dtype grad_read_dtype(const l3d_trainer_t *t) {
+    return t->dp.zero2 ? L3D_FLOAT32 : t->dp.gt;
 }
 
 // Squared global gradient norm (clip_grad_norm_ over the whole model), left in device memory
@@ -239,7 +247,7 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t) {
         double wi = p->pp_copy ? 0.0 : 1.0 / (p->repl > 0 ? p->repl : 1);
         if (wi == 0.0) continue;  // the first stage counts a tied embedding
         if (!d->sharded) {
-            x[n] = t->grads + p->offset, len[n] = p->numel, w[n++] = wi;
+            x[n] = l3d_elem(t->grads, d->gt, p->offset), len[n] = p->numel, w[n++] = wi;
             continue;
         }
         for (int k = 0; k < d->nb; k++) {
@@ -262,7 +270,8 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t) {
         d->norm_on = dev, d->norm_len = need;
         st = l3d_dev_alloc(dev, need * sizeof(double), "other", (void **)&d->norm_dev);
     }
-    if (st >= 0) st = l3d_dev_sumsq_multi(dev, (int)n, x, len, w, d->norm_dev, L3D_FLOAT32);
+    if (st >= 0)
+        st = l3d_dev_sumsq_multi(dev, (int)n, x, len, w, d->norm_dev, grad_read_dtype(t));
     l3d_free(t->ctx, mem, bytes ? bytes : 1, "other");
     L3D_CHECK(t->ctx, st);
     for (int g = 0; g < 3; g++) {
@@ -291,23 +300,26 @@ l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq) {
 // ZeRO-1, after the update: every bucket all-gathered through its own span of the gradient
 // arena (free now; padded to Ppad where the parameters are not), all at once, into the
 // parameters: this rank's float32 pieces into m->params, or under 16-bit weights the master's
-// pieces rounded into m->wp (trainer_master.c; a span's floats hold twice its 16-bit elements).
+// pieces rounded into m->wp (trainer_master.c; a span holds its bucket in the parameters'
+// dtype: float32 gradients have room for twice its 16-bit elements).
 static l3d_status zero1_gather(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
-    l3d_dtype gt = d->master16 ? m->wt : L3D_FLOAT32;
+    l3d_dtype pt = d->master16 ? m->wt : L3D_FLOAT32;
     void *whole = d->master16 ? m->wp : (void *)m->params;
     l3d_status st = l3d_dev_sync(t->dev);
     for (int k = 0; k < d->nb && st >= 0; k++) {
         l3d_dp_bucket_t *b = &d->b[k];
         size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, d->P);
-        void *span = t->grads + b->off, *mine = l3d_elem(span, gt, (size_t)d->rank * b->q);
+        // (the arena's bytes as elements of pt: 16-bit gradients hold 16-bit parameters)
+        void *span = l3d_elem(t->grads, d->gt, b->off);
+        void *mine = l3d_elem(span, pt, (size_t)d->rank * b->q);
         if (d->master16) st = l3d_master_piece16(t, k, mine);
         else if (hi > lo)
             st = l3d_dev_copy(t->dev, mine, m->params + lo, (hi - lo) * sizeof(float),
                               L3D_COPY_D2D);
         if (st >= 0) st = l3d_dev_sync(t->dev);
-        if (st >= 0) st = l3d_comm_iallgather(d->comm, mine, span, b->q, gt, &b->req);
+        if (st >= 0) st = l3d_comm_iallgather(d->comm, mine, span, b->q, pt, &b->req);
     }
     for (int k = 0; k < d->nb; k++) {  // (every started gather is waited, failed or not)
         l3d_dp_bucket_t *b = &d->b[k];
@@ -316,8 +328,9 @@ static l3d_status zero1_gather(l3d_trainer_t *t) {
         b->req = NULL;
         size_t end = min_sz(b->end, d->P);
         if (s >= 0 && st >= 0 && end > b->off)
-            s = l3d_dev_copy(t->dev, l3d_elem(whole, gt, b->off), t->grads + b->off,
-                             (end - b->off) * l3d_dtype_size(gt), L3D_COPY_D2D);
+            s = l3d_dev_copy(t->dev, l3d_elem(whole, pt, b->off),
+                             l3d_elem(t->grads, d->gt, b->off),
+                             (end - b->off) * l3d_dtype_size(pt), L3D_COPY_D2D);
         if (s < 0 && st >= 0) st = s;
     }
     if (st < 0)
@@ -356,20 +369,21 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
             size_t a1 = min_sz(hi, p->offset + p->numel);
             if (a1 <= a0) continue;
             size_t s = sh + (a0 - lo);
-            float *param, *grad;
-            if (off) {
+            float *param;
+            void *grad;
+            if (off) {  // (ZeRO-2's host shard is float32; else the arena's pieces, copied)
                 param = l3d_offload_master(t) + s;
-                grad = t->off.grad + s;
+                grad = l3d_elem(t->off.grad, grad_read_dtype(t), s);
             } else {
                 param = d->zero3      ? l3d_zero3_piece_at(t, s)
                         : d->master16 ? l3d_master_at(t, s)
                                       : m->params + a0;
-                grad = d->sharded ? piece_grad(t, &d->b[k], a0) : t->grads + a0;
+                grad = d->sharded ? piece_grad(t, &d->b[k], a0) : l3d_elem(t->grads, d->gt, a0);
             }
             L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
                                             a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
                                             bc1, bc2, grad_scale, sumsq, cfg->gradient_clipping,
-                                            L3D_FLOAT32));
+                                            grad_read_dtype(t)));
         }
     }
     if (off) L3D_CHECK(t->ctx, l3d_offload_params_to_device(t));

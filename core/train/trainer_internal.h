@@ -48,19 +48,22 @@ typedef struct l3d_dp {
     size_t norm_len;
     int zero2;
     float *gshard;
-    float *win[L3D_ZERO2_MAX_WIN];
+    void *win[L3D_ZERO2_MAX_WIN];  // gt elements
     int win_bucket[L3D_ZERO2_MAX_WIN];  // -1: free
     unsigned win_started[L3D_ZERO2_MAX_WIN];  // 0: filling; else the order it was started in
     unsigned win_seq;
     int nwin, nshared;  // windows 0..nshared-1 are shared; window nshared (if nwin > nshared)
                         // is the reserved bucket's
-    size_t win_len[L3D_ZERO2_MAX_WIN];  // floats of each window
+    size_t win_len[L3D_ZERO2_MAX_WIN];  // elements of each window
     int win_reserved;  // a bucket with a window of its own (the embedding that a tied head on
                        // the same stage writes first and completes last; -1: none)
     // offload_optimizer: gshard is host memory; each reduced piece is copied through stage
     // (stage_len floats, the longest piece) and added on the host (NULL: no offload)
     float *stage;
     size_t stage_len;
+    // 16-bit windows (gt): this rank's reduced piece widened into pscratch (the longest piece,
+    // stage_len floats on the device) before it is added to gshard (NULL: float32 windows)
+    float *pscratch;
     // ZeRO-3 (core/train/trainer_zero3.c; stage 3 with dp > 1, zero2 set too): the parameters are
     // sharded like the gradients, one bucket per gradient group.
     int zero3;
@@ -75,9 +78,14 @@ typedef struct l3d_dp {
     // into float32 after it, in place (in the arena at stages 0-1, in its window at 2-3: the
     // first half of the bucket's float32 bytes holds it), through cscratch (cscratch_len
     // 16-bit elements: l3d_dp_cscratch_len). NULL when float32.
+    // With 16-bit gradients (gt, below) cdt is gt and nothing converts.
     l3d_dtype cdt;
     void *cscratch;
     size_t cscratch_len;
+    // The dtype of the gradient arena (stages 0-1) and of the windows (2-3):
+    // l3d_train_config_grad_dtype. gshard, the reduced pieces AdamW reads at stages 2-3,
+    // stays float32.
+    l3d_dtype gt;
 } l3d_dp_t;
 
 // Pipeline state (core/train/trainer_pp.c). With pp 1 there is one slot and no communicator.
@@ -131,7 +139,7 @@ struct l3d_trainer {
     int have_eval;
     l3d_mesh_t *mesh;
     l3d_dp_t dp;
-    float *grads;                    // Ppad floats, the parameters' layout
+    void *grads;                     // Ppad elements of dp.gt, the parameters' layout
     float *adam_m, *adam_v;          // dp.shard_len floats (the full layout unless sharded);
                                      // host memory with offload_optimizer
     l3d_offload_t off;
@@ -182,14 +190,15 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t);
 // A 16-bit communication_data_type: the elements of the scratch that converts buckets of at
 // most `longest` floats in place (at most a fixed chunk).
 size_t l3d_dp_cscratch_len(size_t longest);
-// Allocates it (nothing to do without dp or with float32 reductions); l3d_dp_fini frees it.
+// Allocates it (nothing to do without dp or when gradients are reduced in their own dtype);
+// l3d_dp_fini frees it.
 l3d_status l3d_dp_cscratch_alloc(l3d_trainer_t *t, size_t longest);
 // The 16-bit copy of bucket b's first elements (the bucket's own float32 bytes, converted in
 // place) and back: stage 0-1 buckets in the arena, stage 2-3 ones in their window at p.
-l3d_status l3d_dp_narrow(l3d_trainer_t *t, float *p, size_t len);
+l3d_status l3d_dp_narrow(l3d_trainer_t *t, void *p, size_t len);
 // This rank's reduced piece (q elements from element `first` of the 16-bit copy at p) back
 // to float32 at p + first: stage 1-3's piece, or the whole bucket (first 0, q its length).
-l3d_status l3d_dp_widen(l3d_trainer_t *t, float *p, size_t first, size_t q);
+l3d_status l3d_dp_widen(l3d_trainer_t *t, void *p, size_t first, size_t q);
 l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float grad_scale);
 l3d_status l3d_dp_norm_read(l3d_trainer_t *t, double *sumsq);
 // This rank's pieces under ZeRO (dp.sharded): piece k (0 <= k < dp.nb) is arena floats
@@ -239,12 +248,28 @@ static inline l3d_dtype l3d_train_config_weight_dtype(const l3d_train_config_t *
     return l3d_train_config_act_dtype(cfg);
 }
 
+// The dtype weight gradients accumulate in: data_types.grad_accum_dtype, float32 unless
+// given (the config allows a 16-bit one only with that training dtype, and then reduces in it).
+static inline l3d_dtype l3d_train_config_grad_dtype(const l3d_train_config_t *cfg) {
+    return cfg->grad_dtype < 0 ? L3D_FLOAT32 : (l3d_dtype)cfg->grad_dtype;
+}
+
 // The dtype data parallelism reduces gradients in: float32 under fp32_allreduce, else
 // communication_data_type when set, else the training dtype (DeepSpeed's default).
 static inline l3d_dtype l3d_dp_comm_dtype(const l3d_train_config_t *cfg) {
     if (cfg->fp32_allreduce) return L3D_FLOAT32;
     if (cfg->comm_dtype < 0) return l3d_train_config_act_dtype(cfg);
     return (l3d_dtype)cfg->comm_dtype;
+}
+
+// Whether a layout takes ZeRO-2's gradient path (per-micro-batch windows reduce-scattered
+// into a gradient shard, no whole gradient arena): stage 2 and 3, and stage 1 with the
+// optimizer offloaded, whose gradient pieces go to the host as they are reduced (DeepSpeed's
+// cpu_offload copies each reduced partition out of the bucket: copy_grads_in_partition) so
+// the device keeps no whole gradient. The updates equal stage 1's bit for bit (the same sums
+// in the same order; test_parallel_bf16).
+static inline int l3d_train_config_zero2(const l3d_train_config_t *cfg, int dp) {
+    return dp > 1 && (cfg->zero_stage >= 2 || (cfg->zero_stage == 1 && cfg->offload_optimizer));
 }
 
 // The reduce_bucket_size the ZeRO-2 bucketing uses: stage 3 puts every gradient group in a

@@ -119,9 +119,11 @@ l3d_status l3d_offload_grads_to_host(l3d_trainer_t *t) {
     for (int k = 0; k < l3d_dp_pieces(t); k++) {
         size_t lo, hi, sh;
         l3d_dp_piece(t, k, &lo, &hi, &sh);
-        const float *g = d->zero2 ? d->gshard + sh : t->grads + lo;
+        // (in the arena's dtype: a 16-bit gradient's pieces fill part of the host floats)
+        size_t es = l3d_dtype_size(d->gt);
         if (hi > lo)
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, o->grad + sh, g, (hi - lo) * sizeof(float),
+            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, l3d_elem(o->grad, d->gt, sh),
+                                           l3d_elem(t->grads, d->gt, lo), (hi - lo) * es,
                                            L3D_COPY_D2H));
     }
     return l3d_dev_sync(t->dev);

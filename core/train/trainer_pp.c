@@ -224,9 +224,8 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
         const l3d_param_t *e = NULL;
         for (int i = 0; i < m->n_tensors && !e; i++)
             if (!strcmp(m->tensors[i].name, "model.embed_tokens.weight")) e = &m->tensors[i];
-        if (e && (st = l3d_comm_allreduce(p->emb_comm, t->grads + e->offset,
-                                          t->grads + e->offset, e->numel, L3D_FLOAT32,
-                                          L3D_SUM)) < 0)
+        void *g = e ? l3d_elem(t->grads, t->dp.gt, e->offset) : NULL;
+        if (e && (st = l3d_comm_allreduce(p->emb_comm, g, g, e->numel, t->dp.gt, L3D_SUM)) < 0)
             return comm_err(t, p->emb_comm, st, "tied embedding gradient");
     }
     // The loss lives on the last stage: every stage gets the sum.

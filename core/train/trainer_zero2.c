@@ -29,6 +29,13 @@
 // is widened back into float32 in the window before it is added to the shard. Each element is
 // rounded and widened once, as through a separate 16-bit copy, which DeepSpeed's estimate
 // does not count and which would cost half a window more.
+//
+// data_types.grad_accum_dtype bf16/fp16 (dp.gt): the windows themselves are 16-bit, the
+// backward's ops round once into them, and they are reduced as they are (the reduction's
+// dtype is theirs); this rank's piece is widened into pscratch (the longest piece, float32)
+// and added to the float32 shard. Where each window element receives one op's result (no tied
+// head beside the embedding, no tensor-parallel sum of replicated gradients) that is the
+// rounding communication_data_type does, so the two give the same bits.
 #include <string.h>
 
 #include "core/train/trainer_internal.h"
@@ -168,17 +175,20 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
     for (int w = 0; w < d->nwin; w++) {
         d->win_bucket[w] = -1;
         longest = L3D_MAX(longest, d->win_len[w]);
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * sizeof(float), "grads",
-                                        (void **)&d->win[w]));
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * l3d_dtype_size(d->gt), "grads",
+                                        &d->win[w]));
     }
     L3D_CHECK(t->ctx, l3d_dp_cscratch_alloc(t, longest));
+    d->stage_len = l3d_zero2_max_piece(m, rbs, d->n);
+    if (d->gt != L3D_FLOAT32)
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->stage_len * sizeof(float), "grads",
+                                        (void **)&d->pscratch));
     if (!t->cfg.offload_optimizer)
         return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
     // Offloaded optimizer: the shard accumulates in host memory, each reduced piece copied
     // there through a staging buffer of the longest piece (DeepSpeed keeps its fp32 gradient
     // partitions on the CPU likewise); the host device adds it (core/train/trainer_offload.c).
     int pin = t->cfg.offload_optimizer_pin;
-    d->stage_len = l3d_zero2_max_piece(m, rbs, d->n);
     L3D_CHECK(t->ctx, l3d_dev_alloc_host(t->dev, d->stage_len * sizeof(float), pin, "host_grads",
                                          (void **)&d->stage));
     return l3d_dev_alloc_host(t->dev, d->shard_len * sizeof(float), pin, "host_grads",
@@ -188,9 +198,11 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
 void l3d_zero2_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     for (int w = 0; w < d->nwin; w++) {
-        l3d_dev_free(t->dev, d->win[w], d->win_len[w] * sizeof(float), "grads");
+        l3d_dev_free(t->dev, d->win[w], d->win_len[w] * l3d_dtype_size(d->gt), "grads");
         d->win[w] = NULL;
     }
+    if (d->pscratch) l3d_dev_free(t->dev, d->pscratch, d->stage_len * sizeof(float), "grads");
+    d->pscratch = NULL;
     if (t->cfg.offload_optimizer) {
         int pin = t->cfg.offload_optimizer_pin;
         l3d_dev_free_host(t->dev, d->gshard, d->shard_len * sizeof(float), pin, "host_grads");
@@ -217,9 +229,15 @@ static l3d_status win_complete(l3d_trainer_t *t, int w) {
     d->win_bucket[w] = -1;
     d->win_started[w] = 0;
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
-    float *piece = d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
-    if (d->cdt != L3D_FLOAT32)  // reduced in cdt: this rank's piece widened back to float32
+    float *piece = (float *)d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
+    if (d->pscratch) {  // 16-bit windows: the piece widened into the scratch
+        piece = d->pscratch;
+        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, piece, L3D_FLOAT32,
+                                          l3d_elem(d->win[w], d->gt, (size_t)d->rank * b->q),
+                                          d->gt, b->q));
+    } else if (d->cscratch) {  // reduced in cdt: this rank's piece widened back to float32
         L3D_CHECK(t->ctx, l3d_dp_widen(t, d->win[w], (size_t)d->rank * b->q, b->q));
+    }
     if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
     // offloaded: the piece goes to the host and is added there
     L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
@@ -232,8 +250,8 @@ static l3d_status win_start(l3d_trainer_t *t, int w) {
     l3d_dp_t *d = &t->dp;
     l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
     void *buf = d->win[w];
-    size_t es = l3d_dtype_size(d->cdt);
-    if (d->cdt != L3D_FLOAT32) {  // communication_data_type: the window rounded in place
+    size_t es = l3d_dtype_size(d->cdt);  // (cdt is gt unless cscratch converts)
+    if (d->cscratch) {  // communication_data_type: the window rounded in place
         L3D_CHECK(t->ctx, l3d_dp_narrow(t, buf, b->len));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     }
@@ -272,7 +290,7 @@ static l3d_status win_take(l3d_trainer_t *t, size_t len, int *w_p) {
 }
 
 // grad_window hook: the bucket holding [lo, hi), in a window of this backward.
-static l3d_status zero2_window(void *arg, size_t lo, size_t hi, float **g) {
+static l3d_status zero2_window(void *arg, size_t lo, size_t hi, void **g) {
     l3d_trainer_t *t = arg;
     l3d_dp_t *d = &t->dp;
     int k = 0;
@@ -285,12 +303,13 @@ static l3d_status zero2_window(void *arg, size_t lo, size_t hi, float **g) {
     if (b->win < 0) {
         int w = d->nshared;  // the reserved bucket's own window is free here (completed above)
         if (k != d->win_reserved) L3D_CHECK(t->ctx, win_take(t, b->len, &w));
-        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, d->win[w], 0, b->len * sizeof(float)));
+        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, d->win[w], 0,
+                                         b->len * l3d_dtype_size(d->gt)));
         d->win_bucket[w] = k;
         d->win_started[w] = 0;
         b->win = w;
     }
-    *g = d->win[b->win] + (lo - b->off);
+    *g = l3d_elem(d->win[b->win], d->gt, lo - b->off);
     return L3D_OK;
 }
 

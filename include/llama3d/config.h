@@ -147,6 +147,11 @@ typedef struct l3d_train_config {
     // training dtype, as DeepSpeed), and fp32_allreduce (reduce in float32 whatever else says).
     int comm_dtype;
     int fp32_allreduce;
+    // The dtype weight gradients accumulate in (DeepSpeed's data_types.grad_accum_dtype, an
+    // l3d_dtype; -1 unset: float32). bf16 / fp16 only with that training dtype: the windows
+    // (ZeRO-2/3) or the whole gradient (ZeRO-0/1) take 2 bytes an element, as DeepSpeed's
+    // memory estimates count them, each addition rounding once (docs/precision.md).
+    int grad_dtype;
     // ZeRO-3 (zero_optimization.stage3_*, DeepSpeed's defaults; core/train/trainer_zero3.c):
     // parameters gathered ahead of their use (5e7), gradient groups smaller than this stay
     // whole on every rank (1e5), parameters gathered at once (1e9) -- all in elements.

@@ -17,6 +17,7 @@ const ckpt_knobs_t *g_ckpt;
 char g_data[64];
 const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 int g_comm_dtype = -1;
+int g_grad_dtype = -1;
 int g_bf16;
 int g_tp_mode;
 int g_micro;  // train_micro_batch_size_per_gpu while set (else 2)
@@ -82,6 +83,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->cpu_checkpointing = g_ckpt ? g_ckpt->cpu : 0;
     cfg->save_consolidated = g_consolidated;
     cfg->comm_dtype = g_comm_dtype;
+    cfg->grad_dtype = g_grad_dtype;
     cfg->bf16 = g_bf16;
     if (g_fp16) {  // a static scale: every step applies (a dynamic one would skip on overflow)
         cfg->fp16 = 1;
