@@ -15,8 +15,10 @@
 # additional_buffer_factor 1.5; their CPU figure is per node and is divided by 8 here.
 # All are fp16 mixed precision: DeepSpeed's formulas count 2-byte parameters and gradients on
 # the GPU and partition the fp32 master and both moments (stage 3: the parameters and
-# gradients too); llama3d partitions the same, keeps float16 parameters, and accumulates the
-# gradients in float32. Nothing is allocated; the table takes a few seconds.
+# gradients too); llama3d partitions the same and keeps float16 parameters; it accumulates the
+# weight gradients in float32 by default and in float16 under data_types.grad_accum_dtype
+# "fp16" (DeepSpeed's fp16 gradients): both are printed, the ratio for each. Nothing is
+# allocated; the table takes a few seconds.
 set -u
 case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
 BUILD=${1:-./build}
@@ -29,7 +31,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/l3d-z3mem.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
-echo "| model | ranks | stage | offload | l3d device GiB (params + grads + optim) | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed |"
+echo "| model | ranks | stage | offload | l3d device GiB (params + grads + optim), fp32 / fp16 gradients | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed, fp32 / fp16 gradients |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for model in llama3-8b llama3-70b; do
   # total parameters and DeepSpeed's largest layer (the embedding: vocabulary x hidden)
@@ -47,14 +49,19 @@ for model in llama3-8b llama3-70b; do
         esac
         z3=''
         [ "$stage" = 3 ] && z3=', "stage3_prefetch_bucket_size": 1e8, "stage3_param_persistence_threshold": 1e4, "stage3_max_live_parameters": 1e9'
-        printf '%s\n' "{\"train_batch_size\": $n, \"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1," \
-          " \"fp16\": {\"enabled\": true}," \
-          " \"zero_optimization\": {\"stage\": $stage, $o \"overlap_comm\": true, \"reduce_bucket_size\": 1e8$z3}}" >"$tmp/c.json"
-        line=$("$L3D" train --config "$tmp/c.json" --model "$model" --world "$n" --dry-run 2>&1 | grep '^memory')
-        [ -n "$line" ] || { echo "zero3_memory.sh: $model on $n ranks, stage $stage: dry run failed" >&2; exit 1; }
-        dev=$(echo "$line" | sed -nE 's/^memory[^:]*: parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB,.*/\1 \2 \3/p' |
-          awk '{ print $1 + $2 + $3 }')
-        host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
+        for g in fp32 fp16; do
+          printf '%s\n' "{\"train_batch_size\": $n, \"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1," \
+            " \"fp16\": {\"enabled\": true}, \"data_types\": {\"grad_accum_dtype\": \"$g\"}," \
+            " \"zero_optimization\": {\"stage\": $stage, $o \"overlap_comm\": true, \"reduce_bucket_size\": 1e8$z3}}" >"$tmp/c.json"
+          line=$("$L3D" train --config "$tmp/c.json" --model "$model" --world "$n" --dry-run 2>&1 | grep '^memory')
+          [ -n "$line" ] || { echo "zero3_memory.sh: $model on $n ranks, stage $stage: dry run failed" >&2; exit 1; }
+          d=$(echo "$line" | sed -nE 's/^memory[^:]*: parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB,.*/\1 \2 \3/p' |
+            awk '{ print $1 + $2 + $3 }')
+          if [ $g = fp32 ]; then
+            dev=$d
+            host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
+          else dev16=$d; fi
+        done
         ds=$(awk -v pm="$pm" -v h="$hidden" -v v="$vocab" -v n="$n" -v off="$off" -v st="$stage" 'BEGIN {
           P = pm * 1e6; big = h * v; nodes = n / 8; gpus = n
           if (st == 3) {
@@ -67,9 +74,9 @@ for model in llama3-8b llama3-70b; do
           }
           printf "%.1f %.1f", gpu / 2^30, cpu / 8 / 2^30 }')
         read -r dsg dsc <<<"$ds"
-        ratio=$(awk -v a="$dev" -v b="$dsg" 'BEGIN { printf "%.2f", a / 1024 / b }')
-        printf "| %s | %d | %d | %s | %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
-          "$(gib "$dev")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
+        ratio=$(awk -v a="$dev" -v c="$dev16" -v b="$dsg" 'BEGIN { printf "%.2f / %.2f", a / 1024 / b, c / 1024 / b }')
+        printf "| %s | %d | %d | %s | %s / %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
+          "$(gib "$dev")" "$(gib "$dev16")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
       done
     done
   done
