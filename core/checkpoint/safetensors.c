@@ -10,6 +10,7 @@
 #include "core/input.h"
 #include "core/l3d_core.h"
 #include "core/checkpoint/safetensors.h"
+#include "devices/device_math.h"
 #include "platform/file_stream.h"
 #include "platform/platform.h"
 
@@ -416,37 +417,7 @@ const char *l3d_st_metadata(const l3d_st_file_t *f, const char *key) {
 
 // ---- conversion --------------------------------------------------------------------------
 
-// IEEE binary16 -> binary32, exact for every input (subnormals normalised, inf and NaN
-// payloads kept).
-static float half_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0) {
-        if (mant == 0) {
-            bits = sign;
-        } else {
-            int e = -14;
-            while (!(mant & 0x400)) {
-                mant <<= 1;
-                e--;
-            }
-            bits = sign | (uint32_t)(e + 127) << 23 | (mant & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | mant << 13;
-    } else {
-        bits = sign | (exp - 15 + 127) << 23 | mant << 13;
-    }
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
-
-static float bf16_to_float(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float out;
-    memcpy(&out, &bits, 4);
-    return out;
-}
+// (16-bit conversions: devices/device_math.h, the same rounding as every device's)
 
 int l3d_st_dtype_is_float(l3d_st_dtype dt) {
     return dt == L3D_ST_F32 || dt == L3D_ST_F16 || dt == L3D_ST_BF16 || dt == L3D_ST_F64;
@@ -468,11 +439,11 @@ void l3d_st_to_f32(l3d_st_dtype dt, const void *from, size_t count, float *dst) 
         break;
     case L3D_ST_F16:
         for (size_t i = 0; i < count; i++)
-            dst[i] = half_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+            dst[i] = l3d_f16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
         break;
     case L3D_ST_BF16:
         for (size_t i = 0; i < count; i++)
-            dst[i] = bf16_to_float((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
+            dst[i] = l3d_bf16_to_f32((uint16_t)(src[2 * i] | src[2 * i + 1] << 8));
         break;
     case L3D_ST_F64:
         for (size_t i = 0; i < count; i++) {
@@ -486,41 +457,10 @@ void l3d_st_to_f32(l3d_st_dtype dt, const void *from, size_t count, float *dst) 
     }
 }
 
-// float32 -> bfloat16, round to nearest even (what torch's .to(torch.bfloat16) does); NaN
-// stays a quiet NaN of the same sign (rounding could carry its payload into infinity).
-static uint16_t float_to_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
-// float32 -> IEEE binary16, round to nearest even, overflow to infinity, subnormals kept.
-static uint16_t float_to_half(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00;            // NaN
-    if (a >= 0x477ff000u) return sign | 0x7c00;           // rounds to >= 65520: infinity
-    if (a < 0x38800000u) {                                // below 2^-14: subnormal or zero
-        if (a < 0x33000000u) return sign;                 // below half the smallest subnormal
-        // value = mant * 2^(e - 150) with e = a >> 23; in units of 2^-24 (the smallest
-        // subnormal) that is mant >> (126 - e), rounded to nearest even.
-        uint32_t mant = (a & 0x7fffff) | 0x800000, shift = 126 - (a >> 23);
-        uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1), halfway = 1u << (shift - 1);
-        if (rem > halfway || (rem == halfway && (q & 1))) q++;
-        return sign | (uint16_t)q;
-    }
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1);            // round the 13 dropped bits
-    return sign | (uint16_t)((r >> 13) - ((127 - 15) << 10));
-}
-
 void l3d_st_from_f32(l3d_st_dtype dt, const float *src, size_t count, void *to) {
     uint8_t *dst = to;
     for (size_t i = 0; i < count; i++) {
-        uint16_t h = dt == L3D_ST_BF16 ? float_to_bf16(src[i]) : float_to_half(src[i]);
+        uint16_t h = dt == L3D_ST_BF16 ? l3d_f32_to_bf16(src[i]) : l3d_f32_to_f16(src[i]);
         dst[2 * i] = (uint8_t)h;
         dst[2 * i + 1] = (uint8_t)(h >> 8);
     }

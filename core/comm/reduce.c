@@ -33,59 +33,7 @@ l3d_dtype l3d_reduce_wire_type(l3d_dtype dt) {
     return dt == L3D_BFLOAT16 || dt == L3D_FLOAT16 ? L3D_FLOAT32 : dt;
 }
 
-// ---- half conversions ------------------------------------------------------------------------
-static uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-float l3d_bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
-
-uint16_t l3d_f32_to_bf16(float f) {
-    uint32_t x = f2u(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40);  // quiet NaN
-    x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest, ties to even
-    return (uint16_t)(x >> 16);
-}
-
-float l3d_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-    if (exp == 0) {
-        // zero or subnormal: man * 2^-24 is exact in float32
-        float v = (float)man * 5.9604644775390625e-8f;
-        return u2f(f2u(v) | sign);
-    }
-    if (exp == 31) return u2f(sign | 0x7f800000u | (man << 13));
-    return u2f(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-uint16_t l3d_f32_to_f16(float f) {
-    uint32_t x = f2u(f);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t exp = (x >> 23) & 0xffu, man = x & 0x7fffffu;
-    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    int e = (int)exp - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u);
-    if (e <= 0) {
-        if (e < -10) return (uint16_t)sign;
-        uint32_t m = man | 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1u))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13), rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;  // a carry may make it inf: right
-    return (uint16_t)(sign | h);
-}
-
+// ---- half conversions: devices/device_math.h -------------------------------------------------
 void l3d_reduce_to_f32(float *dst, const void *src, size_t count, l3d_dtype dt) {
     const uint16_t *s = src;
     if (dt == L3D_BFLOAT16)
@@ -118,7 +66,7 @@ static void reduce_f32(float *dst, const float *a, const float *b, size_t count,
         float x = a[i], y = b[i];
         float r;
         if (x != y) r = (op == L3D_MAX) == (x > y) ? x : y;  // NaN compares unequal: picks y
-        else r = u2f(op == L3D_MAX ? (f2u(x) & f2u(y)) : (f2u(x) | f2u(y)));
+        else r = l3d_u2f(op == L3D_MAX ? (l3d_f2u(x) & l3d_f2u(y)) : (l3d_f2u(x) | l3d_f2u(y)));
         dst[i] = r;
     }
 }

@@ -1,7 +1,7 @@
 // Reduction kernels and half-precision conversions shared by the core's collective schedules
 // and by transports that reduce natively (the local transport reads peers' buffers directly).
+// (The half conversions they round by are devices/device_math.h's, every device's.)
 // defines: l3d_reduce_apply, l3d_reduce_to_f32, l3d_reduce_final, l3d_reduce_wire_type,
-//          l3d_f32_to_bf16 / l3d_bf16_to_f32 / l3d_f32_to_f16 / l3d_f16_to_f32,
 //          l3d_comm_sum_double
 #ifndef L3D_REDUCE_H
 #define L3D_REDUCE_H
@@ -9,6 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "devices/device_math.h"
 #include "llama3d/comm.h"
 
 // dst[i] = a[i] op b[i] for wdt in {float32, int32, int64, uint8}; op SUM (AVG), MAX or MIN.
@@ -19,10 +20,6 @@ void l3d_reduce_to_f32(float *dst, const void *src, size_t count, l3d_dtype dt);
 // dst (dt) = src (wdt) [/ n if AVG], half types rounded to nearest even once.
 void l3d_reduce_final(void *dst, const void *src, size_t count, l3d_dtype dt, l3d_redop op,
                       int n);
-uint16_t l3d_f32_to_bf16(float f);
-float l3d_bf16_to_f32(uint16_t h);
-uint16_t l3d_f32_to_f16(float f);
-float l3d_f16_to_f32(uint16_t h);
 // The type partial reductions are kept in: float32 for the half types, dt otherwise.
 l3d_dtype l3d_reduce_wire_type(l3d_dtype dt);
 // *x = the sum of every member's *x, in double, added in rank order on every member (so the

@@ -52,7 +52,7 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 // AVX2 and AVX-512 and picked at load time from the CPU (ifunc), with the baseline (SSE2)
 // version as the fallback, so no machine-specific flag is needed at build time. The build is
 // ISO C (-std=c11, hence -ffp-contract=off): elementwise results are identical in every clone.
-// no-trapping-math: l3d_cpu_expf's selects (`x < lo ? 0 : p * scale`) evaluate both sides in
+// no-trapping-math: l3d_expf's selects (`x < lo ? 0 : p * scale`) evaluate both sides in
 // a vector; under the default -ftrapping-math GCC will not compute a float product the scalar
 // code might skip, so every loop calling it (swiglu, softmax, cross-entropy) stayed scalar:
 // swiglu was 7.5% of a prompt pass. Nothing here reads the floating-point exception flags,
@@ -77,37 +77,6 @@ void l3d_cpu_scratch_release(l3d_cpu_t *cpu, int slot);
 #else
 #define L3D_CPU_SIMD
 #endif
-
-// exp(x) for float, written so loops calling it vectorise (no calls, no branches):
-// x = n ln2 + r with |r| <= ln2/2 (two-part ln2), exp(r) by Cephes' degree-6 polynomial
-// (relative error about 2e-7), times 2^n built in the exponent bits. Below -87.3 it returns
-// 0 (masked scores are -inf); above 88 it saturates at exp(88) (1.65e38) instead of inf;
-// NaN gives NaN.
-// The same function serves forward and backward, so they agree exactly.
-L3D_CPU_INLINE float l3d_cpu_expf(float x) {
-    const float hi = 88.0f, lo = -87.3f;  // keeps 2^n a normal float
-    float xc = x > hi ? hi : (x < lo ? lo : x);
-    const float magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-    float t = xc * 1.44269504088896341f + magic;
-    float n = t - magic;
-    float r = xc - n * 0.693359375f;  // ln2 split: exact high part, then the low part
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    // Unsigned: a NaN x leaves NaN bits in t, and the signed shift of those overflowed
-    // (undefined behaviour). The bits are garbage then, but p is NaN, so NaN comes out.
-    uint32_t ti;
-    memcpy(&ti, &t, sizeof(ti));
-    uint32_t bits = (ti - 0x4B400000u + 127u) << 23;  // the low bits of t hold n
-    float scale;
-    memcpy(&scale, &bits, sizeof(scale));
-    return x < lo ? 0.0f : p * scale;
-}
 
 // Row reductions in a fixed order that vectorises without reassociation: 16 interleaved
 // partials, folded pairwise, then the tail. Deterministic for a given n.

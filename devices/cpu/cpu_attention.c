@@ -118,13 +118,13 @@ L3D_CPU_SIMD static void attn_fwd_task(void *arg, int task, int ntasks) {
             float *restrict s = S + (size_t)r * BK;
             int nv = L3D_MIN(nk, i0 + r + a->off + 1 - j0);  // visible keys in this tile
             if (nv < 0) nv = 0;
+            // the tile's exps taken against the running max, then merged into the row so far
+            // (its own factor exp(0) is 1; the row's is 0 on the first tile, m = -inf)
             float mx = l3d_cpu_maxf(s, nv, mrow[r]);
-            float corr = l3d_cpu_expf(mrow[r] - mx);  // exp(-inf) = 0 on the first tile
-            for (int c = 0; c < nv; c++) s[c] = l3d_cpu_expf(s[c] - mx);
+            for (int c = 0; c < nv; c++) s[c] = l3d_expf(s[c] - mx);
             for (int c = nv; c < nk; c++) s[c] = 0.0f;
-            float sum = l3d_cpu_sumf(s, nv);
-            lrow[r] = lrow[r] * corr + sum;
-            mrow[r] = mx;
+            float sum = l3d_cpu_sumf(s, nv), corr, one;
+            l3d_softmax_merge(mrow[r], lrow[r], mx, sum, &mrow[r], &lrow[r], &corr, &one);
             if (corr != 1.0f) {
                 float *restrict o = O + (size_t)r * (size_t)D;
                 for (int c = 0; c < D; c++) o[c] *= corr;
@@ -203,7 +203,7 @@ L3D_CPU_SIMD static void attn_bwd_task(void *arg, int task, int ntasks) {
                     if (nv < 0) nv = 0;
                     float l = lse[i0 + r], dr = Drow[r];
                     for (int c = 0; c < nv; c++) {
-                        float pc = l3d_cpu_expf(p[c] - l);
+                        float pc = l3d_expf(p[c] - l);
                         p[c] = pc;
                         dp[c] = pc * (dp[c] - dr);  // dS
                     }

@@ -1,9 +1,9 @@
 // Dtype conversion between float32, bfloat16 and float16, on the pool in fixed chunks, with
-// the rules of core's conversions (core/comm/reduce.c, which the collectives round by) written
-// without branches so the loops vectorise: the same bits for every input (tests/
-// test_cpu_dtypes.c checks every 16-bit value, every midpoint and the floats beside them, and
-// random float32 bit patterns against core's functions). Also the 16-bit operands of gemm and
-// of every other op (l3d_cpu_args_widen, l3d_cpu_rows_widened).
+// the conversions of devices/device_math.h (which core's collectives and checkpoints round by
+// too), written without branches so the loops vectorise (tests/test_cpu_dtypes.c checks every
+// 16-bit value, every midpoint and the floats beside them against the formats' definitions).
+// Also the 16-bit operands of gemm and of every other op (l3d_cpu_args_widen,
+// l3d_cpu_rows_widened).
 // defines: l3d_cpu_convert, l3d_cpu_convert_run, l3d_cpu_convert_serial, l3d_cpu_dtype_ok,
 //          l3d_cpu_dtype_bad, l3d_cpu_args_widen/narrow, l3d_cpu_rows_widened
 #include <string.h>
@@ -23,50 +23,7 @@ int l3d_cpu_dtype_ok(l3d_dtype t) {
     return t == L3D_FLOAT32 || t == L3D_BFLOAT16 || t == L3D_FLOAT16;
 }
 
-L3D_CPU_INLINE uint32_t f2u(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-L3D_CPU_INLINE float u2f(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-// bfloat16 is float32's top half: widening shifts; narrowing adds half an ulp minus one, plus
-// the kept lowest bit (ties to even), and keeps a NaN's top bits with the quiet bit set.
-L3D_CPU_INLINE float bf16_to_f32(uint16_t h) { return u2f((uint32_t)h << 16); }
-L3D_CPU_INLINE uint16_t f32_to_bf16(float f) {
-    uint32_t x = f2u(f);
-    uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16, q = (x >> 16) | 0x40u;
-    return (uint16_t)((x & 0x7fffffffu) > 0x7f800000u ? q : r);
-}
-
-// float16 -> float32: the exponent rebiased (+112); inf/NaN get 112 more (255); zero and
-// subnormals are renormalised by subtracting 2^-14 from a value built with exponent -14 (exact).
-L3D_CPU_INLINE float f16_to_f32(uint16_t h) {
-    uint32_t em = (uint32_t)(h & 0x7fffu) << 13, e = em & 0x0f800000u;
-    uint32_t o = em + (112u << 23);
-    uint32_t big = o + (112u << 23);
-    float sub = u2f(o + (1u << 23)) - 6.103515625e-05f;  // 2^-14
-    uint32_t r = e == 0x0f800000u ? big : e == 0 ? f2u(sub) : o;
-    return u2f(r | (uint32_t)(h & 0x8000u) << 16);
-}
-
-// float32 -> float16, to nearest, ties to even: |x| >= 65536 is inf (65520 up to it rounds to
-// inf through the normal path's carry); below 2^-14 (subnormal or zero) adding 0.5 aligns the
-// 10 kept bits at the bottom and float addition rounds them (to nearest even); otherwise the
-// exponent is rebiased and the mantissa rounded as bfloat16's is. NaN keeps its top 10
-// mantissa bits with the quiet bit set, as core's l3d_f32_to_f16.
-L3D_CPU_INLINE uint16_t f32_to_f16(float f) {
-    uint32_t x = f2u(f), sign = (x >> 16) & 0x8000u, a = x & 0x7fffffffu;
-    uint32_t nan = 0x7e00u | ((a & 0x7fffffu) >> 13), inf = 0x7c00u;
-    uint32_t sub = f2u(u2f(a) + 0.5f) - 0x3f000000u;
-    uint32_t nrm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;  // (15 - 127) << 23, wrapped
-    uint32_t r = a > 0x7f800000u ? nan : a >= 0x47800000u ? inf : a < 0x38800000u ? sub : nrm;
-    return (uint16_t)(sign | r);
-}
+// The conversions themselves: devices/device_math.h (one copy for every device and core).
 
 // One loop per (source, destination) pair, each vectorised for the clone's ISA.
 L3D_CPU_SIMD static void conv_loops(const conv_t *c, size_t i0, size_t i1) {
@@ -75,17 +32,17 @@ L3D_CPU_SIMD static void conv_loops(const conv_t *c, size_t i0, size_t i1) {
     float *restrict df = c->dst;
     uint16_t *restrict dh = c->dst;
     if (c->st == L3D_FLOAT32 && c->dt == L3D_BFLOAT16)
-        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_bf16(sf[i]);
+        for (size_t i = i0; i < i1; i++) dh[i] = l3d_f32_to_bf16(sf[i]);
     else if (c->st == L3D_FLOAT32)  // to float16
-        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_f16(sf[i]);
+        for (size_t i = i0; i < i1; i++) dh[i] = l3d_f32_to_f16(sf[i]);
     else if (c->st == L3D_BFLOAT16 && c->dt == L3D_FLOAT32)
-        for (size_t i = i0; i < i1; i++) df[i] = bf16_to_f32(sh[i]);
+        for (size_t i = i0; i < i1; i++) df[i] = l3d_bf16_to_f32(sh[i]);
     else if (c->st == L3D_FLOAT16 && c->dt == L3D_FLOAT32)
-        for (size_t i = i0; i < i1; i++) df[i] = f16_to_f32(sh[i]);
+        for (size_t i = i0; i < i1; i++) df[i] = l3d_f16_to_f32(sh[i]);
     else if (c->st == L3D_BFLOAT16)  // to float16, through float32 (exact)
-        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_f16(bf16_to_f32(sh[i]));
+        for (size_t i = i0; i < i1; i++) dh[i] = l3d_f32_to_f16(l3d_bf16_to_f32(sh[i]));
     else  // float16 to bfloat16
-        for (size_t i = i0; i < i1; i++) dh[i] = f32_to_bf16(f16_to_f32(sh[i]));
+        for (size_t i = i0; i < i1; i++) dh[i] = l3d_f32_to_bf16(l3d_f16_to_f32(sh[i]));
 }
 
 // Elements [i0, i1): every pair of distinct types is one widening and one narrowing.

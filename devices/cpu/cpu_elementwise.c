@@ -18,7 +18,8 @@ typedef struct {
     const float *a, *b, *c;
     double *partials;
     size_t n;
-    float s, lr, beta1, beta2, eps, decay, step, bc2_sqrt, gscale;
+    float s;
+    l3d_adamw_k_t adam;  // (devices/device_math.h)
 } ew_t;
 
 enum { EW_A = 1, EW_B = 2, EW_C = 4, EW_OUT = 8, EW_OUT2 = 16 };
@@ -101,15 +102,10 @@ static l3d_status ew_run(l3d_device_t *dev, const char *op, const ew_t *e, ew_bo
     return L3D_OK;
 }
 
-L3D_CPU_INLINE float sigmoidf(float x) { return 1.0f / (1.0f + l3d_cpu_expf(-x)); }
-
 // ---- swiglu -------------------------------------------------------------------------------------
 // out may alias gate or up, so no restrict: each element is read before it is written.
 L3D_CPU_SIMD static void swiglu_fwd_body(const ew_t *e, size_t len, int task) {
-    for (size_t i = 0; i < len; i++) {
-        float g = e->a[i], u = e->b[i];
-        e->out[i] = g * sigmoidf(g) * u;
-    }
+    for (size_t i = 0; i < len; i++) e->out[i] = l3d_swiglu(e->a[i], e->b[i]);
 }
 
 // out(n) = silu(gate) * up
@@ -119,13 +115,11 @@ l3d_status l3d_cpu_swiglu_fwd(l3d_device_t *dev, void *out, const void *gate, co
     return ew_run(dev, "swiglu_fwd", &e, swiglu_fwd_body, at, EW_A | EW_B | EW_OUT, 0);
 }
 
-// d silu(g)/dg = sig(g) * (1 + g * (1 - sig(g)))
+// (l3d_swiglu_grad: silu's derivative)
 L3D_CPU_SIMD static void swiglu_bwd_body(const ew_t *e, size_t len, int task) {
     for (size_t i = 0; i < len; i++) {
-        float g = e->a[i], u = e->b[i], d = e->c[i];
-        float sg = sigmoidf(g);
-        float dg = d * u * sg * (1.0f + g * (1.0f - sg));
-        float du = d * g * sg;
+        float dg, du;
+        l3d_swiglu_grad(e->a[i], e->b[i], e->c[i], &dg, &du);
         e->out[i] = dg;
         e->out2[i] = du;
     }
@@ -225,17 +219,8 @@ l3d_status l3d_cpu_sum_f64(l3d_device_t *dev, double *out, const double *x, int 
 L3D_CPU_SIMD static void adamw_body(const ew_t *e, size_t len, int task) {
     float *restrict p = e->p, *restrict m = e->m, *restrict v = e->v;
     const float *restrict grad = e->a;
-    float b1 = e->beta1, b2 = e->beta2, ob1 = 1.0f - e->beta1, ob2 = 1.0f - e->beta2;
-    float decay = e->decay, nstep = -e->step, bc2s = e->bc2_sqrt, eps = e->eps, gs = e->gscale;
-    for (size_t i = 0; i < len; i++) {
-        float g = grad[i] * gs;
-        float pi = p[i] * decay;
-        float mi = b1 * m[i] + ob1 * g;
-        float vi = b2 * v[i] + ob2 * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        p[i] = pi + nstep * mi / (sqrtf(vi) / bc2s + eps);  // torch's addcdiv order
-    }
+    l3d_adamw_k_t k = e->adam;
+    for (size_t i = 0; i < len; i++) l3d_adamw_elem(&k, grad[i], &p[i], &m[i], &v[i]);
 }
 
 // torch.optim.AdamW (decoupled decay first, then the moments, then the update)
@@ -251,11 +236,8 @@ l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, floa
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
                          "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)bc1,
                          (double)bc2);
-    ew_t e = {.p = param, .a = grad, .m = m, .v = v, .n = n, .beta1 = beta1, .beta2 = beta2,
-              .eps = eps, .gscale = grad_scale,
-              // scalars in double then rounded once, as torch does with its Python floats
-              .decay = (float)(1.0 - (double)lr * (double)weight_decay),
-              .step = (float)((double)lr / (double)bc1),
-              .bc2_sqrt = (float)sqrt((double)bc2)};
+    ew_t e = {.p = param, .a = grad, .m = m, .v = v, .n = n,
+              .adam = l3d_adamw_consts(lr, beta1, beta2, eps, weight_decay, bc1, bc2,
+                                       grad_scale)};
     return ew_run(dev, "adamw", &e, adamw_body, gt, EW_A, 0);
 }

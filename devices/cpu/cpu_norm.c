@@ -237,11 +237,7 @@ L3D_CPU_SIMD static void rope_task(void *arg, int task, int ntasks) {
         for (int h = 0; h < r->NH; h++) {
             float *restrict x1 = r->x + ((size_t)bt * (size_t)r->NH + (size_t)h) * (size_t)r->D;
             float *restrict x2 = x1 + half;
-            for (int i = 0; i < half; i++) {
-                float a = x1[i], b = x2[i], c = cs[i], s = sign * sn[i];
-                x1[i] = a * c - b * s;
-                x2[i] = b * c + a * s;
-            }
+            for (int i = 0; i < half; i++) l3d_rope_rotate(&x1[i], &x2[i], cs[i], sign * sn[i]);
         }
     }
 }

@@ -177,11 +177,11 @@ L3D_CPU_INLINE double sum_exp_d(const float *restrict z, int n, float m) {
     double acc[8] = {0};
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += (double)l3d_cpu_expf(z[i + k] - m);
+        for (int k = 0; k < 8; k++) acc[k] += (double)l3d_expf(z[i + k] - m);
     for (int w = 4; w >= 1; w /= 2)
         for (int k = 0; k < w; k++) acc[k] += acc[k + w];
     double s = acc[0];
-    for (; i < n; i++) s += (double)l3d_cpu_expf(z[i] - m);
+    for (; i < n; i++) s += (double)l3d_expf(z[i] - m);
     return s;
 }
 
@@ -250,7 +250,7 @@ L3D_CPU_SIMD static void xvp_grad_task(void *arg, int task, int ntasks) {
         float zt = x->gstats[2 * (size_t)n + 1] - mx;
         if (x->losses) x->losses[n] = (float)(log(sum) - (double)zt);
         float k = (float)((double)gs / sum);
-        for (int i = 0; i < Vl; i++) z[i] = l3d_cpu_expf(z[i] - mx) * k;
+        for (int i = 0; i < Vl; i++) z[i] = l3d_expf(z[i] - mx) * k;
         if (owns(t, x->v0, Vl)) z[t - x->v0] -= gs;
     }
 }

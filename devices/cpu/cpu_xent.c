@@ -25,7 +25,7 @@ L3D_CPU_SIMD static void xent_row(const xent_t *x, int n) {
     }
     float mx = l3d_cpu_maxf(z, V, -INFINITY);
     float zt = z[t] - mx;
-    for (int i = 0; i < V; i++) z[i] = l3d_cpu_expf(z[i] - mx);
+    for (int i = 0; i < V; i++) z[i] = l3d_expf(z[i] - mx);
     // The sum is in double (V can be 128k) in a fixed order.
     double sum = l3d_cpu_sumd(z, V);
     if (x->losses) x->losses[n] = (float)(log(sum) - (double)zt);
