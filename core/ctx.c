@@ -185,6 +185,10 @@ void l3d_strfree(l3d_ctx_t *ctx, char *s) {
     if (s) l3d_free(ctx, s, strlen(s) + 1, "other");
 }
 
+void l3d_mem_account(l3d_ctx_t *ctx, const char *tag, size_t bytes, int sign) {
+    account(ctx, tag ? tag : "other", bytes, sign);
+}
+
 size_t l3d_ctx_mem_in_use(const l3d_ctx_t *ctx, const char *tag) {
     l3d_ctx_t *c = (l3d_ctx_t *)ctx;  // (atomic loads take non-const pointers in C11)
     if (!tag) return atomic_load(&c->in_use);

@@ -93,6 +93,9 @@ void l3d_check_trace(l3d_ctx_t *ctx, l3d_status st, const char *file, int line);
 void *l3d_malloc(l3d_ctx_t *ctx, size_t size, const char *tag);
 void *l3d_calloc(l3d_ctx_t *ctx, size_t n, size_t size, const char *tag);
 void l3d_free(l3d_ctx_t *ctx, void *ptr, size_t size, const char *tag);
+// Memory a device allocates itself (a GPU's): counted by tag as l3d_malloc counts, so the
+// accounting and the memory report see it; sign +1 when allocated, -1 when freed.
+void l3d_mem_account(l3d_ctx_t *ctx, const char *tag, size_t bytes, int sign);
 char *l3d_strdup(l3d_ctx_t *ctx, const char *s);  // tag "other"; free with l3d_strfree
 void l3d_strfree(l3d_ctx_t *ctx, char *s);
 

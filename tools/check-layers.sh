@@ -24,7 +24,7 @@ core/plan 7
 core/monitor 7
 '
 
-files=$(find core platform devices transports include -name '*.[ch]' 2>/dev/null | sort)
+files=$(find core platform devices transports include \( -name '*.[ch]' -o -name '*.cu' \) 2>/dev/null | sort)
 [ -n "$files" ] || { echo "check-layers: no sources under $(pwd)" >&2; exit 2; }
 
 # shellcheck disable=SC2086

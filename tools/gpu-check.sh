@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# The GPU check (issue 28): one prepared script for a lent GPU, whose time is short. It prints
+# the GPU's facts and library versions first, then runs its sections in order of value, each
+# under its own timeout, and ends with one PASS / FAIL / SKIP table.
+#
+# Usage: tools/gpu-check.sh [--build DIR] [--only a,b,...] [--list]
+#   --build DIR  a build tree made elsewhere and carried (device tool: carry it); default: a
+#                build/gpu-check tree configured here for the GPU's own architecture
+#   --only       sections to run (default: all, in this order)
+# Sections so far (the device grows entry by entry; each lands with its section):
+#   facts     nvidia-smi, the driver, nvcc, cuBLASLt and NCCL versions          (30 s)
+#   build     configure and build for the GPU's architecture, unless --build    (420 s)
+#   ops       tests/test_cuda_device.c: every CUDA entry built so far against the CPU device,
+#             bounds derived in the test                                        (180 s)
+#   memcheck  compute-sanitizer memcheck and racecheck on the same tests         (240 s)
+# Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
+set -u
+cd "$(dirname "$0")/.."
+build="" only="facts,build,ops,memcheck"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --build) build=$2; shift 2 ;;
+    --only) only=$2; shift 2 ;;
+    --list) sed -n '/^# Sections/,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set -u/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-check: unknown argument $1 (--build DIR, --only a,b, --list)" >&2; exit 2 ;;
+  esac
+done
+export PATH=/usr/local/cuda/bin:$PATH
+rows=()
+record() { rows+=("$(printf '| %-9s | %-4s | %s |' "$1" "$2" "$3")"); echo "== $1: $2 $3"; }
+want() { case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+has_gpu() { nvidia-smi -L >/dev/null 2>&1; }
+
+if want facts; then
+  echo "== facts"
+  if has_gpu; then
+    nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version,clocks.max.sm --format=csv
+    record facts ok "$(nvidia-smi --query-gpu=name,compute_cap --format=csv,noheader | head -1)"
+  else
+    record facts SKIP "no GPU (nvidia-smi -L failed)"
+  fi
+  nvcc --version | tail -1
+  for h in cublas_api.h nccl.h; do
+    f=/usr/local/cuda/include/$h
+    [ -f "$f" ] && grep -hE '#define (CUBLAS_VER_(MAJOR|MINOR|PATCH)|NCCL_(MAJOR|MINOR|PATCH)) ' "$f" | tr '\n' ' ' && echo
+  done
+fi
+
+arch=""
+if has_gpu; then arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -1 | tr -d .); fi
+if want build; then
+  if [ -n "$build" ]; then
+    record build ok "carried tree $build"
+  elif [ -z "$arch" ]; then
+    record build SKIP "no GPU to build for"
+  else
+    build=build/gpu-check
+    if timeout 420 bash -c "cmake -S . -B $build -DL3D_WERROR=ON -DL3D_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=$arch >/dev/null && cmake --build $build -j\$(nproc) >/dev/null"; then
+      record build ok "sm_$arch in $build"
+    else
+      record build FAIL "cmake for sm_$arch (rerun without >/dev/null to see why)"
+    fi
+  fi
+fi
+[ -n "$build" ] || build=build
+
+if want ops; then
+  t=$build/tests/test_cuda_device
+  if [ ! -x "$t" ]; then
+    record ops FAIL "$t not built (L3D_WITH_CUDA off?)"
+  elif ! has_gpu; then
+    record ops SKIP "no GPU"
+  else
+    timeout 180 "$t" --verbose >"$build/gpu-check-ops.log" 2>&1; rc=$?
+    grep -E '^\[(PASS|FAIL|SKIP)\]|Assertion|Synthesis' "$build/gpu-check-ops.log" | head -40
+    [ $rc -eq 0 ] && record ops PASS "$(grep Synthesis "$build/gpu-check-ops.log")" ||
+      record ops FAIL "rc $rc: $build/gpu-check-ops.log"
+  fi
+fi
+
+if want memcheck; then
+  t=$build/tests/test_cuda_device
+  if ! has_gpu; then
+    record memcheck SKIP "no GPU"
+  elif ! command -v compute-sanitizer >/dev/null; then
+    record memcheck SKIP "no compute-sanitizer"
+  else
+    ok=1
+    for tool in memcheck racecheck; do
+      timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 "$t" --jobs 1 \
+        >"$build/gpu-check-$tool.log" 2>&1 || ok=0
+      tail -3 "$build/gpu-check-$tool.log"
+    done
+    [ $ok -eq 1 ] && record memcheck PASS "memcheck, racecheck clean" ||
+      record memcheck FAIL "see $build/gpu-check-{memcheck,racecheck}.log"
+  fi
+fi
+
+echo
+echo "| section   | result | detail |"
+echo "|---|---|---|"
+fail=0
+for r in "${rows[@]}"; do echo "$r"; case $r in *"| FAIL |"*) fail=1 ;; esac; done
+exit $fail
