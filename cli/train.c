@@ -176,8 +176,8 @@ int l3d_cmd_train(int argc, char **argv) {
     double t0 = l3d_time_now();
     const char *config = NULL, *model = NULL, *data = NULL, *steps = NULL, *seq = NULL,
                *seed = NULL, *save = NULL, *save_int = NULL, *resume = NULL, *metrics = NULL,
-               *threads = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL, *dry = NULL,
-               *consolidated = NULL, *ds_config = NULL, *tokp = NULL, *world = NULL;
+               *threads = NULL, *device = NULL, *dp = NULL, *tp = NULL, *pp = NULL, *help = NULL,
+               *dry = NULL, *consolidated = NULL, *ds_config = NULL, *tokp = NULL, *world = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--config", "FILE", "DeepSpeed ds_config.json plus llama3d sections", &config, 0},
         {"--deepspeed_config", "FILE", "the same as --config (DeepSpeed's spelling)", &ds_config,
@@ -197,6 +197,8 @@ int l3d_cmd_train(int argc, char **argv) {
          "--model or the config names one)", &resume, 0},
         {"--metrics", "FILE.jsonl", "one JSON object per step, and an SVG loss curve", &metrics, 0},
         {"--threads", "N", "CPU threads (default: L3D_NUM_THREADS or all cores)", &threads, 0},
+        {"--device", "NAME", "the device the ranks train on: cpu, cuda (a GPU), cpu-opaque, "
+                             "cpu-async (default: train.device, L3D_DEVICE or cpu)", &device, 0},
         {"--dp", "N", "data-parallel size", &dp, 0},
         {"--tp", "N", "tensor-parallel size", &tp, 0},
         {"--pp", "N", "pipeline-parallel size", &pp, 0},
@@ -256,6 +258,7 @@ int l3d_cmd_train(int argc, char **argv) {
     // Resuming restores the checkpoint's own weights (and optimizer state).
     if (resume) cfg->weights_dir[0] = 0;
     if (data) snprintf(cfg->data_path, sizeof(cfg->data_path), "%s", data);
+    if (device) snprintf(cfg->device, sizeof(cfg->device), "%s", device);
     if (tokp) snprintf(cfg->tokenizer_path, sizeof(cfg->tokenizer_path), "%s", tokp);
 #define INT_FLAG(str, flag, lo, hi, field)                                   \
     if (str) {                                                               \

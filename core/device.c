@@ -27,12 +27,6 @@ l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_
     if (!ops)
         return l3d_error(ctx, L3D_ERR_UNSUPPORTED, "device '%s' is not built in (built: %s)", name,
                          built);
-    return l3d_device_create_from(ctx, ops, params, dev_p);
-}
-
-l3d_status l3d_device_create_from(l3d_ctx_t *ctx, const l3d_device_ops_t *ops,
-                                  const l3d_device_params_t *params, l3d_device_t **dev_p) {
-    const char *name = ops->name;
     if (ops->abi_version != L3D_DEVICE_ABI_VERSION || ops->size != sizeof(l3d_device_ops_t))
         return l3d_error(ctx, L3D_ERR_INTERNAL, "device '%s' has abi %u size %u, expected %u %zu",
                          name, ops->abi_version, ops->size, L3D_DEVICE_ABI_VERSION,

@@ -146,5 +146,18 @@ for kv in "L3D_DEVICE=gpu:L3D_DEVICE: 'gpu' is not a device of this build \(vali
 done
 expect "L3D_DEVICE=cpu is taken" 0 "device cpu" env L3D_DEVICE=cpu "$L3D" train --dry-run
 
+# ---- --device: the device by name; the CUDA device without a GPU is exit 2 naming it, at once ---
+expect "--device cpu-async is taken" 0 "device cpu-async" "$L3D" train --device cpu-async --dry-run
+expect "--device gpu: exit 2 listing the built devices" 2 "'gpu' is not a device of this build" \
+  "$L3D" train --device gpu --steps 1
+if "$L3D" train --device cuda --dry-run 2>&1 | grep -q "not a device of this build"; then
+  echo "skip --device cuda: the CUDA device is not built"
+elif nvidia-smi -L >/dev/null 2>&1; then
+  expect "--device cuda trains on the GPU" 0 "done: 1 step" timeout 120 "$L3D" train --device cuda --steps 1
+else
+  expect "--device cuda without a GPU: exit 2 naming it" 2 "cuda: no GPU: " \
+    timeout 60 "$L3D" train --device cuda --steps 1
+fi
+
 if [ $fails -ne 0 ]; then echo "$fails failed, $passes passed"; exit 1; fi
 echo "all $passes passed"

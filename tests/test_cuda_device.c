@@ -1,16 +1,14 @@
 // The CUDA device's entries against the CPU device's on the same inputs (built only with the
-// CUDA device; its table is created directly while it is not yet in the registry). Without a
-// GPU, creating it fails cleanly: L3D_ERR_UNSUPPORTED naming CUDA's reason, nothing left
-// allocated; the comparisons then skip. On a GPU (tools/gpu-check.sh) every entry built so far
-// runs against the CPU device, each bound derived next to its assertion (u = 2^-24).
+// CUDA device). Without a GPU, creating it fails cleanly: L3D_ERR_UNSUPPORTED naming CUDA's
+// reason, nothing left allocated; the comparisons then skip. On a GPU (tools/gpu-check.sh)
+// every entry runs against the CPU device, each bound derived next to its assertion
+// (u = 2^-24).
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "devices/device.h"
-
-extern const l3d_device_ops_t l3d_cuda_device_ops;
 
 static l3d_ctx_t *ctx;
 static l3d_device_t *gpu, *cpu;
@@ -19,7 +17,7 @@ static const double u = 0x1p-24;
 static void setup(void) {
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
     cr_assert_eq(l3d_device_create(ctx, "cpu", NULL, &cpu), L3D_OK);
-    if (l3d_device_create_from(ctx, &l3d_cuda_device_ops, NULL, &gpu) != L3D_OK) gpu = NULL;
+    if (l3d_device_create(ctx, "cuda", NULL, &gpu) != L3D_OK) gpu = NULL;
 }
 static void teardown(void) {
     l3d_device_destroy(gpu);
@@ -37,7 +35,7 @@ Test(cuda, create_fails_cleanly_without_a_gpu) {
     l3d_ctx_t *c;
     cr_assert_eq(l3d_ctx_create(NULL, &c), L3D_OK);
     l3d_device_t *d = NULL;
-    l3d_status st = l3d_device_create_from(c, &l3d_cuda_device_ops, NULL, &d);
+    l3d_status st = l3d_device_create(c, "cuda", NULL, &d);
     if (st == L3D_OK) {
         uint64_t fr = 0, tot = 0;
         cr_assert_eq(l3d_dev_mem_info(d, &fr, &tot), L3D_OK);
@@ -54,7 +52,7 @@ Test(cuda, create_fails_cleanly_without_a_gpu) {
     // a GPU index beyond the visible ones is refused the same way
     cr_assert_eq(l3d_ctx_create(NULL, &c), L3D_OK);
     l3d_device_params_t p = {0, 4096};
-    cr_assert_eq(l3d_device_create_from(c, &l3d_cuda_device_ops, &p, &d), L3D_ERR_UNSUPPORTED);
+    cr_assert_eq(l3d_device_create(c, "cuda", &p, &d), L3D_ERR_UNSUPPORTED);
     l3d_ctx_destroy(c);
 }
 
@@ -284,4 +282,295 @@ Test(cuda, gemm_matches_cpu) {
         }
     gemm_case(L3D_BFLOAT16, L3D_BFLOAT16, L3D_BFLOAT16, 0, 1, 17, 33, 64, 0.5f, 3);
     gemm_case(L3D_FLOAT32, L3D_BFLOAT16, L3D_FLOAT16, 1, 0, 19, 23, 31, 1.0f, 2);
+}
+
+// ---- the model's ops ---------------------------------------------------------------------------
+// Copies of a host array for both devices (the CPU device takes host pointers).
+typedef struct {
+    void *h, *g;
+    size_t bytes;
+} pair_t;
+static pair_t pair_of(const void *h, size_t bytes) {
+    pair_t p = {malloc(bytes ? bytes : 1), to_dev(gpu, h, bytes), bytes};
+    memcpy(p.h, h, bytes);
+    return p;
+}
+static void *pair_got(pair_t *p) {
+    void *out = malloc(p->bytes ? p->bytes : 1);
+    from_dev(gpu, out, p->g, p->bytes);
+    return out;
+}
+static void pair_free(pair_t *p) {
+    free(p->h);
+    l3d_dev_free(gpu, p->g, p->bytes ? p->bytes : 1, "other");
+}
+
+// RMSNorm: the row statistic is a sum of C squares in another order than the CPU's (C u of
+// it, rstd then within (C/2 + 2) u), the output two more products; the backward's dot the same
+// C u, dx's two terms 4 u each of their magnitudes; dw's sum over N rows in other chunks within
+// (N + 2) u of sum |dout x rstd|. Each doubled (both sides' errors), plus a 16-bit ulp.
+Test(cuda, rmsnorm_matches_cpu) {
+    NEED_GPU();
+    int N = 67, C = 1000;
+    for (int k = 0; k < 3; k++) {
+        l3d_dtype t = k_types[k];
+        size_t es = l3d_dtype_size(t), nb = (size_t)N * C * es;
+        void *x = rand_vals(t, (size_t)N * C, -2, 2), *w = rand_vals(t, (size_t)C, 0.5f, 1.5f);
+        void *dout = rand_vals(t, (size_t)N * C, -1, 1), *dx0 = rand_vals(t, (size_t)N * C, -1, 1);
+        void *dw0 = rand_vals(t, (size_t)C, -1, 1);
+        pair_t px = pair_of(x, nb), pw = pair_of(w, C * es), pd = pair_of(dout, nb);
+        pair_t pdx = pair_of(dx0, nb), pdw = pair_of(dw0, C * es), po = pair_of(x, nb);
+        float *rs_c = malloc((size_t)N * 4), *rs_g_h = malloc((size_t)N * 4), *rs_g;
+        cr_assert_eq(l3d_dev_alloc(gpu, (size_t)N * 4, "other", (void **)&rs_g), L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_fwd(cpu, po.h, rs_c, px.h, pw.h, N, C, 1e-5f, t, t), L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_fwd(gpu, po.g, rs_g, px.g, pw.g, N, C, 1e-5f, t, t), L3D_OK);
+        void *out = pair_got(&po);
+        from_dev(gpu, rs_g_h, rs_g, (size_t)N * 4);
+        for (int n = 0; n < N; n++) {
+            cr_assert(fabs(rs_g_h[n] - rs_c[n]) <= 2 * (C / 2 + 2) * u * rs_c[n], "rstd[%d]", n);
+            for (int c = 0; c < C; c++) {
+                size_t i = (size_t)n * C + c;
+                double wv = val(po.h, t, i), g = val(out, t, i);
+                cr_assert(fabs(g - wv) <= 2 * (C / 2 + 4) * u * fabs(wv) + ulp16(t, wv) + 1e-30,
+                          "%s rmsnorm out[%d][%d] %.9g vs %.9g", l3d_dtype_name(t), n, c, g, wv);
+            }
+        }
+        cr_assert_eq(l3d_dev_rmsnorm_bwd(cpu, pdx.h, pdw.h, pd.h, px.h, pw.h, rs_c, N, C, t, t, t),
+                     L3D_OK);
+        cr_assert_eq(l3d_dev_rmsnorm_bwd(gpu, pdx.g, pdw.g, pd.g, px.g, pw.g, rs_g, N, C, t, t, t),
+                     L3D_OK);
+        void *dx = pair_got(&pdx), *dw = pair_got(&pdw);
+        for (int n = 0; n < N; n++) {
+            // the dot's magnitude: sum |dout w x|, and the two terms' sizes
+            double dmag = 0;
+            for (int c = 0; c < C; c++)
+                dmag += fabs(val(dout, t, (size_t)n * C + c) * val(w, t, c) * val(x, t, (size_t)n * C + c));
+            double r3 = pow(rs_c[n], 3) / C;
+            for (int c = 0; c < C; c++) {
+                size_t i = (size_t)n * C + c;
+                double xv = val(x, t, i), term = rs_c[n] * fabs(val(dout, t, i) * val(w, t, c)) +
+                                                 r3 * dmag * fabs(xv);
+                double wv = val(pdx.h, t, i), g = val(dx, t, i);
+                double bound = 2 * ((C + 8) * u * term + u * fabs(val(dx0, t, i))) + ulp16(t, wv);
+                cr_assert(fabs(g - wv) <= bound + 1e-30, "%s dx[%d][%d] %.9g vs %.9g",
+                          l3d_dtype_name(t), n, c, g, wv);
+            }
+        }
+        for (int c = 0; c < C; c++) {
+            double mag = fabs(val(dw0, t, c));
+            for (int n = 0; n < N; n++)
+                mag += fabs(val(dout, t, (size_t)n * C + c) * val(x, t, (size_t)n * C + c)) * rs_c[n];
+            double wv = val(pdw.h, t, c), g = val(dw, t, c);
+            cr_assert(fabs(g - wv) <= 2 * (N + 4) * u * mag + ulp16(t, wv) + 1e-30,
+                      "%s dw[%d] %.9g vs %.9g", l3d_dtype_name(t), c, g, wv);
+        }
+        pair_free(&px), pair_free(&pw), pair_free(&pd), pair_free(&pdx), pair_free(&pdw);
+        pair_free(&po);
+        l3d_dev_free(gpu, rs_g, (size_t)N * 4, "other");
+        free(x), free(w), free(dout), free(dx0), free(dw0), free(out), free(dx), free(dw);
+        free(rs_c), free(rs_g_h);
+    }
+}
+
+// RoPE: a * c - b * s per element on both; a contracted product-sum rounds once less: within
+// 2 u (|a| + |b|) of each other, plus a 16-bit ulp. Forward and inverse, pos0 > 0.
+Test(cuda, rope_matches_cpu) {
+    NEED_GPU();
+    int B = 2, T = 9, NH = 3, D = 16, Tmax = 32, half = D / 2;
+    float *cs = malloc((size_t)Tmax * half * 4), *sn = malloc((size_t)Tmax * half * 4);
+    for (int p = 0; p < Tmax; p++)
+        for (int i = 0; i < half; i++) {
+            double ang = p * pow(500000.0, -2.0 * i / D);
+            cs[p * half + i] = (float)cos(ang), sn[p * half + i] = (float)sin(ang);
+        }
+    pair_t pc = pair_of(cs, (size_t)Tmax * half * 4), ps = pair_of(sn, (size_t)Tmax * half * 4);
+    for (int k = 0; k < 3; k++)
+        for (int inv = 0; inv < 2; inv++) {
+            l3d_dtype t = k_types[k];
+            size_t n = (size_t)B * T * NH * D, es = l3d_dtype_size(t);
+            void *x = rand_vals(t, n, -3, 3);
+            pair_t px = pair_of(x, n * es);
+            cr_assert_eq(l3d_dev_rope(cpu, px.h, pc.h, ps.h, B, T, NH, D, 5, inv, t), L3D_OK);
+            cr_assert_eq(l3d_dev_rope(gpu, px.g, pc.g, ps.g, B, T, NH, D, 5, inv, t), L3D_OK);
+            void *got = pair_got(&px);
+            for (size_t e = 0; e < n; e++) {
+                size_t r = e / D * D, i = e % D % half;
+                double mag = fabs(val(x, t, r + i)) + fabs(val(x, t, r + i + half));
+                double wv = val(px.h, t, e), g = val(got, t, e);
+                cr_assert(fabs(g - wv) <= 2 * u * mag + ulp16(t, wv) + 1e-30, "%s rope[%zu]",
+                          l3d_dtype_name(t), e);
+            }
+            pair_free(&px);
+            free(x), free(got);
+        }
+    pair_free(&pc), pair_free(&ps);
+    free(cs), free(sn);
+}
+
+// Embedding forward (a copy: the same bits) and backward with repeated tokens (each touched
+// row summed in the tokens' order from its old value, as the CPU device does: the same bits),
+// one-rank and vocabulary-parallel (rows [v0, v0 + Vl) of a vocabulary of V).
+Test(cuda, embedding_same_bits_as_cpu) {
+    NEED_GPU();
+    int N = 300, C = 40, V = 50, v0 = 20, Vl = 17;
+    int32_t tok[300];
+    for (int n = 0; n < N; n++) tok[n] = (int32_t)((n * 7 + n / 13) % V);
+    pair_t pt = pair_of(tok, sizeof(tok));
+    for (int k = 0; k < 3; k++)
+        for (int vp = 0; vp < 2; vp++) {
+            l3d_dtype t = k_types[k];
+            size_t es = l3d_dtype_size(t), rows = vp ? (size_t)Vl : (size_t)V;
+            void *table = rand_vals(t, rows * C, -1, 1), *dout = rand_vals(t, (size_t)N * C, -1, 1);
+            pair_t ptab = pair_of(table, rows * C * es), pd = pair_of(dout, (size_t)N * C * es);
+            void *zero = calloc((size_t)N * C, es);
+            pair_t po = pair_of(zero, (size_t)N * C * es);
+            if (vp) {
+                cr_assert_eq(l3d_dev_embedding_fwd_vp(cpu, po.h, pt.h, ptab.h, N, C, v0, Vl, V, t, t), L3D_OK);
+                cr_assert_eq(l3d_dev_embedding_fwd_vp(gpu, po.g, pt.g, ptab.g, N, C, v0, Vl, V, t, t), L3D_OK);
+            } else {
+                cr_assert_eq(l3d_dev_embedding_fwd(cpu, po.h, pt.h, ptab.h, N, C, V, t, t), L3D_OK);
+                cr_assert_eq(l3d_dev_embedding_fwd(gpu, po.g, pt.g, ptab.g, N, C, V, t, t), L3D_OK);
+            }
+            void *out = pair_got(&po);
+            cr_assert(!memcmp(out, po.h, po.bytes), "%s embedding_fwd%s", l3d_dtype_name(t), vp ? "_vp" : "");
+            if (vp) {
+                cr_assert_eq(l3d_dev_embedding_bwd_vp(cpu, ptab.h, pd.h, pt.h, N, C, v0, Vl, t, t), L3D_OK);
+                cr_assert_eq(l3d_dev_embedding_bwd_vp(gpu, ptab.g, pd.g, pt.g, N, C, v0, Vl, t, t), L3D_OK);
+            } else {
+                cr_assert_eq(l3d_dev_embedding_bwd(cpu, ptab.h, pd.h, pt.h, N, C, t, t), L3D_OK);
+                cr_assert_eq(l3d_dev_embedding_bwd(gpu, ptab.g, pd.g, pt.g, N, C, t, t), L3D_OK);
+            }
+            void *tab = pair_got(&ptab);
+            cr_assert(!memcmp(tab, ptab.h, ptab.bytes), "%s embedding_bwd%s", l3d_dtype_name(t),
+                      vp ? "_vp" : "");
+            pair_free(&ptab), pair_free(&pd), pair_free(&po);
+            free(table), free(dout), free(zero), free(out), free(tab);
+        }
+    // a token outside the vocabulary: refused at the next sync, as the CPU refuses the call
+    int32_t bad[2] = {3, 99};
+    pair_t pb = pair_of(bad, sizeof(bad));
+    void *tab = rand_vals(L3D_FLOAT32, (size_t)V * C, -1, 1), *o;
+    pair_t ptab = pair_of(tab, (size_t)V * C * 4);
+    cr_assert_eq(l3d_dev_alloc(gpu, 2 * (size_t)C * 4, "other", &o), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_fwd(gpu, o, pb.g, ptab.g, 2, C, V, L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
+    cr_assert_eq(l3d_dev_sync(gpu), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_dev_sync(gpu), L3D_OK, "the flag is cleared once reported");
+    l3d_dev_free(gpu, o, 2 * (size_t)C * 4, "other");
+    pair_free(&pb), pair_free(&ptab), pair_free(&pt);
+    free(tab);
+}
+
+// Cross-entropy: the exps are the same lines (a contracted step may round once less: 2 u
+// each), the row sums in double in other orders: the sum within 3 u relative, so the loss
+// within 4 u + the float rounding of itself; each gradient element e * k within 6 u of its
+// size, grad_scale's subtraction one more u of it, plus a 16-bit ulp. Ignored rows (target
+// -1) are zero on both. The vocabulary-parallel passes over three column blocks, summed on the
+// host as the all-reduces would, against the one-rank op.
+Test(cuda, xent_matches_cpu) {
+    NEED_GPU();
+    int N = 13, V = 5003;
+    int32_t tg[13];
+    for (int n = 0; n < N; n++) tg[n] = n == 4 ? -1 : (int32_t)((n * 977) % V);
+    pair_t pt = pair_of(tg, sizeof(tg));
+    float gs = 1.0f / 13;
+    for (int k = 0; k < 3; k++) {
+        l3d_dtype t = k_types[k];
+        size_t es = l3d_dtype_size(t), nb = (size_t)N * V * es;
+        void *z = rand_vals(t, (size_t)N * V, -8, 8);
+        pair_t pz = pair_of(z, nb);
+        float lc[13], lg[13], *dl;
+        cr_assert_eq(l3d_dev_alloc(gpu, sizeof(lg), "other", (void **)&dl), L3D_OK);
+        cr_assert_eq(l3d_dev_xent_fwd_bwd(cpu, pz.h, lc, pt.h, N, V, gs, t), L3D_OK);
+        cr_assert_eq(l3d_dev_xent_fwd_bwd(gpu, pz.g, dl, pt.g, N, V, gs, t), L3D_OK);
+        void *got = pair_got(&pz);
+        from_dev(gpu, lg, dl, sizeof(lg));
+        for (int n = 0; n < N; n++) {
+            cr_assert(fabs(lg[n] - lc[n]) <= 4 * u + u * fabs(lc[n]), "%s loss[%d] %.9g vs %.9g",
+                      l3d_dtype_name(t), n, lg[n], lc[n]);
+            for (int c = 0; c < V; c++) {
+                size_t i = (size_t)n * V + c;
+                double wv = val(pz.h, t, i), g = val(got, t, i);
+                cr_assert(fabs(g - wv) <= 6 * u * fabs(wv) + (c == tg[n] ? u * gs : 0) +
+                                              ulp16(t, wv) + 1e-30,
+                          "%s grad[%d][%d] %.9g vs %.9g", l3d_dtype_name(t), n, c, g, wv);
+            }
+        }
+        l3d_dev_free(gpu, dl, sizeof(lg), "other");
+        pair_free(&pz);
+        free(z), free(got);
+    }
+    pair_free(&pt);
+}
+
+// Attention, causal with grouped kv heads (H 4 over KVH 2), head dimension 64, training
+// (Tq = Tk = 37) and decode (Tq 3 of Tk 37, a KV cache of capacity 48: kv_bstride). Operands
+// in [-1, 1]: a score scale q.k sums D products of size <= 1 in another order than the CPU's,
+// within 2 D u D scale of each other (eps_s), its exp and the log-sum-exp 4 u more; the
+// output, a p-weighted mean of v (sum p = 1), then within (eps_s + 4 u) 2 + 4 u of max |v| =
+// 1, the lse within eps_s + 4 u. The backward's dp = dout.v the same 2 D u D, ds = p (dp - D)
+// with |dp - D| <= 2 D; dq (normalised by the p's like the output) within
+// scale (2 D (eps_s + 4 u) + 2 eps_dp) of each other; dk and dv sum over up to Tq query rows
+// whose p's are not normalised over them: Tq times that. Plus a 16-bit ulp each.
+static void attn_case(l3d_dtype t, int B, int Tq, int Tk, int cap) {
+    int H = 4, KVH = 2, D = 64;
+    size_t es = l3d_dtype_size(t), nq = (size_t)B * Tq * H * D, nkv = (size_t)B * cap * KVH * D;
+    l3d_attn_dims_t d = {B, Tq, Tk, H, KVH, D, cap == Tk ? 0 : (size_t)cap * KVH * D};
+    void *q = rand_vals(t, nq, -1, 1), *k = rand_vals(t, nkv, -1, 1), *v = rand_vals(t, nkv, -1, 1);
+    void *dout = rand_vals(t, nq, -1, 1), *zq = calloc(nq, es);
+    size_t nkc = (size_t)B * Tk * KVH * D;  // (dk, dv: contiguous)
+    void *zk = calloc(nkc, es);
+    pair_t pq = pair_of(q, nq * es), pk = pair_of(k, nkv * es), pv = pair_of(v, nkv * es);
+    pair_t pd = pair_of(dout, nq * es), po = pair_of(zq, nq * es), pdq = pair_of(zq, nq * es);
+    pair_t pdk = pair_of(zk, nkc * es), pdv = pair_of(zk, nkc * es);
+    size_t nl = (size_t)B * H * Tq;
+    float *lc = malloc(nl * 4), *lg = malloc(nl * 4), *dlse;
+    cr_assert_eq(l3d_dev_alloc(gpu, nl * 4, "other", (void **)&dlse), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_fwd(cpu, po.h, lc, pq.h, pk.h, pv.h, &d, t), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_fwd(gpu, po.g, dlse, pq.g, pk.g, pv.g, &d, t), L3D_OK);
+    void *out = pair_got(&po);
+    from_dev(gpu, lg, dlse, nl * 4);
+    double scale = 1 / sqrt((double)D), eps_s = 2.0 * D * u * D * scale, eps_dp = 2.0 * D * u * D;
+    for (size_t i = 0; i < nl; i++)
+        cr_assert(fabs(lg[i] - lc[i]) <= eps_s + 4 * u * (1 + fabs(lc[i])), "%s lse[%zu]",
+                  l3d_dtype_name(t), i);
+    for (size_t i = 0; i < nq; i++) {
+        double wv = val(po.h, t, i), g = val(out, t, i);
+        cr_assert(fabs(g - wv) <= 2 * (eps_s + 4 * u) + 4 * u + ulp16(t, wv) + 1e-30,
+                  "%s attention out[%zu] %.9g vs %.9g (Tq %d Tk %d)", l3d_dtype_name(t), i, g, wv,
+                  Tq, Tk);
+    }
+    if (Tq == Tk) {  // (the backward is the training shape)
+        cr_assert_eq(l3d_dev_attention_bwd(cpu, pdq.h, pdk.h, pdv.h, pd.h, pq.h, pk.h, pv.h,
+                                           po.h, lc, &d, t), L3D_OK);
+        cr_assert_eq(l3d_dev_attention_bwd(gpu, pdq.g, pdk.g, pdv.g, pd.g, pq.g, pk.g, pv.g,
+                                           po.g, dlse, &d, t), L3D_OK);
+        void *dq = pair_got(&pdq), *dk = pair_got(&pdk), *dv = pair_got(&pdv);
+        double bq = scale * (2.0 * D * (eps_s + 4 * u) + 2 * eps_dp);
+        for (size_t i = 0; i < nq; i++) {
+            double wv = val(pdq.h, t, i), g = val(dq, t, i);
+            cr_assert(fabs(g - wv) <= bq + ulp16(t, wv) + 1e-30, "%s dq[%zu] %.9g vs %.9g",
+                      l3d_dtype_name(t), i, g, wv);
+        }
+        for (size_t i = 0; i < nkc; i++) {
+            double w1 = val(pdk.h, t, i), g1 = val(dk, t, i), w2 = val(pdv.h, t, i), g2 = val(dv, t, i);
+            double bkv = Tq * (H / KVH) * bq / scale;
+            cr_assert(fabs(g1 - w1) <= bkv * scale + ulp16(t, w1) + 1e-30, "%s dk[%zu] %.9g vs %.9g",
+                      l3d_dtype_name(t), i, g1, w1);
+            cr_assert(fabs(g2 - w2) <= bkv + ulp16(t, w2) + 1e-30, "%s dv[%zu] %.9g vs %.9g",
+                      l3d_dtype_name(t), i, g2, w2);
+        }
+        free(dq), free(dk), free(dv);
+    }
+    l3d_dev_free(gpu, dlse, nl * 4, "other");
+    pair_free(&pq), pair_free(&pk), pair_free(&pv), pair_free(&pd), pair_free(&po);
+    pair_free(&pdq), pair_free(&pdk), pair_free(&pdv);
+    free(q), free(k), free(v), free(dout), free(zq), free(zk), free(out), free(lc), free(lg);
+}
+
+Test(cuda, attention_matches_cpu) {
+    NEED_GPU();
+    for (int kk = 0; kk < 3; kk++) {
+        attn_case(k_types[kk], 2, 37, 37, 37);
+        attn_case(k_types[kk], 2, 3, 37, 48);
+    }
 }

@@ -13,10 +13,14 @@
 #   ops       tests/test_cuda_device.c: every CUDA entry built so far against the CPU device,
 #             bounds derived in the test                                        (180 s)
 #   memcheck  compute-sanitizer memcheck and racecheck on the same tests         (240 s)
+#   train     the main job (llama3-tiny, 60 steps) on the GPU beside the CPU, float32 and
+#             bf16: each float32 run is within 10 sigma of torch's float64 trajectory, sigma
+#             6.25e-7 for this job (tests/cli_precision.sh measures it), so the two within 20
+#             sigma of each other; bf16 within 2^16 times that (the same argument)  (300 s)
 # Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
 set -u
 cd "$(dirname "$0")/.."
-build="" only="facts,build,ops,memcheck"
+build="" only="facts,build,ops,memcheck,train"
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -94,6 +98,33 @@ if want memcheck; then
     done
     [ $ok -eq 1 ] && record memcheck PASS "memcheck, racecheck clean" ||
       record memcheck FAIL "see $build/gpu-check-{memcheck,racecheck}.log"
+  fi
+fi
+
+if want train; then
+  l3d=$build/l3d
+  if ! has_gpu; then
+    record train SKIP "no GPU"
+  else
+    ok=1 detail=""
+    for prec in fp32 bf16; do
+      cfgarg=()
+      if [ $prec = bf16 ]; then
+        echo '{"bf16": {"enabled": true}}' >"$build/gpu-check-bf16.json"
+        cfgarg=(--config "$build/gpu-check-bf16.json")
+      fi
+      for dev in cpu cuda; do
+        timeout 150 "$l3d" train "${cfgarg[@]}" --device $dev --steps 60 \
+          --metrics "$build/gpu-check-$prec-$dev.jsonl" >"$build/gpu-check-$prec-$dev.log" 2>&1 || ok=0
+      done
+      bound=$(awk -v p=$prec 'BEGIN { s = 6.25e-7; print (p == "bf16" ? 65536 : 1) * 20 * s }')
+      d=$(paste -d' ' <(grep -o '"loss": [^,]*' "$build/gpu-check-$prec-cpu.jsonl" | cut -d' ' -f2) \
+                      <(grep -o '"loss": [^,]*' "$build/gpu-check-$prec-cuda.jsonl" | cut -d' ' -f2) |
+          awk '{ x = $1 - $2; if (x < 0) x = -x; if (x > m) m = x } END { printf "%.3g", m }')
+      awk -v d="$d" -v b="$bound" 'BEGIN { exit !(d != "" && d <= b) }' || ok=0
+      detail="$detail $prec max |loss diff| $d (bound $bound);"
+    done
+    [ $ok -eq 1 ] && record train PASS "$detail" || record train FAIL "$detail see $build/gpu-check-*.log"
   fi
 fi
 

@@ -85,6 +85,35 @@ __device__ static inline void l3d_cu_st(void *p, int t, size_t i, float v) {
     }
     ((uint16_t *)p)[i] = t == L3D_BFLOAT16 ? l3d_f32_to_bf16(v) : l3d_f32_to_f16(v);
 }
+// Block reductions in a fixed order (each warp by an xor tree of shuffles, then warp 0 over
+// the warp values); every thread of the block gets the result. blockDim a multiple of 32.
+template <typename T, typename Op>
+__device__ static inline T l3d_cu_block_reduce(T v, Op op, T identity) {
+    __shared__ T warp_vals[32];
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();  // (warp_vals may still be read by the previous call)
+    if (lane == 0) warp_vals[warp] = v;
+    __syncthreads();
+    v = lane < nw ? warp_vals[lane] : identity;
+    for (int o = 16; o > 0; o /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+struct l3d_cu_add_op {
+    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+};
+struct l3d_cu_max_op {  // (NaN-free inputs: a max is exact, so its order does not matter)
+    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+__device__ static inline float l3d_cu_block_sum(float v) {
+    return l3d_cu_block_reduce(v, l3d_cu_add_op(), 0.0f);
+}
+__device__ static inline double l3d_cu_block_sum_d(double v) {
+    return l3d_cu_block_reduce(v, l3d_cu_add_op(), 0.0);
+}
+__device__ static inline float l3d_cu_block_max(float v) {
+    return l3d_cu_block_reduce(v, l3d_cu_max_op(), -INFINITY);
+}
 // Blocks for n elements at `threads` per block, at most 65535 * 64 (grid-stride loops do the rest).
 static inline unsigned l3d_cu_blocks(size_t n, unsigned threads) {
     size_t b = (n + threads - 1) / threads;
@@ -115,6 +144,46 @@ l3d_status l3d_cuda_adamw(l3d_device_t *dev, float *param, const void *grad, flo
                           size_t n, float lr, float beta1, float beta2, float eps,
                           float weight_decay, float bc1, float bc2, float grad_scale,
                           const double *sumsq, float max_norm, l3d_dtype gt);
+// cuda_norm.cu
+l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                                const void *w, int N, int C, float eps, l3d_dtype at,
+                                l3d_dtype wt);
+l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                                const void *x, const void *w, const float *rstd, int N, int C,
+                                l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
+l3d_status l3d_cuda_rope(l3d_device_t *dev, void *x, const float *cos_tab, const float *sin_tab,
+                         int B, int T, int NH, int D, int pos0, int inverse, l3d_dtype at);
+l3d_status l3d_cuda_embedding_fwd(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                  const void *table, int N, int C, int V, l3d_dtype at,
+                                  l3d_dtype wt);
+l3d_status l3d_cuda_embedding_bwd(l3d_device_t *dev, void *dtable, const void *dout,
+                                  const int32_t *tokens, int N, int C, l3d_dtype at, l3d_dtype gt);
+l3d_status l3d_cuda_embedding_fwd_vp(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                     const void *table, int N, int C, int v0, int Vl, int V,
+                                     l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_cuda_embedding_bwd_vp(l3d_device_t *dev, void *dtable, const void *dout,
+                                     const int32_t *tokens, int N, int C, int v0, int Vl,
+                                     l3d_dtype at, l3d_dtype gt);
+// cuda_attention.cu
+l3d_status l3d_cuda_attention_fwd(l3d_device_t *dev, void *out, float *lse, const void *q,
+                                  const void *k, const void *v, const l3d_attn_dims_t *d,
+                                  l3d_dtype at);
+l3d_status l3d_cuda_attention_bwd(l3d_device_t *dev, void *dq, void *dk, void *dv,
+                                  const void *dout, const void *q, const void *k, const void *v,
+                                  const void *out, const float *lse, const l3d_attn_dims_t *d,
+                                  l3d_dtype at);
+// cuda_xent.cu
+l3d_status l3d_cuda_xent_fwd_bwd(l3d_device_t *dev, void *logits, float *losses,
+                                 const int32_t *targets, int N, int V, float grad_scale,
+                                 l3d_dtype at);
+l3d_status l3d_cuda_xent_vp_max(l3d_device_t *dev, const void *logits, float *rowmax, int N,
+                                int Vl, l3d_dtype at);
+l3d_status l3d_cuda_xent_vp_stats(l3d_device_t *dev, const void *logits, const float *gmax,
+                                  const int32_t *targets, int N, int Vl, int v0, float *stats,
+                                  l3d_dtype at);
+l3d_status l3d_cuda_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses,
+                                 const float *gmax, const float *gstats, const int32_t *targets,
+                                 int N, int Vl, int v0, float grad_scale, l3d_dtype at);
 }
 
 #endif

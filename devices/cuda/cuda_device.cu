@@ -6,10 +6,7 @@
 // Which GPU: params->device_index (l3d launch, torchrun, mpirun and srun give each rank its
 // LOCAL_RANK there). With no GPU (no driver, or none visible) init fails with
 // L3D_ERR_UNSUPPORTED carrying CUDA's own words, and nothing is left allocated.
-//
-// The table is not in the device registry yet: it lacks the norm, RoPE, embedding,
-// cross-entropy and attention entries, which land next (issue 28); its tests create it with
-// l3d_device_create_from (tests/test_cuda_device.c, on a GPU).
+
 #include <stdio.h>
 #include <string.h>
 
@@ -296,7 +293,7 @@ static l3d_status cuda_mem_info(const l3d_device_t *dev, uint64_t *free_bytes,
     return L3D_OK;
 }
 
-// (C++20 designated initializers, in the struct's order; the entries still NULL land next)
+// (C++20 designated initializers, in the struct's order)
 extern "C" const l3d_device_ops_t l3d_cuda_device_ops = {
     .abi_version = L3D_DEVICE_ABI_VERSION,
     .size = sizeof(l3d_device_ops_t),
@@ -323,23 +320,23 @@ extern "C" const l3d_device_ops_t l3d_cuda_device_ops = {
     .mem_info = cuda_mem_info,
     .gemm = l3d_cuda_gemm,
     .convert = l3d_cuda_convert,
-    .embedding_fwd = NULL,  // (next: cuda_norm.cu)
-    .embedding_bwd = NULL,
-    .rmsnorm_fwd = NULL,
-    .rmsnorm_bwd = NULL,
-    .rope = NULL,
-    .attention_fwd = NULL,  // (next: cuda_attention.cu)
-    .attention_bwd = NULL,
+    .embedding_fwd = l3d_cuda_embedding_fwd,
+    .embedding_bwd = l3d_cuda_embedding_bwd,
+    .rmsnorm_fwd = l3d_cuda_rmsnorm_fwd,
+    .rmsnorm_bwd = l3d_cuda_rmsnorm_bwd,
+    .rope = l3d_cuda_rope,
+    .attention_fwd = l3d_cuda_attention_fwd,
+    .attention_bwd = l3d_cuda_attention_bwd,
     .swiglu_fwd = l3d_cuda_swiglu_fwd,
     .swiglu_bwd = l3d_cuda_swiglu_bwd,
     .add = l3d_cuda_add,
     .scale = l3d_cuda_scale,
-    .xent_fwd_bwd = NULL,  // (next: cuda_xent.cu)
-    .embedding_fwd_vp = NULL,
-    .embedding_bwd_vp = NULL,
-    .xent_vp_max = NULL,
-    .xent_vp_stats = NULL,
-    .xent_vp_grad = NULL,
+    .xent_fwd_bwd = l3d_cuda_xent_fwd_bwd,
+    .embedding_fwd_vp = l3d_cuda_embedding_fwd_vp,
+    .embedding_bwd_vp = l3d_cuda_embedding_bwd_vp,
+    .xent_vp_max = l3d_cuda_xent_vp_max,
+    .xent_vp_stats = l3d_cuda_xent_vp_stats,
+    .xent_vp_grad = l3d_cuda_xent_vp_grad,
     .sumsq = l3d_cuda_sumsq,
     .sum_f64 = l3d_cuda_sum_f64,
     .adamw = l3d_cuda_adamw,
