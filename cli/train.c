@@ -313,6 +313,7 @@ int l3d_cmd_train(int argc, char **argv) {
         if ((st = l3d_launch_env_read(ctx, &env)) < 0) goto fail;
         rank = env.rank;
         nworld = env.size;
+        cfg->device_index = env.local_rank;  // (one GPU per rank of a node, as torchrun's)
         if (cfg->dp_auto && nworld % (cfg->tp * cfg->pp) == 0)
             cfg->dp = nworld / (cfg->tp * cfg->pp);
     }

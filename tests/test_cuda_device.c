@@ -146,8 +146,8 @@ Test(cuda, elementwise_match_cpu) {
         from_dev(gpu, got, ga, bytes);
         for (size_t i = 0; i < n; i++) {
             double w = val(ca, t, i), g = val(got, t, i);
-            cr_assert(fabs(g - w) <= 8e-6 * fabs(w) + ulp16(t, w) + 1e-30, "%s swiglu[%zu] %.9g vs %.9g",
-                      l3d_dtype_name(t), i, g, w);
+            cr_assert(fabs(g - w) <= 8e-6 * fabs(w) + ulp16(t, w) + 1e-30,
+                      "%s swiglu[%zu] %.9g vs %.9g", l3d_dtype_name(t), i, g, w);
         }
         // swiglu backward: dgate into c's copy, dup into b's (aliasing as the model does)
         cr_assert_eq(l3d_dev_copy(gpu, ga, a, bytes, L3D_COPY_H2D), L3D_OK);
@@ -214,9 +214,11 @@ Test(cuda, sumsq_sum_f64_adamw_match_cpu) {
             p[i] = p0[i] = frand(-1, 1), m[i] = frand(-1e-2f, 1e-2f), v[i] = frand(0, 1e-4f);
         float *dp = to_dev(gpu, p, n * 4), *dm = to_dev(gpu, m, n * 4), *dv = to_dev(gpu, v, n * 4);
         cr_assert_eq(l3d_dev_adamw(cpu, p, h[0], m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.19f,
-                                   0.0975f, 1.0f, &want, 0.5f, t), L3D_OK);
+                                   0.0975f, 1.0f, &want, 0.5f, t),
+                     L3D_OK);
         cr_assert_eq(l3d_dev_adamw(gpu, dp, gx[0], dm, dv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f,
-                                   0.19f, 0.0975f, 1.0f, gout, 0.5f, t), L3D_OK);
+                                   0.19f, 0.0975f, 1.0f, gout, 0.5f, t),
+                     L3D_OK);
         from_dev(gpu, pg, dp, n * 4);
         for (size_t i = 0; i < n; i++) {
             // the step's size, from the CPU's result: |p0 (1 - lr wd) - p|
@@ -243,15 +245,30 @@ Test(cuda, sumsq_sum_f64_adamw_match_cpu) {
 static void gemm_case(l3d_dtype ta, l3d_dtype tb, l3d_dtype tc, int tra, int trb, int M, int N,
                       int K, float beta, int batch) {
     size_t na = (size_t)M * K * batch, nb = (size_t)K * N * batch, nc = (size_t)M * N * batch;
-    void *a = rand_vals(ta, na, -1, 1), *b = rand_vals(tb, nb, -1, 1), *c = rand_vals(tc, nc, -1, 1);
+    void *a = rand_vals(ta, na, -1, 1), *b = rand_vals(tb, nb, -1, 1),
+         *c = rand_vals(tc, nc, -1, 1);
     size_t ea = l3d_dtype_size(ta), eb = l3d_dtype_size(tb), ec = l3d_dtype_size(tc);
     void *want = malloc(nc * ec), *got = malloc(nc * ec);
     memcpy(want, c, nc * ec);
-    void *ga = to_dev(gpu, a, na * ea), *gb = to_dev(gpu, b, nb * eb), *gc = to_dev(gpu, c, nc * ec);
-    l3d_gemm_t g = {.trans_a = tra, .trans_b = trb, .M = M, .N = N, .K = K, .alpha = 1.0f,
-                    .beta = beta, .lda = tra ? M : K, .ldb = trb ? K : N, .ldc = N, .batch = batch,
-                    .stride_a = (size_t)M * K, .stride_b = (size_t)K * N, .stride_c = (size_t)M * N,
-                    .a_type = ta, .b_type = tb, .c_type = tc};
+    void *ga = to_dev(gpu, a, na * ea), *gb = to_dev(gpu, b, nb * eb),
+         *gc = to_dev(gpu, c, nc * ec);
+    l3d_gemm_t g = {.trans_a = tra,
+                    .trans_b = trb,
+                    .M = M,
+                    .N = N,
+                    .K = K,
+                    .alpha = 1.0f,
+                    .beta = beta,
+                    .lda = tra ? M : K,
+                    .ldb = trb ? K : N,
+                    .ldc = N,
+                    .batch = batch,
+                    .stride_a = (size_t)M * K,
+                    .stride_b = (size_t)K * N,
+                    .stride_c = (size_t)M * N,
+                    .a_type = ta,
+                    .b_type = tb,
+                    .c_type = tc};
     l3d_gemm_t gc_ = g, gg = g;
     gc_.A = a, gc_.B = b, gc_.C = want;
     gg.A = ga, gg.B = gb, gg.C = gc;
@@ -262,9 +279,11 @@ static void gemm_case(l3d_dtype ta, l3d_dtype tb, l3d_dtype tc, int tra, int trb
         // sum |a||b| <= K for operands in [-1, 1]; beta C adds |beta| more
         double mag = K + fabs(beta), w = val(want, tc, i), x = val(got, tc, i);
         double bound = 2 * (K + 2) * u * mag + 2 * ulp16(tc, w);
-        cr_assert(fabs(x - w) <= bound, "gemm %s x %s -> %s (%d,%d) %dx%dx%d b%d: C[%zu] %.9g vs "
-                  "%.9g", l3d_dtype_name(ta), l3d_dtype_name(tb), l3d_dtype_name(tc), tra, trb, M,
-                  N, K, batch, i, x, w);
+        cr_assert(fabs(x - w) <= bound,
+                  "gemm %s x %s -> %s (%d,%d) %dx%dx%d b%d: C[%zu] %.9g vs "
+                  "%.9g",
+                  l3d_dtype_name(ta), l3d_dtype_name(tb), l3d_dtype_name(tc), tra, trb, M, N, K,
+                  batch, i, x, w);
     }
     l3d_dev_free(gpu, ga, na * ea, "other");
     l3d_dev_free(gpu, gb, nb * eb, "other");
@@ -344,12 +363,13 @@ Test(cuda, rmsnorm_matches_cpu) {
             // the dot's magnitude: sum |dout w x|, and the two terms' sizes
             double dmag = 0;
             for (int c = 0; c < C; c++)
-                dmag += fabs(val(dout, t, (size_t)n * C + c) * val(w, t, c) * val(x, t, (size_t)n * C + c));
+                dmag += fabs(val(dout, t, (size_t)n * C + c) * val(w, t, c) *
+                             val(x, t, (size_t)n * C + c));
             double r3 = pow(rs_c[n], 3) / C;
             for (int c = 0; c < C; c++) {
                 size_t i = (size_t)n * C + c;
-                double xv = val(x, t, i), term = rs_c[n] * fabs(val(dout, t, i) * val(w, t, c)) +
-                                                 r3 * dmag * fabs(xv);
+                double xv = val(x, t, i),
+                       term = rs_c[n] * fabs(val(dout, t, i) * val(w, t, c)) + r3 * dmag * fabs(xv);
                 double wv = val(pdx.h, t, i), g = val(dx, t, i);
                 double bound = 2 * ((C + 8) * u * term + u * fabs(val(dx0, t, i))) + ulp16(t, wv);
                 cr_assert(fabs(g - wv) <= bound + 1e-30, "%s dx[%d][%d] %.9g vs %.9g",
@@ -359,7 +379,8 @@ Test(cuda, rmsnorm_matches_cpu) {
         for (int c = 0; c < C; c++) {
             double mag = fabs(val(dw0, t, c));
             for (int n = 0; n < N; n++)
-                mag += fabs(val(dout, t, (size_t)n * C + c) * val(x, t, (size_t)n * C + c)) * rs_c[n];
+                mag +=
+                    fabs(val(dout, t, (size_t)n * C + c) * val(x, t, (size_t)n * C + c)) * rs_c[n];
             double wv = val(pdw.h, t, c), g = val(dw, t, c);
             cr_assert(fabs(g - wv) <= 2 * (N + 4) * u * mag + ulp16(t, wv) + 1e-30,
                       "%s dw[%d] %.9g vs %.9g", l3d_dtype_name(t), c, g, wv);
@@ -425,17 +446,24 @@ Test(cuda, embedding_same_bits_as_cpu) {
             void *zero = calloc((size_t)N * C, es);
             pair_t po = pair_of(zero, (size_t)N * C * es);
             if (vp) {
-                cr_assert_eq(l3d_dev_embedding_fwd_vp(cpu, po.h, pt.h, ptab.h, N, C, v0, Vl, V, t, t), L3D_OK);
-                cr_assert_eq(l3d_dev_embedding_fwd_vp(gpu, po.g, pt.g, ptab.g, N, C, v0, Vl, V, t, t), L3D_OK);
+                cr_assert_eq(
+                    l3d_dev_embedding_fwd_vp(cpu, po.h, pt.h, ptab.h, N, C, v0, Vl, V, t, t),
+                    L3D_OK);
+                cr_assert_eq(
+                    l3d_dev_embedding_fwd_vp(gpu, po.g, pt.g, ptab.g, N, C, v0, Vl, V, t, t),
+                    L3D_OK);
             } else {
                 cr_assert_eq(l3d_dev_embedding_fwd(cpu, po.h, pt.h, ptab.h, N, C, V, t, t), L3D_OK);
                 cr_assert_eq(l3d_dev_embedding_fwd(gpu, po.g, pt.g, ptab.g, N, C, V, t, t), L3D_OK);
             }
             void *out = pair_got(&po);
-            cr_assert(!memcmp(out, po.h, po.bytes), "%s embedding_fwd%s", l3d_dtype_name(t), vp ? "_vp" : "");
+            cr_assert(!memcmp(out, po.h, po.bytes), "%s embedding_fwd%s", l3d_dtype_name(t),
+                      vp ? "_vp" : "");
             if (vp) {
-                cr_assert_eq(l3d_dev_embedding_bwd_vp(cpu, ptab.h, pd.h, pt.h, N, C, v0, Vl, t, t), L3D_OK);
-                cr_assert_eq(l3d_dev_embedding_bwd_vp(gpu, ptab.g, pd.g, pt.g, N, C, v0, Vl, t, t), L3D_OK);
+                cr_assert_eq(l3d_dev_embedding_bwd_vp(cpu, ptab.h, pd.h, pt.h, N, C, v0, Vl, t, t),
+                             L3D_OK);
+                cr_assert_eq(l3d_dev_embedding_bwd_vp(gpu, ptab.g, pd.g, pt.g, N, C, v0, Vl, t, t),
+                             L3D_OK);
             } else {
                 cr_assert_eq(l3d_dev_embedding_bwd(cpu, ptab.h, pd.h, pt.h, N, C, t, t), L3D_OK);
                 cr_assert_eq(l3d_dev_embedding_bwd(gpu, ptab.g, pd.g, pt.g, N, C, t, t), L3D_OK);
@@ -452,7 +480,8 @@ Test(cuda, embedding_same_bits_as_cpu) {
     void *tab = rand_vals(L3D_FLOAT32, (size_t)V * C, -1, 1), *o;
     pair_t ptab = pair_of(tab, (size_t)V * C * 4);
     cr_assert_eq(l3d_dev_alloc(gpu, 2 * (size_t)C * 4, "other", &o), L3D_OK);
-    cr_assert_eq(l3d_dev_embedding_fwd(gpu, o, pb.g, ptab.g, 2, C, V, L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
+    cr_assert_eq(l3d_dev_embedding_fwd(gpu, o, pb.g, ptab.g, 2, C, V, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_OK);
     cr_assert_eq(l3d_dev_sync(gpu), L3D_ERR_INVALID_ARG);
     cr_assert_eq(l3d_dev_sync(gpu), L3D_OK, "the flag is cleared once reported");
     l3d_dev_free(gpu, o, 2 * (size_t)C * 4, "other");
@@ -490,8 +519,8 @@ Test(cuda, xent_matches_cpu) {
             for (int c = 0; c < V; c++) {
                 size_t i = (size_t)n * V + c;
                 double wv = val(pz.h, t, i), g = val(got, t, i);
-                cr_assert(fabs(g - wv) <= 6 * u * fabs(wv) + (c == tg[n] ? u * gs : 0) +
-                                              ulp16(t, wv) + 1e-30,
+                cr_assert(fabs(g - wv) <=
+                              6 * u * fabs(wv) + (c == tg[n] ? u * gs : 0) + ulp16(t, wv) + 1e-30,
                           "%s grad[%d][%d] %.9g vs %.9g", l3d_dtype_name(t), n, c, g, wv);
             }
         }
@@ -540,10 +569,12 @@ static void attn_case(l3d_dtype t, int B, int Tq, int Tk, int cap) {
                   Tq, Tk);
     }
     if (Tq == Tk) {  // (the backward is the training shape)
-        cr_assert_eq(l3d_dev_attention_bwd(cpu, pdq.h, pdk.h, pdv.h, pd.h, pq.h, pk.h, pv.h,
-                                           po.h, lc, &d, t), L3D_OK);
-        cr_assert_eq(l3d_dev_attention_bwd(gpu, pdq.g, pdk.g, pdv.g, pd.g, pq.g, pk.g, pv.g,
-                                           po.g, dlse, &d, t), L3D_OK);
+        cr_assert_eq(l3d_dev_attention_bwd(cpu, pdq.h, pdk.h, pdv.h, pd.h, pq.h, pk.h, pv.h, po.h,
+                                           lc, &d, t),
+                     L3D_OK);
+        cr_assert_eq(l3d_dev_attention_bwd(gpu, pdq.g, pdk.g, pdv.g, pd.g, pq.g, pk.g, pv.g, po.g,
+                                           dlse, &d, t),
+                     L3D_OK);
         void *dq = pair_got(&pdq), *dk = pair_got(&pdk), *dv = pair_got(&pdv);
         double bq = scale * (2.0 * D * (eps_s + 4 * u) + 2 * eps_dp);
         for (size_t i = 0; i < nq; i++) {
@@ -552,10 +583,11 @@ static void attn_case(l3d_dtype t, int B, int Tq, int Tk, int cap) {
                       l3d_dtype_name(t), i, g, wv);
         }
         for (size_t i = 0; i < nkc; i++) {
-            double w1 = val(pdk.h, t, i), g1 = val(dk, t, i), w2 = val(pdv.h, t, i), g2 = val(dv, t, i);
+            double w1 = val(pdk.h, t, i), g1 = val(dk, t, i), w2 = val(pdv.h, t, i),
+                   g2 = val(dv, t, i);
             double bkv = Tq * (H / KVH) * bq / scale;
-            cr_assert(fabs(g1 - w1) <= bkv * scale + ulp16(t, w1) + 1e-30, "%s dk[%zu] %.9g vs %.9g",
-                      l3d_dtype_name(t), i, g1, w1);
+            cr_assert(fabs(g1 - w1) <= bkv * scale + ulp16(t, w1) + 1e-30,
+                      "%s dk[%zu] %.9g vs %.9g", l3d_dtype_name(t), i, g1, w1);
             cr_assert(fabs(g2 - w2) <= bkv + ulp16(t, w2) + 1e-30, "%s dv[%zu] %.9g vs %.9g",
                       l3d_dtype_name(t), i, g2, w2);
         }

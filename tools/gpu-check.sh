@@ -17,10 +17,13 @@
 #             bf16: each float32 run is within 10 sigma of torch's float64 trajectory, sigma
 #             6.25e-7 for this job (tests/cli_precision.sh measures it), so the two within 20
 #             sigma of each other; bf16 within 2^16 times that (the same argument)  (300 s)
+#   layouts   the main job on the GPU as threads (dp 2, tp 2, pp 2, dp 2 x tp 2 x pp 2)
+#             against its single-rank GPU run: within 20 sigma, as every layout is within 10
+#             of the float64 trajectory                                           (400 s)
 # Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
 set -u
 cd "$(dirname "$0")/.."
-build="" only="facts,build,ops,memcheck,train"
+build="" only="facts,build,ops,memcheck,train,layouts"
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -125,6 +128,36 @@ if want train; then
       detail="$detail $prec max |loss diff| $d (bound $bound);"
     done
     [ $ok -eq 1 ] && record train PASS "$detail" || record train FAIL "$detail see $build/gpu-check-*.log"
+  fi
+fi
+
+# max |loss a - loss b| over the steps of two --metrics files
+loss_diff() {
+  paste -d' ' <(grep -o '"loss": [^,]*' "$1" | cut -d' ' -f2) <(grep -o '"loss": [^,]*' "$2" | cut -d' ' -f2) |
+    awk '{ x = $1 - $2; if (x < 0) x = -x; if (x > m) m = x; n++ } END { if (n) printf "%.3g", m }'
+}
+if want layouts; then
+  l3d=$build/l3d
+  if ! has_gpu; then
+    record layouts SKIP "no GPU"
+  else
+    ok=1 detail=""
+    # one global batch of 8 sequences for every layout (micro-batches of 4: accumulation or dp)
+    echo '{"train_batch_size": 8, "train_micro_batch_size_per_gpu": 4}' >"$build/gpu-check-b8.json"
+    timeout 150 "$l3d" train --config "$build/gpu-check-b8.json" --device cuda --steps 60 \
+      --metrics "$build/gpu-check-l1.jsonl" >"$build/gpu-check-l1.log" 2>&1 || ok=0
+    for lay in "--dp 2" "--tp 2" "--pp 2" "--dp 2 --tp 2 --pp 2"; do
+      name=$(echo "$lay" | tr -d ' -')
+      # (the layout's words split on purpose)
+      timeout 200 "$l3d" train --config "$build/gpu-check-b8.json" $lay --device cuda --steps 60 \
+        --metrics "$build/gpu-check-$name.jsonl" \
+        >"$build/gpu-check-$name.log" 2>&1 || ok=0
+      d=$(loss_diff "$build/gpu-check-l1.jsonl" "$build/gpu-check-$name.jsonl")
+      awk -v d="$d" 'BEGIN { exit !(d != "" && d <= 20 * 6.25e-7) }' || ok=0
+      detail="$detail $name $d;"
+    done
+    [ $ok -eq 1 ] && record layouts PASS "max |loss diff| (bound 1.25e-05):$detail" ||
+      record layouts FAIL "$detail see $build/gpu-check-*.log"
   fi
 fi
 

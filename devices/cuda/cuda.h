@@ -26,11 +26,12 @@ typedef struct l3d_cuda_block {
 } l3d_cuda_block_t;
 
 typedef struct l3d_cuda {
-    int index;             // the GPU
-    cudaDeviceProp prop;   // its facts (name, SMs, memory)
-    cudaStream_t stream;   // the device's own stream (dev->stream NULL means this one)
+    int index;            // the GPU
+    cudaDeviceProp prop;  // its facts (name, SMs, memory)
+    cudaStream_t stream;  // the device's own stream (dev->stream NULL means this one)
     // cuBLASLt (cuda_gemm.cu): the handle, a 32 MiB workspace, the heuristics cached per shape
     void *lt;
+    struct l3d_cuda_lt *lt_api;  // the library's entries (opened with the device)
     void *workspace;
     size_t workspace_bytes;
     struct l3d_cuda_plan *plans;
@@ -47,7 +48,9 @@ typedef struct l3d_cuda {
     int *bad;
 } l3d_cuda_t;
 
-static inline l3d_cuda_t *l3d_cuda_priv(const l3d_device_t *dev) { return (l3d_cuda_t *)dev->priv; }
+static inline l3d_cuda_t *l3d_cuda_priv(const l3d_device_t *dev) {
+    return (l3d_cuda_t *)dev->priv;
+}
 static inline cudaStream_t l3d_cuda_stream(const l3d_device_t *dev) {
     return dev->stream ? (cudaStream_t)dev->stream : l3d_cuda_priv(dev)->stream;
 }
@@ -56,9 +59,9 @@ extern "C" {
 // CUDA's error in llama3d's words: the op, CUDA's name and message (which say "no CUDA-capable
 // device is detected" or "driver version is insufficient" where there is no GPU).
 l3d_status l3d_cuda_fail(l3d_device_t *dev, cudaError_t e, const char *what);
-#define L3D_CU_CHECK(dev, call, what)                            \
-    do {                                                         \
-        cudaError_t e_ = (call);                                 \
+#define L3D_CU_CHECK(dev, call, what)                                   \
+    do {                                                                \
+        cudaError_t e_ = (call);                                        \
         if (e_ != cudaSuccess) return l3d_cuda_fail((dev), e_, (what)); \
     } while (0)
 // After a kernel launch: a bad configuration is reported at once, a fault at the next sync.
@@ -100,10 +103,15 @@ __device__ static inline T l3d_cu_block_reduce(T v, Op op, T identity) {
     return v;
 }
 struct l3d_cu_add_op {
-    template <typename T> __device__ T operator()(T a, T b) const { return a + b; }
+    template <typename T>
+    __device__ T operator()(T a, T b) const {
+        return a + b;
+    }
 };
 struct l3d_cu_max_op {  // (NaN-free inputs: a max is exact, so its order does not matter)
-    __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+    __device__ float operator()(float a, float b) const {
+        return fmaxf(a, b);
+    }
 };
 __device__ static inline float l3d_cu_block_sum(float v) {
     return l3d_cu_block_reduce(v, l3d_cu_add_op(), 0.0f);
@@ -146,8 +154,7 @@ l3d_status l3d_cuda_adamw(l3d_device_t *dev, float *param, const void *grad, flo
                           const double *sumsq, float max_norm, l3d_dtype gt);
 // cuda_norm.cu
 l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
-                                const void *w, int N, int C, float eps, l3d_dtype at,
-                                l3d_dtype wt);
+                                const void *w, int N, int C, float eps, l3d_dtype at, l3d_dtype wt);
 l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
                                 const void *x, const void *w, const float *rstd, int N, int C,
                                 l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
@@ -168,22 +175,21 @@ l3d_status l3d_cuda_embedding_bwd_vp(l3d_device_t *dev, void *dtable, const void
 l3d_status l3d_cuda_attention_fwd(l3d_device_t *dev, void *out, float *lse, const void *q,
                                   const void *k, const void *v, const l3d_attn_dims_t *d,
                                   l3d_dtype at);
-l3d_status l3d_cuda_attention_bwd(l3d_device_t *dev, void *dq, void *dk, void *dv,
-                                  const void *dout, const void *q, const void *k, const void *v,
-                                  const void *out, const float *lse, const l3d_attn_dims_t *d,
-                                  l3d_dtype at);
+l3d_status l3d_cuda_attention_bwd(l3d_device_t *dev, void *dq, void *dk, void *dv, const void *dout,
+                                  const void *q, const void *k, const void *v, const void *out,
+                                  const float *lse, const l3d_attn_dims_t *d, l3d_dtype at);
 // cuda_xent.cu
 l3d_status l3d_cuda_xent_fwd_bwd(l3d_device_t *dev, void *logits, float *losses,
                                  const int32_t *targets, int N, int V, float grad_scale,
                                  l3d_dtype at);
-l3d_status l3d_cuda_xent_vp_max(l3d_device_t *dev, const void *logits, float *rowmax, int N,
-                                int Vl, l3d_dtype at);
+l3d_status l3d_cuda_xent_vp_max(l3d_device_t *dev, const void *logits, float *rowmax, int N, int Vl,
+                                l3d_dtype at);
 l3d_status l3d_cuda_xent_vp_stats(l3d_device_t *dev, const void *logits, const float *gmax,
                                   const int32_t *targets, int N, int Vl, int v0, float *stats,
                                   l3d_dtype at);
-l3d_status l3d_cuda_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses,
-                                 const float *gmax, const float *gstats, const int32_t *targets,
-                                 int N, int Vl, int v0, float grad_scale, l3d_dtype at);
+l3d_status l3d_cuda_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses, const float *gmax,
+                                 const float *gstats, const int32_t *targets, int N, int Vl, int v0,
+                                 float grad_scale, l3d_dtype at);
 }
 
 #endif

@@ -44,9 +44,35 @@ __device__ static inline float warp_max(float v) {
     return v;
 }
 
-// ---- forward -------------------------------------------------------------------------------------
-// Block: WARPS query rows of one (b, h); grid (ceil(Tq / WARPS), H, B). Query row i sees keys
-// j <= i + Tk - Tq.
+// acc(d) += sum over the tile's rows t < n of w_t * tile[t][d] for this lane's dimensions
+// d = lane + 32 r, w_t being lane t's w (passed by shuffles), in row order.
+__device__ static inline void accumulate_rows(float acc[DR], float w, const float (*tile)[DPAD],
+                                              int n, int D, int lane) {
+    for (int t = 0; t < TILE; t++) {
+        float wt = __shfl_sync(0xffffffffu, w, t);
+        if (t >= n) break;  // (warp-uniform)
+        for (int r = 0; r < DR; r++) {
+            int d = lane + 32 * r;
+            if (d < D) acc[r] += wt * tile[t][d];
+        }
+    }
+}
+
+// Keys and values j0 .. j0 + n - 1 of kv head g into the tile, by the whole block.
+__device__ static inline void load_kv_tile(const attn_args &a, int b, int g, int j0, int n,
+                                           float (*sk)[DPAD], float (*sv)[DPAD]) {
+    for (int e = threadIdx.x; e < n * a.D; e += blockDim.x) {
+        int jj = e / a.D, d = e % a.D;
+        size_t at = kv_at(a, b, j0 + jj, g) + d;
+        sk[jj][d] = l3d_cu_ld(a.k, a.at, at);
+        sv[jj][d] = l3d_cu_ld(a.v, a.at, at);
+    }
+}
+
+// ---- forward
+// ------------------------------------------------------------------------------------- Block:
+// WARPS query rows of one (b, h); grid (ceil(Tq / WARPS), H, B). Query row i sees keys j <= i + Tk
+// - Tq.
 __global__ static void k_attn_fwd(attn_args a) {
     __shared__ float sq[WARPS][DMAX], sk[TILE][DPAD], sv[TILE][DPAD];
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -62,12 +88,7 @@ __global__ static void k_attn_fwd(attn_args a) {
     for (int j0 = 0; j0 < jend_block; j0 += TILE) {
         int nk = min(TILE, jend_block - j0);
         __syncthreads();  // (the previous tile is read by every warp)
-        for (int e = threadIdx.x; e < nk * D; e += blockDim.x) {
-            int jj = e / D, d = e % D;
-            size_t at = kv_at(a, b, j0 + jj, g) + d;
-            sk[jj][d] = l3d_cu_ld(a.k, a.at, at);
-            sv[jj][d] = l3d_cu_ld(a.v, a.at, at);
-        }
+        load_kv_tile(a, b, g, j0, nk, sk, sv);
         __syncthreads();
         if (j0 >= jend) continue;  // (warp-uniform: this row sees none of the tile)
         float s = -INFINITY;
@@ -81,14 +102,7 @@ __global__ static void k_attn_fwd(attn_args a) {
         float sum = warp_sum(p), corr, one;
         l3d_softmax_merge(m, l, mx, sum, &m, &l, &corr, &one);
         for (int r = 0; r < DR; r++) o[r] *= corr;
-        for (int jj = 0; jj < TILE; jj++) {
-            float pj = __shfl_sync(0xffffffffu, p, jj);
-            if (jj >= nk) break;
-            for (int r = 0; r < DR; r++) {
-                int d = lane + 32 * r;
-                if (d < D) o[r] += pj * sv[jj][d];
-            }
-        }
+        accumulate_rows(o, p, sv, nk, D, lane);
     }
     if (i >= a.Tq) return;
     float inv = 1.0f / l;
@@ -104,11 +118,15 @@ static l3d_status attn_check(l3d_device_t *dev, const char *op, const l3d_attn_d
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "q/k/v", at));
     if (d->B < 0 || d->Tq < 0 || d->Tk < d->Tq || d->H <= 0 || d->KVH <= 0 || d->H % d->KVH ||
         d->D <= 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "%s: bad dims B %d Tq %d Tk %d H %d KVH %d "
-                         "D %d", op, d->B, d->Tq, d->Tk, d->H, d->KVH, d->D);
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "%s: bad dims B %d Tq %d Tk %d H %d KVH %d "
+                         "D %d",
+                         op, d->B, d->Tq, d->Tk, d->H, d->KVH, d->D);
     if (d->D > DMAX)
-        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED, "%s: head dimension %d (the CUDA kernels "
-                         "take up to %d)", op, d->D, DMAX);
+        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED,
+                         "%s: head dimension %d (the CUDA kernels "
+                         "take up to %d)",
+                         op, d->D, DMAX);
     return L3D_OK;
 }
 
@@ -133,8 +151,9 @@ extern "C" l3d_status l3d_cuda_attention_fwd(l3d_device_t *dev, void *out, float
     return L3D_OK;
 }
 
-// ---- backward ------------------------------------------------------------------------------------
-// drow(B,H,Tq) = sum_d dout * out per query row (FlashAttention-2's D), a warp per row.
+// ---- backward
+// ------------------------------------------------------------------------------------ drow(B,H,Tq)
+// = sum_d dout * out per query row (FlashAttention-2's D), a warp per row.
 __global__ static void k_attn_drow(attn_args a, float *drow) {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     size_t row = (size_t)blockIdx.x * WARPS + warp, nrows = (size_t)a.B * a.Tq * a.H;
@@ -142,7 +161,8 @@ __global__ static void k_attn_drow(attn_args a, float *drow) {
     int h = (int)(row % a.H), i = (int)(row / a.H % a.Tq), b = (int)(row / a.H / a.Tq);
     size_t at = q_at(a, b, i, h);
     float s = 0.0f;
-    for (int d = lane; d < a.D; d += 32) s += l3d_cu_ld(a.dout, a.at, at + d) * l3d_cu_ld(a.o, a.at, at + d);
+    for (int d = lane; d < a.D; d += 32)
+        s += l3d_cu_ld(a.dout, a.at, at + d) * l3d_cu_ld(a.o, a.at, at + d);
     s = warp_sum(s);
     if (lane == 0) drow[((size_t)b * a.H + h) * a.Tq + i] = s;
 }
@@ -171,29 +191,18 @@ __global__ static void k_attn_dq(attn_args a) {
     for (int j0 = 0; j0 < jend_block; j0 += TILE) {
         int nk = min(TILE, jend_block - j0);
         __syncthreads();
-        for (int e = threadIdx.x; e < nk * D; e += blockDim.x) {
-            int jj = e / D, d = e % D;
-            size_t at = kv_at(a, b, j0 + jj, g) + d;
-            sk[jj][d] = l3d_cu_ld(a.k, a.at, at);
-            sv[jj][d] = l3d_cu_ld(a.v, a.at, at);
-        }
+        load_kv_tile(a, b, g, j0, nk, sk, sv);
         __syncthreads();
         if (j0 >= jend) continue;
         float ds = 0.0f;
         if (j0 + lane < jend) {
             float qk = 0.0f, dp = 0.0f;
-            for (int d = 0; d < D; d++) qk += sq[warp][d] * sk[lane][d], dp += sdo[warp][d] * sv[lane][d];
+            for (int d = 0; d < D; d++)
+                qk += sq[warp][d] * sk[lane][d], dp += sdo[warp][d] * sv[lane][d];
             float p = l3d_expf(a.scale * qk - lse);
             ds = p * (dp - dr);
         }
-        for (int jj = 0; jj < TILE; jj++) {
-            float dsj = __shfl_sync(0xffffffffu, ds, jj);
-            if (jj >= nk) break;
-            for (int r = 0; r < DR; r++) {
-                int d = lane + 32 * r;
-                if (d < D) acc[r] += dsj * sk[jj][d];
-            }
-        }
+        accumulate_rows(acc, ds, sk, nk, D, lane);
     }
     if (i >= a.Tq) return;
     for (int r = 0; r < DR; r++) {
@@ -243,18 +252,13 @@ __global__ static void k_attn_dkv(attn_args a) {
             int ii = lane, i = i0 + ii;
             if (ii < ni && i >= istart) {
                 float qk = 0.0f, dp = 0.0f;
-                for (int d = 0; d < D; d++) qk += sq[ii][d] * sk[warp][d], dp += sdo[ii][d] * sv[warp][d];
+                for (int d = 0; d < D; d++)
+                    qk += sq[ii][d] * sk[warp][d], dp += sdo[ii][d] * sv[warp][d];
                 p = l3d_expf(a.scale * qk - slse[ii]);
                 ds = p * (dp - sdr[ii]);
             }
-            for (int t = 0; t < TILE; t++) {
-                float pt = __shfl_sync(0xffffffffu, p, t), dst = __shfl_sync(0xffffffffu, ds, t);
-                if (t >= ni) break;
-                for (int r = 0; r < DR; r++) {
-                    int d = lane + 32 * r;
-                    if (d < D) dv[r] += pt * sdo[t][d], dk[r] += dst * sq[t][d];
-                }
-            }
+            accumulate_rows(dv, p, sdo, ni, D, lane);
+            accumulate_rows(dk, ds, sq, ni, D, lane);
         }
     }
     if (j >= a.Tk) return;

@@ -12,6 +12,10 @@
 
 #include "devices/cuda/cuda.h"
 
+extern "C" {
+#include "platform/platform.h"
+}
+
 l3d_status l3d_cuda_fail(l3d_device_t *dev, cudaError_t e, const char *what) {
     l3d_status st = e == cudaErrorMemoryAllocation ? L3D_ERR_NOMEM
                     : e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
@@ -24,8 +28,10 @@ l3d_status l3d_cuda_fail(l3d_device_t *dev, cudaError_t e, const char *what) {
 
 l3d_status l3d_cuda_dtype_check(l3d_device_t *dev, const char *op, const char *arg, l3d_dtype t) {
     if (t == L3D_FLOAT32 || t == L3D_BFLOAT16 || t == L3D_FLOAT16) return L3D_OK;
-    return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "%s: %s is %s (float32, bfloat16 and "
-                     "float16 only)", op, arg, l3d_dtype_name(t));
+    return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                     "%s: %s is %s (float32, bfloat16 and "
+                     "float16 only)",
+                     op, arg, l3d_dtype_name(t));
 }
 
 // ---- the caching allocator -------------------------------------------------------------------
@@ -80,8 +86,8 @@ static l3d_status cuda_alloc(l3d_device_t *dev, size_t bytes, const char *tag, v
         }
         if (e != cudaSuccess) {
             (void)cudaGetLastError();
-            return l3d_error(dev->ctx, e == cudaErrorMemoryAllocation ? L3D_ERR_NOMEM
-                                                                      : L3D_ERR_SYSTEM,
+            return l3d_error(dev->ctx,
+                             e == cudaErrorMemoryAllocation ? L3D_ERR_NOMEM : L3D_ERR_SYSTEM,
                              "cuda alloc: %zu bytes for %s on GPU %d: %s", bytes, tag, c->index,
                              cudaGetErrorString(e));
         }
@@ -134,13 +140,16 @@ static l3d_status cuda_init(l3d_device_t *dev, const l3d_device_params_t *params
                          cudaGetErrorString(e), cudaGetErrorName(e));
     }
     if (index < 0 || index >= n)
-        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED, "cuda: GPU %d requested, %d visible "
-                         "(CUDA_VISIBLE_DEVICES, LOCAL_RANK)", index, n);
+        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED,
+                         "cuda: GPU %d requested, %d visible "
+                         "(CUDA_VISIBLE_DEVICES, LOCAL_RANK)",
+                         index, n);
     l3d_cuda_t *c = (l3d_cuda_t *)l3d_calloc(dev->ctx, 1, sizeof(*c), "other");
     if (!c) return L3D_ERR_NOMEM;
     c->index = index;
     dev->priv = c;
-    dev->num_threads = 1;
+    // (host threads for what runs beside the GPU: the offloaded optimizer's CPU device)
+    dev->num_threads = params && params->num_threads > 0 ? params->num_threads : l3d_num_cores();
     l3d_status st = L3D_OK;
     if ((e = cudaSetDevice(index)) != cudaSuccess ||
         (e = cudaGetDeviceProperties(&c->prop, index)) != cudaSuccess ||
@@ -173,7 +182,9 @@ static void cuda_fini(l3d_device_t *dev) {
 }
 
 // ---- memory, copies ----------------------------------------------------------------------------
-static int cuda_is_host(const l3d_device_t *dev) { return 0; }
+static int cuda_is_host(const l3d_device_t *dev) {
+    return 0;
+}
 
 static int cuda_is_device_ptr(const l3d_device_t *dev, const void *ptr) {
     cudaPointerAttributes a;
@@ -208,7 +219,8 @@ static l3d_status cuda_sync(l3d_device_t *dev) {
     L3D_CU_CHECK(dev, cudaMemcpy(&bad, c->bad, sizeof(int), cudaMemcpyDeviceToHost), "sync");
     if (!bad) return L3D_OK;
     L3D_CU_CHECK(dev, cudaMemset(c->bad, 0, sizeof(int)), "sync");
-    return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "cuda: an op since the last sync read a "
+    return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                     "cuda: an op since the last sync read a "
                      "token id outside its vocabulary");
 }
 
@@ -277,7 +289,8 @@ static l3d_status cuda_stream_wait_event(l3d_device_t *dev, void *stream, void *
 static double cuda_peak_flops(const l3d_device_t *dev, l3d_dtype dt) {
     const cudaDeviceProp *p = &l3d_cuda_priv(dev)->prop;
     int half = dt == L3D_BFLOAT16 || dt == L3D_FLOAT16;
-    int sxm9 = p->major == 9 && p->minor == 0 && (strstr(p->name, "SXM") || strstr(p->name, "H200"));
+    int sxm9 =
+        p->major == 9 && p->minor == 0 && (strstr(p->name, "SXM") || strstr(p->name, "H200"));
     if (sxm9) return half ? 989.4e12 : 66.9e12;
     if (p->major == 8 && p->minor == 0 && strstr(p->name, "A100")) return half ? 312e12 : 19.5e12;
     return 0.0;

@@ -10,8 +10,9 @@
 
 enum { EW_THREADS = 256, SQ_BLOCKS = 256, SQ_THREADS = 256 };
 
-#define GRID_STRIDE(i, n) \
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+#define GRID_STRIDE(i, n)                                                   \
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (n); \
+         i += (size_t)gridDim.x * blockDim.x)
 
 // ---- convert -----------------------------------------------------------------------------------
 // dst(n) (dt) = src(n) (st): widening exact, narrowing to nearest even (device_math.h).
@@ -27,8 +28,10 @@ extern "C" l3d_status l3d_cuda_convert(l3d_device_t *dev, void *dst, l3d_dtype d
     cudaStream_t s = l3d_cuda_stream(dev);
     if (dst_type == src_type) {
         if (dst != src)
-            L3D_CU_CHECK(dev, cudaMemcpyAsync(dst, src, n * l3d_dtype_size(dst_type),
-                                              cudaMemcpyDeviceToDevice, s), "convert");
+            L3D_CU_CHECK(dev,
+                         cudaMemcpyAsync(dst, src, n * l3d_dtype_size(dst_type),
+                                         cudaMemcpyDeviceToDevice, s),
+                         "convert");
         return L3D_OK;
     }
     k_convert<<<l3d_cu_blocks(n, EW_THREADS), EW_THREADS, 0, s>>>(dst, dst_type, src, src_type, n);
@@ -56,8 +59,7 @@ __global__ static void k_scale(void *x, float s, size_t n, int t) {
     GRID_STRIDE(i, n) l3d_cu_st(x, t, i, l3d_cu_ld(x, t, i) * s);
 }
 
-extern "C" l3d_status l3d_cuda_scale(l3d_device_t *dev, void *x, float s, size_t n,
-                                     l3d_dtype at) {
+extern "C" l3d_status l3d_cuda_scale(l3d_device_t *dev, void *x, float s, size_t n, l3d_dtype at) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "scale", "at", at));
     if (!n) return L3D_OK;
     k_scale<<<l3d_cu_blocks(n, EW_THREADS), EW_THREADS, 0, l3d_cuda_stream(dev)>>>(x, s, n, at);
@@ -75,8 +77,8 @@ extern "C" l3d_status l3d_cuda_swiglu_fwd(l3d_device_t *dev, void *out, const vo
                                           const void *up, size_t n, l3d_dtype at) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "swiglu_fwd", "at", at));
     if (!n) return L3D_OK;
-    k_swiglu_fwd<<<l3d_cu_blocks(n, EW_THREADS), EW_THREADS, 0, l3d_cuda_stream(dev)>>>(
-        out, gate, up, n, at);
+    k_swiglu_fwd<<<l3d_cu_blocks(n, EW_THREADS), EW_THREADS, 0, l3d_cuda_stream(dev)>>>(out, gate,
+                                                                                        up, n, at);
     L3D_CU_LAUNCHED(dev, "swiglu_fwd");
     return L3D_OK;
 }
@@ -148,12 +150,15 @@ extern "C" l3d_status l3d_cuda_sumsq(l3d_device_t *dev, int n, const void *const
     // cudaMemcpyAsync returns)
     void *scr;
     size_t nparts = (size_t)(n ? n : 1) * SQ_BLOCKS;
-    L3D_CHECK(dev->ctx, l3d_cuda_scratch(dev, (nparts + (size_t)(n ? n : 1)) * sizeof(double), &scr));
+    L3D_CHECK(dev->ctx,
+              l3d_cuda_scratch(dev, (nparts + (size_t)(n ? n : 1)) * sizeof(double), &scr));
     double *part = (double *)scr, *wd = part + nparts;
     for (int k = 0; k < n; k++) {
         if (!len[k]) {
-            L3D_CU_CHECK(dev, cudaMemsetAsync(part + (size_t)k * SQ_BLOCKS, 0,
-                                              SQ_BLOCKS * sizeof(double), s), "sumsq");
+            L3D_CU_CHECK(
+                dev,
+                cudaMemsetAsync(part + (size_t)k * SQ_BLOCKS, 0, SQ_BLOCKS * sizeof(double), s),
+                "sumsq");
             continue;
         }
         k_sumsq_part<<<SQ_BLOCKS, SQ_THREADS, 0, s>>>(x[k], len[k], at,
@@ -161,8 +166,9 @@ extern "C" l3d_status l3d_cuda_sumsq(l3d_device_t *dev, int n, const void *const
         L3D_CU_LAUNCHED(dev, "sumsq");
     }
     if (w && n)
-        L3D_CU_CHECK(dev, cudaMemcpyAsync(wd, w, (size_t)n * sizeof(double),
-                                          cudaMemcpyHostToDevice, s), "sumsq");
+        L3D_CU_CHECK(dev,
+                     cudaMemcpyAsync(wd, w, (size_t)n * sizeof(double), cudaMemcpyHostToDevice, s),
+                     "sumsq");
     k_sumsq_final<<<1, 1, 0, s>>>(part, w ? wd : NULL, n, out);
     L3D_CU_LAUNCHED(dev, "sumsq");
     return L3D_OK;

@@ -15,10 +15,40 @@
 // scratch, C widened when beta reads it and rounded once at the end: the contract's float32
 // arithmetic and one rounding, at the cost of the copies. Training never asks for one (its
 // operands share the training dtype).
+//
+// cuBLASLt is opened when a device is created (dlopen, its soname, then the toolkit's library
+// directory), not linked: its 540 MB library's load-time relocations made every l3d process
+// over 200 MiB resident, on the CPU too (`l3d --help`: 7.5 MiB without it, 214 with it;
+// tests/cli_data_mem.sh bounds a run's RSS). Each device keeps its own handle on the library.
 #include <cublasLt.h>
+#include <dlfcn.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "devices/cuda/cuda.h"
+
+#define L3D_STR2(x) #x
+#define L3D_STR(x) L3D_STR2(x)
+#ifndef L3D_CUDA_LIBDIR
+#define L3D_CUDA_LIBDIR "/usr/local/cuda/lib64"
+#endif
+
+// The entries of cuBLASLt this file calls, as the library gives them.
+#define LT_FNS(X)                                                                              \
+    X(cublasLtCreate)                                                                          \
+    X(cublasLtDestroy) X(cublasLtGetStatusName) X(cublasLtMatmulDescCreate)                    \
+        X(cublasLtMatmulDescDestroy) X(cublasLtMatmulDescSetAttribute)                         \
+            X(cublasLtMatrixLayoutCreate) X(cublasLtMatrixLayoutDestroy)                       \
+                X(cublasLtMatrixLayoutSetAttribute) X(cublasLtMatmulPreferenceCreate)          \
+                    X(cublasLtMatmulPreferenceDestroy) X(cublasLtMatmulPreferenceSetAttribute) \
+                        X(cublasLtMatmulAlgoGetHeuristic) X(cublasLtMatmul)
+struct l3d_cuda_lt {
+    void *lib;
+#define LT_MEMBER(f) decltype(&::f) f;
+    LT_FNS(LT_MEMBER)
+#undef LT_MEMBER
+};
+#define LT(f) (l3d_cuda_priv(dev)->lt_api->f)
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
@@ -29,21 +59,58 @@ typedef struct l3d_cuda_plan {
 } l3d_cuda_plan_t;
 
 static l3d_status lt_fail(l3d_device_t *dev, cublasStatus_t s, const char *what) {
-    return l3d_error(dev->ctx, s == CUBLAS_STATUS_NOT_SUPPORTED ? L3D_ERR_UNSUPPORTED : L3D_ERR_SYSTEM,
-                     "cublasLt %s: %s (%d)", what, cublasLtGetStatusName(s), (int)s);
+    return l3d_error(dev->ctx,
+                     s == CUBLAS_STATUS_NOT_SUPPORTED ? L3D_ERR_UNSUPPORTED : L3D_ERR_SYSTEM,
+                     "cublasLt %s: %s (%d)", what, LT(cublasLtGetStatusName)(s), (int)s);
 }
-#define LT_CHECK(dev, call, what)                                  \
-    do {                                                           \
-        cublasStatus_t s_ = (call);                                \
-        if (s_ != CUBLAS_STATUS_SUCCESS) { st = lt_fail((dev), s_, (what)); goto done; } \
+#define LT_CHECK(dev, call, what)            \
+    do {                                     \
+        cublasStatus_t s_ = (call);          \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {   \
+            st = lt_fail((dev), s_, (what)); \
+            goto done;                       \
+        }                                    \
     } while (0)
+
+static l3d_status lt_open(l3d_device_t *dev) {
+    l3d_cuda_t *c = l3d_cuda_priv(dev);
+    const char *names[2] = {"libcublasLt.so." L3D_STR(CUBLAS_VER_MAJOR),
+                            L3D_CUDA_LIBDIR "/libcublasLt.so." L3D_STR(CUBLAS_VER_MAJOR)};
+    void *lib = NULL;
+    for (int i = 0; i < 2 && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED,
+                         "cuda: cuBLASLt: %s (not in the loader's "
+                         "path, nor in %s)",
+                         dlerror(), L3D_CUDA_LIBDIR);
+    struct l3d_cuda_lt *api = (struct l3d_cuda_lt *)l3d_calloc(dev->ctx, 1, sizeof(*api), "other");
+    if (!api) {
+        dlclose(lib);
+        return L3D_ERR_NOMEM;
+    }
+    api->lib = lib;
+    const char *missing = NULL;
+#define LT_LOAD(f) \
+    if (!(api->f = (decltype(api->f))dlsym(lib, #f)) && !missing) missing = #f;
+    LT_FNS(LT_LOAD)
+#undef LT_LOAD
+    if (missing) {
+        dlclose(lib);
+        l3d_free(dev->ctx, api, sizeof(*api), "other");
+        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED, "cuda: cuBLASLt lacks %s", missing);
+    }
+    c->lt_api = api;
+    return L3D_OK;
+}
 
 extern "C" l3d_status l3d_cuda_gemm_init(l3d_device_t *dev) {
     l3d_cuda_t *c = l3d_cuda_priv(dev);
+    L3D_CHECK(dev->ctx, lt_open(dev));
     cublasLtHandle_t h;
-    cublasStatus_t s = cublasLtCreate(&h);
+    cublasStatus_t s = LT(cublasLtCreate)(&h);
     if (s != CUBLAS_STATUS_SUCCESS)
-        return l3d_error(dev->ctx, L3D_ERR_SYSTEM, "cublasLtCreate: %s", cublasLtGetStatusName(s));
+        return l3d_error(dev->ctx, L3D_ERR_SYSTEM, "cublasLtCreate: %s",
+                         LT(cublasLtGetStatusName)(s));
     c->lt = (void *)h;
     L3D_CU_CHECK(dev, cudaMalloc(&c->workspace, WORKSPACE_BYTES), "gemm workspace");
     c->workspace_bytes = WORKSPACE_BYTES;
@@ -52,12 +119,16 @@ extern "C" l3d_status l3d_cuda_gemm_init(l3d_device_t *dev) {
 
 extern "C" void l3d_cuda_gemm_fini(l3d_device_t *dev) {
     l3d_cuda_t *c = l3d_cuda_priv(dev);
-    if (c->lt) cublasLtDestroy((cublasLtHandle_t)c->lt);
+    if (!c->lt_api) return;
+    if (c->lt) LT(cublasLtDestroy)((cublasLtHandle_t)c->lt);
     if (c->workspace) cudaFree(c->workspace);
     free(c->plans);
     c->lt = c->workspace = NULL;
     c->plans = NULL;
     c->nplans = c->cap_plans = 0;
+    dlclose(c->lt_api->lib);
+    l3d_free(dev->ctx, c->lt_api, sizeof(*c->lt_api), "other");
+    c->lt_api = NULL;
 }
 
 static cudaDataType_t lt_type(l3d_dtype t) {
@@ -78,30 +149,40 @@ static l3d_status lt_matmul(l3d_device_t *dev, const l3d_gemm_t *g) {
     l3d_status st = L3D_OK;
     int32_t bcount = batch;
     int64_t sa = (int64_t)g->stride_b, sb = (int64_t)g->stride_a, sc = (int64_t)g->stride_c;
-    LT_CHECK(dev, cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-    LT_CHECK(dev, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
+    LT_CHECK(dev, LT(cublasLtMatmulDescCreate)(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    LT_CHECK(dev,
+             LT(cublasLtMatmulDescSetAttribute)(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
              "transa");
-    LT_CHECK(dev, cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)),
+    LT_CHECK(dev,
+             LT(cublasLtMatmulDescSetAttribute)(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)),
              "transb");
-    LT_CHECK(dev, cublasLtMatrixLayoutCreate(&la, lt_type(g->b_type), ar, ac, g->ldb), "layout B");
-    LT_CHECK(dev, cublasLtMatrixLayoutCreate(&lb, lt_type(g->a_type), br, bc, g->lda), "layout A");
-    LT_CHECK(dev, cublasLtMatrixLayoutCreate(&lc, lt_type(g->c_type), g->N, g->M, g->ldc),
+    LT_CHECK(dev, LT(cublasLtMatrixLayoutCreate)(&la, lt_type(g->b_type), ar, ac, g->ldb),
+             "layout B");
+    LT_CHECK(dev, LT(cublasLtMatrixLayoutCreate)(&lb, lt_type(g->a_type), br, bc, g->lda),
+             "layout A");
+    LT_CHECK(dev, LT(cublasLtMatrixLayoutCreate)(&lc, lt_type(g->c_type), g->N, g->M, g->ldc),
              "layout C");
     if (batch > 1) {
         cublasLtMatrixLayout_t ls[3] = {la, lb, lc};
         int64_t str[3] = {sa, sb, sc};
         for (int i = 0; i < 3; i++) {
-            LT_CHECK(dev, cublasLtMatrixLayoutSetAttribute(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                           &bcount, sizeof(bcount)), "batch");
-            LT_CHECK(dev, cublasLtMatrixLayoutSetAttribute(
-                              ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i],
-                              sizeof(str[i])), "batch stride");
+            LT_CHECK(dev,
+                     LT(cublasLtMatrixLayoutSetAttribute)(ls[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                          &bcount, sizeof(bcount)),
+                     "batch");
+            LT_CHECK(
+                dev,
+                LT(cublasLtMatrixLayoutSetAttribute)(
+                    ls[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &str[i], sizeof(str[i])),
+                "batch stride");
         }
     }
     {
         // the shape's algorithm: cached, or the heuristic's first
-        int key[14] = {g->trans_a, g->trans_b, g->M, g->N, g->K, g->lda, g->ldb, g->ldc, batch,
-                       (int)g->a_type, (int)g->b_type, (int)g->c_type, g->beta != 0.0f, 0};
+        int key[14] = {
+            g->trans_a,      g->trans_b, g->M,  g->N,           g->K,           g->lda,
+            g->ldb,          g->ldc,     batch, (int)g->a_type, (int)g->b_type, (int)g->c_type,
+            g->beta != 0.0f, 0};
         size_t strides[3] = {g->stride_a, g->stride_b, g->stride_c};
         l3d_cuda_plan_t *plan = NULL;
         for (int i = 0; i < c->nplans && !plan; i++)
@@ -113,20 +194,21 @@ static l3d_status lt_matmul(l3d_device_t *dev, const l3d_gemm_t *g) {
             cublasLtMatmulHeuristicResult_t res;
             int found = 0;
             size_t ws = c->workspace_bytes;
-            LT_CHECK(dev, cublasLtMatmulPreferenceCreate(&pref), "preference");
-            cublasStatus_t s1 = cublasLtMatmulPreferenceSetAttribute(
+            LT_CHECK(dev, LT(cublasLtMatmulPreferenceCreate)(&pref), "preference");
+            cublasStatus_t s1 = LT(cublasLtMatmulPreferenceSetAttribute)(
                 pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
             cublasStatus_t s2 = s1 == CUBLAS_STATUS_SUCCESS
-                                    ? cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1,
-                                                                     &res, &found)
+                                    ? LT(cublasLtMatmulAlgoGetHeuristic)(h, op, la, lb, lc, lc,
+                                                                         pref, 1, &res, &found)
                                     : s1;
-            cublasLtMatmulPreferenceDestroy(pref);
+            LT(cublasLtMatmulPreferenceDestroy)(pref);
             LT_CHECK(dev, s2, "heuristic");
             if (!found) {
-                st = l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED, "cublasLt: no algorithm for a %dx%dx%d "
-                               "gemm of %s x %s -> %s", g->M, g->N, g->K,
-                               l3d_dtype_name(g->a_type), l3d_dtype_name(g->b_type),
-                               l3d_dtype_name(g->c_type));
+                st = l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED,
+                               "cublasLt: no algorithm for a %dx%dx%d "
+                               "gemm of %s x %s -> %s",
+                               g->M, g->N, g->K, l3d_dtype_name(g->a_type),
+                               l3d_dtype_name(g->b_type), l3d_dtype_name(g->c_type));
                 goto done;
             }
             if (c->nplans == c->cap_plans) {
@@ -145,15 +227,17 @@ static l3d_status lt_matmul(l3d_device_t *dev, const l3d_gemm_t *g) {
             plan->algo = res.algo;
         }
         // beta 0 never reads C (cuBLASLt does not, with beta 0)
-        LT_CHECK(dev, cublasLtMatmul(h, op, &g->alpha, g->B, la, g->A, lb, &g->beta, g->C, lc,
-                                     g->C, lc, &plan->algo, c->workspace, c->workspace_bytes,
-                                     l3d_cuda_stream(dev)), "matmul");
+        LT_CHECK(
+            dev,
+            LT(cublasLtMatmul)(h, op, &g->alpha, g->B, la, g->A, lb, &g->beta, g->C, lc, g->C, lc,
+                               &plan->algo, c->workspace, c->workspace_bytes, l3d_cuda_stream(dev)),
+            "matmul");
     }
 done:
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (op) cublasLtMatmulDescDestroy(op);
+    if (lc) LT(cublasLtMatrixLayoutDestroy)(lc);
+    if (lb) LT(cublasLtMatrixLayoutDestroy)(lb);
+    if (la) LT(cublasLtMatrixLayoutDestroy)(la);
+    if (op) LT(cublasLtMatmulDescDestroy)(op);
     return st;
 }
 
@@ -168,18 +252,21 @@ extern "C" l3d_status l3d_cuda_gemm(l3d_device_t *dev, const l3d_gemm_t *g) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "gemm", "B", g->b_type));
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "gemm", "C", g->c_type));
     if (g->M < 0 || g->N < 0 || g->K < 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "gemm: bad shape %d x %d x %d", g->M,
-                         g->N, g->K);
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "gemm: bad shape %d x %d x %d", g->M, g->N,
+                         g->K);
     if (!g->M || !g->N) return L3D_OK;
     if (!g->K) {  // C = beta C
         int batch = g->batch > 1 ? g->batch : 1;
         for (int b = 0; b < batch; b++)
             for (int r = 0; r < g->M; r++) {
-                void *row = (char *)g->C + ((size_t)b * g->stride_c * (batch > 1) +
-                                            (size_t)r * (size_t)g->ldc) * l3d_dtype_size(g->c_type);
+                void *row = (char *)g->C +
+                            ((size_t)b * g->stride_c * (batch > 1) + (size_t)r * (size_t)g->ldc) *
+                                l3d_dtype_size(g->c_type);
                 if (g->beta == 0.0f)
-                    L3D_CU_CHECK(dev, cudaMemsetAsync(row, 0, (size_t)g->N * l3d_dtype_size(g->c_type),
-                                                      l3d_cuda_stream(dev)), "gemm");
+                    L3D_CU_CHECK(dev,
+                                 cudaMemsetAsync(row, 0, (size_t)g->N * l3d_dtype_size(g->c_type),
+                                                 l3d_cuda_stream(dev)),
+                                 "gemm");
                 else
                     L3D_CHECK(dev->ctx, l3d_cuda_scale(dev, row, g->beta, (size_t)g->N, g->c_type));
             }

@@ -26,9 +26,9 @@ __global__ static void k_rmsnorm_fwd(void *out, float *rstd, const void *x, cons
     if (rstd && threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
-extern "C" l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd,
-                                           const void *x, const void *w, int N, int C, float eps,
-                                           l3d_dtype at, l3d_dtype wt) {
+extern "C" l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                                           const void *w, int N, int C, float eps, l3d_dtype at,
+                                           l3d_dtype wt) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_fwd", "x", at));
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_fwd", "w", wt));
     if (N < 0 || C <= 0)
@@ -74,10 +74,9 @@ __global__ static void k_rmsnorm_bwd_dw(void *dw, const float *part, int nchunks
     }
 }
 
-extern "C" l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw,
-                                           const void *dout, const void *x, const void *w,
-                                           const float *rstd, int N, int C, l3d_dtype at,
-                                           l3d_dtype wt, l3d_dtype gt) {
+extern "C" l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                                           const void *x, const void *w, const float *rstd, int N,
+                                           int C, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_bwd", "x", at));
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_bwd", "w", wt));
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_bwd", "dw", gt));
@@ -153,9 +152,9 @@ __global__ static void k_embedding_fwd(void *out, const int32_t *tok, const void
     }
 }
 
-static l3d_status embedding_fwd(l3d_device_t *dev, const char *op, void *out,
-                                const int32_t *tokens, const void *table, int N, int C, int v0,
-                                int Vl, int V, l3d_dtype at, l3d_dtype wt) {
+static l3d_status embedding_fwd(l3d_device_t *dev, const char *op, void *out, const int32_t *tokens,
+                                const void *table, int N, int C, int v0, int Vl, int V,
+                                l3d_dtype at, l3d_dtype wt) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "out", at));
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "table", wt));
     if (N < 0 || C <= 0 || V <= 0 || v0 < 0 || Vl < 0)
@@ -175,10 +174,9 @@ extern "C" l3d_status l3d_cuda_embedding_fwd(l3d_device_t *dev, void *out, const
     return embedding_fwd(dev, "embedding_fwd", out, tokens, table, N, C, 0, V, V, at, wt);
 }
 
-extern "C" l3d_status l3d_cuda_embedding_fwd_vp(l3d_device_t *dev, void *out,
-                                                const int32_t *tokens, const void *table, int N,
-                                                int C, int v0, int Vl, int V, l3d_dtype at,
-                                                l3d_dtype wt) {
+extern "C" l3d_status l3d_cuda_embedding_fwd_vp(l3d_device_t *dev, void *out, const int32_t *tokens,
+                                                const void *table, int N, int C, int v0, int Vl,
+                                                int V, l3d_dtype at, l3d_dtype wt) {
     return embedding_fwd(dev, "embedding_fwd_vp", out, tokens, table, N, C, v0, Vl, V, at, wt);
 }
 
@@ -213,9 +211,9 @@ __global__ static void k_embedding_bwd(void *dtable, const void *dout, const int
     }
 }
 
-static l3d_status embedding_bwd(l3d_device_t *dev, const char *op, void *dtable,
-                                const void *dout, const int32_t *tokens, int N, int C, int v0,
-                                int Vl, l3d_dtype at, l3d_dtype gt) {
+static l3d_status embedding_bwd(l3d_device_t *dev, const char *op, void *dtable, const void *dout,
+                                const int32_t *tokens, int N, int C, int v0, int Vl, l3d_dtype at,
+                                l3d_dtype gt) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "dout", at));
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "dtable", gt));
     if (N < 0 || C < 0 || v0 < 0 || Vl < 0)
@@ -229,8 +227,8 @@ static l3d_status embedding_bwd(l3d_device_t *dev, const char *op, void *dtable,
     k_embedding_link<<<l3d_cu_blocks((size_t)N, 256), 256, 0, s>>>(tokens, N, nxt, head);
     L3D_CU_LAUNCHED(dev, op);
     size_t n_all = (size_t)N * (size_t)C;
-    k_embedding_bwd<<<l3d_cu_blocks(n_all, 256), 256, 0, s>>>(dtable, dout, tokens, nxt, head, N,
-                                                              C, v0, Vl, at, gt);
+    k_embedding_bwd<<<l3d_cu_blocks(n_all, 256), 256, 0, s>>>(dtable, dout, tokens, nxt, head, N, C,
+                                                              v0, Vl, at, gt);
     L3D_CU_LAUNCHED(dev, op);
     return L3D_OK;
 }
@@ -243,9 +241,8 @@ extern "C" l3d_status l3d_cuda_embedding_bwd(l3d_device_t *dev, void *dtable, co
     return embedding_bwd(dev, "embedding_bwd", dtable, dout, tokens, N, C, 0, 0x7fffffff, at, gt);
 }
 
-extern "C" l3d_status l3d_cuda_embedding_bwd_vp(l3d_device_t *dev, void *dtable,
-                                                const void *dout, const int32_t *tokens, int N,
-                                                int C, int v0, int Vl, l3d_dtype at,
-                                                l3d_dtype gt) {
+extern "C" l3d_status l3d_cuda_embedding_bwd_vp(l3d_device_t *dev, void *dtable, const void *dout,
+                                                const int32_t *tokens, int N, int C, int v0, int Vl,
+                                                l3d_dtype at, l3d_dtype gt) {
     return embedding_bwd(dev, "embedding_bwd_vp", dtable, dout, tokens, N, C, v0, Vl, at, gt);
 }

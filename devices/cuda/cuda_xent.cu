@@ -74,8 +74,7 @@ extern "C" l3d_status l3d_cuda_xent_vp_max(l3d_device_t *dev, const void *logits
                                            int N, int Vl, l3d_dtype at) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "xent_vp_max", "logits", at));
     if (N < 0 || Vl < 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "xent_vp_max: bad shape N %d Vl %d", N,
-                         Vl);
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "xent_vp_max: bad shape N %d Vl %d", N, Vl);
     if (!N) return L3D_OK;
     k_vp_max<<<N, XT, 0, l3d_cuda_stream(dev)>>>(logits, rowmax, Vl, at);
     L3D_CU_LAUNCHED(dev, "xent_vp_max");
@@ -105,8 +104,8 @@ extern "C" l3d_status l3d_cuda_xent_vp_stats(l3d_device_t *dev, const void *logi
                                              int Vl, int v0, float *stats, l3d_dtype at) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "xent_vp_stats", "logits", at));
     if (N < 0 || Vl < 0 || v0 < 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
-                         "xent_vp_stats: bad shape N %d Vl %d v0 %d", N, Vl, v0);
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "xent_vp_stats: bad shape N %d Vl %d v0 %d",
+                         N, Vl, v0);
     if (!N) return L3D_OK;
     k_vp_stats<<<N, XT, 0, l3d_cuda_stream(dev)>>>(logits, gmax, targets, Vl, v0, stats, at);
     L3D_CU_LAUNCHED(dev, "xent_vp_stats");
@@ -142,8 +141,8 @@ extern "C" l3d_status l3d_cuda_xent_vp_grad(l3d_device_t *dev, void *logits, flo
                                             float grad_scale, l3d_dtype at) {
     L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "xent_vp_grad", "logits", at));
     if (N < 0 || Vl < 0 || v0 < 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
-                         "xent_vp_grad: bad shape N %d Vl %d v0 %d", N, Vl, v0);
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "xent_vp_grad: bad shape N %d Vl %d v0 %d",
+                         N, Vl, v0);
     if (!N) return L3D_OK;
     k_vp_grad<<<N, XT, 0, l3d_cuda_stream(dev)>>>(logits, losses, gmax, gstats, targets, Vl, v0,
                                                   grad_scale, at);
