@@ -606,3 +606,110 @@ Test(cuda, attention_matches_cpu) {
         attn_case(k_types[kk], 2, 3, 37, 48);
     }
 }
+
+// ---- finite differences on the GPU alone -----------------------------------------------------
+// Against something neither device's code wrote: the backward of attention and of RMSNorm as
+// the central difference of the GPU's own float32 forward, on tiny shapes. The objective is
+// L = sum_i r_i out_i for fixed random r (dL/dout = r), evaluated in double on the host; a
+// coordinate x_j moved by +-h changes L by 2 h dL/dx_j + O(h^3). In float32 each L carries the
+// outputs' rounding, at most n_out * (16 u) * max |r out| (16 u: the forward's few roundings
+// per output, its dots of D terms included for D <= 16), so the difference quotient is within
+// that / h of the exact one, plus h^2 / 6 |d^3 L / dx_j^3| (below 100 here for operands in
+// [-1, 1]). With h = 1e-2: 16 u n_out / 1e-2 + 1e-4 * 100 / 6.
+static double objective(const void *out_dev, const float *r, size_t n) {
+    float *o = malloc(n * 4);
+    from_dev(gpu, o, out_dev, n * 4);
+    double L = 0;
+    for (size_t i = 0; i < n; i++) L += (double)r[i] * o[i];
+    free(o);
+    return L;
+}
+
+Test(cuda, attention_backward_is_the_forwards_derivative) {
+    NEED_GPU();
+    int B = 1, T = 5, H = 2, KVH = 1, D = 8;
+    size_t nq = (size_t)B * T * H * D, nkv = (size_t)B * T * KVH * D;
+    l3d_attn_dims_t d = {B, T, T, H, KVH, D, 0};
+    float *q = rand_vals(L3D_FLOAT32, nq, -1, 1), *k = rand_vals(L3D_FLOAT32, nkv, -1, 1);
+    float *v = rand_vals(L3D_FLOAT32, nkv, -1, 1), *r = rand_vals(L3D_FLOAT32, nq, -1, 1);
+    float *gq = to_dev(gpu, q, nq * 4), *gk = to_dev(gpu, k, nkv * 4), *gv = to_dev(gpu, v, nkv * 4);
+    float *gr = to_dev(gpu, r, nq * 4), *go, *glse, *gdq, *gdk, *gdv;
+    cr_assert_eq(l3d_dev_alloc(gpu, nq * 4, "other", (void **)&go), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(gpu, (size_t)B * H * T * 4, "other", (void **)&glse), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(gpu, nq * 4, "other", (void **)&gdq), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(gpu, nkv * 4, "other", (void **)&gdk), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(gpu, nkv * 4, "other", (void **)&gdv), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_fwd(gpu, go, glse, gq, gk, gv, &d, L3D_FLOAT32), L3D_OK);
+    cr_assert_eq(l3d_dev_attention_bwd(gpu, gdq, gdk, gdv, gr, gq, gk, gv, go, glse, &d,
+                                       L3D_FLOAT32), L3D_OK);
+    float *an[3] = {malloc(nq * 4), malloc(nkv * 4), malloc(nkv * 4)};
+    from_dev(gpu, an[0], gdq, nq * 4);
+    from_dev(gpu, an[1], gdk, nkv * 4);
+    from_dev(gpu, an[2], gdv, nkv * 4);
+    const double h = 1e-2, bound = 16 * u * nq / h + 1e-4 * 100 / 6;
+    float *host[3] = {q, k, v}, *devp[3] = {gq, gk, gv};
+    size_t len[3] = {nq, nkv, nkv};
+    for (int which = 0; which < 3; which++)
+        for (size_t j = 0; j < len[which]; j++) {
+            float x0 = host[which][j], xs[2] = {(float)(x0 + h), (float)(x0 - h)};
+            double L[2];
+            for (int s = 0; s < 2; s++) {
+                cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &xs[s], 4, L3D_COPY_H2D), L3D_OK);
+                cr_assert_eq(l3d_dev_attention_fwd(gpu, go, NULL, gq, gk, gv, &d, L3D_FLOAT32), L3D_OK);
+                L[s] = objective(go, r, nq);
+            }
+            cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &x0, 4, L3D_COPY_H2D), L3D_OK);
+            double fd = (L[0] - L[1]) / ((double)xs[0] - xs[1]);
+            cr_assert(fabs(fd - an[which][j]) <= bound, "d%c[%zu]: backward %.7g, finite "
+                      "differences %.7g", "qkv"[which], j, (double)an[which][j], fd);
+        }
+    float *ptrs[8] = {gq, gk, gv, gr, go, gdq, gdk, gdv};
+    size_t sz[8] = {nq, nkv, nkv, nq, nq, nq, nkv, nkv};
+    for (int i = 0; i < 8; i++) l3d_dev_free(gpu, ptrs[i], sz[i] * 4, "other");
+    l3d_dev_free(gpu, glse, (size_t)B * H * T * 4, "other");
+    for (int i = 0; i < 3; i++) free(an[i]);
+    free(q), free(k), free(v), free(r);
+}
+
+// RMSNorm: dx and dw from the backward (into zeroed buffers) against central differences of
+// the forward, as above (C = 12 terms in a row's statistic).
+Test(cuda, rmsnorm_backward_is_the_forwards_derivative) {
+    NEED_GPU();
+    int N = 3, C = 12;
+    size_t n = (size_t)N * C;
+    float *x = rand_vals(L3D_FLOAT32, n, -1, 1), *w = rand_vals(L3D_FLOAT32, (size_t)C, 0.5f, 1.5f);
+    float *r = rand_vals(L3D_FLOAT32, n, -1, 1), *zero = calloc(n, 4);
+    float *gx = to_dev(gpu, x, n * 4), *gw = to_dev(gpu, w, (size_t)C * 4), *gr = to_dev(gpu, r, n * 4);
+    float *gdx = to_dev(gpu, zero, n * 4), *gdw = to_dev(gpu, zero, (size_t)C * 4), *go, *grs;
+    cr_assert_eq(l3d_dev_alloc(gpu, n * 4, "other", (void **)&go), L3D_OK);
+    cr_assert_eq(l3d_dev_alloc(gpu, (size_t)N * 4, "other", (void **)&grs), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(gpu, go, grs, gx, gw, N, C, 1e-5f, L3D_FLOAT32, L3D_FLOAT32),
+                 L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_bwd(gpu, gdx, gdw, gr, gx, gw, grs, N, C, L3D_FLOAT32,
+                                     L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
+    float *adx = malloc(n * 4), *adw = malloc((size_t)C * 4);
+    from_dev(gpu, adx, gdx, n * 4);
+    from_dev(gpu, adw, gdw, (size_t)C * 4);
+    const double h = 1e-2, bound = 16 * u * n / h + 1e-4 * 100 / 6;
+    float *host[2] = {x, w}, *devp[2] = {gx, gw}, *an[2] = {adx, adw};
+    size_t len[2] = {n, (size_t)C};
+    for (int which = 0; which < 2; which++)
+        for (size_t j = 0; j < len[which]; j++) {
+            float x0 = host[which][j], xs[2] = {(float)(x0 + h), (float)(x0 - h)};
+            double L[2];
+            for (int s = 0; s < 2; s++) {
+                cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &xs[s], 4, L3D_COPY_H2D), L3D_OK);
+                cr_assert_eq(l3d_dev_rmsnorm_fwd(gpu, go, NULL, gx, gw, N, C, 1e-5f, L3D_FLOAT32,
+                                                 L3D_FLOAT32), L3D_OK);
+                L[s] = objective(go, r, n);
+            }
+            cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &x0, 4, L3D_COPY_H2D), L3D_OK);
+            double fd = (L[0] - L[1]) / ((double)xs[0] - xs[1]);
+            cr_assert(fabs(fd - an[which][j]) <= bound, "d%s[%zu]: backward %.7g, finite "
+                      "differences %.7g", which ? "w" : "x", j, (double)an[which][j], fd);
+        }
+    float *ptrs[7] = {gx, gw, gr, gdx, gdw, go, grs};
+    size_t sz[7] = {n, (size_t)C, n, n, (size_t)C, n, (size_t)N};
+    for (int i = 0; i < 7; i++) l3d_dev_free(gpu, ptrs[i], sz[i] * 4, "other");
+    free(x), free(w), free(r), free(zero), free(adx), free(adw);
+}

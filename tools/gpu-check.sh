@@ -20,10 +20,12 @@
 #   layouts   the main job on the GPU as threads (dp 2, tp 2, pp 2, dp 2 x tp 2 x pp 2)
 #             against its single-rank GPU run: within 20 sigma, as every layout is within 10
 #             of the float64 trajectory                                           (400 s)
+#   ckpt      the main job saved on the GPU at step 10, resumed to step 20 on the CPU and on
+#             the GPU: one checkpoint continued on either device, within 20 sigma    (200 s)
 # Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
 set -u
 cd "$(dirname "$0")/.."
-build="" only="facts,build,ops,memcheck,train,layouts"
+build="" only="facts,build,ops,memcheck,train,layouts,ckpt"
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -158,6 +160,26 @@ if want layouts; then
     done
     [ $ok -eq 1 ] && record layouts PASS "max |loss diff| (bound 1.25e-05):$detail" ||
       record layouts FAIL "$detail see $build/gpu-check-*.log"
+  fi
+fi
+
+if want ckpt; then
+  l3d=$build/l3d
+  if ! has_gpu; then
+    record ckpt SKIP "no GPU"
+  else
+    ok=1
+    rm -rf "$build/gpu-check-ck"
+    timeout 100 "$l3d" train --device cuda --steps 10 --save "$build/gpu-check-ck" \
+      >"$build/gpu-check-ck.log" 2>&1 || ok=0
+    for dev in cpu cuda; do
+      timeout 100 "$l3d" train --device $dev --resume "$build/gpu-check-ck" --steps 20 \
+        --metrics "$build/gpu-check-ck-$dev.jsonl" >>"$build/gpu-check-ck.log" 2>&1 || ok=0
+    done
+    d=$(loss_diff "$build/gpu-check-ck-cpu.jsonl" "$build/gpu-check-ck-cuda.jsonl")
+    awk -v d="$d" 'BEGIN { exit !(d != "" && d <= 20 * 6.25e-7) }' || ok=0
+    [ $ok -eq 1 ] && record ckpt PASS "saved on the GPU, resumed on cpu / cuda: max |loss diff| $d" ||
+      record ckpt FAIL "max |loss diff| $d; see $build/gpu-check-ck.log"
   fi
 fi
 
