@@ -22,10 +22,13 @@
 #             of the float64 trajectory                                           (400 s)
 #   ckpt      the main job saved on the GPU at step 10, resumed to step 20 on the CPU and on
 #             the GPU: one checkpoint continued on either device, within 20 sigma    (200 s)
+#   speed     bench/device_speed.c: GEMM and attention TFLOP/s at Llama 3.2 1B's shapes, each
+#             memory-bound kernel against a copy (goals in bench/README.md; measured, never
+#             asserted)                                                            (300 s)
 # Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
 set -u
 cd "$(dirname "$0")/.."
-build="" only="facts,build,ops,memcheck,train,layouts,ckpt"
+build="" only="facts,build,ops,memcheck,train,layouts,ckpt,speed"
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -65,7 +68,7 @@ if want build; then
     record build SKIP "no GPU to build for"
   else
     build=build/gpu-check
-    if timeout 420 bash -c "cmake -S . -B $build -DL3D_WERROR=ON -DL3D_BUILD_BENCH=OFF -DCMAKE_CUDA_ARCHITECTURES=$arch >/dev/null && cmake --build $build -j\$(nproc) >/dev/null"; then
+    if timeout 420 bash -c "cmake -S . -B $build -DL3D_WERROR=ON -DCMAKE_CUDA_ARCHITECTURES=$arch >/dev/null && cmake --build $build -j\$(nproc) >/dev/null"; then
       record build ok "sm_$arch in $build"
     else
       record build FAIL "cmake for sm_$arch (rerun without >/dev/null to see why)"
@@ -180,6 +183,21 @@ if want ckpt; then
     awk -v d="$d" 'BEGIN { exit !(d != "" && d <= 20 * 6.25e-7) }' || ok=0
     [ $ok -eq 1 ] && record ckpt PASS "saved on the GPU, resumed on cpu / cuda: max |loss diff| $d" ||
       record ckpt FAIL "max |loss diff| $d; see $build/gpu-check-ck.log"
+  fi
+fi
+
+if want speed; then
+  b=$build/bench/bench_device_speed
+  if ! has_gpu; then
+    record speed SKIP "no GPU"
+  elif [ ! -x "$b" ]; then
+    record speed FAIL "$b not built (L3D_BUILD_BENCH=ON)"
+  elif timeout 300 "$b" --device cuda >"$build/gpu-check-speed.md" 2>&1; then
+    cat "$build/gpu-check-speed.md"
+    record speed ok "table in $build/gpu-check-speed.md (bench/README.md records it)"
+  else
+    tail -5 "$build/gpu-check-speed.md"
+    record speed FAIL "see $build/gpu-check-speed.md"
   fi
 fi
 
