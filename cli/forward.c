@@ -7,10 +7,12 @@
 #include "core/l3d_core.h"
 #include "platform/platform.h"
 
-static l3d_status open_model(l3d_ctx_t *ctx, const char *dir, l3d_device_t **dev_p,
-                             l3d_model_t **model_p) {
+// device: --device, else L3D_DEVICE (the settings' default, cpu)
+static l3d_status open_model(l3d_ctx_t *ctx, const char *dir, const char *device,
+                             l3d_device_t **dev_p, l3d_model_t **model_p) {
     l3d_device_params_t p = {.num_threads = l3d_ctx_settings(ctx)->num_threads};
-    L3D_CHECK(ctx, l3d_device_create(ctx, l3d_ctx_settings(ctx)->device, &p, dev_p));
+    if (!device) device = l3d_ctx_settings(ctx)->device;
+    L3D_CHECK(ctx, l3d_device_create(ctx, device, &p, dev_p));
     l3d_status st = l3d_model_open(ctx, *dev_p, dir, model_p);
     if (st < 0) {
         l3d_device_destroy(*dev_p);
@@ -56,11 +58,13 @@ static int parse_tokens(const char *s, int32_t **ids_p, int *n_p) {
 }
 
 int l3d_cmd_forward(int argc, char **argv) {
-    const char *ckpt = NULL, *tokens = NULL, *outp = NULL, *help = NULL;
+    const char *ckpt = NULL, *tokens = NULL, *outp = NULL, *device = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--tokens", "ID,ID,...", "token ids of one sequence", &tokens, 0},
         {"--out", "FILE", "float32 little-endian logits (T x vocab), row-major", &outp, 0},
+        {"--device", "NAME", "cpu, cuda, cpu-opaque, cpu-async (default: L3D_DEVICE or cpu)",
+         &device, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -86,7 +90,7 @@ int l3d_cmd_forward(int argc, char **argv) {
     l3d_model_t *m = NULL;
     float *logits = NULL;
     int rc = L3D_EXIT_OK;
-    L3D_CHECK_GOTO(ctx, open_model(ctx, ckpt, &dev, &m), st, fail);
+    L3D_CHECK_GOTO(ctx, open_model(ctx, ckpt, device, &dev, &m), st, fail);
     const l3d_model_config_t *cfg = l3d_model_config(m);
     if (n > cfg->max_position_embeddings) {
         st = l3d_error(ctx, L3D_ERR_CONFIG, "--tokens has %d ids; the model's context is %d", n,

@@ -31,6 +31,7 @@ typedef struct gen_job {
     int set_temp, set_topp, set_topk;  // given on the command line (generation_config.json
                                        // supplies the others)
     int tp, pp, nthreads;  // nthreads: --threads (0: not given)
+    const char *device;    // --device (NULL: L3D_DEVICE, else cpu)
     int local_ranks;       // ranks sharing this node's cores
 } gen_job_t;
 
@@ -133,7 +134,8 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     int nt = job->nthreads ? job->nthreads : l3d_ctx_settings(ctx)->num_threads;
     if (!nt && r->world > 1) nt = L3D_MAX(1, l3d_num_cores() / L3D_MAX(1, job->local_ranks));
     l3d_device_params_t dp = {.num_threads = nt};
-    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, l3d_ctx_settings(ctx)->device, &dp, &dev), st, fail);
+    const char *dname = job->device ? job->device : l3d_ctx_settings(ctx)->device;
+    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, dname, &dp, &dev), st, fail);
     // The model's config first: the tokenizer is checked against its vocabulary and the
     // prompt against its context before any weight is read.
     char path[1200];
@@ -259,7 +261,7 @@ int l3d_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *chat = NULL, *tokp = NULL, *date = NULL,
                *maxt = NULL, *temp = NULL, *topk = NULL, *topp = NULL, *minp = NULL,
                *rep = NULL, *freq = NULL, *pres = NULL, *lastn = NULL, *seed = NULL, *tps = NULL,
-               *pps = NULL, *threads = NULL, *help = NULL;
+               *pps = NULL, *threads = NULL, *device = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--prompt", "TEXT", "text to continue", &prompt, 0},
@@ -284,6 +286,8 @@ int l3d_cmd_generate(int argc, char **argv) {
         {"--pp", "N", "pipeline stages (default 1)", &pps, 0},
         {"--threads", "N", "CPU threads per rank (default: the cores shared by the ranks)",
          &threads, 0},
+        {"--device", "NAME", "cpu, cuda, cpu-opaque, cpu-async (default: L3D_DEVICE or cpu)",
+         &device, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -319,6 +323,7 @@ int l3d_cmd_generate(int argc, char **argv) {
     job.pp = pps ? (int)v : 1;
     if (threads && l3d_cli_int("generate", "--threads", threads, 0, 4096, &v)) return 2;
     job.nthreads = threads ? (int)v : 0;
+    job.device = device;
     job.sp.temperature = (float)T;
     job.sp.top_k = (int)k;
     job.sp.top_p = (float)P;

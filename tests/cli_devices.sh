@@ -56,6 +56,25 @@ for d in cpu-opaque cpu-async; do
   cmp -s "$tmp/f.cpu" "$tmp/f.$d"; check "$d: the same logits" $?
 done
 
+# --device on generate and forward names the device as L3D_DEVICE does: the same text and
+# logits from the cpu device's checkpoint on cpu-async; an unknown name is exit 2 listing the
+# built ones.
+timeout 300 "$L3D" generate --device cpu-async --checkpoint "$tmp/ck.cpu" --tp 2 --pp 2 \
+  --prompt "The GNU" --max-tokens 24 --temperature 0 >"$tmp/g.flag" 2>"$tmp/ge.flag"
+check "generate --device cpu-async" $? "$tmp/ge.flag"
+cmp -s "$tmp/g.cpu" "$tmp/g.flag"; check "generate --device cpu-async: the same text" $? "$tmp/g.flag"
+timeout 300 "$L3D" forward --device cpu-opaque --checkpoint "$tmp/ck.cpu" \
+  --tokens 1,72,101,108,108,111 --out "$tmp/f.flag" >"$tmp/fo.flag" 2>&1
+check "forward --device cpu-opaque" $? "$tmp/fo.flag"
+cmp -s "$tmp/f.cpu" "$tmp/f.flag"; check "forward --device cpu-opaque: the same logits" $?
+for c in "generate --prompt x" "forward --tokens 1 --out $tmp/f.bad"; do
+  # (the command's own flags split on purpose)
+  timeout 60 "$L3D" $c --device gpu --checkpoint "$tmp/ck.cpu" >"$tmp/bad" 2>&1
+  rc=$?
+  [ $rc -eq 2 ] && grep -q "'gpu' is not built in" "$tmp/bad"
+  check "${c%% *} --device gpu: exit 2 naming the built devices (rc $rc)" $? "$tmp/bad"
+done
+
 # Processes over the network transports: their buffers are host memory, the device's are
 # staged (docs/comm.md).
 built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
