@@ -44,6 +44,11 @@ rows=()
 record() { rows+=("$(printf '| %-9s | %-4s | %s |' "$1" "$2" "$3")"); echo "== $1: $2 $3"; }
 want() { case ",$only," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 has_gpu() { nvidia-smi -L >/dev/null 2>&1; }
+# max |loss a - loss b| over the steps of two --metrics files
+loss_diff() {
+  paste -d' ' <(grep -o '"loss": [^,]*' "$1" | cut -d' ' -f2) <(grep -o '"loss": [^,]*' "$2" | cut -d' ' -f2) |
+    awk '{ x = $1 - $2; if (x < 0) x = -x; if (x > m) m = x; n++ } END { if (n) printf "%.3g", m }'
+}
 
 if want facts; then
   echo "== facts"
@@ -127,9 +132,7 @@ if want train; then
           --metrics "$build/gpu-check-$prec-$dev.jsonl" >"$build/gpu-check-$prec-$dev.log" 2>&1 || ok=0
       done
       bound=$(awk -v p=$prec 'BEGIN { s = 6.25e-7; print (p == "bf16" ? 65536 : 1) * 20 * s }')
-      d=$(paste -d' ' <(grep -o '"loss": [^,]*' "$build/gpu-check-$prec-cpu.jsonl" | cut -d' ' -f2) \
-                      <(grep -o '"loss": [^,]*' "$build/gpu-check-$prec-cuda.jsonl" | cut -d' ' -f2) |
-          awk '{ x = $1 - $2; if (x < 0) x = -x; if (x > m) m = x } END { printf "%.3g", m }')
+      d=$(loss_diff "$build/gpu-check-$prec-cpu.jsonl" "$build/gpu-check-$prec-cuda.jsonl")
       awk -v d="$d" -v b="$bound" 'BEGIN { exit !(d != "" && d <= b) }' || ok=0
       detail="$detail $prec max |loss diff| $d (bound $bound);"
     done
@@ -137,11 +140,6 @@ if want train; then
   fi
 fi
 
-# max |loss a - loss b| over the steps of two --metrics files
-loss_diff() {
-  paste -d' ' <(grep -o '"loss": [^,]*' "$1" | cut -d' ' -f2) <(grep -o '"loss": [^,]*' "$2" | cut -d' ' -f2) |
-    awk '{ x = $1 - $2; if (x < 0) x = -x; if (x > m) m = x; n++ } END { if (n) printf "%.3g", m }'
-}
 if want layouts; then
   l3d=$build/l3d
   if ! has_gpu; then

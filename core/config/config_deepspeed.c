@@ -64,6 +64,27 @@ l3d_status l3d_dsconfig_check_section(const l3d_dsparser_t *p, json_t *obj, cons
     return L3D_OK;
 }
 
+// A DeepSpeed dtype key of obj (path its section): "fp32", "bf16" or "fp16" into *out as an
+// l3d_dtype; null sets -1 (unset); absent leaves *out; anything else is named in the error.
+static l3d_status get_dtype(const l3d_cfgjson_t *j, json_t *obj, const char *path,
+                            const char *key, int *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v) return L3D_OK;
+    if (json_is_null(v)) {
+        *out = -1;
+        return L3D_OK;
+    }
+    char s[16];
+    L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, obj, path, key, s, sizeof(s), NULL));
+    if (!strcmp(s, "fp32")) *out = L3D_FLOAT32;
+    else if (!strcmp(s, "bf16")) *out = L3D_BFLOAT16;
+    else if (!strcmp(s, "fp16")) *out = L3D_FLOAT16;
+    else
+        return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: %s%s%s: '%s' must be fp32, fp16 or bf16",
+                         j->origin, path, *path ? "." : "", key, s);
+    return L3D_OK;
+}
+
 // ---- top-level scalars -------------------------------------------------------------------
 static l3d_status parse_scalars(const l3d_dsparser_t *p, json_t *root) {
     const l3d_cfgjson_t *j = &p->j;
@@ -86,20 +107,7 @@ static l3d_status parse_scalars(const l3d_dsparser_t *p, json_t *root) {
                   "prescale_gradients)", f);
     // communication_data_type (null: the gradients' dtype) and fp32_allreduce: the dtype
     // data parallelism reduces gradients in (l3d_dp_comm_dtype, core/train/trainer_dp.c).
-    json_t *cdt = json_object_get(root, "communication_data_type");
-    if (cdt && json_is_null(cdt)) cfg->comm_dtype = -1;
-    if (cdt && !json_is_null(cdt)) {
-        char s[16];
-        L3D_CHECK(j->ctx,
-                  l3d_cfgjson_get_str(j, root, "", "communication_data_type", s, sizeof(s), NULL));
-        if (!strcmp(s, "fp32")) cfg->comm_dtype = L3D_FLOAT32;
-        else if (!strcmp(s, "bf16")) cfg->comm_dtype = L3D_BFLOAT16;
-        else if (!strcmp(s, "fp16")) cfg->comm_dtype = L3D_FLOAT16;
-        else
-            return l3d_error(j->ctx, L3D_ERR_CONFIG,
-                             "%s: communication_data_type: '%s' must be fp32, fp16 or bf16",
-                             j->origin, s);
-    }
+    L3D_CHECK(j->ctx, get_dtype(j, root, "", "communication_data_type", &cfg->comm_dtype));
     L3D_CHECK(j->ctx, l3d_cfgjson_get_bool(j, root, "", "fp32_allreduce", &cfg->fp32_allreduce,
                                            NULL));
     return L3D_OK;
@@ -316,19 +324,9 @@ static l3d_status parse_data_types(const l3d_dsparser_t *p, json_t *root) {
     L3D_CHECK(j->ctx, l3d_cfgjson_get_obj(j, root, "", "data_types", &dt));
     if (!dt) return L3D_OK;
     L3D_CHECK(j->ctx, l3d_dsconfig_check_section(p, dt, "data_types", k_dt, L3D_ARRAY_LEN(k_dt)));
-    json_t *g = json_object_get(dt, "grad_accum_dtype");
-    if (!g || json_is_null(g)) return L3D_OK;
-    char s[16];
-    L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, dt, "data_types", "grad_accum_dtype", s, sizeof(s),
-                                          NULL));
-    if (!strcmp(s, "fp32")) cfg->grad_dtype = L3D_FLOAT32;
-    else if (!strcmp(s, "bf16")) cfg->grad_dtype = L3D_BFLOAT16;
-    else if (!strcmp(s, "fp16")) cfg->grad_dtype = L3D_FLOAT16;
-    else
-        return l3d_error(j->ctx, L3D_ERR_CONFIG,
-                         "%s: data_types.grad_accum_dtype: '%s' must be fp32, fp16 or bf16",
-                         j->origin, s);
-    if (cfg->grad_dtype == L3D_FLOAT32) return L3D_OK;
+    L3D_CHECK(j->ctx, get_dtype(j, dt, "data_types", "grad_accum_dtype", &cfg->grad_dtype));
+    if (cfg->grad_dtype <= L3D_FLOAT32) return L3D_OK;  // (unset or fp32)
+    const char *s = cfg->grad_dtype == L3D_BFLOAT16 ? "bf16" : "fp16";
     int want = cfg->grad_dtype == L3D_BFLOAT16 ? cfg->bf16 : cfg->fp16;
     if (!want)
         return l3d_error(j->ctx, L3D_ERR_CONFIG,

@@ -365,6 +365,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     // a 16-bit communication_data_type converts each bucket in place, through a scratch
     size_t longest = l3d_dp_bucket_floats(cfg->reduce_bucket_size, Ppad, (int)n);
     int z2 = l3d_train_config_zero2(cfg, (int)n);
+    // ZeRO-2's longest piece: the offload staging's floats, and 16-bit windows' widened piece
+    size_t piece = z2 ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
     if (z2) {
         size_t wlen[L3D_ZERO2_MAX_WIN];
         int nwin, nshared, reserved;
@@ -373,7 +375,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         size_t all = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved);
         // the float32 shard, the windows in gt, and (16-bit windows) the widened piece
         mem->grads = shard * sizeof(float) + (all - shard) * ge;
-        if (gt != L3D_FLOAT32) mem->grads += l3d_zero2_max_piece(&m, rbs, (int)n) * sizeof(float);
+        if (gt != L3D_FLOAT32) mem->grads += piece * sizeof(float);
         longest = 0;
         for (int w = 0; w < nwin; w++) longest = L3D_MAX(longest, wlen[w]);
     }
@@ -382,8 +384,7 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         mem->grads += l3d_dp_cscratch_len(longest) * l3d_dtype_size(cdt);
     mem->optim = 2 * shard * sizeof(float);
     mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3, shard);
-    size_t stage = z2 && cfg->offload_optimizer
-                       ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
+    size_t stage = cfg->offload_optimizer ? piece : 0;
     l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, l3d_master16(cfg, (int)n), shard,
                        stage, mem);
     // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk, one

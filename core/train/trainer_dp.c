@@ -210,7 +210,7 @@ l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
 }
 
 // The gradient of arena element a0 of bucket b's piece on this rank: in the arena (ZeRO-1, in
-// dp.gt) or in the float32 gradient shard (ZeRO-2; l3d_dp_grad_dtype says which).
+// dp.gt) or in the float32 gradient shard (ZeRO-2; grad_read_dtype says which).
 static void *piece_grad(l3d_trainer_t *t, const l3d_dp_bucket_t *b, size_t a0) {
     size_t lo = b->off + (size_t)t->dp.rank * b->q;
     return t->dp.zero2 ? (void *)(t->dp.gshard + b->sh + (a0 - lo))

@@ -17,11 +17,10 @@ extern "C" {
 #include "devices/device.h"
 }
 
-// A freed block kept for reuse (the caching allocator, cuda_device.cu): blocks of one size
-// class, most recently freed first.
+// A freed block kept for reuse (the caching allocator, cuda_device.cu): free_list[k] holds
+// blocks of 512 << k bytes, most recently freed first.
 typedef struct l3d_cuda_block {
     void *p;
-    size_t bytes;  // the class size actually allocated
     struct l3d_cuda_block *next;
 } l3d_cuda_block_t;
 

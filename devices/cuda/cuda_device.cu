@@ -47,13 +47,13 @@ static int size_class(size_t bytes) {
     return k;
 }
 
-static void release_cached(l3d_cuda_t *c) {
+static void release_cached(l3d_device_t *dev, l3d_cuda_t *c) {
     for (int k = 0; k < 32; k++) {
         while (c->free_list[k]) {
             l3d_cuda_block_t *b = c->free_list[k];
             c->free_list[k] = b->next;
             cudaFree(b->p);
-            free(b);  // (host bookkeeping of the cache: plain malloc, not accounted)
+            l3d_free(dev->ctx, b, sizeof(*b), "other");
         }
     }
     c->cached = 0;
@@ -76,12 +76,12 @@ static l3d_status cuda_alloc(l3d_device_t *dev, size_t bytes, const char *tag, v
         c->free_list[k] = b->next;
         p = b->p;
         c->cached -= cls;
-        free(b);
+        l3d_free(dev->ctx, b, sizeof(*b), "other");
     } else {
         cudaError_t e = cudaMalloc(&p, cls);
         if (e == cudaErrorMemoryAllocation && c->cached) {  // give the cache back, once
             (void)cudaGetLastError();
-            release_cached(c);
+            release_cached(dev, c);
             e = cudaMalloc(&p, cls);
         }
         if (e != cudaSuccess) {
@@ -102,17 +102,16 @@ static void cuda_free(l3d_device_t *dev, void *ptr, size_t bytes, const char *ta
     l3d_cuda_t *c = l3d_cuda_priv(dev);
     l3d_mem_account(dev->ctx, tag, bytes, -1);
     int k = size_class(bytes);
-    l3d_cuda_block_t *b = (l3d_cuda_block_t *)malloc(sizeof(*b));
+    l3d_cuda_block_t *b = (l3d_cuda_block_t *)l3d_malloc(dev->ctx, sizeof(*b), "other");
     if (!b) {  // no room to remember it: give it back (after the stream's pending ops)
         cudaStreamSynchronize(c->stream);
         cudaFree(ptr);
         return;
     }
     b->p = ptr;
-    b->bytes = (size_t)512 << k;
     b->next = c->free_list[k];
     c->free_list[k] = b;
-    c->cached += b->bytes;
+    c->cached += (size_t)512 << k;
 }
 
 l3d_status l3d_cuda_scratch(l3d_device_t *dev, size_t bytes, void **p) {
@@ -174,7 +173,7 @@ static void cuda_fini(l3d_device_t *dev) {
     if (c->stream) cudaStreamSynchronize(c->stream);
     l3d_cuda_gemm_fini(dev);
     cuda_free(dev, c->scratch, c->scratch_bytes, "scratch");
-    release_cached(c);
+    release_cached(dev, c);
     if (c->bad) cudaFree(c->bad);
     if (c->stream) cudaStreamDestroy(c->stream);
     l3d_free(dev->ctx, c, sizeof(*c), "other");

@@ -122,7 +122,7 @@ extern "C" void l3d_cuda_gemm_fini(l3d_device_t *dev) {
     if (!c->lt_api) return;
     if (c->lt) LT(cublasLtDestroy)((cublasLtHandle_t)c->lt);
     if (c->workspace) cudaFree(c->workspace);
-    free(c->plans);
+    l3d_free(dev->ctx, c->plans, (size_t)c->cap_plans * sizeof(*c->plans), "other");
     c->lt = c->workspace = NULL;
     c->plans = NULL;
     c->nplans = c->cap_plans = 0;
@@ -213,11 +213,14 @@ static l3d_status lt_matmul(l3d_device_t *dev, const l3d_gemm_t *g) {
             }
             if (c->nplans == c->cap_plans) {
                 int cap = c->cap_plans ? 2 * c->cap_plans : 64;
-                void *p = realloc(c->plans, (size_t)cap * sizeof(*c->plans));
+                size_t sz = sizeof(*c->plans);
+                void *p = l3d_malloc(dev->ctx, (size_t)cap * sz, "other");
                 if (!p) {
                     st = L3D_ERR_NOMEM;
                     goto done;
                 }
+                if (c->nplans) memcpy(p, c->plans, (size_t)c->nplans * sz);
+                l3d_free(dev->ctx, c->plans, (size_t)c->cap_plans * sz, "other");
                 c->plans = (l3d_cuda_plan_t *)p;
                 c->cap_plans = cap;
             }
