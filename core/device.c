@@ -35,7 +35,7 @@ l3d_status l3d_device_create(l3d_ctx_t *ctx, const char *name, const l3d_device_
     if (!dev) return L3D_ERR_NOMEM;
     dev->ops = ops;
     dev->ctx = ctx;
-    l3d_device_params_t defaults = {0, 0};
+    l3d_device_params_t defaults = {0, 0, 0};
     l3d_status st = ops->init(dev, params ? params : &defaults);
     if (st < 0) {
         l3d_free(ctx, dev, sizeof(*dev), "other");

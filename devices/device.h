@@ -53,7 +53,8 @@
 //    peak_flops (the MFU roof from the device's datasheet, not a CPU-style measurement).
 // 9: mem_info (a device with memory of its own says how much: a run that cannot fit is
 //    refused before it allocates, as one that cannot fit the host's memory is).
-#define L3D_DEVICE_ABI_VERSION 9
+// 10: adamw over many tensors in one call, refreshing each one's 16-bit copy in the same pass.
+#define L3D_DEVICE_ABI_VERSION 10
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -126,6 +127,27 @@ typedef struct l3d_attn_dims {
     int B, Tq, Tk, H, KVH, D;
     size_t kv_bstride;
 } l3d_attn_dims_t;
+
+// One tensor of an AdamW step (the adamw entry): n elements each of the float32 master
+// `param` and moments `m`, `v`, the gradient `grad` (the step's gt), and `param16`: NULL, or
+// where the updated param is stored rounded to the step's wt.
+typedef struct l3d_adamw_tensor {
+    float *param, *m, *v;
+    const void *grad;
+    void *param16;
+    size_t n;
+    float weight_decay;
+} l3d_adamw_tensor_t;
+
+// The scalars an AdamW step shares across its tensors (torch.optim.AdamW's, bc1/bc2 its bias
+// corrections), the global norm's sum of squares in device memory or NULL, and the dtypes of
+// the gradients (gt) and of the param16 copies (wt: L3D_BFLOAT16 or L3D_FLOAT16; unread when
+// no tensor has one).
+typedef struct l3d_adamw_step {
+    float lr, beta1, beta2, eps, bc1, bc2, grad_scale, max_norm;
+    const double *sumsq;
+    l3d_dtype gt, wt;
+} l3d_adamw_step_t;
 
 struct l3d_device_ops {
     uint32_t abi_version;  // L3D_DEVICE_ABI_VERSION
@@ -324,23 +346,27 @@ struct l3d_device_ops {
     // every rank. out may be one of the x. Ordered on the stream like any op.
     l3d_status (*sum_f64)(l3d_device_t *dev, double *out, const double *x, int n);
 
-    // AdamW with torch.optim.AdamW semantics, one step over n elements:
+    // AdamW with torch.optim.AdamW semantics, one step over every element of n tensors:
     //   g = grad * grad_scale;  p *= 1 - lr * weight_decay
     //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
     //   p -= lr / bc1 * m / (sqrt(v) / sqrt(bc2) + eps)
-    // where bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are given by the caller. param, m and v
-    // are float32 (the master weights and moments); grad: gt (a 16-bit model's gradients).
+    // where bc1 = 1 - beta1^t and bc2 = 1 - beta2^t are given by the caller (s). Each tensor
+    // (ts[i]) has its own weight decay; param, m and v are float32 (the master weights and
+    // moments), grad is s->gt (a 16-bit model's gradients), and a non-NULL param16 receives
+    // the new param rounded once to s->wt in the same pass (the 16-bit weights the next
+    // forward reads: no separate convert over the whole model). param16 must not overlap any
+    // tensor's param, m, v or grad. ts is a host array read during the call; tensors of 0
+    // elements are skipped. One call per step, however many tensors (ABI 10: was one call per
+    // tensor, 146 launches a step for a 1B model, and a convert after).
     // Gradient clipping on the device (ABI 8): with `sumsq` (one double in device memory, the
     // global sum of squares of the scaled gradients, as sumsq and sum_f64 leave it) the factor
     // is l3d_adamw_gscale(*sumsq, grad_scale, max_norm): grad_scale times
     // clip_grad_norm_'s coefficient for the norm sqrt(*sumsq) * grad_scale; and a non-finite
-    // *sumsq (an overflow on some rank) leaves param, m and v untouched, as torch's fused
-    // AdamW does with found_inf. So no host read of the norm comes between the backward and
-    // the update. sumsq NULL: the factor is grad_scale (max_norm unused).
-    l3d_status (*adamw)(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
-                        size_t n, float lr, float beta1, float beta2, float eps,
-                        float weight_decay, float bc1, float bc2, float grad_scale,
-                        const double *sumsq, float max_norm, l3d_dtype gt);
+    // *sumsq (an overflow on some rank) leaves every param, m, v and param16 untouched, as
+    // torch's fused AdamW does with found_inf. So no host read of the norm comes between the
+    // backward and the update. sumsq NULL: the factor is grad_scale (max_norm unused).
+    l3d_status (*adamw)(l3d_device_t *dev, const l3d_adamw_tensor_t *ts, int n,
+                        const l3d_adamw_step_t *s);
 
     // ---- RMSNorm of rows split by columns (optional, all three or none) ---------------------
     // Tensor parallelism "2d" holds a block of columns of each row, so the row statistics are
@@ -579,12 +605,18 @@ static inline l3d_status l3d_dev_sumsq(l3d_device_t *d, const void *x, size_t n,
 static inline l3d_status l3d_dev_sum_f64(l3d_device_t *d, double *out, const double *x, int n) {
     return d->ops->sum_f64(d, out, x, n);
 }
+static inline l3d_status l3d_dev_adamw_multi(l3d_device_t *d, const l3d_adamw_tensor_t *ts,
+                                             int n, const l3d_adamw_step_t *s) {
+    return d->ops->adamw(d, ts, n, s);
+}
+// One tensor, no 16-bit copy.
 static inline l3d_status l3d_dev_adamw(l3d_device_t *d, float *p, const void *g, float *m,
                                        float *v, size_t n, float lr, float b1, float b2,
                                        float eps, float wd, float bc1, float bc2, float gscale,
                                        const double *sumsq, float max_norm, l3d_dtype gt) {
-    return d->ops->adamw(d, p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, sumsq,
-                         max_norm, gt);
+    l3d_adamw_tensor_t t = {p, m, v, g, NULL, n, wd};
+    l3d_adamw_step_t s = {lr, b1, b2, eps, bc1, bc2, gscale, max_norm, sumsq, gt, L3D_FLOAT32};
+    return d->ops->adamw(d, &t, 1, &s);
 }
 
 #endif

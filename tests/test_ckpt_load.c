@@ -480,7 +480,7 @@ Test(ckpt_load, open_needs_a_device_and_misuse_is_a_status) {
     cr_assert_eq(l3d_device_create(f.ctx, "no-such-device", NULL, &dev), L3D_ERR_UNSUPPORTED);
     cr_assert(strstr(err(&f), "cpu"), "the message lists the built devices: %s", err(&f));
     cr_assert_eq(l3d_device_create(f.ctx, NULL, NULL, NULL), L3D_ERR_INVALID_ARG);
-    cr_assert_eq(l3d_device_create(f.ctx, NULL, &(l3d_device_params_t){-1, 0}, &dev),
+    cr_assert_eq(l3d_device_create(f.ctx, NULL, &(l3d_device_params_t){.num_threads = -1}, &dev),
                  L3D_ERR_INVALID_ARG);
     // NULL name and params: the CPU with its defaults; the model opens on it and says what
     // its weights are.

@@ -219,6 +219,7 @@ Test(config, full_file) {
     cr_assert_str_eq(c.metrics_path, "metrics.jsonl");
     cr_assert_eq(c.num_threads, 2);
     cr_assert_eq(c.activation_checkpointing, 0);
+    cr_assert_eq(c.allow_tf32, 1);
     cr_assert_eq(c.n_notes, 0, "unexpected note: %s", c.notes[0]);
 }
 
@@ -453,6 +454,7 @@ Test(config, wrong_types_and_values) {
         {"{\"steps_per_print\": true}", "steps_per_print: expected an integer"},
         {"{\"train_micro_batch_size_per_gpu\": 2.5}", "expected an integer"},
         {"{\"wall_clock_breakdown\": 1}", "wall_clock_breakdown: expected true or false"},
+        {"{\"train\": {\"allow_tf32\": 1}}", "allow_tf32: expected true or false"},
         {"{\"zero_optimization\": {\"stage\": 4}}", "zero_optimization.stage"},
         {"{\"zero_optimization\": 3}", "zero_optimization: expected an object"},
         {"{\"zero_optimization\": {\"offload_param\": {\"device\": \"gpu\"}}}", "device"},

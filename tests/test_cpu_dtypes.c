@@ -640,6 +640,68 @@ Test(cpu_dtypes, sumsq_and_adamw_every_dtype) {
     }
 }
 
+// AdamW over many tensors in one call (the entry the trainer makes once a step): each tensor
+// with its own weight decay and length (0, one element, several threads' chunks), bit for bit
+// the one-tensor calls, and each param16 equal to its updated master rounded by convert (one
+// rounding). A non-finite norm leaves everything, param16 too, untouched.
+Test(cpu_dtypes, adamw_many_tensors_refreshes_16bit_copy) {
+    enum { NT = 4 };
+    const size_t len[NT] = {0, 1, 70001, 333};
+    const float wd[NT] = {0.1f, 0.0f, 0.1f, 0.3f};
+    for (int wi = 0; wi < 2; wi++) {
+        l3d_dtype wt = wi ? L3D_FLOAT16 : L3D_BFLOAT16;
+        float *p[2][NT], *mo[2][NT], *v[2][NT], *g[NT];
+        void *h[NT], *conv[NT];
+        l3d_adamw_tensor_t ts[NT];
+        for (int k = 0; k < NT; k++) {
+            size_t n = len[k] ? len[k] : 1;
+            g[k] = malloc(n * 4), h[k] = calloc(n, 2), conv[k] = calloc(n, 2);
+            for (int r = 0; r < 2; r++) {
+                p[r][k] = malloc(n * 4), mo[r][k] = calloc(n, 4), v[r][k] = calloc(n, 4);
+                for (size_t i = 0; i < n; i++) p[r][k][i] = frand();
+                if (r) memcpy(p[1][k], p[0][k], n * 4);
+            }
+            for (size_t i = 0; i < n; i++) g[k][i] = frand();
+            ts[k] = (l3d_adamw_tensor_t){p[1][k], mo[1][k], v[1][k], g[k], k == 1 ? NULL : h[k],
+                                         len[k], wd[k]};
+        }
+        double sumsq = 7.0, inf = INFINITY;
+        for (int step = 1; step <= 2; step++) {
+            float bc1 = 1.0f - powf(0.9f, step), bc2 = 1.0f - powf(0.95f, step);
+            for (int k = 0; k < NT; k++)
+                cr_assert_eq(l3d_dev_adamw(dev, p[0][k], g[k], mo[0][k], v[0][k], len[k], 1e-2f,
+                                           0.9f, 0.95f, 1e-8f, wd[k], bc1, bc2, 0.5f, &sumsq,
+                                           1.0f, F32), L3D_OK);
+            l3d_adamw_step_t st = {1e-2f, 0.9f, 0.95f, 1e-8f, bc1, bc2, 0.5f, 1.0f, &sumsq, F32,
+                                   wt};
+            cr_assert_eq(l3d_dev_adamw_multi(dev, ts, NT, &st), L3D_OK);
+        }
+        for (int k = 0; k < NT; k++) {
+            size_t n = len[k];
+            cr_assert(!memcmp(p[0][k], p[1][k], n * 4) && !memcmp(mo[0][k], mo[1][k], n * 4) &&
+                      !memcmp(v[0][k], v[1][k], n * 4), "tensor %d of %zu", k, n);
+            cr_assert_eq(l3d_dev_convert(dev, conv[k], wt, p[0][k], F32, n), L3D_OK);
+            if (k != 1)
+                cr_assert(!memcmp(conv[k], h[k], n * 2), "param16 of tensor %d (%s)", k,
+                          l3d_dtype_name(wt));
+        }
+        // an overflow somewhere: nothing moves
+        float *keep = malloc(len[2] * 4);
+        memcpy(keep, p[1][2], len[2] * 4);
+        memset(h[2], 0x55, len[2] * 2);
+        l3d_adamw_step_t st = {1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, 0.5f, 0.5f, 1.0f, &inf, F32, wt};
+        cr_assert_eq(l3d_dev_adamw_multi(dev, ts, NT, &st), L3D_OK);
+        cr_assert(!memcmp(keep, p[1][2], len[2] * 4), "a non-finite norm moved a weight");
+        for (size_t i = 0; i < len[2]; i++)
+            cr_assert_eq(((uint16_t *)h[2])[i], 0x5555, "a non-finite norm wrote param16");
+        free(keep);
+        for (int k = 0; k < NT; k++) {
+            free(g[k]), free(h[k]), free(conv[k]);
+            for (int r = 0; r < 2; r++) free(p[r][k]), free(mo[r][k]), free(v[r][k]);
+        }
+    }
+}
+
 // Cross-entropy over 16-bit logits, fused and vocabulary-parallel over two shards (the tp
 // group's max and sum done here): more rows than one widened block (4 per thread, 3 threads),
 // ignored rows; rtol32 1e-6 as test_cpu_ops. Losses are float32 and equal the float32 run's.

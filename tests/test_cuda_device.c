@@ -51,7 +51,7 @@ Test(cuda, create_fails_cleanly_without_a_gpu) {
     l3d_ctx_destroy(c);
     // a GPU index beyond the visible ones is refused the same way
     cr_assert_eq(l3d_ctx_create(NULL, &c), L3D_OK);
-    l3d_device_params_t p = {0, 4096};
+    l3d_device_params_t p = {.device_index = 4096};
     cr_assert_eq(l3d_device_create(c, "cuda", &p, &d), L3D_ERR_UNSUPPORTED);
     l3d_ctx_destroy(c);
 }
@@ -238,6 +238,60 @@ Test(cuda, sumsq_sum_f64_adamw_match_cpu) {
     }
 }
 
+// AdamW over several tensors in one call with bf16 copies refreshed in the same pass: each
+// master within the one-tensor bound above of the CPU's, and each param16 exactly the GPU's own
+// updated master rounded (one rounding: the CPU device's convert of the GPU's values).
+Test(cuda, adamw_many_tensors_refresh_16bit) {
+    NEED_GPU();
+    enum { NT = 3 };
+    const size_t len[NT] = {0, 70001, 5003};
+    float *hp[NT], *hp0[NT], *hm[NT], *hv[NT], *hg[NT];
+    void *d16[NT];
+    l3d_adamw_tensor_t tc[NT], tg[NT];
+    for (int k = 0; k < NT; k++) {
+        size_t n = len[k] ? len[k] : 1;
+        hp[k] = malloc(n * 4), hp0[k] = malloc(n * 4), hm[k] = malloc(n * 4);
+        hv[k] = malloc(n * 4), hg[k] = malloc(n * 4);
+        for (size_t i = 0; i < n; i++) {
+            hp[k][i] = hp0[k][i] = frand(-1, 1), hm[k][i] = frand(-1e-2f, 1e-2f);
+            hv[k][i] = frand(0, 1e-4f), hg[k][i] = frand(-1, 1);
+        }
+        tg[k] = (l3d_adamw_tensor_t){to_dev(gpu, hp[k], n * 4), to_dev(gpu, hm[k], n * 4),
+                                     to_dev(gpu, hv[k], n * 4), to_dev(gpu, hg[k], n * 4),
+                                     to_dev(gpu, hg[k], n * 2), len[k], k == 2 ? 0.0f : 0.1f};
+        d16[k] = tg[k].param16;
+        tc[k] = (l3d_adamw_tensor_t){hp[k], hm[k], hv[k], hg[k], NULL, len[k], tg[k].weight_decay};
+    }
+    l3d_adamw_step_t st = {1e-3f, 0.9f, 0.95f, 1e-8f, 0.19f, 0.0975f, 1.0f, 0.0f, NULL,
+                           L3D_FLOAT32, L3D_BFLOAT16};
+    cr_assert_eq(l3d_dev_adamw_multi(cpu, tc, NT, &st), L3D_OK);
+    cr_assert_eq(l3d_dev_adamw_multi(gpu, tg, NT, &st), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    for (int k = 1; k < NT; k++) {
+        size_t n = len[k];
+        float *pg = malloc(n * 4);
+        uint16_t *g16 = malloc(n * 2), *want16 = malloc(n * 2);
+        from_dev(gpu, pg, tg[k].param, n * 4);
+        from_dev(gpu, g16, d16[k], n * 2);
+        cr_assert_eq(l3d_dev_convert(cpu, want16, L3D_BFLOAT16, pg, L3D_FLOAT32, n), L3D_OK);
+        for (size_t i = 0; i < n; i++) {
+            double step = fabs(hp0[k][i] * (1.0 - 1e-3 * tc[k].weight_decay) - hp[k][i]);
+            cr_assert(fabs(pg[i] - hp[k][i]) <= 2 * (3 * u * fabs(hp0[k][i]) + 15 * u * step),
+                      "tensor %d p[%zu] %.9g vs %.9g", k, i, pg[i], hp[k][i]);
+            cr_assert_eq(g16[i], want16[i], "tensor %d param16[%zu]", k, i);
+        }
+        free(pg), free(g16), free(want16);
+    }
+    for (int k = 0; k < NT; k++) {
+        size_t n = len[k] ? len[k] : 1;
+        l3d_dev_free(gpu, tg[k].param, n * 4, "other");
+        l3d_dev_free(gpu, tg[k].m, n * 4, "other");
+        l3d_dev_free(gpu, tg[k].v, n * 4, "other");
+        l3d_dev_free(gpu, (void *)tg[k].grad, n * 4, "other");
+        l3d_dev_free(gpu, d16[k], n * 2, "other");
+        free(hp[k]), free(hp0[k]), free(hm[k]), free(hv[k]), free(hg[k]);
+    }
+}
+
 // GEMM through cuBLASLt against the CPU device for each dtype mix, transposes, a batch and a
 // mix cuBLASLt does not take (a float32 A beside a bfloat16 B). Both accumulate in float32 in
 // their own orders: each within (K + 2) u of sum |a||b| from the exact product (Higham 3.1),
@@ -301,6 +355,39 @@ Test(cuda, gemm_matches_cpu) {
         }
     gemm_case(L3D_BFLOAT16, L3D_BFLOAT16, L3D_BFLOAT16, 0, 1, 17, 33, 64, 0.5f, 3);
     gemm_case(L3D_FLOAT32, L3D_BFLOAT16, L3D_FLOAT16, 1, 0, 19, 23, 31, 1.0f, 2);
+}
+
+// train.allow_tf32: a float32 GEMM on a device created with allow_tf32 may round each input
+// to TF32 (11 significant bits: relative error 2^-11 each, so 2^-10 + 2^-22 per product) and
+// accumulates in float32: within (2^-10 + 2^-22) K + 2 (K + 2) u K of the CPU's exact-float32
+// product for operands in [-1, 1]. 16-bit operands are unaffected (gemm_matches_cpu's bound).
+Test(cuda, gemm_tf32_on_request) {
+    NEED_GPU();
+    l3d_device_params_t p = {.allow_tf32 = 1};
+    l3d_device_t *tf = NULL;
+    cr_assert_eq(l3d_device_create(ctx, "cuda", &p, &tf), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    const int M = 64, N = 48, K = 256;
+    float *a = rand_vals(L3D_FLOAT32, (size_t)M * K, -1, 1);
+    float *b = rand_vals(L3D_FLOAT32, (size_t)K * N, -1, 1);
+    float *want = calloc((size_t)M * N, 4), *got = calloc((size_t)M * N, 4);
+    void *ga = to_dev(tf, a, (size_t)M * K * 4), *gb = to_dev(tf, b, (size_t)K * N * 4),
+         *gc = to_dev(tf, want, (size_t)M * N * 4);
+    l3d_gemm_t g = {.M = M, .N = N, .K = K, .alpha = 1.0f, .lda = K, .ldb = N, .ldc = N};
+    l3d_gemm_t gh = g, gd = g;
+    gh.A = a, gh.B = b, gh.C = want;
+    gd.A = ga, gd.B = gb, gd.C = gc;
+    cr_assert_eq(l3d_dev_gemm(cpu, &gh), L3D_OK);
+    cr_assert_eq(l3d_dev_gemm(tf, &gd), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    from_dev(tf, got, gc, (size_t)M * N * 4);
+    double bound = (0x1p-10 + 0x1p-22) * K + 2.0 * (K + 2) * u * K;
+    for (int i = 0; i < M * N; i++)
+        cr_assert(fabs((double)got[i] - want[i]) <= bound, "tf32 C[%d] %.9g vs %.9g", i, got[i],
+                  want[i]);
+    l3d_dev_free(tf, ga, (size_t)M * K * 4, "other");
+    l3d_dev_free(tf, gb, (size_t)K * N * 4, "other");
+    l3d_dev_free(tf, gc, (size_t)M * N * 4, "other");
+    l3d_device_destroy(tf);
+    free(a), free(b), free(want), free(got);
 }
 
 // ---- the model's ops ---------------------------------------------------------------------------

@@ -181,6 +181,7 @@ l3d_status l3d_ckpt_check_same_arch(l3d_ctx_t *ctx, const char *origin,
 // The weights of a checkpoint whose index l3d_ckpt_check has accepted for m's config.
 // Saves default to the dtype loaded and carry the source's tokenizer files.
 l3d_status l3d_ckpt_load_weights(l3d_model_t *m, const char *dir) {
+    m->wp_fresh = 0;  // (params are about to change)
     if (l3d_ckpt_dist_is(dir)) {
         L3D_CHECK(m->ctx, l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL));
         m->loaded.dtype = -1;  // float32, llama3d's own layout (l3d_model_weights_desc)

@@ -336,7 +336,7 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
                                            "save_interval", "metrics", "device",
                                            "threads", "save_consolidated", "eval_interval",
                                            "eval_iters", "peak_flops", "save_dtype",
-                                           "save_max_shard_size"};
+                                           "save_max_shard_size", "allow_tf32"};
         const char *tp = "train";
         L3D_CHECK(j->ctx, l3d_cfgjson_check_keys(j, sec, tp, keys, L3D_ARRAY_LEN(keys), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "steps", 0, 1 << 30, &cfg->steps, NULL));
@@ -357,6 +357,8 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
                                               sizeof(cfg->metrics_path), NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_str(j, sec, tp, "device", cfg->device,
                                               sizeof(cfg->device), NULL));
+        L3D_CHECK(j->ctx,
+                  l3d_cfgjson_get_bool(j, sec, tp, "allow_tf32", &cfg->allow_tf32, NULL));
         L3D_CHECK(j->ctx,
                   l3d_cfgjson_get_int(j, sec, tp, "threads", 0, 4096, &cfg->num_threads, NULL));
         L3D_CHECK(j->ctx, l3d_cfgjson_get_int(j, sec, tp, "eval_interval", 0, 1 << 30,

@@ -166,6 +166,7 @@ l3d_status l3d_model_set_weight_dtype(l3d_model_t *m, l3d_dtype wt, int with_cop
                          "not float32, bfloat16 or float16", (int)wt);
     if (m->wp) l3d_dev_free(m->dev, m->wp, m->n_params * l3d_dtype_size(m->wt), "params");
     m->wp = NULL;
+    m->wp_fresh = 0;
     m->wt = wt;
     if (wt == L3D_FLOAT32 || !with_copy) return L3D_OK;
     L3D_CHECK(m->ctx, l3d_dev_alloc(m->dev, m->n_params * l3d_dtype_size(wt), "params", &m->wp));
@@ -185,7 +186,7 @@ l3d_status l3d_model_set_grad_dtype(l3d_model_t *m, l3d_dtype gt) {
 }
 
 l3d_status l3d_model_refresh_weights(l3d_model_t *m) {
-    if (!m->wp || !m->params) return L3D_OK;
+    if (!m->wp || !m->params || m->wp_fresh) return L3D_OK;
     return l3d_dev_convert(m->dev, m->wp, m->wt, m->params, L3D_FLOAT32, m->n_params);
 }
 
@@ -221,6 +222,7 @@ l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what) {
 
 l3d_status l3d_model_init_weights(l3d_model_t *m, uint64_t seed) {
     if (!m) return l3d_error(NULL, L3D_ERR_INVALID_ARG, "l3d_model_init_weights: NULL model");
+    m->wp_fresh = 0;  // (params change below)
     L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_model_init_weights"));
     l3d_device_t *dev = m->dev;
     size_t bytes = m->n_params * sizeof(float);

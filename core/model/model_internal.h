@@ -232,6 +232,10 @@ struct l3d_model {
     // float32 arena stays the master; NULL under ZeRO-3, whose gathered groups are in wt).
     l3d_dtype wt;
     void *wp;
+    // wp already holds params rounded: the trainer's AdamW wrote both in one pass (its adamw
+    // entry's param16) and nothing has written params since, so l3d_model_refresh_weights has
+    // nothing to do. Every other writer of params clears it (init, load, resume).
+    int wp_fresh;
     // The dtype weight gradients are written and accumulated in (l3d_model_set_grad_dtype):
     // float32 (the default), or wt under a 16-bit data_types.grad_accum_dtype. Every op adds
     // in float32 and rounds once into a 16-bit gradient (the device contract), so one

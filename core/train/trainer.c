@@ -87,7 +87,8 @@ l3d_status l3d_trainer_create_parallel(l3d_ctx_t *ctx, const l3d_train_config_t 
     cfg = &t->cfg;
     int v = l3d_train_config_v(cfg);
     int threads = cfg->num_threads ? cfg->num_threads : l3d_ctx_settings(ctx)->num_threads;
-    l3d_device_params_t dp = {.num_threads = threads, .device_index = cfg->device_index};
+    l3d_device_params_t dp = {.num_threads = threads, .device_index = cfg->device_index,
+                              .allow_tf32 = cfg->allow_tf32};
     L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, cfg->device, &dp, &t->dev), st, err);
     L3D_CHECK_GOTO(ctx, check_train_memory(ctx, cfg, world, t->dev), st, err);
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, cfg->dp, cfg->tp, cfg->pp,

@@ -324,6 +324,7 @@ static l3d_status resume(l3d_trainer_t *t, const char *dir);
 // Every rank resumes or none does: a rank that cannot read the checkpoint must not leave the
 // others waiting in their first step.
 l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir) {
+    t->model->wp_fresh = 0;  // (params are about to change)
     l3d_status st = l3d_dp_params_whole(t);
     if (st >= 0) st = resume(t, dir);
     l3d_status pst = l3d_dp_params_part(t);

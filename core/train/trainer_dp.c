@@ -358,6 +358,17 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
         sumsq = &d->norm_host;
     }
     if (off) L3D_CHECK(t->ctx, l3d_offload_grads_to_host(t));
+    // One AdamW call over every tensor's part of every piece. The 16-bit weights the forward
+    // reads are refreshed in the same pass where they are the update's own: unsharded, the
+    // model's wp; ZeRO-3, the rounded shard (l3d_zero3_piece16_at). ZeRO-1/2 round their
+    // pieces afterwards, into the spans of the gradient arena they all-gather through, which
+    // the update is still reading (trainer_master.c), and the offloaded step rounds on the host.
+    int fuse16 = !off && !d->sharded && m->wp;
+    if (d->zero3) L3D_CHECK(t->ctx, l3d_zero3_before_update(t));
+    m->wp_fresh = 0;
+    size_t cap = (size_t)m->n_tensors * (size_t)l3d_dp_pieces(t), nt = 0;
+    l3d_adamw_tensor_t *ts = l3d_malloc(t->ctx, cap * sizeof(*ts), "other");
+    if (!ts) return L3D_ERR_NOMEM;
     for (int i = 0; i < m->n_tensors; i++) {
         const l3d_param_t *p = &m->tensors[i];
         float wd = p->decay ? cfg->weight_decay : 0.0f;
@@ -380,12 +391,19 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
                                       : m->params + a0;
                 grad = d->sharded ? piece_grad(t, &d->b[k], a0) : l3d_elem(t->grads, d->gt, a0);
             }
-            L3D_CHECK(t->ctx, l3d_dev_adamw(odev, param, grad, t->adam_m + s, t->adam_v + s,
-                                            a1 - a0, lr, cfg->beta1, cfg->beta2, cfg->eps, wd,
-                                            bc1, bc2, grad_scale, sumsq, cfg->gradient_clipping,
-                                            grad_read_dtype(t)));
+            void *p16 = fuse16 ? l3d_elem(m->wp, m->wt, a0)
+                        : (d->zero3 && !off) ? l3d_zero3_piece16_at(t, s)
+                                             : NULL;
+            ts[nt++] = (l3d_adamw_tensor_t){param, t->adam_m + s, t->adam_v + s, grad, p16,
+                                            a1 - a0, wd};
         }
     }
+    l3d_adamw_step_t step = {lr, cfg->beta1, cfg->beta2, cfg->eps, bc1, bc2, grad_scale,
+                             cfg->gradient_clipping, sumsq, grad_read_dtype(t), m->wt};
+    l3d_status st = l3d_dev_adamw_multi(odev, ts, (int)nt, &step);
+    l3d_free(t->ctx, ts, cap * sizeof(*ts), "other");
+    L3D_CHECK(t->ctx, st);
+    m->wp_fresh = fuse16;
     if (off) L3D_CHECK(t->ctx, l3d_offload_params_to_device(t));
     if (!d->sharded) return L3D_OK;
     if (d->zero3) return l3d_zero3_gather_persistent(t);

@@ -296,6 +296,12 @@ void l3d_zero3_arm(l3d_trainer_t *t);
 void l3d_zero3_fini(l3d_trainer_t *t);
 // This rank's parameter shard at offset sh (a piece's parameters, l3d_dp_piece).
 float *l3d_zero3_piece_at(l3d_trainer_t *t, size_t sh);
+// Where the update rounds the piece at shard offset sh in the same pass: the 16-bit shard
+// (wshard) when it is device memory beside a device-resident float32 shard; else NULL (float32
+// weights, or offloaded: refresh_wshard rounds it before the next gather).
+void *l3d_zero3_piece16_at(l3d_trainer_t *t, size_t sh);
+// Before an update that rounds into wshard: every all-gather still sending from it finished.
+l3d_status l3d_zero3_before_update(l3d_trainer_t *t);
 // Whether ZeRO-3's float32 shard lives in host memory (offload_param; offload_optimizer under
 // 16-bit weights): it is then the offloaded master.
 int l3d_zero3_shard_on_host(const l3d_train_config_t *cfg);

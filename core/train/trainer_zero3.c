@@ -472,11 +472,25 @@ void l3d_zero3_fini(l3d_trainer_t *t) {
 
 float *l3d_zero3_piece_at(l3d_trainer_t *t, size_t sh) { return t->dp.z3->pshard + sh; }
 
+static int fused16(const l3d_trainer_t *t) {
+    return t->dp.z3->wshard && !t->off.optim && !t->cfg.offload_param && !shard_host(t);
+}
+void *l3d_zero3_piece16_at(l3d_trainer_t *t, size_t sh) {
+    return fused16(t) ? l3d_elem(t->dp.z3->wshard, t->dp.z3->wt, sh) : NULL;
+}
+
+l3d_status l3d_zero3_before_update(l3d_trainer_t *t) {
+    l3d_zero3_t *z = t->dp.z3;
+    if (!fused16(t)) return L3D_OK;
+    for (int i = 0; i < z->nlive; i++) L3D_CHECK(t->ctx, live_wait(t, &z->live[i]));
+    return L3D_OK;
+}
+
 l3d_status l3d_zero3_gather_persistent(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_zero3_t *z = d->z3;
     l3d_status st = L3D_OK;
-    z->stale = 1;  // AdamW updated the master pieces
+    z->stale = !fused16(t);  // AdamW updated the master pieces (and rounded them, fused)
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     for (int k = 0; k < d->nb && st >= 0; k++) {
         l3d_dp_bucket_t *b = &d->b[k];

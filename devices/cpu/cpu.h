@@ -291,10 +291,8 @@ l3d_status l3d_cpu_xent_vp_grad(l3d_device_t *dev, void *logits, float *losses,
 l3d_status l3d_cpu_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
                          const double *w, double *out, l3d_dtype at);
 l3d_status l3d_cpu_sum_f64(l3d_device_t *dev, double *out, const double *x, int n);
-l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
-                         size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, float bc1, float bc2, float grad_scale,
-                         const double *sumsq, float max_norm, l3d_dtype gt);
+l3d_status l3d_cpu_adamw(l3d_device_t *dev, const l3d_adamw_tensor_t *ts, int n,
+                         const l3d_adamw_step_t *s);
 
 // ---- 16-bit operands (cpu_convert.c) --------------------------------------------------------
 // Elements [0, n) converted from src_type to dst_type on the calling thread (for use inside a

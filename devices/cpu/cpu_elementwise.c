@@ -12,9 +12,12 @@ L3D_CPU_VECTORIZE
 
 // The operands: a, b, c are read; out, out2 are written (out is also read by scale). Those
 // named in `typed` hold the op's dtype `t` (the caller's pointers, cast); p, m, v, partials are
-// always float32 (AdamW's master weights and moments, sumsq's partial sums).
+// always float32 (AdamW's master weights and moments, sumsq's partial sums). p16, when set,
+// receives p rounded to p16t after the body (AdamW's 16-bit copy).
 typedef struct {
     float *out, *out2, *p, *m, *v;
+    void *p16;
+    l3d_dtype p16t;
     const float *a, *b, *c;
     double *partials;
     size_t n;
@@ -47,6 +50,13 @@ static const float *ew_in(const void *p, l3d_dtype t, size_t i0, size_t len, flo
     return f;
 }
 
+// The chunk's p (l->p, already offset) rounded into p16 (one rounding per element)
+static void ew_round_p(const ew_t *e, const ew_t *l, size_t i0, size_t len) {
+    if (e->p16)
+        l3d_cpu_convert_serial((char *)e->p16 + i0 * l3d_dtype_size(e->p16t), e->p16t, l->p,
+                               L3D_FLOAT32, len);
+}
+
 static void ew_task(void *arg, int task, int ntasks) {
     const ew_job_t *j = arg;
     const ew_t *e = &j->e;
@@ -62,6 +72,7 @@ static void ew_task(void *arg, int task, int ntasks) {
         if (l.out) l.out += i0;
         if (l.out2) l.out2 += i0;
         j->body(&l, len, task);
+        ew_round_p(e, &l, i0, len);
         return;
     }
     int slot;
@@ -89,6 +100,7 @@ static void ew_task(void *arg, int task, int ntasks) {
         l3d_cpu_convert_serial((char *)e->out + i0 * es, j->t, l.out, L3D_FLOAT32, len);
     if (j->typed & EW_OUT2)
         l3d_cpu_convert_serial((char *)e->out2 + i0 * es, j->t, l.out2, L3D_FLOAT32, len);
+    ew_round_p(e, &l, i0, len);
     l3d_cpu_scratch_release(j->cpu, slot);
 }
 
@@ -223,21 +235,31 @@ L3D_CPU_SIMD static void adamw_body(const ew_t *e, size_t len, int task) {
     for (size_t i = 0; i < len; i++) l3d_adamw_elem(&k, grad[i], &p[i], &m[i], &v[i]);
 }
 
-// torch.optim.AdamW (decoupled decay first, then the moments, then the update)
-l3d_status l3d_cpu_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
-                         size_t n, float lr, float beta1, float beta2, float eps,
-                         float weight_decay, float bc1, float bc2, float grad_scale,
-                         const double *sumsq, float max_norm, l3d_dtype gt) {
-    if (sumsq) {  // clipping and the overflow skip from the norm (device.h)
-        if (!isfinite(*sumsq)) return L3D_OK;
-        grad_scale = l3d_adamw_gscale(*sumsq, grad_scale, max_norm);
-    }
-    if (!(bc1 > 0.0f) || !(bc2 > 0.0f))
+// torch.optim.AdamW (decoupled decay first, then the moments, then the update), tensor by
+// tensor, each one's chunks over the threads and its 16-bit copy rounded chunk by chunk.
+l3d_status l3d_cpu_adamw(l3d_device_t *dev, const l3d_adamw_tensor_t *ts, int n,
+                         const l3d_adamw_step_t *s) {
+    if (n < 0 || (n && !ts) || !s)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "adamw: %d tensors (ts %p, step %p)", n,
+                         (const void *)ts, (const void *)s);
+    if (!(s->bc1 > 0.0f) || !(s->bc2 > 0.0f))
         return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
-                         "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)bc1,
-                         (double)bc2);
-    ew_t e = {.p = param, .a = grad, .m = m, .v = v, .n = n,
-              .adam = l3d_adamw_consts(lr, beta1, beta2, eps, weight_decay, bc1, bc2,
-                                       grad_scale)};
-    return ew_run(dev, "adamw", &e, adamw_body, gt, EW_A, 0);
+                         "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)s->bc1,
+                         (double)s->bc2);
+    float grad_scale = s->grad_scale;
+    if (s->sumsq) {  // clipping and the overflow skip from the norm (device.h)
+        if (!isfinite(*s->sumsq)) return L3D_OK;
+        grad_scale = l3d_adamw_gscale(*s->sumsq, grad_scale, s->max_norm);
+    }
+    for (int i = 0; i < n; i++) {
+        const l3d_adamw_tensor_t *t = &ts[i];
+        if (t->param16 && l3d_cpu_dtype_bad(dev, "adamw", "wt", s->wt))
+            return L3D_ERR_INVALID_ARG;
+        ew_t e = {.p = t->param, .a = t->grad, .m = t->m, .v = t->v, .n = t->n,
+                  .p16 = t->param16, .p16t = s->wt,
+                  .adam = l3d_adamw_consts(s->lr, s->beta1, s->beta2, s->eps, t->weight_decay,
+                                           s->bc1, s->bc2, grad_scale)};
+        L3D_CHECK(dev->ctx, ew_run(dev, "adamw", &e, adamw_body, s->gt, EW_A, 0));
+    }
+    return L3D_OK;
 }

@@ -440,27 +440,36 @@ l3d_status l3d_ctest_sum_f64(l3d_device_t *dev, double *out, const double *x, in
     return SUBMIT(run_sum_f64, a);
 }
 
+// (the step, then its n tensors, copied: ts is read during the call, the op runs later)
 typedef struct {
-    float *param, *m, *v;
-    const void *grad;
-    const double *sumsq;
-    size_t n;
-    float lr, beta1, beta2, eps, wd, bc1, bc2, grad_scale, max_norm;
-    l3d_dtype gt;
+    l3d_adamw_step_t s;
+    int n;
 } adamw_t;
 static l3d_status run_adamw(l3d_device_t *cpu, const void *p) {
     const adamw_t *a = p;
-    return CPU.adamw(cpu, a->param, a->grad, a->m, a->v, a->n, a->lr, a->beta1, a->beta2, a->eps,
-                     a->wd, a->bc1, a->bc2, a->grad_scale, a->sumsq, a->max_norm, a->gt);
+    return CPU.adamw(cpu, (const l3d_adamw_tensor_t *)(a + 1), a->n, &a->s);
 }
-l3d_status l3d_ctest_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
-                           size_t n, float lr, float beta1, float beta2, float eps,
-                           float weight_decay, float bc1, float bc2, float grad_scale,
-                           const double *sumsq, float max_norm, l3d_dtype gt) {
+l3d_status l3d_ctest_adamw(l3d_device_t *dev, const l3d_adamw_tensor_t *ts, int n,
+                           const l3d_adamw_step_t *s) {
     int bad_ = 0;
-    DEV(param), DEV(grad), DEV(m), DEV(v), DEV(sumsq);
-    CHECKED();
-    adamw_t a = {param, m, v, grad, sumsq, n, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
-                 grad_scale, max_norm, gt};
-    return SUBMIT(run_adamw, a);
+    if (n < 0 || (n && !ts) || !s)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "adamw: %d tensors", n);
+    size_t bytes = sizeof(adamw_t) + (size_t)n * sizeof(l3d_adamw_tensor_t);
+    adamw_t *a = l3d_malloc(dev->ctx, bytes, "other");
+    if (!a) return L3D_ERR_NOMEM;
+    a->s = *s;
+    a->n = n;
+    a->s.sumsq = l3d_ctest_untag(dev, &bad_, "adamw", "sumsq", s->sumsq);
+    l3d_adamw_tensor_t *at = (l3d_adamw_tensor_t *)(a + 1);
+    for (int k = 0; k < n; k++) {
+        at[k] = ts[k];
+        at[k].param = l3d_ctest_untag(dev, &bad_, "adamw", "param", ts[k].param);
+        at[k].m = l3d_ctest_untag(dev, &bad_, "adamw", "m", ts[k].m);
+        at[k].v = l3d_ctest_untag(dev, &bad_, "adamw", "v", ts[k].v);
+        at[k].grad = l3d_ctest_untag(dev, &bad_, "adamw", "grad", ts[k].grad);
+        at[k].param16 = l3d_ctest_untag(dev, &bad_, "adamw", "param16", ts[k].param16);
+    }
+    l3d_status st = bad_ ? L3D_ERR_INVALID_ARG : l3d_ctest_submit(dev, run_adamw, a, bytes);
+    l3d_free(dev->ctx, a, bytes, "other");
+    return st;
 }

@@ -26,6 +26,7 @@ typedef struct l3d_cuda_block {
 
 typedef struct l3d_cuda {
     int index;            // the GPU
+    int tf32;             // float32 GEMMs on TF32 tensor cores (params->allow_tf32)
     cudaDeviceProp prop;  // its facts (name, SMs, memory)
     cudaStream_t stream;  // the device's own stream (dev->stream NULL means this one)
     // cuBLASLt (cuda_gemm.cu): the handle, a 32 MiB workspace, the heuristics cached per shape
@@ -147,10 +148,8 @@ l3d_status l3d_cuda_swiglu_bwd(l3d_device_t *dev, void *dgate, void *dup, const 
 l3d_status l3d_cuda_sumsq(l3d_device_t *dev, int n, const void *const *x, const size_t *len,
                           const double *w, double *out, l3d_dtype at);
 l3d_status l3d_cuda_sum_f64(l3d_device_t *dev, double *out, const double *x, int n);
-l3d_status l3d_cuda_adamw(l3d_device_t *dev, float *param, const void *grad, float *m, float *v,
-                          size_t n, float lr, float beta1, float beta2, float eps,
-                          float weight_decay, float bc1, float bc2, float grad_scale,
-                          const double *sumsq, float max_norm, l3d_dtype gt);
+l3d_status l3d_cuda_adamw(l3d_device_t *dev, const l3d_adamw_tensor_t *ts, int n,
+                          const l3d_adamw_step_t *s);
 // cuda_norm.cu
 l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
                                 const void *w, int N, int C, float eps, l3d_dtype at, l3d_dtype wt);

@@ -146,6 +146,7 @@ static l3d_status cuda_init(l3d_device_t *dev, const l3d_device_params_t *params
     l3d_cuda_t *c = (l3d_cuda_t *)l3d_calloc(dev->ctx, 1, sizeof(*c), "other");
     if (!c) return L3D_ERR_NOMEM;
     c->index = index;
+    c->tf32 = params && params->allow_tf32;
     dev->priv = c;
     // (host threads for what runs beside the GPU: the offloaded optimizer's CPU device)
     dev->num_threads = params && params->num_threads > 0 ? params->num_threads : l3d_num_cores();

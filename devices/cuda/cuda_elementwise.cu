@@ -187,33 +187,88 @@ extern "C" l3d_status l3d_cuda_sum_f64(l3d_device_t *dev, double *out, const dou
 }
 
 // ---- AdamW -------------------------------------------------------------------------------------
-// torch.optim.AdamW's step (device_math.h), the gradient factor taken from the norm in device
-// memory when given (clipping; a non-finite norm skips the step, as torch's found_inf does).
-__global__ static void k_adamw(float *p, const void *grad, int gt, float *m, float *v, size_t n,
-                               l3d_adamw_k_t k, const double *sumsq, float grad_scale,
-                               float max_norm) {
+// torch.optim.AdamW's step (device_math.h) over many tensors in one launch (apex's and
+// torchtitan's multi-tensor apply): the tensors travel in the kernel's parameters, AW_TENSORS
+// at a time (under the classic 4 KiB parameter limit), each cut into chunks of AW_CHUNK
+// elements; block b finds its tensor from the chunk prefix `first`. The gradient factor comes
+// from the norm in device memory when given (clipping; a non-finite norm skips the step, as
+// torch's found_inf does), and each updated master weight is rounded once into the tensor's
+// 16-bit copy where it has one, in the same pass.
+enum { AW_TENSORS = 48, AW_CHUNK = EW_THREADS * 16 };
+
+typedef struct {
+    l3d_adamw_tensor_t t[AW_TENSORS];
+    float decay[AW_TENSORS];           // 1 - lr * weight_decay, as l3d_adamw_consts rounds it
+    unsigned first[AW_TENSORS + 1];    // the first chunk (block) of each tensor; first[n]: all
+    int n;
+} aw_batch_t;
+
+__global__ static void k_adamw(const aw_batch_t b, l3d_adamw_k_t k, int gt, int wt,
+                               const double *sumsq, float max_norm) {
     if (sumsq) {
         double ss = *sumsq;
         if (!isfinite(ss)) return;
-        k.gscale = l3d_adamw_gscale(ss, grad_scale, max_norm);
+        k.gscale = l3d_adamw_gscale(ss, k.gscale, max_norm);
     }
-    GRID_STRIDE(i, n) l3d_adamw_elem(&k, l3d_cu_ld(grad, gt, i), &p[i], &m[i], &v[i]);
+    unsigned blk = blockIdx.x;
+    int lo = 0, hi = b.n - 1;  // the last tensor whose first chunk is <= blk
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (b.first[mid] <= blk) lo = mid;
+        else hi = mid - 1;
+    }
+    const l3d_adamw_tensor_t t = b.t[lo];
+    k.decay = b.decay[lo];
+    size_t i0 = (size_t)(blk - b.first[lo]) * AW_CHUNK;
+    size_t i1 = i0 + AW_CHUNK < t.n ? i0 + AW_CHUNK : t.n;
+    for (size_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        l3d_adamw_elem(&k, l3d_cu_ld(t.grad, gt, i), &t.param[i], &t.m[i], &t.v[i]);
+        if (t.param16) l3d_cu_st(t.param16, wt, i, t.param[i]);
+    }
 }
 
-extern "C" l3d_status l3d_cuda_adamw(l3d_device_t *dev, float *param, const void *grad, float *m,
-                                     float *v, size_t n, float lr, float beta1, float beta2,
-                                     float eps, float weight_decay, float bc1, float bc2,
-                                     float grad_scale, const double *sumsq, float max_norm,
-                                     l3d_dtype gt) {
-    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "adamw", "grad", gt));
-    if (!(bc1 > 0.0f) || !(bc2 > 0.0f))
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
-                         "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)bc1,
-                         (double)bc2);
-    if (!n) return L3D_OK;
-    l3d_adamw_k_t k = l3d_adamw_consts(lr, beta1, beta2, eps, weight_decay, bc1, bc2, grad_scale);
-    k_adamw<<<l3d_cu_blocks(n, EW_THREADS), EW_THREADS, 0, l3d_cuda_stream(dev)>>>(
-        param, grad, gt, m, v, n, k, sumsq, grad_scale, max_norm);
+// Launches the tensors gathered in *b (none: nothing) and empties it.
+static l3d_status aw_launch(l3d_device_t *dev, aw_batch_t *b, l3d_adamw_k_t k,
+                            const l3d_adamw_step_t *s) {
+    unsigned blocks = b->first[b->n];
+    b->n = 0;
+    if (!blocks) return L3D_OK;
+    k_adamw<<<blocks, EW_THREADS, 0, l3d_cuda_stream(dev)>>>(*b, k, s->gt, s->wt, s->sumsq,
+                                                              s->max_norm);
     L3D_CU_LAUNCHED(dev, "adamw");
     return L3D_OK;
+}
+
+extern "C" l3d_status l3d_cuda_adamw(l3d_device_t *dev, const l3d_adamw_tensor_t *ts, int n,
+                                     const l3d_adamw_step_t *s) {
+    if (n < 0 || (n && !ts) || !s)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "adamw: %d tensors", n);
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "adamw", "grad", s->gt));
+    if (!(s->bc1 > 0.0f) || !(s->bc2 > 0.0f))
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG,
+                         "adamw: bias corrections bc1 %g bc2 %g must be > 0", (double)s->bc1,
+                         (double)s->bc2);
+    const unsigned max_blocks = 0x7fffffffu;  // (a grid's x dimension)
+    l3d_adamw_k_t k = l3d_adamw_consts(s->lr, s->beta1, s->beta2, s->eps, 0.0f, s->bc1, s->bc2,
+                                       s->grad_scale);
+    aw_batch_t b;
+    b.n = 0;
+    b.first[0] = 0;
+    for (int i = 0; i < n; i++) {
+        const l3d_adamw_tensor_t *t = &ts[i];
+        if (!t->n) continue;
+        if (t->param16) L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "adamw", "wt", s->wt));
+        size_t chunks = (t->n + AW_CHUNK - 1) / AW_CHUNK;
+        if (chunks > max_blocks)
+            return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "adamw: tensor %d of %zu elements "
+                             "exceeds one launch", i, t->n);
+        if (b.n == AW_TENSORS || chunks > max_blocks - b.first[b.n])
+            L3D_CHECK(dev->ctx, aw_launch(dev, &b, k, s));
+        b.t[b.n] = *t;
+        b.decay[b.n] = l3d_adamw_consts(s->lr, s->beta1, s->beta2, s->eps, t->weight_decay,
+                                        s->bc1, s->bc2, s->grad_scale).decay;
+        b.first[b.n + 1] = b.first[b.n] + (unsigned)chunks;
+        b.n++;
+    }
+    return aw_launch(dev, &b, k, s);
 }

@@ -1,6 +1,8 @@
 // The CUDA device's GEMM: cuBLASLt with float32 compute for every dtype mix the vtable allows,
 // its heuristic's first algorithm cached per shape, a 32 MiB workspace. float32 operands stay
-// float32 (CUBLAS_COMPUTE_32F: no TF32, as torch without allow_tf32).
+// float32 (CUBLAS_COMPUTE_32F: no TF32, as torch without allow_tf32) unless the device was
+// created with allow_tf32, when an all-float32 product uses CUBLAS_COMPUTE_32F_FAST_TF32 (inputs
+// rounded to TF32's 10-bit mantissa, float32 accumulation: torch's allow_tf32 = True).
 // defines: l3d_cuda_gemm, l3d_cuda_gemm_init, l3d_cuda_gemm_fini
 //
 // Row-major to cuBLASLt's column-major: a row-major X (r,c) with row stride ld is the
@@ -149,7 +151,9 @@ static l3d_status lt_matmul(l3d_device_t *dev, const l3d_gemm_t *g) {
     l3d_status st = L3D_OK;
     int32_t bcount = batch;
     int64_t sa = (int64_t)g->stride_b, sb = (int64_t)g->stride_a, sc = (int64_t)g->stride_c;
-    LT_CHECK(dev, LT(cublasLtMatmulDescCreate)(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    int f32 = g->a_type == L3D_FLOAT32 && g->b_type == L3D_FLOAT32;
+    cublasComputeType_t ct = c->tf32 && f32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    LT_CHECK(dev, LT(cublasLtMatmulDescCreate)(&op, ct, CUDA_R_32F), "desc");
     LT_CHECK(dev,
              LT(cublasLtMatmulDescSetAttribute)(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
              "transa");

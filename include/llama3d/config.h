@@ -206,6 +206,8 @@ typedef struct l3d_train_config {
     int n_layers_per_stage;      // parallel.layers_per_stage: pp entries (0 = balanced)
     int layers_per_stage[64];
     char device[32];             // train.device ("cpu")
+    int allow_tf32;              // train.allow_tf32: float32 GEMMs on TF32 tensor cores (CUDA;
+                                 // torch's allow_tf32; off by default, as torch's matmul is)
     int device_index;            // which GPU: the launcher's local rank (l3d launch, torchrun,
                                  // mpirun, srun: LOCAL_RANK and kin); 0 for ranks as threads
     int num_threads;             // train.threads (0 = L3D_NUM_THREADS or cores)

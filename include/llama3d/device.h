@@ -15,6 +15,9 @@ typedef struct l3d_device l3d_device_t;
 typedef struct l3d_device_params {
     int num_threads;   // CPU: worker threads including the caller; 0 = number of cores
     int device_index;  // CUDA: which GPU; ignored by the CPU
+    int allow_tf32;    // CUDA: float32 GEMMs may round their inputs to TF32 on tensor cores
+                       // (torch.backends.cuda.matmul.allow_tf32); 0: exact float32 products.
+                       // The CPU computes float32 exactly either way.
 } l3d_device_params_t;
 
 // Creates the device named `name` ("cpu"; NULL means "cpu"), with `params` (NULL: defaults).
