@@ -18,6 +18,10 @@ const char *l3d_strerror(l3d_status st) {
     case L3D_ERR_NOT_FOUND: return "not found";
     case L3D_ERR_DIVERGED:
         return "training diverged (lower the learning rate, enable gradient_clipping, or use bf16)";
+    case L3D_ERR_BUSY:
+        return "busy: the queue is full (try again later)";
+    case L3D_ERR_CANCELLED:
+        return "cancelled (or shutting down)";
     }
     return "unknown status";
 }

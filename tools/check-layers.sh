@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one-way layers of docs/architecture.md, checked on #include lines:
-#   platform <- core/{comm, text} <- core/config <- core/model <- core/checkpoint <- core/train
-#            <- core/{plan, monitor} <- transports, devices <- cli
+#   platform <- core/{comm, text} <- core/config <- core/model <- core/checkpoint
+#            <- core/{train, serve} <- core/{plan, monitor} <- transports, devices <- cli
 # (the root of core/ -- context, settings, device wrapper, l3d_core.h -- sits just above
 # platform). A file may include its own folder and any folder of a lower rank; two folders of
 # one rank may not include each other. core/ reaches transports and devices only through their
@@ -20,6 +20,7 @@ core/config 3
 core/model 4
 core/checkpoint 5
 core/train 6
+core/serve 6
 core/plan 7
 core/monitor 7
 '

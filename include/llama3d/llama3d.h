@@ -9,6 +9,7 @@
 #include "llama3d/device.h"
 #include "llama3d/model.h"
 #include "llama3d/sampler.h"
+#include "llama3d/serve.h"
 #include "llama3d/train.h"
 #include "llama3d/plan.h"
 #include "llama3d/monitor.h"

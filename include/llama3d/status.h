@@ -26,6 +26,8 @@ typedef enum l3d_status {
     L3D_ERR_NOT_FOUND = -11,   // a named thing (file, preset, tensor) does not exist
     L3D_ERR_DIVERGED = -12,    // training diverged: the loss or the gradients are not finite
                                // (and fp16 loss scaling cannot go lower)
+    L3D_ERR_BUSY = -13,        // a bounded queue is full: try again later
+    L3D_ERR_CANCELLED = -14,   // the work was cancelled, or its owner is shutting down
 } l3d_status;
 
 // Static text for a status, saying what to do next. Never NULL.
