@@ -52,6 +52,18 @@ int l3d_cmd_tokenize(int argc, char **argv);  // cli/tokenize.c
 struct json_t;
 l3d_status l3d_cli_read_chat(l3d_ctx_t *ctx, const char *path, struct json_t **root_p,
                              l3d_chat_message_t **msgs_p, size_t *n_p);
+// cli/gen_text.c: what a checkpoint says about generating text (l3d generate, l3d serve).
+l3d_status l3d_cli_open_tokenizer(l3d_ctx_t *ctx, const char *ckpt, const char *tokenizer,
+                                  int vocab, l3d_tokenizer_t **tok_p);
+typedef struct l3d_cli_stops {
+    int n;
+    int32_t ids[2 * L3D_MAX_EOS + L3D_TOKENIZER_MAX_STOP];
+} l3d_cli_stops_t;
+l3d_status l3d_cli_gen_defaults(l3d_ctx_t *ctx, const char *ckpt, const l3d_model_config_t *cfg,
+                                const l3d_tokenizer_t *tok, l3d_generation_config_t *gc,
+                                l3d_cli_stops_t *stops);
+int l3d_cli_stops_has(const l3d_cli_stops_t *s, int32_t id);
+int l3d_cmd_serve(int argc, char **argv);   // cli/serve.c
 int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
 int l3d_cmd_bench(int argc, char **argv);   // cli/bench_comm.c
 int l3d_cmd_plan(int argc, char **argv);    // cli/plan.c

@@ -46,60 +46,6 @@ static l3d_status put_text(l3d_ctx_t *ctx, const char *p, size_t n, char *last) 
     return L3D_OK;
 }
 
-// The checkpoint's tokenizer: --tokenizer, else its tokenizer.json / tokenizer.model, else
-// the byte tokenizer (what llama3d's own models are trained on).
-static l3d_status open_tokenizer(l3d_ctx_t *ctx, const gen_job_t *job, int vocab,
-                                 l3d_tokenizer_t **tok_p) {
-    static const char *const files[] = {"tokenizer.json", "tokenizer.model",
-                                        "original/tokenizer.model"};
-    const char *from = job->tokenizer;
-    char path[1200];
-    for (size_t i = 0; !from && i < sizeof(files) / sizeof(files[0]); i++) {
-        snprintf(path, sizeof(path), "%s/%s", job->ckpt, files[i]);
-        if (l3d_path_present(path)) from = job->ckpt;
-    }
-    if (from) L3D_CHECK(ctx, l3d_tokenizer_open(ctx, from, tok_p));
-    else L3D_CHECK(ctx, l3d_tokenizer_create_bytes(ctx, tok_p));
-    if (l3d_tokenizer_vocab_size(*tok_p) > vocab) {
-        l3d_status st = l3d_error(ctx, L3D_ERR_CONFIG, "the tokenizer (%s) has %d ids but the "
-                                  "model's vocabulary is %d: not this model's tokenizer",
-                                  from ? from : "bytes", (int)l3d_tokenizer_vocab_size(*tok_p),
-                                  vocab);
-        l3d_tokenizer_destroy(*tok_p);
-        *tok_p = NULL;
-        return st;
-    }
-    return L3D_OK;
-}
-
-// The ids that end generation: generation_config.json's eos ids (else config.json's), and the
-// tokenizer's end-of-text / end-of-turn ids (llama.cpp's end-of-generation set).
-typedef struct stop_set {
-    int n;
-    int32_t ids[2 * L3D_MAX_EOS + L3D_TOKENIZER_MAX_STOP];
-} stop_set_t;
-
-static void stop_add(stop_set_t *s, int32_t id) {
-    if (id < 0) return;
-    for (int i = 0; i < s->n; i++)
-        if (s->ids[i] == id) return;
-    if (s->n < (int)(sizeof(s->ids) / sizeof(s->ids[0]))) s->ids[s->n++] = id;
-}
-
-static int stop_has(const stop_set_t *s, int32_t id) {
-    for (int i = 0; i < s->n; i++)
-        if (s->ids[i] == id) return 1;
-    return 0;
-}
-
-static l3d_status read_generation_config(l3d_ctx_t *ctx, const char *dir,
-                                         l3d_generation_config_t *g) {
-    char path[1200];
-    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
-    l3d_generation_config_default(g);
-    return l3d_path_present(path) ? l3d_generation_config_from_file(ctx, path, g) : L3D_OK;
-}
-
 // The prompt's ids: --chat through the tokenizer's template, else the text with BOS (as
 // transformers' tokenizer call adds it) and special-token texts parsed.
 static l3d_status prompt_ids(l3d_ctx_t *ctx, const gen_job_t *job, l3d_tokenizer_t *tok,
@@ -146,7 +92,8 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         goto fail;
     }
     L3D_CHECK_GOTO(ctx, l3d_model_config_from_file(ctx, path, &cfg), st, fail);
-    L3D_CHECK_GOTO(ctx, open_tokenizer(ctx, job, cfg.vocab_size, &tok), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_cli_open_tokenizer(ctx, job->ckpt, job->tokenizer, cfg.vocab_size,
+                                               &tok), st, fail);
     L3D_CHECK_GOTO(ctx, prompt_ids(ctx, job, tok, &ids, &n_ids), st, fail);
     if (n_ids == 0) {
         st = l3d_error(ctx, L3D_ERR_CONFIG, "the prompt encodes to no tokens");
@@ -160,17 +107,8 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     }
     // Stops and sampling defaults from the checkpoint; the command line wins.
     l3d_generation_config_t gc;
-    L3D_CHECK_GOTO(ctx, read_generation_config(ctx, job->ckpt, &gc), st, fail);
-    stop_set_t stops = {0};
-    if (gc.n_eos)
-        for (int i = 0; i < gc.n_eos; i++) stop_add(&stops, gc.eos_token_ids[i]);
-    else if (cfg.n_eos)
-        for (int i = 0; i < cfg.n_eos; i++) stop_add(&stops, cfg.eos_token_ids[i]);
-    else
-        stop_add(&stops, cfg.eos_token_id);
-    l3d_tokenizer_special_t sp_ids;
-    L3D_CHECK_GOTO(ctx, l3d_tokenizer_special_ids(tok, &sp_ids), st, fail);
-    for (int i = 0; i < sp_ids.n_stop; i++) stop_add(&stops, sp_ids.stop_ids[i]);
+    l3d_cli_stops_t stops;
+    L3D_CHECK_GOTO(ctx, l3d_cli_gen_defaults(ctx, job->ckpt, &cfg, tok, &gc, &stops), st, fail);
     l3d_sampler_params_t sp = job->sp;
     if (!job->set_temp && gc.do_sample == 0) sp.temperature = 0.0f;
     else if (!job->set_temp && gc.temperature >= 0.0f) sp.temperature = gc.temperature;
@@ -202,7 +140,7 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         int32_t next = 0;
         L3D_CHECK_GOTO(ctx, l3d_sampler_sample(sampler, logits, &next), st, fail);
         produced++;
-        if (stop_has(&stops, next)) {
+        if (l3d_cli_stops_has(&stops, next)) {
             stopped = 1;
             break;
         }

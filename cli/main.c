@@ -10,6 +10,7 @@ static void usage(FILE *f) {
             "commands:\n"
             "  train      train a Llama 3 model (no flags: llama3-tiny on the default text)\n"
             "  generate   generate text from a checkpoint with a KV cache\n"
+            "  serve      an OpenAI-compatible HTTP server with continuous batching\n"
             "  forward    write the logits of a token sequence (for cross-checks)\n"
             "  tokenize   text to token ids and back with a Llama 3 tokenizer, chat formatting\n"
             "  launch     start N ranks of a program on this machine (l3d launch -n N -- ...)\n"
@@ -38,7 +39,7 @@ static void unknown_command(const char *cmd) {
         {"train", "did you mean 'l3d train'?"}, {"generate", "did you mean 'l3d generate'?"},
         {"forward", "did you mean 'l3d forward'?"}, {"tokenize", "did you mean 'l3d tokenize'?"},
         {"launch", "did you mean 'l3d launch'?"}, {"bench", "did you mean 'l3d bench'?"},
-        {"plan", "did you mean 'l3d plan'?"},
+        {"plan", "did you mean 'l3d plan'?"}, {"serve", "did you mean 'l3d serve'?"},
         {"chat", "to chat with a model: l3d generate --checkpoint DIR --chat M.json"},
     };
     if (cmd[0] == '-') {  // a command's flag first: `l3d --steps 5` for `l3d train --steps 5`
@@ -59,8 +60,8 @@ static void unknown_command(const char *cmd) {
     if (best && bestd <= 2 && 2 * bestd <= strlen(cmd))
         fprintf(stderr, "l3d: unknown command '%s' (%s)\n", cmd, best);
     else
-        fprintf(stderr, "l3d: unknown command '%s' (commands: train, generate, forward, "
-                "tokenize, launch, bench, plan; l3d --help)\n", cmd);
+        fprintf(stderr, "l3d: unknown command '%s' (commands: train, generate, serve, "
+                "forward, tokenize, launch, bench, plan; l3d --help)\n", cmd);
 }
 
 static int dispatch(int argc, char **argv) {
@@ -73,6 +74,15 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "launch")) return l3d_cmd_launch(argc, argv);
     if (!strcmp(cmd, "bench")) return l3d_cmd_bench(argc, argv);
     if (!strcmp(cmd, "plan")) return l3d_cmd_plan(argc, argv);
+    if (!strcmp(cmd, "serve")) {
+#ifdef L3D_WITH_SERVE
+        return l3d_cmd_serve(argc, argv);
+#else
+        fprintf(stderr, "l3d serve: this build has no HTTP server: install libmicrohttpd-dev "
+                "(apt) and build again\n");
+        return L3D_EXIT_USAGE;
+#endif
+    }
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         usage(stdout);
         return L3D_EXIT_OK;

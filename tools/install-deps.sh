@@ -9,7 +9,8 @@ pkgs=(build-essential cmake pkg-config git
       libucx-dev ucx-utils libfabric-dev libfabric-bin libopenmpi-dev openmpi-bin
       clang libclang-rt-14-dev
       protobuf-compiler python3-crcmod  # tests/cli_monitor.sh reads the monitors' files
-      time bsdutils util-linux)  # /usr/bin/time, script and setpriv for tests/cli_data_mem.sh
+      time bsdutils util-linux  # /usr/bin/time, script and setpriv for tests/cli_data_mem.sh
+      libmicrohttpd-dev curl)  # l3d serve's HTTP (LGPL: linked dynamically) and its tests
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
