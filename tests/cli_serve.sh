@@ -20,21 +20,7 @@ check() {  # check NAME STATUS
   if [ "$2" -eq 0 ]; then echo "ok   $1"; passes=$((passes + 1)); else echo "FAIL $1"; fails=$((fails + 1)); fi
 }
 
-# start NAME FLAGS...: a server in the background; sets PORT and PID (waits for "listening")
-start() {
-  local name=$1; shift
-  "$L3D" serve --port 0 --threads 1 "$@" >"$tmp/$name.out" 2>"$tmp/$name.err" &
-  PID=$!
-  pids+=("$PID")
-  for _ in $(seq 1 300); do
-    PORT=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$tmp/$name.out")
-    [ -n "$PORT" ] && return 0
-    kill -0 "$PID" 2>/dev/null || break
-    sleep 0.1
-  done
-  echo "FAIL $name did not start:"; sed 's/^/    /' "$tmp/$name.err" | tail -5
-  exit 1
-}
+. "$(dirname "$0")/serve_lib.sh"  # start NAME FLAGS...: sets PORT and PID
 # req METHOD PATH [BODY] [CURL FLAGS...]: prints the body, then the status on its own line
 req() {
   local m=$1 p=$2 b=${3:-}; shift 3 2>/dev/null || shift $#

