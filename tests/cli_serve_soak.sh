@@ -5,13 +5,8 @@
 set -u
 L3D=$1
 if ! command -v node >/dev/null; then echo "SKIP: node is not installed"; exit 77; fi
-if "$L3D" serve --help 2>&1 | grep -q "no HTTP server"; then
-  echo "SKIP: this l3d was built without libmicrohttpd"; exit 77
-fi
-tmp=$(mktemp -d)
-pids=()
-trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' EXIT
 . "$(dirname "$0")/serve_lib.sh"
+serve_setup
 "$L3D" train --steps 20 --save "$tmp/ck" >"$tmp/train.log" 2>&1 || { echo "FAIL training"; exit 1; }
 start soak --checkpoint "$tmp/ck" --parallel 8 --queue 64
 node "$(dirname "$0")/serve_soak.js" "$PORT" "$PID" "${L3D_SOAK_REQUESTS:-4000}" 32
