@@ -116,7 +116,7 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     if (!job->set_topk && gc.top_k >= 0) sp.top_k = gc.top_k;
 
     double t_load = l3d_time_now();
-    L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, job->tp, job->pp, dev, job->ckpt, cap,
+    L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, job->tp, job->pp, dev, job->ckpt, 1, cap,
                                        &inf), st, fail);
     t_load = l3d_time_now() - t_load;
     L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg.vocab_size, &sp, &sampler), st, fail);

@@ -3,6 +3,11 @@
 // then the engine on its own thread; "listening on http://HOST:PORT" is printed once requests
 // are taken. SIGINT or SIGTERM: no new connections, requests in flight get --grace seconds to
 // finish, the rest are cancelled, and the program exits 0.
+//
+// A tensor- and pipeline-parallel layout (--tp, --pp: threads of this process, or processes
+// under l3d launch) serves the same way: rank 0 runs HTTP and the engine, whose decoding is
+// collective -- each call is broadcast to the other ranks (an op and its tokens), which follow
+// it on their parts of the model (core/model/infer_parallel.h) until rank 0 says stop.
 // defines: l3d_cmd_serve
 #include <errno.h>
 #include <signal.h>
@@ -11,16 +16,104 @@
 #include <string.h>
 #include <time.h>
 
+#include <stdint.h>
+#include <unistd.h>
+
+#include "cli/ranks.h"
 #include "cli/serve.h"
+#include "core/checkpoint/checkpoint_open.h"
+#include "core/comm/bootstrap.h"
+#include "core/comm/mesh.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
 #include "platform/platform.h"
 
+// ---- the layout's decoding, led by rank 0 -------------------------------------------------------
+enum { OP_QUIT = 0, OP_SEQ = 1, OP_BATCH = 2, OP_TRUNCATE = 3, OP_ALIVE = 4 };
+
+// What rank 0's engine decodes with, and what the other ranks follow: an op header (op, seq,
+// n, keep) and, for the decodes, the tokens (and the sequences) broadcast over the world.
+typedef struct lead {
+    l3d_infer_t *inf;
+    l3d_comm_t *world;  // NULL: one rank
+    int32_t *buf;       // the broadcast payload (cap int32)
+    size_t cap;
+} lead_t;
+
+static l3d_status lead_send(lead_t *L, int op, int seq, int n, int keep, const int *seqs,
+                            const int32_t *tokens) {
+    if (!L->world) return L3D_OK;
+    int32_t h[4] = {op, seq, n, keep};
+    L3D_CHECK(l3d_comm_ctx(L->world), l3d_comm_broadcast(L->world, h, h, 4, L3D_INT32, 0));
+    size_t k = 0;
+    if (op == OP_SEQ || op == OP_BATCH) {
+        for (int i = 0; i < n; i++) L->buf[k++] = tokens[i];
+        if (op == OP_BATCH)
+            for (int i = 0; i < n; i++) L->buf[k++] = seqs[i];
+    }
+    return k ? l3d_comm_broadcast(L->world, L->buf, L->buf, k, L3D_INT32, 0) : L3D_OK;
+}
+static l3d_status lead_seq(void *arg, int seq, const int32_t *t, int n, float *lg) {
+    lead_t *L = arg;
+    if ((size_t)n > L->cap) return L3D_ERR_INVALID_ARG;
+    L3D_CHECK(NULL, lead_send(L, OP_SEQ, seq, n, 0, NULL, t));
+    return l3d_infer_decode_seq(L->inf, seq, t, n, lg);
+}
+static l3d_status lead_batch(void *arg, const int *seqs, const int32_t *t, int n, float *lg) {
+    lead_t *L = arg;
+    if (2 * (size_t)n > L->cap) return L3D_ERR_INVALID_ARG;
+    L3D_CHECK(NULL, lead_send(L, OP_BATCH, 0, n, 0, seqs, t));
+    return l3d_infer_decode_batch(L->inf, seqs, t, n, lg);
+}
+static l3d_status lead_truncate(void *arg, int seq, int keep) {
+    lead_t *L = arg;
+    L3D_CHECK(NULL, lead_send(L, OP_TRUNCATE, seq, 0, keep, NULL, NULL));
+    return l3d_infer_truncate(L->inf, seq, keep);
+}
+// (an idle server: the followers' broadcast waits would otherwise reach L3D_COMM_TIMEOUT)
+static l3d_status lead_alive(void *arg) {
+    return lead_send(arg, OP_ALIVE, 0, 0, 0, NULL, NULL);
+}
+
+// A rank other than 0: its part of the layout, following rank 0's ops until OP_QUIT.
+static l3d_status follow(lead_t *L, int V) {
+    float *logits = malloc(L->cap * (size_t)V * sizeof(float));
+    int *seqs = malloc(L->cap * sizeof(int));
+    l3d_status st = logits && seqs ? L3D_OK : L3D_ERR_NOMEM;
+    while (st >= 0) {
+        int32_t h[4];
+        st = l3d_comm_broadcast(L->world, h, h, 4, L3D_INT32, 0);
+        if (st < 0 || h[0] == OP_QUIT) break;
+        int op = h[0], seq = h[1], n = h[2], keep = h[3];
+        size_t k = op == OP_SEQ ? (size_t)n : op == OP_BATCH ? 2 * (size_t)n : 0;
+        if (k > L->cap || n < 0) {
+            st = L3D_ERR_PEER_FAILED;
+            break;
+        }
+        if (k) st = l3d_comm_broadcast(L->world, L->buf, L->buf, k, L3D_INT32, 0);
+        if (st < 0) break;
+        if (op == OP_SEQ) {
+            st = l3d_infer_decode_seq(L->inf, seq, L->buf, n, logits);
+        } else if (op == OP_BATCH) {
+            for (int i = 0; i < n; i++) seqs[i] = L->buf[n + i];
+            st = l3d_infer_decode_batch(L->inf, seqs, L->buf, n, logits);
+        } else if (op == OP_TRUNCATE) {
+            st = l3d_infer_truncate(L->inf, seq, keep);
+        }  // (OP_ALIVE: nothing)
+    }
+    free(logits);
+    free(seqs);
+    return st;
+}
+
 static void *engine_main(void *arg) {
     l3d_engine_t *e = arg;
     l3d_status st = l3d_engine_run(e);
-    if (st < 0) fprintf(stderr, "l3d serve: the engine stopped: %s\n", l3d_strerror(st));
-    return NULL;
+    if (st < 0) {  // (the layout failed: the server stops, exiting non-zero)
+        fprintf(stderr, "l3d serve: the engine stopped: %s\n", l3d_strerror(st));
+        kill(getpid(), SIGTERM);
+    }
+    return (void *)(intptr_t)(st < 0);
 }
 
 static const char *base_name(const char *path, char *buf, size_t cap) {
@@ -30,6 +123,207 @@ static const char *base_name(const char *path, char *buf, size_t cap) {
     while (b > 0 && path[b - 1] != '/') b--;
     snprintf(buf, cap, "%.*s", (int)(n - b), path + b);
     return buf;
+}
+
+// What every rank runs, read-only once the ranks start.
+typedef struct serve_job {
+    const char *ckpt, *host, *key, *name, *device, *tokp;
+    long long port, slots, ctx_size, qmax, tp, pp, nthreads, body_max, pchunk;
+    double tmo, grace_s;
+} serve_job_t;
+
+// SIGINT and SIGTERM, once serving: the handler writes the signal to a pipe that rank 0 reads.
+// Installed late on purpose: libraries the transports load install handlers of their own
+// (libinfinipath's calls exit() from whichever thread takes the signal), and a handler set
+// after them is the one that runs. (The program's, not the library's: a static is fine here.)
+static int sig_pipe[2] = {-1, -1};
+static void on_signal(int sig) {
+    unsigned char b = (unsigned char)sig;
+    ssize_t w = write(sig_pipe[1], &b, 1);
+    (void)w;
+}
+static int wait_signal(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    if (pipe(sig_pipe) != 0 || sigaction(SIGINT, &sa, NULL) != 0 ||
+        sigaction(SIGTERM, &sa, NULL) != 0)
+        return -1;
+    unsigned char b = 0;
+    while (read(sig_pipe[0], &b, 1) != 1) {
+    }
+    return b;
+}
+
+// The slot size: --ctx-size, else the model's context up to 4096 (every rank the same).
+static l3d_status slot_size(l3d_ctx_t *ctx, const serve_job_t *job, const l3d_model_config_t *cfg,
+                            int *ctx_size) {
+    long long t = job->ctx_size;
+    if (!t) t = cfg->max_position_embeddings < 4096 ? cfg->max_position_embeddings : 4096;
+    if (t > cfg->max_position_embeddings)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "--ctx-size %lld is over the model's context of %d "
+                         "tokens", t, cfg->max_position_embeddings);
+    *ctx_size = (int)t;
+    return L3D_OK;
+}
+
+// The payload the ops broadcast: a prompt chunk, or a batch's tokens and sequences.
+static size_t payload_cap(const serve_job_t *job) {
+    return (size_t)(job->pchunk > 2 * job->slots ? job->pchunk : 2 * job->slots);
+}
+
+// Ranks other than 0: their part of the layout, following rank 0.
+static void follower(l3d_cli_rank_t *r, l3d_ctx_t *ctx, const serve_job_t *job) {
+    // A rank of its own process (l3d launch forwards SIGTERM to every rank) stops when rank 0
+    // says so, after the requests in flight; threads share rank 0's handler.
+    if (!r->threaded) {
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+    }
+    l3d_device_t *dev = NULL;
+    lead_t L = {.world = r->comm, .cap = payload_cap(job)};
+    l3d_model_config_t cfg;
+    char path[1200];
+    int ctx_size = 0;
+    l3d_status st;
+    l3d_device_params_t dp = {.num_threads = (int)job->nthreads};
+    snprintf(path, sizeof(path), "%s/config.json", job->ckpt);
+    L3D_CHECK_GOTO(ctx, l3d_model_config_from_file(ctx, path, &cfg), st, fail);
+    L3D_CHECK_GOTO(ctx, slot_size(ctx, job, &cfg, &ctx_size), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, job->device ? job->device
+                                                           : l3d_ctx_settings(ctx)->device,
+                                          &dp, &dev), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, (int)job->tp, (int)job->pp, dev, job->ckpt,
+                                       (int)job->slots, ctx_size, &L.inf), st, fail);
+    L.buf = malloc(L.cap * sizeof(int32_t));
+    st = L.buf ? follow(&L, cfg.vocab_size) : L3D_ERR_NOMEM;
+    if (st >= 0) goto out;
+fail:
+    l3d_cli_rank_failed(r, ctx, st);
+out:
+    free(L.buf);
+    l3d_infer_destroy(L.inf);
+    l3d_device_destroy(dev);
+}
+
+static void serve_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
+    const serve_job_t *job = r->job;
+    if (r->rank != 0) {
+        follower(r, ctx, job);
+        return;
+    }
+    srv_t s;
+    memset(&s, 0, sizeof(s));
+    s.ctx = ctx;
+    s.api_key = job->key;
+    s.body_max = (size_t)job->body_max;
+    s.timeout_s = job->tmo;
+    s.slots = (int)job->slots;
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_mutex_init(&s.tok_mu, NULL);
+    snprintf(s.model_name, sizeof(s.model_name), "%s",
+             job->name ? job->name : base_name(job->ckpt, (char[256]){0}, 256));
+    lead_t L = {.world = r->comm, .cap = payload_cap(job)};
+    l3d_device_t *dev = NULL;
+    pthread_t th;
+    int started = 0, bound = 0;
+    void *engine_failed = NULL;
+    l3d_status st;
+    char path[1200];
+    struct MHD_Daemon *d = l3d_serve_http_start(&s, job->host, (int)job->port,
+                                                (int)(job->slots + job->qmax + 64), &bound);
+    if (!d) {  // (the others are told by the runner, as for any rank's failure)
+        st = l3d_error(ctx, L3D_ERR_CONFIG, "cannot listen on %s:%lld", job->host, job->port);
+        goto fail;
+    }
+    l3d_device_params_t dp = {.num_threads = (int)job->nthreads};
+    snprintf(path, sizeof(path), "%s/config.json", job->ckpt);
+    L3D_CHECK_GOTO(ctx, l3d_input_dir(ctx, job->ckpt, "checkpoint"), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_model_config_from_file(ctx, path, &s.cfg), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_cli_open_tokenizer(ctx, job->ckpt, job->tokp, s.cfg.vocab_size,
+                                               &s.tok), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_cli_gen_defaults(ctx, job->ckpt, &s.cfg, s.tok, &s.gc, &s.stops), st,
+                   fail);
+    L3D_CHECK_GOTO(ctx, slot_size(ctx, job, &s.cfg, &s.ctx_size), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, job->device ? job->device
+                                                           : l3d_ctx_settings(ctx)->device,
+                                          &dp, &dev), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, (int)job->tp, (int)job->pp, dev, job->ckpt,
+                                       (int)job->slots, s.ctx_size, &L.inf), st, fail);
+    L.buf = malloc(L.cap * sizeof(int32_t));
+    if (!L.buf) {
+        st = L3D_ERR_NOMEM;
+        goto fail;
+    }
+    l3d_engine_backend_t be = {lead_seq, lead_batch, lead_truncate, lead_alive,
+                               s.cfg.vocab_size, s.cfg.max_position_embeddings};
+    l3d_engine_params_t ep = {.slots = (int)job->slots, .ctx_size = s.ctx_size,
+                              .queue_max = (int)job->qmax, .prefill_chunk = (int)job->pchunk};
+    L3D_CHECK_GOTO(ctx, l3d_engine_create_backend(ctx, &be, &L, &ep, &s.engine), st, fail);
+    if (pthread_create(&th, NULL, engine_main, s.engine)) {
+        st = l3d_error(ctx, L3D_ERR_SYSTEM, "cannot start the engine's thread");
+        goto fail;
+    }
+    started = 1;
+    s.created = (long)time(NULL);
+    s.ready = 1;
+    double kv_mib = 2.0 * (double)job->slots * s.ctx_size * s.cfg.num_hidden_layers *
+                    s.cfg.num_key_value_heads * s.cfg.head_dim * sizeof(float) / 1048576.0;
+    char layout[64] = "";
+    if (job->tp > 1 || job->pp > 1)
+        snprintf(layout, sizeof(layout), " on tp %lld x pp %lld", job->tp, job->pp);
+    fprintf(stderr, "l3d serve: model %s%s: %lld slots of %d tokens each (KV cache %.1f MiB), "
+            "%lld more may wait, %g s a request\n", s.model_name, layout, job->slots,
+            s.ctx_size, kv_mib, job->qmax, job->tmo);
+    printf("listening on http://%s%s%s:%d\n", strchr(job->host, ':') ? "[" : "", job->host,
+           strchr(job->host, ':') ? "]" : "", bound);
+    fflush(stdout);
+
+    int sig = wait_signal();
+    if (sig < 0) {
+        st = l3d_error(ctx, L3D_ERR_SYSTEM, "cannot take SIGTERM/SIGINT");
+        goto fail;
+    }
+    fprintf(stderr, "l3d serve: %s: finishing the requests in flight (%g s at most)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", job->grace_s);
+    s.ready = 0;
+    l3d_serve_http_quiesce(d);
+    l3d_engine_stop(s.engine, 0);
+    double until = l3d_time_now() + job->grace_s;
+    for (;;) {
+        l3d_engine_stats_t es;
+        l3d_engine_get_stats(s.engine, &es);
+        if (es.running + es.queued == 0) break;
+        if (l3d_time_now() >= until) {
+            fprintf(stderr, "l3d serve: cancelling %d requests\n", es.running + es.queued);
+            l3d_engine_stop(s.engine, 1);
+            break;
+        }
+        nanosleep(&(struct timespec){0, 20000000}, NULL);
+    }
+    st = L3D_OK;
+    goto out;
+fail:
+    l3d_cli_rank_failed(r, ctx, st);
+out:
+    if (started) {
+        l3d_engine_stop(s.engine, 1);
+        pthread_join(th, &engine_failed);
+    }
+    if (d) l3d_serve_http_stop(d);  // (every connection has had its answer)
+    l3d_engine_destroy(s.engine);
+    if (engine_failed && st >= 0)
+        l3d_cli_rank_failed(r, ctx, l3d_error(ctx, L3D_ERR_PEER_FAILED, "the model's layout "
+                                              "failed while serving"));
+    else if (L.inf && st >= 0)  // the other ranks stop following
+        (void)lead_send(&L, OP_QUIT, 0, 0, 0, NULL, NULL);
+    free(L.buf);
+    l3d_infer_destroy(L.inf);
+    l3d_tokenizer_destroy(s.tok);
+    l3d_device_destroy(dev);
+    pthread_mutex_destroy(&s.mu);
+    pthread_mutex_destroy(&s.tok_mu);
 }
 
 int l3d_cmd_serve(int argc, char **argv) {
@@ -91,122 +385,37 @@ int l3d_cmd_serve(int argc, char **argv) {
         (pps && l3d_cli_int("serve", "--pp", pps, 1, 1024, &pp)) ||
         (threads && l3d_cli_int("serve", "--threads", threads, 1, 4096, &nthreads)))
         return L3D_EXIT_USAGE;
-    if (tp > 1 || pp > 1) {
-        fprintf(stderr, "l3d serve: --tp/--pp: serving a tensor- or pipeline-parallel layout is "
-                "not built yet; serve on one rank (l3d generate takes --tp/--pp)\n");
-        return L3D_EXIT_USAGE;
-    }
     if (!key) key = getenv("L3D_API_KEY");
     if (key && !*key) {
         fprintf(stderr, "l3d serve: --api-key: empty\n");
         return L3D_EXIT_USAGE;
     }
-    l3d_ctx_t *ctx = NULL;
-    if (l3d_cli_ctx_create(1, &ctx) < 0) return L3D_EXIT_FAIL;
-
-    // SIGINT and SIGTERM are taken by sigwait below: blocked here, before any thread starts,
-    // so every thread inherits the mask. A client gone mid-write must not kill the server.
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
-
-    srv_t s;
-    memset(&s, 0, sizeof(s));
-    s.ctx = ctx;
-    s.api_key = key;
-    s.body_max = (size_t)body_max;
-    s.timeout_s = tmo;
-    s.slots = (int)slots;
-    pthread_mutex_init(&s.mu, NULL);
-    pthread_mutex_init(&s.tok_mu, NULL);
-    snprintf(s.model_name, sizeof(s.model_name), "%s",
-             name ? name : base_name(ckpt, (char[256]){0}, 256));
-    int bound = 0, rc = L3D_EXIT_OK;
-    struct MHD_Daemon *d = l3d_serve_http_start(&s, host, (int)port,
-                                                (int)(slots + qmax + 64), &bound);
-    if (!d) {
+    serve_job_t job = {.ckpt = ckpt, .host = host, .key = key, .name = name, .device = device,
+                       .tokp = tokp, .port = port, .slots = slots, .ctx_size = ctx_size,
+                       .qmax = qmax, .tp = tp, .pp = pp, .nthreads = nthreads,
+                       .body_max = body_max, .pchunk = pchunk, .tmo = tmo, .grace_s = grace_s};
+    signal(SIGPIPE, SIG_IGN);  // (a client gone mid-write must not kill the server)
+    // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
+    int world = (int)(tp * pp);
+    if (l3d_cli_launched()) {
+        l3d_ctx_t *ctx = NULL;
+        l3d_launch_env_t env = {0};
+        l3d_status st = l3d_cli_ctx_create(0, &ctx);
+        if (st >= 0) st = l3d_launch_env_read(ctx, &env);
+        if (st >= 0) st = l3d_mesh_check_world(ctx, 1, (int)tp, (int)pp, env.size);
+        if (st < 0) {
+            int rc = l3d_cli_fail("serve", ctx, st);
+            l3d_ctx_destroy(ctx);
+            return rc;
+        }
         l3d_ctx_destroy(ctx);
+        return l3d_cli_run_process("serve", &job, env.rank, env.size, serve_rank);
+    }
+    if (world > L3D_CLI_MAX_THREADED_RANKS) {
+        fprintf(stderr, "l3d serve: tp %lld x pp %lld is more than %d threads of one process; "
+                "start them as processes (l3d launch)\n", tp, pp, L3D_CLI_MAX_THREADED_RANKS);
         return L3D_EXIT_USAGE;
     }
-    l3d_device_t *dev = NULL;
-    pthread_t th;
-    int started = 0;
-    l3d_status st;
-    char path[1200];
-    l3d_device_params_t dp = {.num_threads = (int)nthreads};
-    const char *dname = device ? device : l3d_ctx_settings(ctx)->device;
-    snprintf(path, sizeof(path), "%s/config.json", ckpt);
-    L3D_CHECK_GOTO(ctx, l3d_input_dir(ctx, ckpt, "checkpoint"), st, fail);
-    L3D_CHECK_GOTO(ctx, l3d_model_config_from_file(ctx, path, &s.cfg), st, fail);
-    L3D_CHECK_GOTO(ctx, l3d_cli_open_tokenizer(ctx, ckpt, tokp, s.cfg.vocab_size, &s.tok), st,
-                   fail);
-    L3D_CHECK_GOTO(ctx, l3d_cli_gen_defaults(ctx, ckpt, &s.cfg, s.tok, &s.gc, &s.stops), st, fail);
-    if (!ctx_size) ctx_size = s.cfg.max_position_embeddings < 4096 ? s.cfg.max_position_embeddings : 4096;
-    if (ctx_size > s.cfg.max_position_embeddings) {
-        st = l3d_error(ctx, L3D_ERR_CONFIG, "--ctx-size %lld is over the model's context of %d "
-                       "tokens", ctx_size, s.cfg.max_position_embeddings);
-        goto fail;
-    }
-    s.ctx_size = (int)ctx_size;
-    L3D_CHECK_GOTO(ctx, l3d_device_create(ctx, dname, &dp, &dev), st, fail);
-    L3D_CHECK_GOTO(ctx, l3d_model_open(ctx, dev, ckpt, &s.model), st, fail);
-    l3d_engine_params_t ep = {.slots = (int)slots, .ctx_size = (int)ctx_size,
-                              .queue_max = (int)qmax, .prefill_chunk = (int)pchunk};
-    L3D_CHECK_GOTO(ctx, l3d_engine_create(s.model, &ep, &s.engine), st, fail);
-    if (pthread_create(&th, NULL, engine_main, s.engine)) {
-        st = l3d_error(ctx, L3D_ERR_SYSTEM, "cannot start the engine's thread");
-        goto fail;
-    }
-    started = 1;
-    s.created = (long)time(NULL);
-    s.ready = 1;
-    double kv_mib = 2.0 * slots * ctx_size * s.cfg.num_hidden_layers *
-                    s.cfg.num_key_value_heads * s.cfg.head_dim * sizeof(float) / 1048576.0;
-    fprintf(stderr, "l3d serve: model %s: %lld slots of %lld tokens each (KV cache %.1f MiB), "
-            "%lld more may wait, %g s a request\n", s.model_name, slots, ctx_size, kv_mib, qmax,
-            tmo);
-    printf("listening on http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
-           strchr(host, ':') ? "]" : "", bound);
-    fflush(stdout);
-
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
-    }
-    fprintf(stderr, "l3d serve: %s: finishing the requests in flight (%g s at most)\n",
-            sig == SIGINT ? "SIGINT" : "SIGTERM", grace_s);
-    s.ready = 0;
-    l3d_serve_http_quiesce(d);
-    l3d_engine_stop(s.engine, 0);
-    double until = l3d_time_now() + grace_s;
-    for (;;) {
-        l3d_engine_stats_t es;
-        l3d_engine_get_stats(s.engine, &es);
-        if (es.running + es.queued == 0) break;
-        if (l3d_time_now() >= until) {
-            fprintf(stderr, "l3d serve: cancelling %d requests\n", es.running + es.queued);
-            l3d_engine_stop(s.engine, 1);
-            break;
-        }
-        nanosleep(&(struct timespec){0, 20000000}, NULL);
-    }
-    goto out;
-fail:
-    rc = l3d_cli_fail("serve", ctx, st);
-out:
-    if (started) {
-        l3d_engine_stop(s.engine, 1);
-        pthread_join(th, NULL);
-    }
-    l3d_serve_http_stop(d);  // (every connection has had its answer: the engine ended them all)
-    l3d_engine_destroy(s.engine);
-    l3d_model_destroy(s.model);
-    l3d_tokenizer_destroy(s.tok);
-    l3d_device_destroy(dev);
-    pthread_mutex_destroy(&s.mu);
-    pthread_mutex_destroy(&s.tok_mu);
-    l3d_ctx_destroy(ctx);
-    return l3d_cli_finish_stdout(rc);
+    if (world == 1) return l3d_cli_run_process("serve", &job, 0, 1, serve_rank);
+    return l3d_cli_run_threads("serve", &job, world, serve_rank);
 }

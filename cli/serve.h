@@ -16,7 +16,6 @@
 // The server, shared by every connection thread and the engine's thread.
 typedef struct srv {
     l3d_ctx_t *ctx;
-    l3d_model_t *model;
     l3d_tokenizer_t *tok;
     pthread_mutex_t tok_mu;  // the tokenizer is used by one thread at a time
     l3d_engine_t *engine;

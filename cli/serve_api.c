@@ -282,6 +282,8 @@ static int on_event(void *user, const l3d_gen_event_t *ev) {
         }
     }
     json_decref(entry);
+    if (last && ev->finish == L3D_GEN_ERROR)  // (the client gets a 500; the log says why)
+        fprintf(stderr, "l3d serve: %s failed: %s\n", hr->id, l3d_ctx_last_error(s->ctx));
     if (last) {
         hr->finished = 1;
         hr->finish = ev->finish;

@@ -151,6 +151,8 @@ req GET /metrics | grep -q '^l3d_http_requests_total{status="400"} [1-9]'
 check "/metrics counts the 400s" $?
 req GET /metrics | grep -q '^l3d_prompt_tokens_cached_total [1-9]'
 check "/metrics shows the prompt cache's hits" $?
+req GET /metrics | grep -q '^l3d_requests_finished_total{reason="error"} 0$'
+check "no request ended in a model error" $?
 for m in l3d_time_to_first_token_seconds_bucket l3d_inter_token_latency_seconds_count l3d_queue_depth l3d_kv_cache_usage_ratio; do
   req GET /metrics | grep -q "^$m"; check "/metrics has $m" $?
 done
@@ -159,6 +161,34 @@ done
 kill -TERM "$PID"
 wait "$PID"; rc=$?
 [ $rc -eq 0 ] && grep -q "SIGTERM" "$tmp/main.err"; check "SIGTERM: exit 0 (got $rc)" $?
+
+# ---- tp 2 x pp 2 (threads): the same text as one rank, batched, streamed ------------------------
+start tp2pp2 --checkpoint "$tmp/ck" --model-name tiny --parallel 4 --tp 2 --pp 2
+grep -q "^l3d serve: model tiny on tp 2 x pp 2: 4 slots" "$tmp/tp2pp2.err"
+check "tp 2 x pp 2: the start names the layout" $?
+req POST /v1/completions "$body" | head -n 1 | json '"The GNU General" + d["choices"][0]["text"]' >"$tmp/tp.txt"
+cmp -s "$tmp/gen" "$tmp/tp.txt"; check "tp 2 x pp 2: the greedy completion = one rank's" $?
+curl -sN "http://127.0.0.1:$PORT/v1/completions" -d "$sbody" >"$tmp/tp.sse"
+/usr/bin/python3 - "$tmp/tp.sse" "$tmp/plain" <<'EOF' | grep -qx ok
+import json, sys
+ev = [l[6:] for l in open(sys.argv[1]).read().split("\n") if l.startswith("data: ")]
+text = "".join(json.loads(e)["choices"][0]["text"] for e in ev[:-1] if json.loads(e)["choices"])
+assert text == json.loads(open(sys.argv[2]).read().split("\n")[0])["choices"][0]["text"]
+print("ok")
+EOF
+check "tp 2 x pp 2: streamed = one rank's plain text" $?
+cpids=()
+for i in 1 2 3 4 5 6; do
+  req POST /v1/completions "{\"prompt\":\"Layout $i\",\"max_tokens\":16,\"seed\":$i}" >"$tmp/t$i" &
+  cpids+=($!)
+done
+wait "${cpids[@]}"
+ok=0
+for i in 1 2 3 4 5 6; do
+  head -n 1 "$tmp/t$i" | json 'd["usage"]["completion_tokens"]' 2>/dev/null | grep -qx 16 && ok=$((ok + 1))
+done
+[ $ok -eq 6 ]; check "tp 2 x pp 2: 6 concurrent requests on 4 slots all answered ($ok)" $?
+kill -TERM "$PID"; wait "$PID"; check "tp 2 x pp 2: SIGTERM exits 0 (every rank stops)" $?
 
 # ---- a slower model: a dropped stream cancels, a full queue is 429, the API key ---------------
 cat >"$tmp/slow.json" <<'EOF'

@@ -256,7 +256,7 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
 }
 
 l3d_status l3d_infer_open(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
-                          const char *dir, int capacity, l3d_infer_t **inf_p) {
+                          const char *dir, int n_seq, int capacity, l3d_infer_t **inf_p) {
     if (!ctx || !dev || !dir || !inf_p || tp < 1 || pp < 1)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_open: NULL argument or tp %d / "
                          "pp %d < 1", tp, pp);
@@ -267,7 +267,7 @@ l3d_status l3d_infer_open(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d
     // The files must hold what the config says before the config sizes an allocation.
     L3D_CHECK(ctx, l3d_ckpt_check(ctx, dir, &cfg, 0));
     l3d_infer_t *inf;
-    L3D_CHECK(ctx, l3d_infer_create(ctx, world, tp, pp, dev, &cfg, capacity, &inf));
+    L3D_CHECK(ctx, l3d_infer_create_seqs(ctx, world, tp, pp, dev, &cfg, n_seq, capacity, &inf));
     l3d_status st = l3d_model_load(l3d_infer_model(inf), dir);  // this rank's slices only
     if (st < 0) {
         l3d_infer_destroy(inf);

@@ -8,8 +8,9 @@
 #include "core/model/infer_parallel.h"
 
 // Collective over `world`: checkpoint `dir`'s config.json, checked against its files first (as
-// l3d_model_open does), then l3d_infer_create with it and this rank's slices of the weights.
+// l3d_model_open does), then l3d_infer_create_seqs with it (n_seq sequences of `capacity`
+// positions) and this rank's slices of the weights.
 l3d_status l3d_infer_open(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
-                          const char *dir, int capacity, l3d_infer_t **inf_p);
+                          const char *dir, int n_seq, int capacity, l3d_infer_t **inf_p);
 
 #endif

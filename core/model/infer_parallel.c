@@ -20,6 +20,8 @@ struct l3d_infer {
     float *x;       // (rows, C) on the device: the rows between stages
     size_t x_bytes;
     float *row;     // (vocab_size) host: the assembled logits row
+    int n_seq;
+    float *rows;    // (n_seq, vocab_size) host: a batch's assembled rows
 };
 
 static l3d_status comm_error(l3d_infer_t *g, l3d_comm_t *c, l3d_status st, const char *what) {
@@ -28,7 +30,13 @@ static l3d_status comm_error(l3d_infer_t *g, l3d_comm_t *c, l3d_status st, const
 
 l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
                             const l3d_model_config_t *config, int capacity, l3d_infer_t **inf_p) {
-    if (!ctx || !dev || !config || !inf_p || tp < 1 || pp < 1)
+    return l3d_infer_create_seqs(ctx, world, tp, pp, dev, config, 1, capacity, inf_p);
+}
+
+l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp,
+                                 l3d_device_t *dev, const l3d_model_config_t *config, int n_seq,
+                                 int capacity, l3d_infer_t **inf_p) {
+    if (!ctx || !dev || !config || !inf_p || tp < 1 || pp < 1 || n_seq < 1)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_create: NULL argument or tp %d / "
                          "pp %d < 1", tp, pp);
     l3d_model_config_t cfg = *config;
@@ -46,7 +54,13 @@ l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l
     g->stage = g->mesh->coord[L3D_MESH_PP];
     L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP], pp, 1,
                                               g->stage, NULL, &g->m), st, err);
-    L3D_CHECK_GOTO(ctx, l3d_kv_cache_create(g->m, capacity, &g->c), st, err);
+    L3D_CHECK_GOTO(ctx, l3d_kv_cache_create_seqs(g->m, n_seq, capacity, &g->c), st, err);
+    g->n_seq = n_seq;
+    g->rows = l3d_malloc(ctx, (size_t)n_seq * (size_t)cfg.vocab_size * sizeof(float), "acts");
+    if (!g->rows) {
+        st = L3D_ERR_NOMEM;
+        goto err;
+    }
     g->x_bytes = (size_t)l3d_kv_cache_rows(g->c) * (size_t)cfg.hidden_size * sizeof(float);
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, g->x_bytes, "acts", (void **)&g->x), st, err);
     g->row = l3d_malloc(ctx, (size_t)cfg.vocab_size * sizeof(float), "acts");
@@ -64,6 +78,9 @@ err:
 void l3d_infer_destroy(l3d_infer_t *g) {
     if (!g) return;
     if (g->row) l3d_free(g->ctx, g->row, (size_t)g->m->cfg.vocab_size * sizeof(float), "acts");
+    if (g->rows)
+        l3d_free(g->ctx, g->rows, (size_t)g->n_seq * (size_t)g->m->cfg.vocab_size * sizeof(float),
+                 "acts");
     if (g->x) l3d_dev_free(g->m->dev, g->x, g->x_bytes, "acts");
     l3d_kv_cache_destroy(g->c);
     l3d_model_destroy(g->m);
@@ -76,12 +93,18 @@ l3d_model_t *l3d_infer_model(l3d_infer_t *g) { return g->m; }
 int l3d_infer_len(const l3d_infer_t *g) { return l3d_kv_cache_len(g->c); }
 
 l3d_status l3d_infer_decode(l3d_infer_t *g, const int32_t *tokens, int n, float *logits) {
-    if (!g || !tokens || !logits || n < 1)
+    return l3d_infer_decode_seq(g, 0, tokens, n, logits);
+}
+
+l3d_status l3d_infer_decode_seq(l3d_infer_t *g, int seq, const int32_t *tokens, int n,
+                                float *logits) {
+    if (!g || !tokens || !logits || n < 1 || seq < 0 || seq >= g->n_seq)
         return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode: NULL "
-                         "argument or n %d < 1", n);
+                         "argument, n %d < 1 or sequence %d of %d", n, seq, g ? g->n_seq : 0);
     l3d_model_t *m = g->m;
     int V = m->cfg.vocab_size, C = m->C, last = g->stage == g->pp - 1;
-    int rows = l3d_kv_cache_rows(g->c), len = l3d_kv_cache_len(g->c);
+    int rows = l3d_kv_cache_rows(g->c), len = l3d_kv_cache_seq_len(g->c, seq);
+    l3d_kv_cache_select(g->c, seq);
     if (len + n > l3d_kv_cache_capacity(g->c))
         return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "decoding %d tokens at position %d exceeds "
                          "the kv cache capacity %d", n, len, l3d_kv_cache_capacity(g->c));
@@ -97,12 +120,17 @@ l3d_status l3d_infer_decode(l3d_infer_t *g, const int32_t *tokens, int n, float 
         size_t count = (size_t)k * C;
         if (g->stage > 0 && (st = l3d_comm_recv(ppc, g->x, count, L3D_FLOAT32, g->stage - 1)) < 0)
             return comm_error(g, ppc, st, "receiving the previous stage's rows");
-        L3D_CHECK(g->ctx, l3d_kv_pass(g->c, tokens + done, k, first_row, g->row + m->tp.v0,
-                                      (size_t)V, g->x, g->x));
+        st = l3d_kv_pass(g->c, tokens + done, k, first_row, g->row + m->tp.v0, (size_t)V, g->x,
+                         g->x);
+        if (st < 0) {
+            l3d_kv_cache_select(g->c, 0);
+            return st;
+        }
         if (!last && (st = l3d_comm_send(ppc, g->x, count, L3D_FLOAT32, g->stage + 1)) < 0)
             return comm_error(g, ppc, st, "sending rows to the next stage");
         done += k;
     }
+    l3d_kv_cache_select(g->c, 0);
     if (last && tpc && (st = l3d_comm_allreduce(tpc, g->row, g->row, (size_t)V, L3D_FLOAT32,
                                                 L3D_SUM)) < 0)
         return comm_error(g, tpc, st, "assembling the logits over tp");
@@ -111,4 +139,55 @@ l3d_status l3d_infer_decode(l3d_infer_t *g, const int32_t *tokens, int n, float 
         return comm_error(g, ppc, st, "sending the logits to every stage");
     memcpy(logits, g->row, (size_t)V * sizeof(float));
     return L3D_OK;
+}
+
+l3d_status l3d_infer_decode_batch(l3d_infer_t *g, const int *seqs, const int32_t *tokens, int n,
+                                  float *logits) {
+    if (!g || !seqs || !tokens || !logits || n < 1 || n > g->n_seq)
+        return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: NULL "
+                         "argument, or %d rows for %d sequences", n, g ? g->n_seq : 0);
+    l3d_model_t *m = g->m;
+    int V = m->cfg.vocab_size, C = m->C, last = g->stage == g->pp - 1;
+    for (int i = 0; i < n; i++) {
+        int s = seqs[i];
+        if (s < 0 || s >= g->n_seq || l3d_kv_cache_seq_len(g->c, s) >= l3d_kv_cache_capacity(g->c))
+            return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: sequence %d "
+                             "is out of range or full", s);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == s)
+                return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: sequence "
+                                 "%d appears twice", s);
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside "
+                             "the vocabulary [0, %d)", tokens[i], s, V);
+    }
+    l3d_comm_t *ppc = g->mesh->group[L3D_MESH_PP], *tpc = g->mesh->group[L3D_MESH_TP];
+    size_t nv = (size_t)n * (size_t)V;
+    l3d_status st;
+    // (under tp each rank writes its vocabulary slice of each row; the sum assembles them)
+    if (last && g->tp > 1) memset(g->rows, 0, nv * sizeof(float));
+    int step = l3d_kv_cache_rows(g->c);
+    for (int r0 = 0; r0 < n; r0 += step) {
+        int k = L3D_MIN(step, n - r0);
+        size_t count = (size_t)k * C;
+        if (g->stage > 0 && (st = l3d_comm_recv(ppc, g->x, count, L3D_FLOAT32, g->stage - 1)) < 0)
+            return comm_error(g, ppc, st, "receiving the previous stage's rows");
+        L3D_CHECK(g->ctx, l3d_kv_pass_batch(g->c, seqs + r0, tokens + r0, k,
+                                            g->rows + (size_t)r0 * V + m->tp.v0, (size_t)V, g->x,
+                                            g->x));
+        if (!last && (st = l3d_comm_send(ppc, g->x, count, L3D_FLOAT32, g->stage + 1)) < 0)
+            return comm_error(g, ppc, st, "sending rows to the next stage");
+    }
+    if (last && tpc && (st = l3d_comm_allreduce(tpc, g->rows, g->rows, nv, L3D_FLOAT32,
+                                                L3D_SUM)) < 0)
+        return comm_error(g, tpc, st, "assembling the logits over tp");
+    if (ppc && (st = l3d_comm_broadcast(ppc, g->rows, g->rows, nv, L3D_FLOAT32, g->pp - 1)) < 0)
+        return comm_error(g, ppc, st, "sending the logits to every stage");
+    memcpy(logits, g->rows, nv * sizeof(float));
+    return L3D_OK;
+}
+
+l3d_status l3d_infer_truncate(l3d_infer_t *g, int seq, int keep) {
+    if (!g) return L3D_ERR_INVALID_ARG;
+    return l3d_kv_cache_seq_truncate(g->c, seq, keep);
 }

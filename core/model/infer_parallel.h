@@ -2,7 +2,8 @@
 // (its tp slice of its pipeline stage's layers) and of the KV
 // cache; a decode runs the stages in turn and gives every rank the same full logits, so every
 // rank samples the same token from the same seed and no token is sent.
-// defines: l3d_infer_t, l3d_infer_create, l3d_infer_decode, l3d_infer_destroy,
+// defines: l3d_infer_t, l3d_infer_create, l3d_infer_create_seqs, l3d_infer_decode,
+//          l3d_infer_decode_seq, l3d_infer_decode_batch, l3d_infer_truncate, l3d_infer_destroy,
 //          l3d_infer_config, l3d_infer_model
 #ifndef L3D_INFER_PARALLEL_H
 #define L3D_INFER_PARALLEL_H
@@ -28,5 +29,18 @@ int l3d_infer_len(const l3d_infer_t *inf);  // positions in the cache
 // (vocab_size floats, host) on every rank. Collective over the world. Beyond the capacity:
 // L3D_ERR_INVALID_ARG.
 l3d_status l3d_infer_decode(l3d_infer_t *inf, const int32_t *tokens, int n, float *logits);
+// The same over n_seq sequences of `capacity` positions each (the serving engine's slots):
+// decode_seq appends to sequence `seq` as l3d_infer_decode does to sequence 0; decode_batch
+// appends tokens[i] to seqs[i] (distinct) and writes row i of logits (n, vocab_size) on every
+// rank, as l3d_model_decode_batch does on one; truncate keeps a sequence's first `keep`
+// positions. Each is collective over the world, with the same arguments on every rank.
+l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp,
+                                 l3d_device_t *dev, const l3d_model_config_t *cfg, int n_seq,
+                                 int capacity, l3d_infer_t **inf_p);
+l3d_status l3d_infer_decode_seq(l3d_infer_t *inf, int seq, const int32_t *tokens, int n,
+                                float *logits);
+l3d_status l3d_infer_decode_batch(l3d_infer_t *inf, const int *seqs, const int32_t *tokens,
+                                  int n, float *logits);
+l3d_status l3d_infer_truncate(l3d_infer_t *inf, int seq, int keep);
 
 #endif

@@ -195,6 +195,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
 }
 
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c) { return c->rows; }
+void l3d_kv_cache_select(l3d_kv_cache_t *c, int seq) { c->cur = seq; }
 int l3d_kv_cache_capacity(const l3d_kv_cache_t *c) { return c->cap; }
 
 // The public single-model entry points serve a whole model; a tensor- or pipeline-parallel
@@ -325,8 +326,7 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
                          "argument or n %d < 1", n);
     L3D_CHECK(m->ctx, check_cache(m, c, "l3d_model_decode_batch"));
     l3d_ctx_t *ctx = m->ctx;
-    l3d_device_t *dev = m->dev;
-    int C = m->C, V = m->V;
+    int V = m->V;
     for (int i = 0; i < n; i++) {
         int s = seqs[i];
         if (s < 0 || s >= c->n_seq)
@@ -343,19 +343,38 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
             return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside the "
                              "vocabulary [0, %d)", tokens[i], s, m->cfg.vocab_size);
     }
-    for (int r0 = 0; r0 < n; r0 += c->rows) {  // at most `rows` sequences per pass
-        int k = L3D_MIN(c->rows, n - r0);
-        L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens + r0, (size_t)k * sizeof(int32_t),
+    for (int r0 = 0; r0 < n; r0 += c->rows)  // at most `rows` sequences per pass
+        L3D_CHECK(ctx, l3d_kv_pass_batch(c, seqs + r0, tokens + r0, L3D_MIN(c->rows, n - r0),
+                                         logits + (size_t)r0 * V, (size_t)V, NULL, NULL));
+    return L3D_OK;
+}
+
+l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens, int k,
+                             float *out, size_t ldo, const float *x_prev, float *x_next) {
+    l3d_model_t *m = c->m;
+    l3d_device_t *dev = m->dev;
+    l3d_ctx_t *ctx = m->ctx;
+    int C = m->C, V = m->V;
+    if (m->has_embed) {
+        L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)k * sizeof(int32_t),
                                     L3D_COPY_H2D));
         L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, k,
                                             L3D_FLOAT32, L3D_FLOAT32));
-        float *x = c->xa, *y = c->xb;
-        for (int l = 0; l < m->L; l++) {
-            L3D_CHECK(ctx, batch_layer(c, l, seqs + r0, k, x, y));
-            float *t = x;
-            x = y;
-            y = t;
-        }
+    } else {  // a later pipeline stage: the previous stage's output rows
+        L3D_CHECK(ctx, l3d_dev_copy(dev, c->xa, x_prev, (size_t)k * C * sizeof(float),
+                                    L3D_COPY_D2D));
+    }
+    float *x = c->xa, *y = c->xb;
+    for (int l = 0; l < m->L; l++) {
+        L3D_CHECK(ctx, batch_layer(c, l, seqs, k, x, y));
+        float *t = x;
+        x = y;
+        y = t;
+    }
+    if (!m->has_head) {  // the rows go on to the next stage
+        L3D_CHECK(ctx, l3d_dev_copy(dev, x_next, x, (size_t)k * C * sizeof(float), L3D_COPY_D2D));
+    } else {
+        // under tp this rank's vocabulary slice (V columns) of each row, at out + row * ldo
         for (int h0 = 0; h0 < k; h0 += c->logit_rows) {
             int rows = L3D_MIN(c->logit_rows, k - h0);
             L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)h0 * C,
@@ -365,12 +384,14 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
                             .beta = 0.0f, .A = c->lnf, .lda = C, .B = m->params + m->head,
                             .ldb = C, .C = c->logits, .ldc = V};
             L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
-            L3D_CHECK(ctx, l3d_dev_copy(dev, logits + (size_t)(r0 + h0) * V, c->logits,
-                                        (size_t)rows * V * sizeof(float), L3D_COPY_D2H));
+            for (int r = 0; r < rows; r++)
+                L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(h0 + r) * ldo,
+                                            c->logits + (size_t)r * V, (size_t)V * sizeof(float),
+                                            L3D_COPY_D2H));
         }
-        L3D_CHECK(ctx, l3d_dev_sync(dev));
-        for (int i = r0; i < r0 + k; i++) c->lens[seqs[i]]++;
     }
+    L3D_CHECK(ctx, l3d_dev_sync(dev));
+    for (int i = 0; i < k; i++) c->lens[seqs[i]]++;
     return L3D_OK;
 }
 

@@ -42,7 +42,15 @@ typedef struct l3d_param {
 typedef struct l3d_kv_cache l3d_kv_cache_t;
 l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
                        float *out, size_t ldo, const float *x_prev, float *x_next);
+// One pass of k <= l3d_kv_cache_rows tokens, tokens[i] appended to sequence seqs[i] (distinct,
+// checked by the caller): as l3d_kv_pass, the first stage embeds, a later one takes x_prev; a
+// stage without the head writes its rows to x_next, the last writes row i's logits (its
+// vocabulary slice under tp) at out + i * ldo.
+l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens, int k,
+                             float *out, size_t ldo, const float *x_prev, float *x_next);
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c);
+// The sequence l3d_kv_pass appends to (0 unless set; < the cache's sequences).
+void l3d_kv_cache_select(l3d_kv_cache_t *c, int seq);
 int l3d_kv_cache_capacity(const l3d_kv_cache_t *c);
 
 // Refuses (L3D_ERR_CONFIG, saying how much `what` needs and how much is available) an

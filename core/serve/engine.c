@@ -14,9 +14,11 @@
 // defines: l3d_engine_*, l3d_engine_hist_bounds
 #include <math.h>
 #include <pthread.h>
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "core/model/model_internal.h"
 #include "llama3d/serve.h"
@@ -50,8 +52,10 @@ typedef struct slot {
 
 struct l3d_engine {
     l3d_ctx_t *ctx;
-    l3d_model_t *m;
-    l3d_kv_cache_t *cache;
+    l3d_engine_backend_t be;  // what decodes: the model and its cache (l3d_engine_create), or
+    void *be_arg;             // a caller's layout (l3d_engine_create_backend)
+    l3d_model_t *m;           // (l3d_engine_create's; NULL otherwise)
+    l3d_kv_cache_t *cache;    // (l3d_engine_create's; NULL otherwise)
     int V, n_slots, ctx_size, queue_max, chunk;
     slot_t *slots;
     pthread_mutex_t mu;
@@ -92,26 +96,60 @@ static void req_free(l3d_engine_t *e, req_t *r) {
 }
 
 // ---- lifetime ----------------------------------------------------------------------------------
+// The backend of l3d_engine_create: the whole model and the engine's own cache.
+static l3d_status model_decode_seq(void *arg, int seq, const int32_t *t, int n, float *lg) {
+    l3d_engine_t *e = arg;
+    return l3d_model_decode_seq(e->m, e->cache, seq, t, n, lg);
+}
+static l3d_status model_decode_batch(void *arg, const int *seqs, const int32_t *t, int n,
+                                     float *lg) {
+    l3d_engine_t *e = arg;
+    return l3d_model_decode_batch(e->m, e->cache, seqs, t, n, lg);
+}
+static l3d_status model_truncate(void *arg, int seq, int keep) {
+    l3d_engine_t *e = arg;
+    return l3d_kv_cache_seq_truncate(e->cache, seq, keep);
+}
+
 l3d_status l3d_engine_create(l3d_model_t *m, const l3d_engine_params_t *p, l3d_engine_t **e_p) {
     if (!m || !p || !e_p)
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_engine_create: NULL %s",
                          !m ? "model" : !p ? "params" : "engine_p");
-    *e_p = NULL;
-    l3d_ctx_t *ctx = m->ctx;
     const l3d_model_config_t *cfg = l3d_model_config(m);
+    l3d_engine_backend_t be = {model_decode_seq, model_decode_batch, model_truncate, NULL,
+                               cfg->vocab_size, cfg->max_position_embeddings};
+    L3D_CHECK(m->ctx, l3d_engine_create_backend(m->ctx, &be, NULL, p, e_p));
+    l3d_engine_t *e = *e_p;
+    e->m = m;
+    e->be_arg = e;
+    l3d_status st = l3d_kv_cache_create_seqs(m, e->n_slots, e->ctx_size, &e->cache);
+    if (st < 0) {
+        l3d_engine_destroy(e);
+        *e_p = NULL;
+    }
+    return st;
+}
+
+l3d_status l3d_engine_create_backend(l3d_ctx_t *ctx, const l3d_engine_backend_t *be, void *arg,
+                                     const l3d_engine_params_t *p, l3d_engine_t **e_p) {
+    if (!ctx || !be || !p || !e_p || !be->decode_seq || !be->decode_batch || !be->truncate ||
+        be->vocab_size < 1)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_engine_create: NULL argument or an "
+                         "incomplete backend");
+    *e_p = NULL;
     if (p->slots < 1 || p->slots > L3D_KV_MAX_SEQS)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "engine: slots %d must be in [1, %d]",
                          p->slots, L3D_KV_MAX_SEQS);
-    if (p->ctx_size < 2 || p->ctx_size > cfg->max_position_embeddings)
+    if (p->ctx_size < 2 || p->ctx_size > be->max_positions)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "engine: ctx_size %d must be in [2, %d] "
                          "(the model's max_position_embeddings)", p->ctx_size,
-                         cfg->max_position_embeddings);
+                         be->max_positions);
     if (p->queue_max < 0 || p->prefill_chunk < 0)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "engine: queue_max %d and prefill_chunk %d "
                          "must be >= 0", p->queue_max, p->prefill_chunk);
     l3d_engine_t *e = l3d_calloc(ctx, 1, sizeof(*e), "other");
     if (!e) return L3D_ERR_NOMEM;
-    e->ctx = ctx, e->m = m, e->V = cfg->vocab_size, e->n_slots = p->slots;
+    e->ctx = ctx, e->be = *be, e->be_arg = arg, e->V = be->vocab_size, e->n_slots = p->slots;
     e->ctx_size = p->ctx_size, e->queue_max = p->queue_max;
     e->chunk = p->prefill_chunk ? p->prefill_chunk : 256;
     e->next_id = 1;
@@ -119,7 +157,7 @@ l3d_status l3d_engine_create(l3d_model_t *m, const l3d_engine_params_t *p, l3d_e
     pthread_cond_init(&e->cv, NULL);
     e->st.slots = e->n_slots, e->st.ctx_size = e->ctx_size;
     e->st.kv_capacity = (int64_t)e->n_slots * e->ctx_size;
-    l3d_status st = l3d_kv_cache_create_seqs(m, e->n_slots, e->ctx_size, &e->cache);
+    l3d_status st = L3D_OK;
     e->slots = l3d_calloc(ctx, (size_t)e->n_slots, sizeof(slot_t), "other");
     e->logits = l3d_malloc(ctx, (size_t)e->n_slots * (size_t)e->V * sizeof(float), "other");
     e->seqs = l3d_malloc(ctx, (size_t)e->n_slots * sizeof(int), "other");
@@ -382,7 +420,7 @@ static void end_all(l3d_engine_t *e, l3d_gen_finish_t why) {
             // (a failed pass leaves the cache's contents unknown: nothing is reused)
             if (why == L3D_GEN_ERROR) {
                 e->slots[i].n_toks = 0;
-                (void)l3d_kv_cache_seq_truncate(e->cache, i, 0);
+                (void)e->be.truncate(e->be_arg, i, 0);
             }
         }
     pthread_mutex_lock(&e->mu);
@@ -417,7 +455,7 @@ static int pick_slot(const l3d_engine_t *e, const req_t *r, int *keep_p) {
 
 static l3d_status admit(l3d_engine_t *e, slot_t *s, int keep) {
     req_t *r = s->r;
-    L3D_CHECK(e->ctx, l3d_kv_cache_seq_truncate(e->cache, (int)(s - e->slots), keep));
+    L3D_CHECK(e->ctx, e->be.truncate(e->be_arg, (int)(s - e->slots), keep));
     s->n_toks = keep;
     s->fed = keep;
     s->cached = keep;
@@ -515,7 +553,7 @@ l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p) {
         int n = s->r->n_prompt - s->fed;
         n = n < e->chunk ? n : e->chunk;
         float *row = e->logits + (size_t)i * e->V;
-        st = l3d_model_decode_seq(e->m, e->cache, i, s->r->prompt + s->fed, n, row);
+        st = e->be.decode_seq(e->be_arg, i, s->r->prompt + s->fed, n, row);
         if (st < 0) break;
         memcpy(s->toks + s->n_toks, s->r->prompt + s->fed, (size_t)n * sizeof(int32_t));
         s->fed += n;
@@ -524,7 +562,7 @@ l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p) {
         break;
     }
     if (st >= 0 && nb > 0) {
-        st = l3d_model_decode_batch(e->m, e->cache, e->seqs, e->batch, nb, e->logits);
+        st = e->be.decode_batch(e->be_arg, e->seqs, e->batch, nb, e->logits);
         for (int j = 0; j < nb && st >= 0; j++) {
             slot_t *s = &e->slots[e->seqs[j]];
             s->toks[s->n_toks++] = s->next;
@@ -545,10 +583,20 @@ l3d_status l3d_engine_run(l3d_engine_t *e) {
     if (!e) return L3D_ERR_INVALID_ARG;
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while (!e->stopping && e->nq == 0 && e->running == 0) pthread_cond_wait(&e->cv, &e->mu);
+        int idle = 0;
+        while (!e->stopping && e->nq == 0 && e->running == 0 && !idle) {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_sec += 1;
+            idle = pthread_cond_timedwait(&e->cv, &e->mu, &ts) == ETIMEDOUT;
+        }
         int done = e->stopping && e->nq == 0 && e->running == 0;
         pthread_mutex_unlock(&e->mu);
         if (done) return L3D_OK;
+        if (idle) {
+            if (e->be.keepalive) L3D_CHECK(e->ctx, e->be.keepalive(e->be_arg));
+            continue;
+        }
         l3d_status st = l3d_engine_step(e, NULL);
         // (a failed pass ended its requests; the engine serves on)
         if (st < 0 && st != L3D_ERR_INVALID_ARG && st != L3D_ERR_NOMEM) return st;

@@ -102,6 +102,30 @@ typedef struct l3d_engine_stats {
 // params->ctx_size positions. Bad params are L3D_ERR_INVALID_ARG naming the field.
 l3d_status l3d_engine_create(l3d_model_t *model, const l3d_engine_params_t *params,
                              l3d_engine_t **engine_p);
+
+// What an engine decodes with, for a model it does not hold whole (a tensor- or
+// pipeline-parallel layout whose ranks follow the engine's calls). Sequences are the slots
+// 0 .. slots-1, each holding up to ctx_size positions; every entry is called from the engine's
+// thread only, blocks until its result is in host memory, and returns a failure as a status.
+typedef struct l3d_engine_backend {
+    // Appends tokens[0..n) to sequence `seq`; writes the logits of the last one (vocab floats).
+    l3d_status (*decode_seq)(void *arg, int seq, const int32_t *tokens, int n, float *logits);
+    // Appends tokens[i] to seqs[i] (distinct) for i < n; writes logits (n, vocab), row i for
+    // seqs[i] (l3d_model_decode_batch's contract).
+    l3d_status (*decode_batch)(void *arg, const int *seqs, const int32_t *tokens, int n,
+                               float *logits);
+    // Keeps the first `keep` positions of sequence `seq`.
+    l3d_status (*truncate)(void *arg, int seq, int keep);
+    // Optional (NULL: none): called about once a second while l3d_engine_run waits with
+    // nothing to do (ranks that follow the engine wait on a deadline: tell them it is alive).
+    l3d_status (*keepalive)(void *arg);
+    int vocab_size, max_positions;  // the model's
+} l3d_engine_backend_t;
+// An engine over `backend` (copied; `arg` must outlive the engine). `ctx` takes the errors and
+// allocations. As l3d_engine_create otherwise.
+l3d_status l3d_engine_create_backend(l3d_ctx_t *ctx, const l3d_engine_backend_t *backend,
+                                     void *arg, const l3d_engine_params_t *params,
+                                     l3d_engine_t **engine_p);
 // Cancels whatever is queued or running (each gets its last event, L3D_GEN_CANCELLED), then
 // frees the engine. Not while another thread is in l3d_engine_run or l3d_engine_step.
 void l3d_engine_destroy(l3d_engine_t *e);
@@ -122,7 +146,8 @@ l3d_status l3d_engine_cancel(l3d_engine_t *e, uint64_t id);
 // queued or running afterwards. A failure of the model ends the running requests with
 // L3D_GEN_ERROR and is returned.
 l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p);
-// Steps until l3d_engine_stop, sleeping while there is nothing to do. Returns what ended it.
+// Steps until l3d_engine_stop, sleeping while there is nothing to do (the backend's keepalive
+// about once a second meanwhile). Returns what ended it.
 l3d_status l3d_engine_run(l3d_engine_t *e);
 // Asks l3d_engine_run to return (thread-safe): with `cancel` the running and queued requests
 // end L3D_GEN_CANCELLED first, else they are finished first; submit then refuses.
