@@ -1,6 +1,7 @@
 """Writes a llama3d / Hugging Face Llama checkpoint directory as a GGUF F32 file for llama.cpp.
 
 usage: /usr/bin/python3 bench/gguf_from_hf.py CHECKPOINT_DIR OUT.gguf --gguf-py LLAMA_CPP/gguf-py
+                                              [--tokenizer-json TOKENIZER_JSON]
 
 Used by bench/generate_vs_llamacpp.sh. The tensors are read here with json + numpy (the
 safetensors header is a JSON object after an 8-byte length) and written with the gguf-py
@@ -11,8 +12,13 @@ llama.cpp's own convert_hf_to_gguf.py does for Llama and is repeated here:
     interleaved one (LlamaModel.permute);
   - a tied lm_head is left out (llama.cpp then uses token_embd for the output);
   - rope_scaling of type llama3 becomes the rope_freqs.weight tensor of per-frequency factors.
-No tokenizer is written: tokenizer.ggml.model is "no_vocab" with vocab_size dummy tokens, which
-llama-bench accepts (it feeds random token ids), and the speed does not depend on the ids.
+Without --tokenizer-json no tokenizer is written: tokenizer.ggml.model is "no_vocab" with
+vocab_size dummy tokens, which llama-bench accepts (it feeds random token ids), and the speed does
+not depend on the ids. With it (Meta's Llama 3 tokenizer.json, for a model of its 128256 ids:
+bench/serve_vs_llamacpp.sh, where llama-server must encode and decode), the byte-level BPE is
+written as convert_hf_to_gguf.py writes Llama 3's: model "gpt2", pre-tokenizer "llama-bpe", the
+token list by id (ids past the vocabulary are unused padding), control types for the special
+tokens, the merges, and BOS / EOS from config.json.
 """
 import argparse
 import json
@@ -88,11 +94,35 @@ def rope_factors(cfg, head_dim):  # convert_hf_to_gguf.py, LlamaModel.generate_e
     return np.array(out, dtype=np.float32)
 
 
+def add_llama3_vocab(w, gguf, path, V, cfg):
+    tj = json.load(open(path, encoding="utf-8"))
+    tokens = ["[PAD%d]" % i for i in range(V)]
+    types = [gguf.TokenType.UNUSED] * V
+    for t, i in tj["model"]["vocab"].items():
+        if i < V:
+            tokens[i], types[i] = t, gguf.TokenType.NORMAL
+    for t in tj.get("added_tokens", []):
+        if t["id"] < V:
+            tokens[t["id"]] = t["content"]
+            types[t["id"]] = gguf.TokenType.CONTROL if t.get("special") else gguf.TokenType.USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(int(cfg.get("bos_token_id", 128000)))
+    eos = cfg.get("eos_token_id", 128001)
+    w.add_eos_token_id(int(eos[0] if isinstance(eos, list) else eos))
+    w.add_add_bos_token(True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("checkpoint")
     ap.add_argument("out")
     ap.add_argument("--gguf-py", required=True, help="the gguf-py folder of a llama.cpp checkout")
+    ap.add_argument("--tokenizer-json", help="a Llama 3 tokenizer.json to write as the vocabulary")
     a = ap.parse_args()
     sys.path.insert(0, a.gguf_py)
     # gguf-py's vocab module imports sentencepiece at load time; the weights need none of it
@@ -129,7 +159,10 @@ def main():
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-5)))
     w.add_vocab_size(V)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_tokenizer_model("no_vocab")
+    if a.tokenizer_json:
+        add_llama3_vocab(w, gguf, a.tokenizer_json, V, cfg)
+    else:
+        w.add_tokenizer_model("no_vocab")
 
     w.add_tensor("token_embd.weight", T["model.embed_tokens.weight"])
     rf = rope_factors(cfg, D)

@@ -310,6 +310,10 @@ out:
     if (started) {
         l3d_engine_stop(s.engine, 1);
         pthread_join(th, &engine_failed);
+        // (after a failed engine thread, requests may still wait: a cancelling step ends each
+        // one, with no decoding, so that no connection waits for an event that cannot come)
+        for (int busy = 1; busy && l3d_engine_step(s.engine, &busy) >= 0;) {
+        }
     }
     if (d) l3d_serve_http_stop(d);  // (every connection has had its answer)
     l3d_engine_destroy(s.engine);
