@@ -1,9 +1,10 @@
 // The serving engine (include/llama3d/serve.h): continuous batching over one model's KV cache.
 //
 // A step, on the engine's thread: (1) under the lock, the cancelled and the late leave the
-// queue and the slots, and queued requests take free slots; (2) one prompt chunk is fed for one
-// prefilling slot (round robin), so a long prompt costs the running streams one chunk's time
-// per token, not the whole prompt; (3) every slot holding a sampled token feeds it in one
+// queue and the slots, and queued requests take free slots; (2) at most one chunk of prompt
+// tokens is fed, over the prefilling slots in turn (round robin), so a long prompt costs the
+// running streams one chunk's time per token, not the whole prompt, and short prompts that
+// arrive together start together; (3) every slot holding a sampled token feeds it in one
 // l3d_model_decode_batch, and each samples its next token from its row of logits. Events go
 // out without the lock held. Only the engine's thread touches the cache, the slots' tokens and
 // the samplers; other threads queue, cancel and read counters under the lock.
@@ -544,14 +545,18 @@ l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p) {
     int nb = 0;
     for (int i = 0; i < e->n_slots; i++)
         if (e->slots[i].r && e->slots[i].next >= 0) e->seqs[nb] = i, e->batch[nb++] = e->slots[i].next;
-    // one prompt chunk, for the prefilling slots in turn
-    for (int k = 0; k < e->n_slots && st >= 0; k++) {
+    // up to one chunk of prompt tokens, over the prefilling slots in turn (short prompts
+    // arriving together share a step; a long one takes the whole chunk)
+    int budget = e->chunk;
+    for (int k = 0; k < e->n_slots && st >= 0 && budget > 0; k++) {
         int i = (e->prefill_next + k) % e->n_slots;
         slot_t *s = &e->slots[i];
         if (!s->r || s->fed >= s->r->n_prompt) continue;
-        e->prefill_next = (i + 1) % e->n_slots;
         int n = s->r->n_prompt - s->fed;
-        n = n < e->chunk ? n : e->chunk;
+        n = n < budget ? n : budget;
+        budget -= n;
+        // (the next step starts after this slot, or with it while its prompt is not done)
+        e->prefill_next = s->fed + n < s->r->n_prompt ? i : (i + 1) % e->n_slots;
         float *row = e->logits + (size_t)i * e->V;
         st = e->be.decode_seq(e->be_arg, i, s->r->prompt + s->fed, n, row);
         if (st < 0) break;
@@ -559,7 +564,6 @@ l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p) {
         s->fed += n;
         s->n_toks += n;
         if (s->fed == s->r->n_prompt) st = take_token(e, s, row);
-        break;
     }
     if (st >= 0 && nb > 0) {
         st = e->be.decode_batch(e->be_arg, e->seqs, e->batch, nb, e->logits);

@@ -141,7 +141,8 @@ l3d_status l3d_engine_submit(l3d_engine_t *e, const l3d_gen_request_t *req, uint
 // engine's next step. An unknown or finished id is L3D_ERR_NOT_FOUND.
 l3d_status l3d_engine_cancel(l3d_engine_t *e, uint64_t id);
 // One scheduling step on the calling thread: admits queued requests to free slots, ends the
-// cancelled and the late, feeds one prompt chunk, then one token for every generating request
+// cancelled and the late, feeds up to prefill_chunk prompt tokens (over the prefilling requests
+// in turn), then one token for every generating request
 // (one batched decode), delivering their events. *busy_p (may be NULL): whether anything is
 // queued or running afterwards. A failure of the model ends the running requests with
 // L3D_GEN_ERROR and is returned.
