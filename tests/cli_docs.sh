@@ -262,7 +262,7 @@ CHECK_ONLY = [
      "(mpirun, gloo, ucx_perftest, fabtests, 20 layouts, ZeRO-2 against ZeRO-3, float32 "
      "against bf16 and fp16); checked: "
      "--help, the doc's arguments", check_script),
-    (r"bash bench/generate_vs_llamacpp\.sh ", "needs a llama.cpp checkout built beside us (45 "
+    (r"bash bench/(generate|serve)_vs_llamacpp\.sh ", "needs a llama.cpp checkout built beside us (45 "
      "minutes to build); checked: --help, and its skip line without one", check_llamacpp_script),
 ]
 
