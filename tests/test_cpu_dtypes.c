@@ -202,7 +202,7 @@ Test(cpu_dtypes, narrowing_matches_a_branchy_reference_on_random_bits) {
 }
 
 // C = alpha op(A) op(B) + beta C for each dtype mix, transposes, strides, the gemv shape
-// (M <= 4) and a batch. Bound per element: float32 accumulation in any order (Higham 3.1:
+// (M <= 16) and a batch. Bound per element: float32 accumulation in any order (Higham 3.1:
 // (K + 2) u32 times the magnitude sum, doubled as in test_cpu_ops), plus the one rounding of
 // a 16-bit C: half an ulp, 2^-8 |c| (bfloat16) or 2^-11 |c| (float16), doubled; the inputs'
 // rounding is not error (the reference uses the rounded values).
@@ -255,6 +255,7 @@ Test(cpu_dtypes, gemm_with_16bit_operands) {
             for (int c = 0; c < 3; c++) {
                 mixed_case(T[a], T[b], T[c], 0, 1, 37, 70, 129, 0.0f, 1);   // x W^T, tiles
                 mixed_case(T[a], T[b], T[c], 0, 1, 3, 65, 200, 0.5f, 1);    // decode: gemv
+                mixed_case(T[a], T[b], T[c], 0, 1, 16, 40, 99, 0.0f, 1);    // 16 streams: gemv
                 mixed_case(T[a], T[b], T[c], 1, 0, 20, 33, 17, -1.0f, 2);   // dW shape, batch
             }
 }
@@ -273,11 +274,12 @@ Test(cpu_dtypes, gemm_beta_zero_never_reads_a_16bit_c_and_bad_types_fail) {
 
 // The matrix-vector kernel reads a bfloat16 B as stored (decode streams half the bytes): its
 // results are bit for bit those of the float32 kernel on the widened weights (widening is
-// exact and the sums run in the same order), with odd K for the tail, 1-4 rows, beta 0 and not.
+// exact and the sums run in the same order), with odd K for the tail, 1-4 and 16 rows, beta 0
+// and not.
 Test(cpu_dtypes, gemv_reads_bfloat16_weights_as_stored) {
     const int Ks[] = {1, 17, 384, 1001}, N = 300;
     for (int ki = 0; ki < 4; ki++)
-        for (int M = 1; M <= 4; M++) {
+        for (int M = 1; M <= 16; M = M < 4 ? M + 1 : M + 12) {
             int K = Ks[ki], ldb = K + 3;
             size_t nb = (size_t)N * ldb;
             double *vb = malloc(sizeof(double) * nb), *va = malloc(sizeof(double) * M * K);

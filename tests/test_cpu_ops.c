@@ -87,17 +87,19 @@ Test(cpu_gemm, batched_with_strides) {
     env_close(e);
 }
 
-// Decode-sized products (M <= 4 rows of x against W^T) take the matrix-vector kernel: each
-// against the double reference, with strides, beta 0 not reading C (NaN there), and the same
-// bits for 1, 2 and 3 threads (each element is one dot product in a fixed order).
+// Decode-sized products (M <= L3D_CPU_GEMV_MAX_M = 16 rows of x against W^T: a batch of
+// sequences decoding together) take the matrix-vector kernel: each against the double
+// reference, with strides, beta 0 not reading C (NaN there), and the same bits for 1, 2 and 3
+// threads (each element is one dot product in a fixed order); 17 rows are sgemm's again.
 Test(cpu_gemm, few_rows_matrix_vector) {
     env_t e[3] = {env_open(1), env_open(2), env_open(3)};
     rng_seed(17);
     const int Ks[] = {1, 15, 17, 130, 1000}, Ns[] = {1, 63, 64, 65, 700};
-    for (int M = 1; M <= 5; M++)
+    const int Ms[] = {1, 2, 3, 4, 5, 16, 17};
+    for (int mi = 0; mi < 7; mi++)
         for (int ki = 0; ki < 5; ki++)
             for (int ni = 0; ni < 5; ni++) {
-                int K = Ks[ki], N = Ns[ni], lda = K + 3, ldb = K + 1, ldc = N + 2;
+                int M = Ms[mi], K = Ks[ki], N = Ns[ni], lda = K + 3, ldb = K + 1, ldc = N + 2;
                 float beta = (ki + ni) % 2 ? 0.5f : 0.0f;
                 float *A = fvec((size_t)M * lda, 1.0f), *B = fvec((size_t)N * ldb, 1.0f);
                 float *C0 = fvec((size_t)M * ldc, 1.0f);

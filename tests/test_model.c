@@ -97,9 +97,9 @@ Test(model, decode_matches_full_forward) {
 }
 
 // The same at a width where float32 rounding shows: decode runs the head and every linear
-// layer as matrix-vector products (M <= 4 rows: cpu_gemv.c), the full forward as sgemm tiles,
-// so each dot product is summed in another order. Decoding 1, then 3, then 5 tokens at a time
-// covers both kernels on the decode side.
+// layer as matrix-vector products (M <= 16 rows: cpu_gemv.c), the full forward as sgemm tiles,
+// so each dot product is summed in another order. Decoding 37 tokens, then 1, 3 and 5 at a
+// time covers both kernels on the decode side.
 //
 // Tolerance, from float32 accumulation (u = 2^-24; Higham 3.1: a dot product of length K
 // summed in any order is within K u sum|a_k b_k| of the exact one). Both paths compute the same
@@ -332,9 +332,10 @@ Test(model, rope_llama3_scaling_bands) {
 
 // Several sequences in one cache: sequences at different positions advanced together by
 // l3d_model_decode_batch give, row for row, the logits of decoding each alone in a cache of
-// its own. 6 rows run the batched GEMMs as sgemm, a single token as matrix-vector products:
-// the sums differ in order only, so decode_matches_full_forward_at_width's bound applies
-// (attention over at most T keys, T the longest sequence).
+// its own. Both take the matrix-vector kernel (up to 16 rows), but the batch's layers are not
+// the lone decode's code (l3d_model_decode runs the training forward over one token), so the
+// sums may differ in order: decode_matches_full_forward_at_width's bound applies (attention
+// over at most T keys, T the longest sequence).
 Test(model, batched_decode_matches_one_sequence_at_a_time) {
     l3d_model_config_t cfg = small_config(1);
     cfg.hidden_size = 128;
