@@ -60,25 +60,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 L3D=$(cd "$(dirname "$BUILD/l3d")" && pwd)/l3d
 
-# 1. the weights
-cfg=${GVL_MODEL:-}
-if [ -z "$cfg" ]; then
-  cfg=$tmp/model.json
-  cat >"$cfg" <<'EOF'
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 384,
- "intermediate_size": 1024, "num_hidden_layers": 6, "num_attention_heads": 6,
- "num_key_value_heads": 2, "head_dim": 64, "vocab_size": 128256, "max_position_embeddings": 2048,
- "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": true,
- "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02, "torch_dtype": "float32"}
-EOF
-fi
-echo "generate_vs_llamacpp: writing the weights ($cfg)" >&2
-"$L3D" train --model "$cfg" --steps 0 --save "$tmp/ck" >"$tmp/train.log" 2>&1 ||
-  { tail -3 "$tmp/train.log" >&2; die "l3d train --steps 0 --save failed"; }
-rm -f "$tmp"/ck/optimizer*.safetensors  # generation reads the weights only
-echo "generate_vs_llamacpp: converting to GGUF F32 with $LLAMA/gguf-py" >&2
-"$PY" "$HERE/gguf_from_hf.py" "$tmp/ck" "$tmp/model.gguf" --gguf-py "$LLAMA/gguf-py" >&2 ||
-  die "the GGUF conversion failed"
+# 1. the weights (bench/llamacpp_weights.sh)
+. "$HERE/llamacpp_weights.sh"
+llamacpp_weights generate_vs_llamacpp "${GVL_MODEL:-}" "$tmp"
 
 # A prompt of PROMPT tokens for the byte tokenizer: BOS + PROMPT-1 printable bytes.
 prompt=$("$PY" -c 'import sys; s = "The quick brown fox jumps over the lazy dog. " * 100; print(s[:int(sys.argv[1]) - 1], end="")' "$PROMPT")

@@ -15,12 +15,10 @@
 
 #include "cli/cli.h"
 #include "cli/ranks.h"
-#include "core/comm/bootstrap.h"
 #include "core/checkpoint/checkpoint_open.h"
 #include "core/model/infer_parallel.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
-#include "core/comm/mesh.h"
 #include "platform/platform.h"
 
 // What every rank runs, read-only once the ranks start.
@@ -278,21 +276,9 @@ int l3d_cmd_generate(int argc, char **argv) {
     // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
     int world = job.tp * job.pp, rank = 0;
     if (l3d_cli_launched()) {
-        l3d_ctx_t *ctx = NULL;
-        l3d_launch_env_t env = {0};
-        l3d_status st = l3d_cli_ctx_create(0, &ctx);
-        if (st >= 0) st = l3d_launch_env_read(ctx, &env);
-        if (st >= 0) st = l3d_mesh_check_world(ctx, 1, job.tp, job.pp, env.size);
-        if (st < 0) {
-            int rc = l3d_cli_fail("generate", ctx, st);
-            l3d_ctx_destroy(ctx);
-            return rc;
-        }
-        l3d_ctx_destroy(ctx);
-        rank = env.rank;
-        world = env.size;
-        job.local_ranks = env.local_size > 0 ? env.local_size : 1;
-        return l3d_cli_run_process("generate", &job, rank, world, gen_rank);
+        int rc = l3d_cli_launched_layout("generate", job.tp, job.pp, &rank, &world,
+                                         &job.local_ranks);
+        return rc ? rc : l3d_cli_run_process("generate", &job, rank, world, gen_rank);
     }
     if (world > L3D_CLI_MAX_THREADED_RANKS) {
         fprintf(stderr, "l3d generate: tp %d x pp %d = %d ranks is more than %d threads of one "

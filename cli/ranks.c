@@ -4,6 +4,8 @@
 #include <string.h>
 
 #include "cli/ranks.h"
+#include "core/comm/bootstrap.h"
+#include "core/comm/mesh.h"
 #include "core/l3d_core.h"
 
 void l3d_cli_rank_failed(l3d_cli_rank_t *r, l3d_ctx_t *ctx, l3d_status st) {
@@ -125,5 +127,19 @@ out:
     free(runs);
     free(comms);
     l3d_ctx_destroy(wctx);
+    return rc;
+}
+
+int l3d_cli_launched_layout(const char *cmd, int tp, int pp, int *rank, int *world, int *local) {
+    l3d_ctx_t *ctx = NULL;
+    l3d_launch_env_t env = {0};
+    l3d_status st = l3d_cli_ctx_create(0, &ctx);
+    if (st >= 0) st = l3d_launch_env_read(ctx, &env);
+    if (st >= 0) st = l3d_mesh_check_world(ctx, 1, tp, pp, env.size);
+    int rc = st < 0 ? l3d_cli_fail(cmd, ctx, st) : 0;
+    l3d_ctx_destroy(ctx);
+    *rank = env.rank;
+    *world = env.size;
+    *local = env.local_size > 0 ? env.local_size : 1;
     return rc;
 }

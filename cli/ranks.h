@@ -32,6 +32,10 @@ void l3d_cli_rank_failed(l3d_cli_rank_t *r, l3d_ctx_t *ctx, l3d_status st);
 // Rank `rank` of `world` in this process (world > 1: over l3d_comm_create_env). Progress
 // lines on rank 0 only. Prints the failure; returns the exit code.
 int l3d_cli_run_process(const char *cmd, void *job, int rank, int world, l3d_cli_rank_fn fn);
+// A launched job's place (l3d launch, torchrun, mpirun, srun) for a dp 1 x tp x pp layout:
+// *rank, *world and *local (the ranks on this node, at least 1), its size checked against
+// tp x pp. Prints the failure as `l3d CMD: ...` and returns its exit code; 0 when fine.
+int l3d_cli_launched_layout(const char *cmd, int tp, int pp, int *rank, int *world, int *local);
 // Every rank as a thread over the in-process transport. Prints each distinct failure once
 // (naming the rank unless every rank had it), then the first peer's report; returns the
 // exit code of the failure that came first (a rank's own, not a peer's report of it), or 0.

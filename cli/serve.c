@@ -22,8 +22,6 @@
 #include "cli/ranks.h"
 #include "cli/serve.h"
 #include "core/checkpoint/checkpoint_open.h"
-#include "core/comm/bootstrap.h"
-#include "core/comm/mesh.h"
 #include "core/input.h"
 #include "core/l3d_core.h"
 #include "platform/platform.h"
@@ -402,18 +400,9 @@ int l3d_cmd_serve(int argc, char **argv) {
     // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
     int world = (int)(tp * pp);
     if (l3d_cli_launched()) {
-        l3d_ctx_t *ctx = NULL;
-        l3d_launch_env_t env = {0};
-        l3d_status st = l3d_cli_ctx_create(0, &ctx);
-        if (st >= 0) st = l3d_launch_env_read(ctx, &env);
-        if (st >= 0) st = l3d_mesh_check_world(ctx, 1, (int)tp, (int)pp, env.size);
-        if (st < 0) {
-            int rc = l3d_cli_fail("serve", ctx, st);
-            l3d_ctx_destroy(ctx);
-            return rc;
-        }
-        l3d_ctx_destroy(ctx);
-        return l3d_cli_run_process("serve", &job, env.rank, env.size, serve_rank);
+        int rank = 0, local = 1, rc = l3d_cli_launched_layout("serve", (int)tp, (int)pp, &rank,
+                                                              &world, &local);
+        return rc ? rc : l3d_cli_run_process("serve", &job, rank, world, serve_rank);
     }
     if (world > L3D_CLI_MAX_THREADED_RANKS) {
         fprintf(stderr, "l3d serve: tp %lld x pp %lld is more than %d threads of one process; "
