@@ -64,9 +64,13 @@ typedef struct hreq {
     int fd;             // the connection's socket (hangups are watched while waiting)
 } hreq_t;
 
-// An OpenAI error body {"error": {message, type, param, code}} (a new string: free()).
-char *l3d_serve_error_body(const char *message, const char *type, const char *param,
-                           const char *code);
+// A compact JSON string of j (steals j; free() the result).
+char *l3d_serve_dump(json_t *j);
+// An error answer: *out_p gets OpenAI's body {"error": {message, type, param, code}} (type from
+// the status: invalid_request_error, authentication_error, not_found_error, ...; param and code
+// may be NULL), and the status is returned.
+int l3d_serve_fail(char **out_p, int status, const char *param, const char *code,
+                   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 // The status and body (new, free()) for a request to `path` with JSON body[0..len): the
 // non-generating endpoints (/tokenize, /detokenize, /v1/models, /health, /metrics) answer
 // here; the generating ones return 0 and fill *hr_p, a request submitted to the engine (its

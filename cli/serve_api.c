@@ -1,7 +1,7 @@
 // l3d serve's OpenAI API: requests into engine requests, the engine's token events into text
 // (stop strings matched across token boundaries, UTF-8 kept whole), and the answers: plain
 // JSON or server-sent events. Every client mistake is a 4xx with OpenAI's error body.
-// defines: l3d_serve_error_body, l3d_serve_handle, l3d_serve_finish_body,
+// defines: l3d_serve_dump, l3d_serve_fail, l3d_serve_generate, l3d_serve_finish_body,
 //          l3d_serve_hreq_release, l3d_serve_count_status
 #include <limits.h>
 #include <math.h>
@@ -15,16 +15,10 @@
 #include "core/l3d_core.h"
 
 // ---- small things --------------------------------------------------------------------------
-static char *dump(json_t *j) {  // (steals j)
+char *l3d_serve_dump(json_t *j) {
     char *s = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     return s;
-}
-
-char *l3d_serve_error_body(const char *message, const char *type, const char *param,
-                           const char *code) {
-    return dump(json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", message, "type",
-                          type, "param", param, "code", code));
 }
 
 void l3d_serve_count_status(srv_t *s, int status) {
@@ -35,11 +29,8 @@ void l3d_serve_count_status(srv_t *s, int status) {
     pthread_mutex_unlock(&s->mu);
 }
 
-// A 4xx: *out_p gets the body; returns the status.
-static int fail(char **out_p, int status, const char *param, const char *code, const char *fmt,
-                ...) __attribute__((format(printf, 5, 6)));
-static int fail(char **out_p, int status, const char *param, const char *code, const char *fmt,
-                ...) {
+int l3d_serve_fail(char **out_p, int status, const char *param, const char *code, const char *fmt,
+                   ...) {
     char msg[600];
     va_list ap;
     va_start(ap, fmt);
@@ -47,10 +38,13 @@ static int fail(char **out_p, int status, const char *param, const char *code, c
     va_end(ap);
     const char *type = status == 401 ? "authentication_error"
                        : status == 404 ? "not_found_error"
+                       : status == 408 ? "timeout_error"
                        : status == 429 ? "rate_limit_error"
+                       : status == 503 ? "unavailable_error"
                        : status >= 500 ? "server_error"
                                        : "invalid_request_error";
-    *out_p = l3d_serve_error_body(msg, type, param, code);
+    *out_p = l3d_serve_dump(json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
+                                      type, "param", param, "code", code));
     return status;
 }
 
@@ -138,7 +132,8 @@ static void sse_chunk(hreq_t *hr, const char *text, size_t n, json_t *lp, const 
         if (n || !hr->role_sent) json_object_set_new(delta, "content", jstr(text, n));
         hr->role_sent = 1;
         choice = json_pack("{s:i, s:o}", "index", 0, "delta", delta);
-        json_object_set_new(choice, "logprobs", lp ? json_pack("{s:o}", "content", lp) : json_null());
+        json_object_set_new(choice, "logprobs",
+                            lp ? json_pack("{s:o}", "content", lp) : json_null());
     } else {
         choice = json_pack("{s:i, s:o}", "index", 0, "text", jstr(text, n));
         json_object_set_new(choice, "logprobs", lp ? lp : json_null());
@@ -147,7 +142,7 @@ static void sse_chunk(hreq_t *hr, const char *text, size_t n, json_t *lp, const 
     json_t *c = json_pack("{s:s, s:s, s:i, s:s, s:[o]}", "id", hr->id, "object",
                           hr->chat ? "chat.completion.chunk" : "text_completion", "created",
                           (json_int_t)hr->created, "model", s->model_name, "choices", choice);
-    char *d = dump(c);
+    char *d = l3d_serve_dump(c);
     if (!d) return;
     size_t dl = strlen(d);
     if (grow(&hr->out, &hr->ocap, hr->olen + dl + 9) == 0) {
@@ -200,7 +195,8 @@ static json_t *lp_entry(hreq_t *hr, const char *piece, size_t n, const l3d_gen_e
         }
     }
     json_t *bytes = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(bytes, json_integer((unsigned char)piece[i]));
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(bytes, json_integer((unsigned char)piece[i]));
     if (hr->chat)
         return json_pack("{s:o, s:f, s:o, s:o}", "token", jstr(piece, n), "logprob",
                          (double)ev->logprob, "bytes", bytes, "top_logprobs", top);
@@ -297,7 +293,7 @@ static int on_event(void *user, const l3d_gen_event_t *ev) {
                                       hr->chat ? "chat.completion.chunk" : "text_completion",
                                       "created", (json_int_t)hr->created, "model",
                                       s->model_name, "choices", "usage", usage(hr));
-                char *d = dump(c);
+                char *d = l3d_serve_dump(c);
                 if (d) {
                     sse_raw(hr, "data: ");
                     sse_raw(hr, d);
@@ -317,21 +313,23 @@ static int on_event(void *user, const l3d_gen_event_t *ev) {
 
 char *l3d_serve_finish_body(hreq_t *hr) {
     srv_t *s = hr->s;
-    json_t *choice = json_pack("{s:i, s:s}", "index", 0, "finish_reason", finish_reason(hr->finish));
+    json_t *choice =
+        json_pack("{s:i, s:s}", "index", 0, "finish_reason", finish_reason(hr->finish));
     json_t *lp = hr->lp ? json_incref(hr->lp) : NULL;
     if (hr->chat) {
         json_object_set_new(choice, "message", json_pack("{s:s, s:o}", "role", "assistant",
                                                          "content", jstr(hr->text, hr->tlen)));
-        json_object_set_new(choice, "logprobs", lp ? json_pack("{s:o}", "content", lp) : json_null());
+        json_object_set_new(choice, "logprobs",
+                            lp ? json_pack("{s:o}", "content", lp) : json_null());
     } else {
         json_object_set_new(choice, "text", jstr(hr->text, hr->tlen));
         json_object_set_new(choice, "logprobs", lp ? legacy_logprobs(lp, 0) : json_null());
         if (lp && !hr->chat) json_decref(lp);
     }
-    return dump(json_pack("{s:s, s:s, s:i, s:s, s:[o], s:o}", "id", hr->id, "object",
-                          hr->chat ? "chat.completion" : "text_completion", "created",
-                          (json_int_t)hr->created, "model", s->model_name, "choices", choice,
-                          "usage", usage(hr)));
+    return l3d_serve_dump(json_pack("{s:s, s:s, s:i, s:s, s:[o], s:o}", "id", hr->id, "object",
+                                    hr->chat ? "chat.completion" : "text_completion", "created",
+                                    (json_int_t)hr->created, "model", s->model_name, "choices",
+                                    choice, "usage", usage(hr)));
 }
 
 // ---- requests --------------------------------------------------------------------------------
@@ -341,13 +339,13 @@ static int num_field(json_t *root, const char *key, double lo, double hi, double
     json_t *j = json_object_get(root, key);
     if (!j || json_is_null(j)) return 0;
     if (!json_is_number(j)) {
-        *status = fail(out_p, 400, key, "invalid_type", "'%s' must be a number", key);
+        *status = l3d_serve_fail(out_p, 400, key, "invalid_type", "'%s' must be a number", key);
         return -1;
     }
     double x = json_number_value(j);
     if (!(x >= lo && x <= hi)) {
-        *status = fail(out_p, 400, key, "invalid_value", "'%s' is %g; it must be in [%g, %g]",
-                       key, x, lo, hi);
+        *status = l3d_serve_fail(out_p, 400, key, "invalid_value",
+                                 "'%s' is %g; it must be in [%g, %g]", key, x, lo, hi);
         return -1;
     }
     *v = x;
@@ -359,13 +357,13 @@ static int int_field(json_t *root, const char *key, long long lo, long long hi, 
     json_t *j = json_object_get(root, key);
     if (!j || json_is_null(j)) return 0;
     if (!json_is_integer(j)) {
-        *status = fail(out_p, 400, key, "invalid_type", "'%s' must be an integer", key);
+        *status = l3d_serve_fail(out_p, 400, key, "invalid_type", "'%s' must be an integer", key);
         return -1;
     }
     long long x = json_integer_value(j);
     if (x < lo || x > hi) {
-        *status = fail(out_p, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, "
-                       "%lld]", key, x, lo, hi);
+        *status = l3d_serve_fail(out_p, 400, key, "invalid_value",
+                                 "'%s' is %lld; it must be in [%lld, %lld]", key, x, lo, hi);
         return -1;
     }
     *v = x;
@@ -376,7 +374,8 @@ static int bool_field(json_t *root, const char *key, int *v, char **out_p, int *
     json_t *j = json_object_get(root, key);
     if (!j || json_is_null(j)) return 0;
     if (!json_is_boolean(j)) {
-        *status = fail(out_p, 400, key, "invalid_type", "'%s' must be true or false", key);
+        *status =
+            l3d_serve_fail(out_p, 400, key, "invalid_type", "'%s' must be true or false", key);
         return -1;
     }
     *v = json_is_true(j);
@@ -391,8 +390,8 @@ static int prompt_ids(srv_t *s, hreq_t *hr, json_t *root, int32_t **ids_p, size_
     if (hr->chat) {
         json_t *msgs = json_object_get(root, "messages");
         if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-            return fail(out_p, 400, "messages", "invalid_type", "'messages' must be a non-empty "
-                        "array of {role, content}");
+            return l3d_serve_fail(out_p, 400, "messages", "invalid_type",
+                                  "'messages' must be a non-empty array of {role, content}");
         size_t nm = json_array_size(msgs);
         l3d_chat_message_t *m = calloc(nm, sizeof(*m));
         char **owned = calloc(nm, sizeof(char *));
@@ -402,12 +401,13 @@ static int prompt_ids(srv_t *s, hreq_t *hr, json_t *root, int32_t **ids_p, size_
                    *content = json_object_get(e, "content");
             const char *r = json_string_value(role);
             if (!json_is_object(e) || !r)
-                status = fail(out_p, 400, "messages", "invalid_type", "messages[%zu] needs a "
-                              "string 'role'", i);
+                status = l3d_serve_fail(out_p, 400, "messages", "invalid_type",
+                                        "messages[%zu] needs a string 'role'", i);
             else if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") &&
                      strcmp(r, "developer"))
-                status = fail(out_p, 400, "messages", "invalid_value", "messages[%zu].role '%.40s' "
-                              "is not system, developer, user or assistant", i, r);
+                status = l3d_serve_fail(
+                    out_p, 400, "messages", "invalid_value",
+                    "messages[%zu].role '%.40s' is not system, developer, user or assistant", i, r);
             else if (json_is_string(content))
                 m[i].content = json_string_value(content);
             else if (json_is_array(content)) {  // text parts [{type: "text", text}, ...]
@@ -417,8 +417,9 @@ static int prompt_ids(srv_t *s, hreq_t *hr, json_t *root, int32_t **ids_p, size_
                     const char *t = json_string_value(json_object_get(part, "text"));
                     const char *ty = json_string_value(json_object_get(part, "type"));
                     if (!t || !ty || strcmp(ty, "text")) {
-                        status = fail(out_p, 400, "messages", "invalid_value", "messages[%zu]"
-                                      ".content[%zu]: only {type: \"text\", text} parts", i, k);
+                        status = l3d_serve_fail(
+                            out_p, 400, "messages", "invalid_value",
+                            "messages[%zu].content[%zu]: only {type: \"text\", text} parts", i, k);
                         break;
                     }
                     len += strlen(t);
@@ -430,21 +431,23 @@ static int prompt_ids(srv_t *s, hreq_t *hr, json_t *root, int32_t **ids_p, size_
                     m[i].content = owned[i];
                 }
             } else
-                status = fail(out_p, 400, "messages", "invalid_type", "messages[%zu].content must "
-                              "be a string or text parts", i);
+                status = l3d_serve_fail(out_p, 400, "messages", "invalid_type",
+                                        "messages[%zu].content must be a string or text parts", i);
             if (!status) m[i].role = strcmp(r, "developer") ? r : "system";
         }
-        if (!status && (!m || !owned)) status = fail(out_p, 500, NULL, NULL, "out of memory");
+        if (!status && (!m || !owned))
+            status = l3d_serve_fail(out_p, 500, NULL, NULL, "out of memory");
         if (!status) {
             pthread_mutex_lock(&s->tok_mu);
             st = l3d_tokenizer_encode_chat(s->tok, m, nm, NULL, ids_p, n_p);
             pthread_mutex_unlock(&s->tok_mu);
             if (st == L3D_ERR_UNSUPPORTED)
-                status = fail(out_p, 400, "messages", "unsupported", "this model's tokenizer has "
-                              "no chat template llama3d knows; use /v1/completions");
+                status = l3d_serve_fail(out_p, 400, "messages", "unsupported",
+                                        "this model's tokenizer has no chat template llama3d "
+                                        "knows; use /v1/completions");
             else if (st < 0)
-                status = fail(out_p, 400, "messages", "invalid_value", "the conversation cannot "
-                              "be encoded: %s", l3d_strerror(st));
+                status = l3d_serve_fail(out_p, 400, "messages", "invalid_value",
+                                        "the conversation cannot be encoded: %s", l3d_strerror(st));
         }
         for (size_t i = 0; owned && i < nm; i++) free(owned[i]);
         free(owned);
@@ -457,26 +460,29 @@ static int prompt_ids(srv_t *s, hreq_t *hr, json_t *root, int32_t **ids_p, size_
         st = l3d_tokenizer_encode(s->tok, json_string_value(p), json_string_length(p),
                                   L3D_TOKENIZE_BOS | L3D_TOKENIZE_SPECIAL, ids_p, n_p);
         pthread_mutex_unlock(&s->tok_mu);
-        return st < 0 ? fail(out_p, 400, "prompt", "invalid_value", "the prompt cannot be "
-                             "encoded: %s", l3d_strerror(st)) : 0;
+        return st < 0 ? l3d_serve_fail(out_p, 400, "prompt", "invalid_value",
+                                       "the prompt cannot be encoded: %s", l3d_strerror(st))
+                      : 0;
     }
     if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
         size_t n = json_array_size(p), i;
         json_t *e;
         *ids_p = l3d_malloc(s->ctx, n * sizeof(int32_t), "data");  // (as l3d_tokens_free frees)
-        if (!*ids_p) return fail(out_p, 500, NULL, NULL, "out of memory");
+        if (!*ids_p) return l3d_serve_fail(out_p, 500, NULL, NULL, "out of memory");
         *n_p = n;
         json_array_foreach(p, i, e) {
             json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
             if (v < 0 || v >= s->cfg.vocab_size)
-                return fail(out_p, 400, "prompt", "invalid_value", "prompt[%zu] is not a token "
-                            "id in [0, %d)", i, s->cfg.vocab_size);
+                return l3d_serve_fail(out_p, 400, "prompt", "invalid_value",
+                                      "prompt[%zu] is not a token id in [0, %d)", i,
+                                      s->cfg.vocab_size);
             (*ids_p)[i] = (int32_t)v;
         }
         return 0;
     }
-    return fail(out_p, 400, "prompt", "invalid_type", "'prompt' must be a string or an array of "
-                "token ids (one prompt per request)");
+    return l3d_serve_fail(
+        out_p, 400, "prompt", "invalid_type",
+        "'prompt' must be a string or an array of token ids (one prompt per request)");
 }
 
 // Parses a generating request and submits it. 0 and *hr_p on success, else a status.
@@ -484,31 +490,33 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
                        hreq_t **hr_p) {
     json_error_t jerr;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return fail(out_p, 400, NULL, "invalid_json", "invalid JSON: %s (line %d)",
-                           jerr.text, jerr.line);
+    if (!root)
+        return l3d_serve_fail(out_p, 400, NULL, "invalid_json", "invalid JSON: %s (line %d)",
+                              jerr.text, jerr.line);
     int status = 0;
     hreq_t *hr = calloc(1, sizeof(*hr));
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (!hr) {
         json_decref(root);
-        return fail(out_p, 500, NULL, NULL, "out of memory");
+        return l3d_serve_fail(out_p, 500, NULL, NULL, "out of memory");
     }
     pthread_mutex_init(&hr->mu, NULL);
     pthread_cond_init(&hr->cv, NULL);
     hr->refs = 1, hr->s = s, hr->chat = chat, hr->fd = fd, hr->top_logprobs = -1;
     if (!json_is_object(root)) {
-        status = fail(out_p, 400, NULL, "invalid_type", "the body must be a JSON object");
+        status = l3d_serve_fail(out_p, 400, NULL, "invalid_type", "the body must be a JSON object");
         goto out;
     }
     const char *model = json_string_value(json_object_get(root, "model"));
     if (json_object_get(root, "model") && !model) {
-        status = fail(out_p, 400, "model", "invalid_type", "'model' must be a string");
+        status = l3d_serve_fail(out_p, 400, "model", "invalid_type", "'model' must be a string");
         goto out;
     }
     if (model && strcmp(model, s->model_name)) {
-        status = fail(out_p, 404, "model", "model_not_found", "the model '%.100s' does not exist "
-                      "here (this server has '%s')", model, s->model_name);
+        status = l3d_serve_fail(out_p, 404, "model", "model_not_found",
+                                "the model '%.100s' does not exist here (this server has '%s')",
+                                model, s->model_name);
         goto out;
     }
     // sampling: the checkpoint's generation_config.json, else llama.cpp's defaults; the request
@@ -551,8 +559,8 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
     json_t *so = json_object_get(root, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) {
-            status = fail(out_p, 400, "stream_options", "invalid_type", "'stream_options' must "
-                          "be an object");
+            status = l3d_serve_fail(out_p, 400, "stream_options", "invalid_type",
+                                    "'stream_options' must be an object");
             goto out;
         }
         if (bool_field(so, "include_usage", &hr->include_usage, out_p, &status) < 0) goto out;
@@ -563,8 +571,8 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
         long long tl = 0;
         INT("top_logprobs", 0, L3D_GEN_TOP_MAX, tl);
         if (json_object_get(root, "top_logprobs") && !hr->logprobs) {
-            status = fail(out_p, 400, "top_logprobs", "invalid_value", "'top_logprobs' needs "
-                          "'logprobs': true");
+            status = l3d_serve_fail(out_p, 400, "top_logprobs", "invalid_value",
+                                    "'top_logprobs' needs 'logprobs': true");
             goto out;
         }
         hr->top_logprobs = (int)tl;
@@ -579,16 +587,16 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
     if (stop && !json_is_null(stop)) {
         size_t ns = json_is_string(stop) ? 1 : json_is_array(stop) ? json_array_size(stop) : 0;
         if (!ns && !json_is_array(stop)) {
-            status = fail(out_p, 400, "stop", "invalid_type", "'stop' must be a string or an "
-                          "array of strings");
+            status = l3d_serve_fail(out_p, 400, "stop", "invalid_type",
+                                    "'stop' must be a string or an array of strings");
             goto out;
         }
         hr->stop = calloc(ns ? ns : 1, sizeof(char *));
         for (size_t i = 0; i < ns && hr->stop; i++) {
             json_t *e = json_is_string(stop) ? stop : json_array_get(stop, i);
             if (!json_is_string(e) || json_string_length(e) == 0) {
-                status = fail(out_p, 400, "stop", "invalid_value", "stop[%zu] must be a "
-                              "non-empty string", i);
+                status = l3d_serve_fail(out_p, 400, "stop", "invalid_value",
+                                        "stop[%zu] must be a non-empty string", i);
                 goto out;
             }
             hr->stop[hr->n_stop++] = strdup(json_string_value(e));
@@ -597,9 +605,10 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
     status = prompt_ids(s, hr, root, &ids, &n_ids, out_p);
     if (status) goto out;
     if (n_ids == 0 || (int)n_ids > s->ctx_size - 1) {
-        status = fail(out_p, 400, chat ? "messages" : "prompt", "context_length_exceeded",
-                      "the prompt has %zu tokens; a slot's context is %d tokens (at most %d for "
-                      "the prompt)", n_ids, s->ctx_size, s->ctx_size - 1);
+        status = l3d_serve_fail(
+            out_p, 400, chat ? "messages" : "prompt", "context_length_exceeded",
+            "the prompt has %zu tokens; a slot's context is %d tokens (at most %d for the prompt)",
+            n_ids, s->ctx_size, s->ctx_size - 1);
         goto out;
     }
     q.prompt = ids;
@@ -621,10 +630,12 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
     l3d_status st = l3d_engine_submit(s->engine, &q, &hr->engine_id, why, sizeof(why));
     if (st < 0) {
         hr->refs = 1;
-        status = st == L3D_ERR_BUSY        ? fail(out_p, 429, NULL, "queue_full", "%s", why)
-                 : st == L3D_ERR_CANCELLED ? fail(out_p, 503, NULL, "shutting_down", "%s", why)
-                 : st == L3D_ERR_INVALID_ARG ? fail(out_p, 400, NULL, "invalid_value", "%s", why)
-                                             : fail(out_p, 500, NULL, NULL, "%s", why);
+        status = st == L3D_ERR_BUSY ? l3d_serve_fail(out_p, 429, NULL, "queue_full", "%s", why)
+                 : st == L3D_ERR_CANCELLED
+                     ? l3d_serve_fail(out_p, 503, NULL, "shutting_down", "%s", why)
+                 : st == L3D_ERR_INVALID_ARG
+                     ? l3d_serve_fail(out_p, 400, NULL, "invalid_value", "%s", why)
+                     : l3d_serve_fail(out_p, 500, NULL, NULL, "%s", why);
     }
 #undef NUM
 #undef INT

@@ -45,7 +45,8 @@ static void wait_news(hreq_t *hr) {
 
 static enum MHD_Result reply(srv_t *s, struct MHD_Connection *c, int status, char *body,
                              const char *ctype) {
-    if (!body) body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
+    if (!body)
+        body = strdup("{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\"}}");
     size_t n = body ? strlen(body) : 0;
     struct MHD_Response *r = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
     if (!r) {
@@ -61,9 +62,11 @@ static enum MHD_Result reply(srv_t *s, struct MHD_Connection *c, int status, cha
     return ok;
 }
 
-static enum MHD_Result reply_error(srv_t *s, struct MHD_Connection *c, int status,
-                                   const char *msg, const char *type, const char *code) {
-    return reply(s, c, status, l3d_serve_error_body(msg, type, NULL, code), "application/json");
+static enum MHD_Result reply_error(srv_t *s, struct MHD_Connection *c, int status, const char *msg,
+                                   const char *code) {
+    char *body = NULL;
+    l3d_serve_fail(&body, status, NULL, code, "%s", msg);
+    return reply(s, c, status, body, "application/json");
 }
 
 // ---- streaming ---------------------------------------------------------------------------------
@@ -121,7 +124,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             char msg[160];
             snprintf(msg, sizeof(msg), "the body (%s bytes) is over the limit of %zu bytes", cl,
                      s->body_max);
-            return reply_error(s, c, 413, msg, "invalid_request_error", "body_too_large");
+            return reply_error(s, c, 413, msg, "body_too_large");
         }
         return MHD_YES;
     }
@@ -147,13 +150,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (s->api_key && strcmp(url, "/health") && !key_ok(s, c))
         return reply_error(s, c, 401, "a valid API key is required: Authorization: Bearer KEY",
-                           "authentication_error", "invalid_api_key");
+                           "invalid_api_key");
     if (k->too_big) {
         char msg[120];
         snprintf(msg, sizeof(msg), "the body is over the limit of %zu bytes", s->body_max);
-        return reply_error(s, c, 413, msg, "invalid_request_error", "body_too_large");
+        return reply_error(s, c, 413, msg, "body_too_large");
     }
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
     char *out = NULL;
     const char *ctype = "application/json";
@@ -182,14 +186,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     enum MHD_Result ok;
     if (gone) ok = MHD_NO;  // (nobody to answer)
     else if (fin == L3D_GEN_TIMEOUT)
-        ok = reply_error(s, c, 408, "the request's time limit passed (--timeout)",
-                         "timeout_error", "timeout");
+        ok = reply_error(s, c, 408, "the request's time limit passed (--timeout)", "timeout");
     else if (fin == L3D_GEN_CANCELLED)
-        ok = reply_error(s, c, 503, "cancelled: the server is shutting down", "unavailable_error",
-                         "shutting_down");
+        ok = reply_error(s, c, 503, "cancelled: the server is shutting down", "shutting_down");
     else if (fin == L3D_GEN_ERROR)
-        ok = reply_error(s, c, 500, "the model failed; see the server's log", "server_error",
-                         NULL);
+        ok = reply_error(s, c, 500, "the model failed; see the server's log", NULL);
     else
         ok = reply(s, c, 200, l3d_serve_finish_body(hr), "application/json");
     l3d_serve_hreq_release(hr);

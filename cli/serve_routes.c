@@ -8,16 +8,9 @@
 #include "cli/serve.h"
 #include "core/l3d_core.h"
 
-static char *dump(json_t *j) {
-    char *s = json_dumps(j, JSON_COMPACT);
-    json_decref(j);
-    return s;
-}
-
-static int err(char **out_p, int status, const char *type, const char *param, const char *code,
-               const char *msg) {
-    *out_p = l3d_serve_error_body(msg, type, param, code);
-    return status;
+// (an error answer of a plain message: l3d_serve_fail's type from the status)
+static int err(char **out_p, int status, const char *param, const char *code, const char *msg) {
+    return l3d_serve_fail(out_p, status, param, code, "%s", msg);
 }
 
 // POST /tokenize {"content": text, "add_special": bool, "parse_special": bool} -> {"tokens"}
@@ -25,12 +18,11 @@ static int err(char **out_p, int status, const char *type, const char *param, co
 static int tokenize(srv_t *s, json_t *root, char **out_p) {
     json_t *c = json_object_get(root, "content");
     if (!json_is_string(c))
-        return err(out_p, 400, "invalid_request_error", "content", "invalid_type",
-                   "'content' must be a string");
+        return err(out_p, 400, "content", "invalid_type", "'content' must be a string");
     json_t *as = json_object_get(root, "add_special"), *ps = json_object_get(root, "parse_special");
     if ((as && !json_is_boolean(as)) || (ps && !json_is_boolean(ps)))
-        return err(out_p, 400, "invalid_request_error", as && !json_is_boolean(as) ? "add_special"
-                   : "parse_special", "invalid_type", "must be true or false");
+        return err(out_p, 400, as && !json_is_boolean(as) ? "add_special" : "parse_special",
+                   "invalid_type", "must be true or false");
     unsigned flags = (json_is_true(as) ? L3D_TOKENIZE_BOS : 0) |
                      (!ps || json_is_true(ps) ? L3D_TOKENIZE_SPECIAL : 0);
     int32_t *ids = NULL;
@@ -39,13 +31,11 @@ static int tokenize(srv_t *s, json_t *root, char **out_p) {
     l3d_status st = l3d_tokenizer_encode(s->tok, json_string_value(c), json_string_length(c),
                                          flags, &ids, &n);
     pthread_mutex_unlock(&s->tok_mu);
-    if (st < 0)
-        return err(out_p, 400, "invalid_request_error", "content", "invalid_value",
-                   l3d_strerror(st));
+    if (st < 0) return err(out_p, 400, "content", "invalid_value", l3d_strerror(st));
     json_t *arr = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(arr, json_integer(ids[i]));
     l3d_tokens_free(s->ctx, ids, n);
-    *out_p = dump(json_pack("{s:o}", "tokens", arr));
+    *out_p = l3d_serve_dump(json_pack("{s:o}", "tokens", arr));
     return 200;
 }
 
@@ -53,11 +43,10 @@ static int tokenize(srv_t *s, json_t *root, char **out_p) {
 static int detokenize(srv_t *s, json_t *root, char **out_p) {
     json_t *t = json_object_get(root, "tokens");
     if (!json_is_array(t))
-        return err(out_p, 400, "invalid_request_error", "tokens", "invalid_type",
-                   "'tokens' must be an array of token ids");
+        return err(out_p, 400, "tokens", "invalid_type", "'tokens' must be an array of token ids");
     size_t n = json_array_size(t), i;
     int32_t *ids = malloc((n ? n : 1) * sizeof(int32_t));
-    if (!ids) return err(out_p, 500, "server_error", NULL, NULL, "out of memory");
+    if (!ids) return err(out_p, 500, NULL, NULL, "out of memory");
     json_t *e;
     json_array_foreach(t, i, e) {
         json_int_t v = json_is_integer(e) ? json_integer_value(e) : -1;
@@ -66,7 +55,7 @@ static int detokenize(srv_t *s, json_t *root, char **out_p) {
             char msg[120];
             snprintf(msg, sizeof(msg), "tokens[%zu] is not a token id in [0, %d)", i,
                      (int)l3d_tokenizer_vocab_size(s->tok));
-            return err(out_p, 400, "invalid_request_error", "tokens", "invalid_value", msg);
+            return err(out_p, 400, "tokens", "invalid_value", msg);
         }
         ids[i] = (int32_t)v;
     }
@@ -79,15 +68,15 @@ static int detokenize(srv_t *s, json_t *root, char **out_p) {
     free(ids);
     if (st < 0 || !text) {
         free(text);
-        return err(out_p, 500, "server_error", NULL, NULL, "decoding failed");
+        return err(out_p, 500, NULL, NULL, "decoding failed");
     }
     // (bytes that are not UTF-8 cannot be a JSON string: an error, not a silent change)
     json_t *str = json_stringn(text, len);
     free(text);
     if (!str)
-        return err(out_p, 400, "invalid_request_error", "tokens", "invalid_value",
+        return err(out_p, 400, "tokens", "invalid_value",
                    "these tokens' bytes are not valid UTF-8 text");
-    *out_p = dump(json_pack("{s:o}", "content", str));
+    *out_p = l3d_serve_dump(json_pack("{s:o}", "content", str));
     return 200;
 }
 
@@ -101,7 +90,7 @@ static int metrics(srv_t *s, char **out_p) {
     pthread_mutex_unlock(&s->mu);
     size_t cap = 8192, n = 0;
     char *b = malloc(cap);
-    if (!b) return err(out_p, 500, "server_error", NULL, NULL, "out of memory");
+    if (!b) return err(out_p, 500, NULL, NULL, "out of memory");
 #define P(...) n += (size_t)snprintf(b + n, n < cap ? cap - n : 0, __VA_ARGS__)
     static const char *const cls[6] = {"2xx", "400", "401", "404", "429_413", "5xx"};
     P("# HELP l3d_http_requests_total HTTP requests answered, by status class.\n"
@@ -127,8 +116,11 @@ static int metrics(srv_t *s, char **out_p) {
         uint64_t cum = 0;
         for (int k = 0; k < L3D_ENGINE_HIST_BUCKETS; k++) {
             cum += hc[h][k];
-            if (k == L3D_ENGINE_HIST_BUCKETS - 1) P("%s_bucket{le=\"+Inf\"} %llu\n", hn[h], (unsigned long long)cum);
-            else P("%s_bucket{le=\"%g\"} %llu\n", hn[h], l3d_engine_hist_bounds[k], (unsigned long long)cum);
+            if (k == L3D_ENGINE_HIST_BUCKETS - 1)
+                P("%s_bucket{le=\"+Inf\"} %llu\n", hn[h], (unsigned long long)cum);
+            else
+                P("%s_bucket{le=\"%g\"} %llu\n", hn[h], l3d_engine_hist_bounds[k],
+                  (unsigned long long)cum);
         }
         P("%s_sum %.6f\n%s_count %llu\n", hn[h], hs[h], hn[h], (unsigned long long)cum);
     }
@@ -142,7 +134,7 @@ static int metrics(srv_t *s, char **out_p) {
 #undef P
     if (n >= cap) {
         free(b);
-        return err(out_p, 500, "server_error", NULL, NULL, "metrics overflow");
+        return err(out_p, 500, NULL, NULL, "metrics overflow");
     }
     *out_p = b;
     return 200;
@@ -159,30 +151,30 @@ int l3d_serve_handle(srv_t *s, const char *method, const char *path, const char 
                                         "/detokenize"};
     int is_get = 0, is_post = 0;
     for (size_t i = 0; i < sizeof(gets) / sizeof(gets[0]); i++) is_get |= !strcmp(path, gets[i]);
-    for (size_t i = 0; i < sizeof(posts) / sizeof(posts[0]); i++) is_post |= !strcmp(path, posts[i]);
+    for (size_t i = 0; i < sizeof(posts) / sizeof(posts[0]); i++)
+        is_post |= !strcmp(path, posts[i]);
     if (!is_get && !is_post) {
         char msg[300];
         snprintf(msg, sizeof(msg), "no route %.200s", path);
-        return err(out_p, 404, "not_found_error", NULL, "not_found", msg);
+        return err(out_p, 404, NULL, "not_found", msg);
     }
     if ((is_get && !get) || (is_post && !post)) {
         char msg[300];
         snprintf(msg, sizeof(msg), "%.200s takes %s, not %.20s", path, is_get ? "GET" : "POST",
                  method);
-        return err(out_p, 405, "invalid_request_error", NULL, "method_not_allowed", msg);
+        return err(out_p, 405, NULL, "method_not_allowed", msg);
     }
     if (!strcmp(path, "/health") || !strcmp(path, "/v1/health")) {
-        if (!s->ready)
-            return err(out_p, 503, "unavailable_error", NULL, "unavailable", "loading the model");
+        if (!s->ready) return err(out_p, 503, NULL, "unavailable", "loading the model");
         *out_p = strdup("{\"status\":\"ok\"}");
         return 200;
     }
-    if (!s->ready) return err(out_p, 503, "unavailable_error", NULL, "unavailable", "loading the model");
+    if (!s->ready) return err(out_p, 503, NULL, "unavailable", "loading the model");
     if (!strcmp(path, "/v1/models")) {
-        *out_p = dump(json_pack("{s:s, s:[{s:s, s:s, s:i, s:s, s:{s:i, s:i}}]}", "object", "list",
-                                "data", "id", s->model_name, "object", "model", "created",
-                                (json_int_t)s->created, "owned_by", "llama3d", "meta",
-                                "n_ctx_slot", s->ctx_size, "n_vocab", s->cfg.vocab_size));
+        *out_p = l3d_serve_dump(json_pack(
+            "{s:s, s:[{s:s, s:s, s:i, s:s, s:{s:i, s:i}}]}", "object", "list", "data", "id",
+            s->model_name, "object", "model", "created", (json_int_t)s->created, "owned_by",
+            "llama3d", "meta", "n_ctx_slot", s->ctx_size, "n_vocab", s->cfg.vocab_size));
         return 200;
     }
     if (!strcmp(path, "/metrics")) {
@@ -196,7 +188,7 @@ int l3d_serve_handle(srv_t *s, const char *method, const char *path, const char 
             json_decref(root);
             char msg[300];
             snprintf(msg, sizeof(msg), "invalid JSON: %s", root ? "not an object" : je.text);
-            return err(out_p, 400, "invalid_request_error", NULL, "invalid_json", msg);
+            return err(out_p, 400, NULL, "invalid_json", msg);
         }
         int st = path[1] == 't' ? tokenize(s, root, out_p) : detokenize(s, root, out_p);
         json_decref(root);

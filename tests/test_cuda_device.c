@@ -712,6 +712,44 @@ static double objective(const void *out_dev, const float *r, size_t n) {
     return L;
 }
 
+// Each element j of one input (host copy x, device copy xd, the backward's gradient an) moved
+// by +-h on the device, the forward rerun (fwd(arg), writing out_dev), the quotient of the
+// objective's change against an[j] within `bound`; the element restored after.
+typedef void (*fwd_fn)(void *arg);
+static void check_fd(const char *name, const float *x, float *xd, const float *an, size_t len,
+                     fwd_fn fwd, void *arg, const void *out_dev, const float *r, size_t n_out,
+                     double h, double bound) {
+    for (size_t j = 0; j < len; j++) {
+        float x0 = x[j], xs[2] = {(float)(x0 + h), (float)(x0 - h)};
+        double L[2];
+        for (int s = 0; s < 2; s++) {
+            cr_assert_eq(l3d_dev_copy(gpu, xd + j, &xs[s], 4, L3D_COPY_H2D), L3D_OK);
+            fwd(arg);
+            L[s] = objective(out_dev, r, n_out);
+        }
+        cr_assert_eq(l3d_dev_copy(gpu, xd + j, &x0, 4, L3D_COPY_H2D), L3D_OK);
+        double fd = (L[0] - L[1]) / ((double)xs[0] - xs[1]);
+        cr_assert(fabs(fd - an[j]) <= bound, "d%s[%zu]: backward %.7g, finite differences %.7g",
+                  name, j, (double)an[j], fd);
+    }
+}
+
+typedef struct {
+    float *go, *gq, *gk, *gv, *gx, *gw;
+    l3d_attn_dims_t d;
+    int N, C;
+} fd_args_t;
+static void attention_fwd(void *arg) {
+    fd_args_t *a = arg;
+    cr_assert_eq(l3d_dev_attention_fwd(gpu, a->go, NULL, a->gq, a->gk, a->gv, &a->d,
+                                       L3D_FLOAT32), L3D_OK);
+}
+static void rmsnorm_fwd(void *arg) {
+    fd_args_t *a = arg;
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(gpu, a->go, NULL, a->gx, a->gw, a->N, a->C, 1e-5f,
+                                     L3D_FLOAT32, L3D_FLOAT32), L3D_OK);
+}
+
 Test(cuda, attention_backward_is_the_forwards_derivative) {
     NEED_GPU();
     int B = 1, T = 5, H = 2, KVH = 1, D = 8;
@@ -734,22 +772,10 @@ Test(cuda, attention_backward_is_the_forwards_derivative) {
     from_dev(gpu, an[1], gdk, nkv * 4);
     from_dev(gpu, an[2], gdv, nkv * 4);
     const double h = 1e-2, bound = 16 * u * nq / h + 1e-4 * 100 / 6;
-    float *host[3] = {q, k, v}, *devp[3] = {gq, gk, gv};
-    size_t len[3] = {nq, nkv, nkv};
-    for (int which = 0; which < 3; which++)
-        for (size_t j = 0; j < len[which]; j++) {
-            float x0 = host[which][j], xs[2] = {(float)(x0 + h), (float)(x0 - h)};
-            double L[2];
-            for (int s = 0; s < 2; s++) {
-                cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &xs[s], 4, L3D_COPY_H2D), L3D_OK);
-                cr_assert_eq(l3d_dev_attention_fwd(gpu, go, NULL, gq, gk, gv, &d, L3D_FLOAT32), L3D_OK);
-                L[s] = objective(go, r, nq);
-            }
-            cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &x0, 4, L3D_COPY_H2D), L3D_OK);
-            double fd = (L[0] - L[1]) / ((double)xs[0] - xs[1]);
-            cr_assert(fabs(fd - an[which][j]) <= bound, "d%c[%zu]: backward %.7g, finite "
-                      "differences %.7g", "qkv"[which], j, (double)an[which][j], fd);
-        }
+    fd_args_t fa = {.go = go, .gq = gq, .gk = gk, .gv = gv, .d = d};
+    check_fd("q", q, gq, an[0], nq, attention_fwd, &fa, go, r, nq, h, bound);
+    check_fd("k", k, gk, an[1], nkv, attention_fwd, &fa, go, r, nq, h, bound);
+    check_fd("v", v, gv, an[2], nkv, attention_fwd, &fa, go, r, nq, h, bound);
     float *ptrs[8] = {gq, gk, gv, gr, go, gdq, gdk, gdv};
     size_t sz[8] = {nq, nkv, nkv, nq, nq, nq, nkv, nkv};
     for (int i = 0; i < 8; i++) l3d_dev_free(gpu, ptrs[i], sz[i] * 4, "other");
@@ -778,23 +804,9 @@ Test(cuda, rmsnorm_backward_is_the_forwards_derivative) {
     from_dev(gpu, adx, gdx, n * 4);
     from_dev(gpu, adw, gdw, (size_t)C * 4);
     const double h = 1e-2, bound = 16 * u * n / h + 1e-4 * 100 / 6;
-    float *host[2] = {x, w}, *devp[2] = {gx, gw}, *an[2] = {adx, adw};
-    size_t len[2] = {n, (size_t)C};
-    for (int which = 0; which < 2; which++)
-        for (size_t j = 0; j < len[which]; j++) {
-            float x0 = host[which][j], xs[2] = {(float)(x0 + h), (float)(x0 - h)};
-            double L[2];
-            for (int s = 0; s < 2; s++) {
-                cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &xs[s], 4, L3D_COPY_H2D), L3D_OK);
-                cr_assert_eq(l3d_dev_rmsnorm_fwd(gpu, go, NULL, gx, gw, N, C, 1e-5f, L3D_FLOAT32,
-                                                 L3D_FLOAT32), L3D_OK);
-                L[s] = objective(go, r, n);
-            }
-            cr_assert_eq(l3d_dev_copy(gpu, devp[which] + j, &x0, 4, L3D_COPY_H2D), L3D_OK);
-            double fd = (L[0] - L[1]) / ((double)xs[0] - xs[1]);
-            cr_assert(fabs(fd - an[which][j]) <= bound, "d%s[%zu]: backward %.7g, finite "
-                      "differences %.7g", which ? "w" : "x", j, (double)an[which][j], fd);
-        }
+    fd_args_t fa = {.go = go, .gx = gx, .gw = gw, .N = N, .C = C};
+    check_fd("x", x, gx, adx, n, rmsnorm_fwd, &fa, go, r, n, h, bound);
+    check_fd("w", w, gw, adw, (size_t)C, rmsnorm_fwd, &fa, go, r, n, h, bound);
     float *ptrs[7] = {gx, gw, gr, gdx, gdw, go, grs};
     size_t sz[7] = {n, (size_t)C, n, n, (size_t)C, n, (size_t)N};
     for (int i = 0; i < 7; i++) l3d_dev_free(gpu, ptrs[i], sz[i] * 4, "other");

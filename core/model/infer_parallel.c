@@ -19,9 +19,8 @@ struct l3d_infer {
     int tp, pp, stage;
     float *x;       // (rows, C) on the device: the rows between stages
     size_t x_bytes;
-    float *row;     // (vocab_size) host: the assembled logits row
     int n_seq;
-    float *rows;    // (n_seq, vocab_size) host: a batch's assembled rows
+    float *rows;    // (n_seq, vocab_size) host: the assembled logits rows (one sequence: row 0)
 };
 
 static l3d_status comm_error(l3d_infer_t *g, l3d_comm_t *c, l3d_status st, const char *what) {
@@ -63,11 +62,6 @@ l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int 
     }
     g->x_bytes = (size_t)l3d_kv_cache_rows(g->c) * (size_t)cfg.hidden_size * sizeof(float);
     L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, g->x_bytes, "acts", (void **)&g->x), st, err);
-    g->row = l3d_malloc(ctx, (size_t)cfg.vocab_size * sizeof(float), "acts");
-    if (!g->row) {
-        st = L3D_ERR_NOMEM;
-        goto err;
-    }
     *inf_p = g;
     return L3D_OK;
 err:
@@ -77,7 +71,6 @@ err:
 
 void l3d_infer_destroy(l3d_infer_t *g) {
     if (!g) return;
-    if (g->row) l3d_free(g->ctx, g->row, (size_t)g->m->cfg.vocab_size * sizeof(float), "acts");
     if (g->rows)
         l3d_free(g->ctx, g->rows, (size_t)g->n_seq * (size_t)g->m->cfg.vocab_size * sizeof(float),
                  "acts");
@@ -112,7 +105,7 @@ l3d_status l3d_infer_decode_seq(l3d_infer_t *g, int seq, const int32_t *tokens, 
     l3d_status st;
     // Under tp each rank writes its vocabulary slice and the sum assembles the row: the rest
     // must be zero. One rank's head writes the whole row.
-    if (last && g->tp > 1) memset(g->row, 0, (size_t)V * sizeof(float));
+    if (last && g->tp > 1) memset(g->rows, 0, (size_t)V * sizeof(float));
     for (int done = 0; done < n;) {
         int k = L3D_MIN(rows, n - done);
         // Only the last pass's last row is wanted: earlier passes skip the head.
@@ -120,7 +113,7 @@ l3d_status l3d_infer_decode_seq(l3d_infer_t *g, int seq, const int32_t *tokens, 
         size_t count = (size_t)k * C;
         if (g->stage > 0 && (st = l3d_comm_recv(ppc, g->x, count, L3D_FLOAT32, g->stage - 1)) < 0)
             return comm_error(g, ppc, st, "receiving the previous stage's rows");
-        st = l3d_kv_pass(g->c, tokens + done, k, first_row, g->row + m->tp.v0, (size_t)V, g->x,
+        st = l3d_kv_pass(g->c, tokens + done, k, first_row, g->rows + m->tp.v0, (size_t)V, g->x,
                          g->x);
         if (st < 0) {
             l3d_kv_cache_select(g->c, 0);
@@ -131,13 +124,13 @@ l3d_status l3d_infer_decode_seq(l3d_infer_t *g, int seq, const int32_t *tokens, 
         done += k;
     }
     l3d_kv_cache_select(g->c, 0);
-    if (last && tpc && (st = l3d_comm_allreduce(tpc, g->row, g->row, (size_t)V, L3D_FLOAT32,
+    if (last && tpc && (st = l3d_comm_allreduce(tpc, g->rows, g->rows, (size_t)V, L3D_FLOAT32,
                                                 L3D_SUM)) < 0)
         return comm_error(g, tpc, st, "assembling the logits over tp");
-    if (ppc && (st = l3d_comm_broadcast(ppc, g->row, g->row, (size_t)V, L3D_FLOAT32,
+    if (ppc && (st = l3d_comm_broadcast(ppc, g->rows, g->rows, (size_t)V, L3D_FLOAT32,
                                         g->pp - 1)) < 0)
         return comm_error(g, ppc, st, "sending the logits to every stage");
-    memcpy(logits, g->row, (size_t)V * sizeof(float));
+    memcpy(logits, g->rows, (size_t)V * sizeof(float));
     return L3D_OK;
 }
 
@@ -146,21 +139,9 @@ l3d_status l3d_infer_decode_batch(l3d_infer_t *g, const int *seqs, const int32_t
     if (!g || !seqs || !tokens || !logits || n < 1 || n > g->n_seq)
         return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: NULL "
                          "argument, or %d rows for %d sequences", n, g ? g->n_seq : 0);
+    L3D_CHECK(g->ctx, l3d_kv_check_batch(g->c, seqs, tokens, n, "l3d_infer_decode_batch"));
     l3d_model_t *m = g->m;
     int V = m->cfg.vocab_size, C = m->C, last = g->stage == g->pp - 1;
-    for (int i = 0; i < n; i++) {
-        int s = seqs[i];
-        if (s < 0 || s >= g->n_seq || l3d_kv_cache_seq_len(g->c, s) >= l3d_kv_cache_capacity(g->c))
-            return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: sequence %d "
-                             "is out of range or full", s);
-        for (int j = 0; j < i; j++)
-            if (seqs[j] == s)
-                return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: sequence "
-                                 "%d appears twice", s);
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside "
-                             "the vocabulary [0, %d)", tokens[i], s, V);
-    }
     l3d_comm_t *ppc = g->mesh->group[L3D_MESH_PP], *tpc = g->mesh->group[L3D_MESH_TP];
     size_t nv = (size_t)n * (size_t)V;
     l3d_status st;

@@ -325,27 +325,35 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_decode_batch: NULL "
                          "argument or n %d < 1", n);
     L3D_CHECK(m->ctx, check_cache(m, c, "l3d_model_decode_batch"));
+    L3D_CHECK(m->ctx, l3d_kv_check_batch(c, seqs, tokens, n, "l3d_model_decode_batch"));
     l3d_ctx_t *ctx = m->ctx;
     int V = m->V;
-    for (int i = 0; i < n; i++) {
-        int s = seqs[i];
-        if (s < 0 || s >= c->n_seq)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_model_decode_batch: sequence %d of "
-                             "a cache of %d", s, c->n_seq);
-        for (int j = 0; j < i; j++)
-            if (seqs[j] == s)
-                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_model_decode_batch: sequence "
-                                 "%d appears twice (one new token per sequence)", s);
-        if (c->lens[s] + 1 > c->cap)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_model_decode_batch: sequence %d is "
-                             "full (%d positions)", s, c->cap);
-        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside the "
-                             "vocabulary [0, %d)", tokens[i], s, m->cfg.vocab_size);
-    }
     for (int r0 = 0; r0 < n; r0 += c->rows)  // at most `rows` sequences per pass
         L3D_CHECK(ctx, l3d_kv_pass_batch(c, seqs + r0, tokens + r0, L3D_MIN(c->rows, n - r0),
                                          logits + (size_t)r0 * V, (size_t)V, NULL, NULL));
+    return L3D_OK;
+}
+
+l3d_status l3d_kv_check_batch(const l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens,
+                              int n, const char *what) {
+    l3d_ctx_t *ctx = c->m->ctx;
+    int V = c->m->cfg.vocab_size;
+    for (int i = 0; i < n; i++) {
+        int s = seqs[i];
+        if (s < 0 || s >= c->n_seq)
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d of a cache of %d", what,
+                             s, c->n_seq);
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == s)
+                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d appears twice (one "
+                                 "new token per sequence)", what, s);
+        if (c->lens[s] + 1 > c->cap)
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d is full (%d positions)",
+                             what, s, c->cap);
+        if (tokens[i] < 0 || tokens[i] >= V)
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside the "
+                             "vocabulary [0, %d)", tokens[i], s, V);
+    }
     return L3D_OK;
 }
 

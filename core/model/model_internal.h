@@ -48,6 +48,10 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
 // vocabulary slice under tp) at out + i * ldo.
 l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens, int k,
                              float *out, size_t ldo, const float *x_prev, float *x_next);
+// A batch's arguments, as l3d_model_decode_batch takes them: each sequence in range, once, not
+// full, each token in the vocabulary; L3D_ERR_INVALID_ARG naming `what` otherwise.
+l3d_status l3d_kv_check_batch(const l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens,
+                              int n, const char *what);
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c);
 // The sequence l3d_kv_pass appends to (0 unless set; < the cache's sequences).
 void l3d_kv_cache_select(l3d_kv_cache_t *c, int seq);

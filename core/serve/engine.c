@@ -13,9 +13,9 @@
 // a new request takes the free slot sharing the longest prefix with its prompt, truncates the
 // cache there and feeds only the rest (at least one token: the logits come from feeding).
 // defines: l3d_engine_*, l3d_engine_hist_bounds
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -158,12 +158,11 @@ l3d_status l3d_engine_create_backend(l3d_ctx_t *ctx, const l3d_engine_backend_t 
     pthread_cond_init(&e->cv, NULL);
     e->st.slots = e->n_slots, e->st.ctx_size = e->ctx_size;
     e->st.kv_capacity = (int64_t)e->n_slots * e->ctx_size;
-    l3d_status st = L3D_OK;
     e->slots = l3d_calloc(ctx, (size_t)e->n_slots, sizeof(slot_t), "other");
     e->logits = l3d_malloc(ctx, (size_t)e->n_slots * (size_t)e->V * sizeof(float), "other");
     e->seqs = l3d_malloc(ctx, (size_t)e->n_slots * sizeof(int), "other");
     e->batch = l3d_malloc(ctx, (size_t)e->n_slots * sizeof(int32_t), "other");
-    if (st >= 0 && (!e->slots || !e->logits || !e->seqs || !e->batch)) st = L3D_ERR_NOMEM;
+    l3d_status st = e->slots && e->logits && e->seqs && e->batch ? L3D_OK : L3D_ERR_NOMEM;
     for (int i = 0; st >= 0 && i < e->n_slots; i++) {
         e->slots[i].next = -1;
         e->slots[i].toks = l3d_malloc(ctx, (size_t)e->ctx_size * sizeof(int32_t), "other");

@@ -392,8 +392,8 @@ l3d_status l3d_dp_update(l3d_trainer_t *t, float lr, float bc1, float bc2, float
                 grad = d->sharded ? piece_grad(t, &d->b[k], a0) : l3d_elem(t->grads, d->gt, a0);
             }
             void *p16 = fuse16 ? l3d_elem(m->wp, m->wt, a0)
-                        : (d->zero3 && !off) ? l3d_zero3_piece16_at(t, s)
-                                             : NULL;
+                        : d->zero3 ? l3d_zero3_piece16_at(t, s)
+                                   : NULL;
             ts[nt++] = (l3d_adamw_tensor_t){param, t->adam_m + s, t->adam_v + s, grad, p16,
                                             a1 - a0, wd};
         }
