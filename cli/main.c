@@ -1,5 +1,7 @@
 // l3d: train and serve Llama 3 models. Dispatches to the commands in cli/*.c.
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "core/l3d_core.h"
@@ -94,10 +96,26 @@ static int dispatch(int argc, char **argv) {
     if (!strcmp(cmd, "--version")) {
         printf("llama3d %d.%d.%d\n", LLAMA3D_VERSION_MAJOR, LLAMA3D_VERSION_MINOR,
                LLAMA3D_VERSION_PATCH);
+        printf("cpu device: OpenBLAS %s kernels\n", l3d_cpu_blas_core());
         return L3D_EXIT_OK;
     }
     unknown_command(cmd);
     return L3D_EXIT_USAGE;
 }
 
-int main(int argc, char **argv) { return l3d_cli_finish_stdout(dispatch(argc, argv)); }
+// OpenBLAS chose its kernels when it was loaded, before main. When it fell back to a set older
+// than this CPU runs (a release that does not know the CPU: Debian 12's on Sapphire and Emerald
+// Rapids runs SSE3 kernels, sgemm 6x slower), start again with OPENBLAS_CORETYPE naming the
+// right set: same pid, same arguments. Once it is set l3d_cpu_blas_better_core says NULL, so
+// this runs at most once; a failed exec carries on with the slow kernels (the device warns).
+static void restart_for_blas(char **argv) {
+    const char *better = l3d_cpu_blas_better_core();
+    if (!better || setenv("OPENBLAS_CORETYPE", better, 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("OPENBLAS_CORETYPE");
+}
+
+int main(int argc, char **argv) {
+    restart_for_blas(argv);
+    return l3d_cli_finish_stdout(dispatch(argc, argv));
+}

@@ -159,5 +159,22 @@ else
     timeout 60 "$L3D" train --device cuda --steps 1
 fi
 
+# ---- OpenBLAS's kernels: this CPU's own, never a fallback older than it runs ----------------
+# A DYNAMIC_ARCH OpenBLAS that does not know the CPU runs SSE3 "Prescott" kernels (Debian 12's
+# 0.3.21 on Emerald Rapids: sgemm 6x slower); l3d then restarts itself with OPENBLAS_CORETYPE
+# naming the set the CPU runs (cli/main.c). A set the caller forces is kept.
+expect "--version names the OpenBLAS kernels a caller forces" 0 "^cpu device: OpenBLAS Haswell kernels$" \
+  env OPENBLAS_CORETYPE=Haswell "$L3D" --version
+core=$(env -u OPENBLAS_CORETYPE "$L3D" --version | sed -n 's/^cpu device: OpenBLAS \(.*\) kernels$/\1/p')
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  case $core in
+    "" | Prescott | Core2 | Penryn | Nehalem | Atom | Sandybridge | Bulldozer | Piledriver)
+      echo "FAIL an AVX2 CPU runs OpenBLAS's '$core' kernels when nothing forces them"; fails=$((fails + 1)) ;;
+    *) ok "an AVX2 CPU runs AVX2 or AVX-512 OpenBLAS kernels unforced ($core)" ;;
+  esac
+else
+  echo "skip the OpenBLAS kernel check: this CPU has no AVX2"
+fi
+
 if [ $fails -ne 0 ]; then echo "$fails failed, $passes passed"; exit 1; fi
 echo "all $passes passed"

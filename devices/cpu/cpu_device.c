@@ -91,6 +91,12 @@ static l3d_status cpu_init(l3d_device_t *dev, const l3d_device_params_t *params)
     }
     // Our pool is the only threading: OpenBLAS runs single-threaded inside our tasks.
     openblas_set_num_threads(1);
+    const char *better = l3d_cpu_blas_better_core();
+    if (better)
+        l3d_log(dev->ctx, L3D_LOG_WARN, L3D_SUBSYS_DEV, "cpu: OpenBLAS runs its %s kernels, "
+                "older than this CPU runs (the release does not know the CPU); "
+                "OPENBLAS_CORETYPE=%s set before the program starts runs faster ones",
+                l3d_cpu_blas_core(), better);
     dev->priv = cpu;
     dev->num_threads = n;
     return L3D_OK;

@@ -1,5 +1,6 @@
 // Devices: where a model's tensors live and its kernels run ("cpu"; "cuda" when built).
-// defines: l3d_device_t, l3d_device_params_t, l3d_device_create/destroy, l3d_device_name
+// defines: l3d_device_t, l3d_device_params_t, l3d_device_create/destroy, l3d_device_name,
+//          l3d_cpu_blas_core, l3d_cpu_blas_better_core
 #ifndef LLAMA3D_DEVICE_H
 #define LLAMA3D_DEVICE_H
 
@@ -30,6 +31,15 @@ void l3d_device_destroy(l3d_device_t *dev);
 // The device's name ("cpu") and its worker threads.
 const char *l3d_device_name(const l3d_device_t *dev);
 int l3d_device_threads(const l3d_device_t *dev);
+
+// The CPU device's OpenBLAS: the kernel set it chose when it was loaded ("SkylakeX", "Haswell",
+// "Zen", ...), and, when that set is older than this CPU runs because the OpenBLAS release does
+// not know the CPU (Debian 12's 0.3.21 on Intel Sapphire and Emerald Rapids falls back to
+// "Prescott", SSE3: sgemm 6x slower), the set to name in OPENBLAS_CORETYPE; NULL when there is
+// none better or OPENBLAS_CORETYPE is already set. OpenBLAS reads OPENBLAS_CORETYPE only when it
+// is loaded, so a program sets it and restarts itself (the l3d CLI does) or sets it before.
+const char *l3d_cpu_blas_core(void);
+const char *l3d_cpu_blas_better_core(void);
 
 #ifdef __cplusplus
 }
