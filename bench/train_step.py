@@ -1,8 +1,9 @@
 """Training-step throughput: llama3d against plain PyTorch (float32, eager) on the same model.
 
-usage: /usr/bin/python3 bench/train_step.py /path/to/l3d [--threads N] [--steps K]
+usage: /usr/bin/python3 bench/train_step.py /path/to/l3d [--threads N] [--steps K] [--bf16]
+                                             [--model NAME|config.json]
 
-Model: the llama3-tiny preset, batch 8 x seq_len 64 (micro 8, accum 1), clipping 1.0, AdamW.
+Model: the llama3-tiny preset (--model: another preset or an HF config.json), batch 8 x seq_len 64 (micro 8, accum 1), clipping 1.0, AdamW.
 llama3d: `l3d train --config C --model llama3-tiny --steps K --metrics M` with
 "train": {"threads": N}; its throughput is the median "tokens_per_s" over the steps after the
 first two (and its "mfu", the fraction of its measured sgemm peak, likewise).
@@ -10,6 +11,11 @@ PyTorch: the checkpoint that `--steps 0 --save INIT` writes, loaded into the ref
 tests/reference/llama_ref.py in float32 with torch.set_num_threads(N); each step is
 forward + backward + clip_grad_norm_ + AdamW.step on the same batch shape; median step time
 over the steps after the first two.
+--bf16: llama3d with "bf16": {"enabled": true} (bfloat16 weights the passes read and
+activations over float32 masters), PyTorch with its forward and loss under
+torch.autocast("cpu", dtype=torch.bfloat16) (its matmuls in bfloat16, on oneDNN's AMX or
+AVX512-BF16 kernels where the CPU has them) and float32 parameters and optimizer: the two
+mixed-precision recipes side by side.
 """
 import argparse
 import os
@@ -27,10 +33,10 @@ B, T = 8, 64
 WARM = 2
 
 
-def bench_l3d(l3d, d, conf, steps):
+def bench_l3d(l3d, d, conf, steps, model):
     metrics = os.path.join(d, "m.jsonl")
     t0 = time.perf_counter()
-    R.run([l3d, "train", "--config", conf, "--model", "llama3-tiny", "--steps", str(steps),
+    R.run([l3d, "train", "--config", conf, "--model", model, "--steps", str(steps),
            "--metrics", metrics], timeout=3600)
     wall = time.perf_counter() - t0
     m = R.read_metrics(metrics)
@@ -41,7 +47,7 @@ def bench_l3d(l3d, d, conf, steps):
             wall, m)
 
 
-def bench_torch(init_dir, threads, steps, tokens):
+def bench_torch(init_dir, threads, steps, tokens, bf16):
     torch = R.torch
     torch.set_num_threads(threads)
     cfgd, tensors = R.load_checkpoint(init_dir)
@@ -59,8 +65,9 @@ def bench_torch(init_dir, threads, steps, tokens):
         t0 = time.perf_counter()
         for p in plist:
             p.grad = None
-        logits = R.forward(params, cfg, x, cos_sin=cos_sin)
-        loss = R.F.cross_entropy(logits.reshape(-1, cfg.V), y.reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            logits = R.forward(params, cfg, x, cos_sin=cos_sin)
+            loss = R.F.cross_entropy(logits.reshape(-1, cfg.V), y.reshape(-1))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(plist, 1.0)
         opt.step()
@@ -76,6 +83,9 @@ def main():
     ap.add_argument("l3d")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--model", default="llama3-tiny", help="preset name or HF config.json")
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16.enabled against torch.autocast(bfloat16)")
     a = ap.parse_args()
     l3d = os.path.abspath(a.l3d)
     steps = max(a.steps, WARM + 1)
@@ -91,17 +101,19 @@ def main():
             "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "betas": [0.9, 0.95],
                                                       "eps": 1e-8, "weight_decay": 0.1}},
             "data": {"path": os.path.join(tmp, "tokens.bin"), "seq_len": T},
-            "train": {"steps": steps, "seed": 1, "threads": a.threads}})
+            "train": {"steps": steps, "seed": 1, "threads": a.threads},
+            **({"bf16": {"enabled": True}} if a.bf16 else {})})
         init = os.path.join(tmp, "init")
-        R.run([l3d, "train", "--config", conf, "--model", "llama3-tiny", "--steps", "0",
+        model = os.path.abspath(a.model) if os.path.exists(a.model) else a.model
+        R.run([l3d, "train", "--config", conf, "--model", model, "--steps", "0",
                "--save", init])
-        l3d_tps, l3d_mfu, wall, m = bench_l3d(l3d, tmp, conf, steps)
-        torch_tps, cfg, n_params = bench_torch(init, a.threads, steps, tokens)
+        l3d_tps, l3d_mfu, wall, m = bench_l3d(l3d, tmp, conf, steps, model)
+        torch_tps, cfg, n_params = bench_torch(init, a.threads, steps, tokens, a.bf16)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     print()
-    print("llama3-tiny: hidden %d, layers %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
+    print(a.model + ": hidden %d, layers %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d, "
           "%.2fM params; batch %d x %d tokens, %d steps (median over steps %d..%d)"
           % (cfg.C, cfg.L, cfg.H, cfg.KVH, cfg.D, cfg.F, cfg.V, n_params / 1e6, B, T, steps,
              WARM + 1, steps))
@@ -110,6 +122,8 @@ def main():
         l3d_tps = B * T * steps / wall
         print("note: l3d's metrics have no tokens_per_s; using whole-run wall clock (%.2f s, "
               "includes start-up)" % wall)
+    if a.bf16:
+        print("bf16: llama3d bf16.enabled, torch autocast(bfloat16)")
     print("%-10s %8s %14s" % ("impl", "threads", "tokens/s"))
     print("%-10s %8d %14.1f" % ("llama3d", a.threads, l3d_tps))
     print("%-10s %8d %14.1f" % ("torch", a.threads, torch_tps))

@@ -41,6 +41,7 @@ typedef struct l3d_settings {
     double progress_after_s; // L3D_PROGRESS_AFTER (a front end's delay before drawing progress)
     uint64_t stage_chunk;    // L3D_STAGE_CHUNK (bytes; 0 = staged collectives are not chunked)
     uint64_t device_memory;  // L3D_DEVICE_MEMORY (bytes the test devices report; 0 = the machine's)
+    int cpu_bf16;            // L3D_CPU_BF16: -1 auto, 0 off, 1 avx512, 2 amx (cpu_gemm_bf16.c)
 } l3d_settings_t;
 
 // The rows of the settings table, for `l3d --help-env`.

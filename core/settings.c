@@ -49,6 +49,10 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_PROGRESS_AFTER", "1",
      "seconds an operation (loading, saving, tokenizing) runs before l3d draws its progress "
      "line on a terminal (0: at once)"},
+    {"L3D_CPU_BF16", "auto",
+     "the CPU device's bfloat16 x bfloat16 products: auto (AMX where the CPU has it, else "
+     "off), amx (AMX tiles), avx512 (AVX512-BF16 dot products) or off (widened to float32 for "
+     "sgemm); a level the CPU lacks is refused"},
     // Read by the bootstrap at l3d_comm_create_env (core/comm/bootstrap.c), per process:
     {"L3D_JOB_TOKEN", "", "job token every rank must present to the rendezvous store"},
     {"L3D_MASTER_ADDR", "", "rendezvous store address (overrides MASTER_ADDR)"},
@@ -70,6 +74,7 @@ void l3d_settings_default(l3d_settings_t *s) {
     s->comm_shm = 1;
     s->progress_after_s = 1.0;
     s->stage_chunk = (uint64_t)4 << 20;
+    s->cpu_bf16 = -1;
     snprintf(s->device, sizeof(s->device), "cpu");
 }
 
@@ -242,6 +247,17 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
         if (parse_bytes(v, 1, &s->device_memory)) {
             snprintf(err, errlen, "L3D_DEVICE_MEMORY: '%s' is not a byte count (a number, "
                      "optionally followed by K, M, G or T)", v);
+            return L3D_ERR_CONFIG;
+        }
+    }
+    if ((v = getenv("L3D_CPU_BF16")) && *v) {
+        static const char *const levels[] = {"off", "avx512", "amx"};
+        s->cpu_bf16 = -2;
+        if (!strcmp(v, "auto")) s->cpu_bf16 = -1;
+        for (int i = 0; i < 3; i++)
+            if (!strcmp(v, levels[i])) s->cpu_bf16 = i;
+        if (s->cpu_bf16 == -2) {
+            snprintf(err, errlen, "L3D_CPU_BF16: '%s' is not auto, amx, avx512 or off", v);
             return L3D_ERR_CONFIG;
         }
     }

@@ -3,7 +3,8 @@
 # Release build: our users' CPUs (Intel, AMD; AVX2 or AVX-512) get other kernels than the
 # build machine, and fp32 sums come out in another order. OPENBLAS_CORETYPE forces a kernel
 # set on any x86 machine; SkylakeX needs AVX-512 (it dies with SIGILL without it), so it runs
-# only where /proc/cpuinfo lists avx512f, and says so where it does not.
+# only where /proc/cpuinfo lists avx512f, and says so where it does not. Likewise the CPU
+# device's bfloat16 levels (L3D_CPU_BF16).
 #   usage: tests/kernels.sh BUILD_DIR     (a configured and built tree; builds BUILD_DIR-release)
 set -euo pipefail
 build=${1:?usage: kernels.sh BUILD_DIR}
@@ -19,6 +20,16 @@ fi
 for c in "${cores[@]}"; do
     echo "== OPENBLAS_CORETYPE=$c"
     OPENBLAS_CORETYPE=$c ctest --test-dir "$build" --output-on-failure -j2 -R "$tests"
+done
+# The CPU device's bfloat16 products: each level this CPU has besides the default one (auto:
+# AMX where present, else widened to float32), on the tests that multiply bfloat16.
+bf16_tests='^(test_cpu_dtypes|test_parallel_bf16|test_parallel_cdt|test_loss_scaler)$'
+levels=(off)
+grep -qw avx512_bf16 /proc/cpuinfo && levels+=(avx512)
+grep -qw amx_bf16 /proc/cpuinfo || echo "kernels.sh: this CPU has no AMX-BF16: the AMX kernel not run here"
+for l in "${levels[@]}"; do
+    echo "== L3D_CPU_BF16=$l"
+    L3D_CPU_BF16=$l ctest --test-dir "$build" --output-on-failure -j2 -R "$bf16_tests"
 done
 echo "== CMAKE_BUILD_TYPE=Release"
 # (the CUDA device is compiled and checked in the main build; its numerics need a GPU)

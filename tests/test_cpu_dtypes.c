@@ -301,6 +301,37 @@ Test(cpu_dtypes, gemv_reads_bfloat16_weights_as_stored) {
         }
 }
 
+// bfloat16 x bfloat16 products big enough for several tiles of the pool (on AMX or AVX512-BF16
+// where the device uses them, L3D_CPU_BF16; tests/kernels.sh runs each level the CPU has):
+// every transpose pair, a 16-bit and a float32 C, within the float32 bound of mixed_case, and
+// the bits on one thread equal those on three (K is never split; the tiles are the shape's).
+Test(cpu_dtypes, bfloat16_products_over_many_tiles_ignore_the_thread_count) {
+    l3d_device_t *one = NULL;
+    l3d_device_params_t p1 = {.num_threads = 1};
+    cr_assert_eq(l3d_device_create(ctx, "cpu", &p1, &one), L3D_OK);
+    for (int t = 0; t < 4; t++) {
+        int tra = t & 1, trb = t >> 1, M = 300, N = 530, K = 1001;
+        l3d_dtype tc = t == 3 ? L3D_BFLOAT16 : L3D_FLOAT32;
+        mixed_case(L3D_BFLOAT16, L3D_BFLOAT16, tc, tra, trb, M, N, K, t == 1 ? 0.5f : 0.0f, 1);
+        size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * N;
+        double *va = malloc(sizeof(double) * na), *vb = malloc(sizeof(double) * nb);
+        void *A = operand(L3D_BFLOAT16, na, va), *B = operand(L3D_BFLOAT16, nb, vb);
+        void *C[2];
+        for (int r = 0; r < 2; r++) {
+            C[r] = calloc(nc, 4);
+            l3d_gemm_t g = {.trans_a = tra, .trans_b = trb, .M = M, .N = N, .K = K,
+                            .alpha = 1.0f, .A = A, .lda = tra ? M : K, .B = B,
+                            .ldb = trb ? K : N, .C = C[r], .ldc = N, .a_type = L3D_BFLOAT16,
+                            .b_type = L3D_BFLOAT16, .c_type = tc};
+            cr_assert_eq(l3d_dev_gemm(r ? one : dev, &g), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+        }
+        cr_assert(memcmp(C[0], C[1], nc * esize(tc)) == 0, "ta %d tb %d: 1 and 3 threads differ",
+                  tra, trb);
+        free(va), free(vb), free(A), free(B), free(C[0]), free(C[1]);
+    }
+    l3d_device_destroy(one);
+}
+
 // ---- every op x dtype (device ABI 5) ----------------------------------------------------------
 // Each op runs on 16-bit operands and is checked twice:
 // 1. its contract, bit for bit: the outputs are the float32 op's outputs on the widened inputs,

@@ -33,7 +33,19 @@ typedef struct l3d_cpu {
     // op has needed, kept until fini. Ops run one after another, so one serves them all.
     float *wide;
     size_t wide_bytes;
+    // The CPU's 16-bit arithmetic bfloat16 x bfloat16 GEMMs use (cpu_gemm_bf16.c): one of
+    // L3D_CPU_BF16_*, the best the CPU has unless L3D_CPU_BF16 asks for less.
+    int bf16;
 } l3d_cpu_t;
+
+// bfloat16 GEMM levels (cpu_gemm_bf16.c): OFF widens to float32 for sgemm.
+enum { L3D_CPU_BF16_OFF = 0, L3D_CPU_BF16_AVX512 = 1, L3D_CPU_BF16_AMX = 2 };
+int l3d_cpu_bf16_probe(void);  // the best level this CPU and kernel allow
+const char *l3d_cpu_bf16_name(int level);  // "off", "avx512", "amx"
+// Bytes of scratch one task needs for a tile of tile_m x tile_n over K.
+size_t l3d_cpu_gemm_bf16_scratch(int tile_m, int tile_n, int K);
+void l3d_cpu_gemm_bf16_tile(int level, const l3d_gemm_t *g, int i0, int m, int j0, int n,
+                            void *scratch);
 
 static inline l3d_cpu_t *l3d_cpu_priv(const l3d_device_t *dev) { return (l3d_cpu_t *)dev->priv; }
 

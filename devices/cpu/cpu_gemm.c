@@ -1,7 +1,8 @@
 // SGEMM on the device's pool: the output is cut into fixed tiles (their size depends only on
 // M, N and K), and each task calls single-threaded OpenBLAS on its tile. K is never split,
 // so every output element is one OpenBLAS dot product whatever the thread count. Products
-// with a few rows of A against a transposed B go to the matrix-vector kernel (cpu_gemv.c).
+// with a few rows of A against a transposed B go to the matrix-vector kernel (cpu_gemv.c),
+// bfloat16 x bfloat16 ones to the CPU's 16-bit arithmetic where it has some (cpu_gemm_bf16.c).
 // defines: l3d_cpu_gemm
 #include <cblas.h>
 #include <string.h>
@@ -24,6 +25,8 @@ typedef struct {
     const l3d_gemm_t *g;
     int tile_m, tile_n;  // rows and columns per tile (the last one may be smaller)
     int ntm, ntn;        // tiles along M and N
+    l3d_cpu_t *cpu;      // bfloat16 x bfloat16 on the CPU's own arithmetic: its level
+    int bf16;            // (cpu_gemm_bf16.c), the tile's packed operands in scratch slots
 } gemm_job_t;
 
 static void gemm_tile(const l3d_gemm_t *g, int i0, int m, int j0, int n) {
@@ -42,7 +45,14 @@ static void gemm_task(void *arg, int task, int ntasks) {
     int ti = task / j->ntn, tj = task % j->ntn;
     int i0 = ti * j->tile_m, j0 = tj * j->tile_n;
     int m = L3D_MIN(j->tile_m, j->g->M - i0), n = L3D_MIN(j->tile_n, j->g->N - j0);
-    gemm_tile(j->g, i0, m, j0, n);
+    if (!j->bf16) {
+        gemm_tile(j->g, i0, m, j0, n);
+        return;
+    }
+    int slot;
+    float *scratch = l3d_cpu_scratch_acquire(j->cpu, &slot);
+    l3d_cpu_gemm_bf16_tile(j->bf16, j->g, i0, m, j0, n, scratch);
+    l3d_cpu_scratch_release(j->cpu, slot);
 }
 
 // Splits `len` into about len/target equal tiles, each a multiple of 16 (SIMD width).
@@ -142,18 +152,24 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
         l3d_cpu_gemv(dev, g);
         return L3D_OK;
     }
-    if (g->a_type != L3D_FLOAT32 || g->b_type != L3D_FLOAT32 || g->c_type != L3D_FLOAT32)
+    // bfloat16 A and B multiply on the CPU's 16-bit arithmetic where it has some; the rest
+    // widens its 16-bit operands (K 0 included: nothing to multiply, C scaled as for float32).
+    int bf16 = g->a_type == L3D_BFLOAT16 && g->b_type == L3D_BFLOAT16 && g->K > 0
+                   ? l3d_cpu_priv(dev)->bf16
+                   : L3D_CPU_BF16_OFF;
+    if (!bf16 && (g->a_type != L3D_FLOAT32 || g->b_type != L3D_FLOAT32 ||
+                  g->c_type != L3D_FLOAT32))
         return gemm_widened(dev, g);
     if (g->K == 0) {
         gemm_scale_c(g);
         return L3D_OK;
     }
     size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;
-    if (macs <= GEMM_SERIAL_MACS) {
+    if (macs <= GEMM_SERIAL_MACS && !bf16) {
         gemm_tile(g, 0, g->M, 0, g->N);
         return L3D_OK;
     }
-    gemm_job_t j = {.g = g};
+    gemm_job_t j = {.g = g, .cpu = l3d_cpu_priv(dev), .bf16 = bf16};
     int tm = GEMM_TILE_M, tn = GEMM_TILE_N;
     gemm_split(g->M, tm, &j.tile_m, &j.ntm);
     gemm_split(g->N, tn, &j.tile_n, &j.ntn);
@@ -165,6 +181,14 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
         else tm /= 2;
         gemm_split(g->M, tm, &j.tile_m, &j.ntm);
         gemm_split(g->N, tn, &j.tile_n, &j.ntn);
+    }
+    if (bf16) {
+        size_t bytes = l3d_cpu_gemm_bf16_scratch(j.tile_m, j.tile_n, g->K);
+        L3D_CHECK(dev->ctx, l3d_cpu_scratch_reserve(dev, (bytes + sizeof(float) - 1) / sizeof(float)));
+        if (macs <= GEMM_SERIAL_MACS) {  // one tile per task on the caller, in the same tiles
+            for (int t = 0; t < j.ntm * j.ntn; t++) gemm_task(&j, t, j.ntm * j.ntn);
+            return L3D_OK;
+        }
     }
     l3d_cpu_run(dev, gemm_task, &j, j.ntm * j.ntn);
     return L3D_OK;
