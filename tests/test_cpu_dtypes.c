@@ -301,6 +301,35 @@ Test(cpu_dtypes, gemv_reads_bfloat16_weights_as_stored) {
         }
 }
 
+// Float32 activations against 16-bit weights past the matrix-vector shape (a prompt on a
+// bfloat16 checkpoint): each task widens its columns of B, so no whole weight is held in
+// float32, and the bits are those of the float32 product on the widened weights (the same
+// tiles, the same sgemm on the same values).
+Test(cpu_dtypes, float32_rows_against_16bit_weights_match_the_widened_product) {
+    const int Ms[] = {37, 300}, N = 530, K = 1001;
+    for (int t = 0; t < 4; t++) {
+        int trb = t & 1, M = Ms[t >> 1];
+        l3d_dtype bt = t == 2 ? L3D_FLOAT16 : L3D_BFLOAT16;
+        size_t nb = (size_t)N * K, na = (size_t)M * K, nc = (size_t)M * N;
+        double *vb = malloc(sizeof(double) * nb), *va = malloc(sizeof(double) * na);
+        void *Bh = operand(bt, nb, vb);
+        float *Bf = malloc(nb * 4), *A = operand(L3D_FLOAT32, na, va), *C[2];
+        cr_assert_eq(l3d_dev_convert(dev, Bf, L3D_FLOAT32, Bh, bt, nb), L3D_OK);
+        for (int r = 0; r < 2; r++) {
+            C[r] = malloc(sizeof(float) * nc);
+            for (size_t i = 0; i < nc; i++) C[r][i] = (float)(i % 13) * 0.25f;
+            l3d_gemm_t g = {.trans_b = trb, .M = M, .N = N, .K = K, .alpha = 0.75f,
+                            .beta = t == 3 ? 0.5f : 0.0f, .A = A, .lda = K,
+                            .B = r ? (const void *)Bh : (const void *)Bf, .ldb = trb ? K : N,
+                            .C = C[r], .ldc = N, .b_type = r ? bt : L3D_FLOAT32};
+            cr_assert_eq(l3d_dev_gemm(dev, &g), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+        }
+        cr_assert(memcmp(C[0], C[1], sizeof(float) * nc) == 0, "M %d tb %d %s: bits differ", M,
+                  trb, l3d_dtype_name(bt));
+        free(vb), free(va), free(Bh), free(Bf), free(A), free(C[0]), free(C[1]);
+    }
+}
+
 // bfloat16 x bfloat16 products big enough for several tiles of the pool (on AMX or AVX512-BF16
 // where the device uses them, L3D_CPU_BF16; tests/kernels.sh runs each level the CPU has):
 // every transpose pair, a 16-bit and a float32 C, within the float32 bound of mixed_case, and

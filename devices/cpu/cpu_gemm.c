@@ -27,6 +27,7 @@ typedef struct {
     int ntm, ntn;        // tiles along M and N
     l3d_cpu_t *cpu;      // bfloat16 x bfloat16 on the CPU's own arithmetic: its level
     int bf16;            // (cpu_gemm_bf16.c), the tile's packed operands in scratch slots
+    int widen_b;         // float32 A and C, 16-bit B: each task widens its columns of B
 } gemm_job_t;
 
 static void gemm_tile(const l3d_gemm_t *g, int i0, int m, int j0, int n) {
@@ -40,18 +41,46 @@ static void gemm_tile(const l3d_gemm_t *g, int i0, int m, int j0, int n) {
                 g->ldb, g->beta, c, g->ldc);
 }
 
+// C(m tile) = A op(B) with the task's n columns of op(B) widened (exactly) into `panel` first:
+// float32 activations against 16-bit weights (a prompt on a bfloat16 checkpoint) never hold a
+// whole weight in float32, and each B element is widened once per row tile.
+static void gemm_tile_widen_b(const l3d_gemm_t *g, int i0, int m, int j0, int n, float *panel) {
+    size_t es = l3d_dtype_size(g->b_type);
+    int ldp;
+    if (g->trans_b) {  // columns j0.. of op(B) are rows j0.. of B: n rows of K
+        for (int j = 0; j < n; j++)
+            l3d_cpu_convert_serial(panel + (size_t)j * (size_t)g->K, L3D_FLOAT32,
+                                   (const char *)g->B + (size_t)(j0 + j) * (size_t)g->ldb * es,
+                                   g->b_type, (size_t)g->K);
+        ldp = g->K;
+    } else {  // K rows of n
+        for (int k = 0; k < g->K; k++)
+            l3d_cpu_convert_serial(panel + (size_t)k * (size_t)n, L3D_FLOAT32,
+                                   (const char *)g->B + ((size_t)k * (size_t)g->ldb + j0) * es,
+                                   g->b_type, (size_t)n);
+        ldp = n;
+    }
+    const float *A = g->A;
+    const float *a = g->trans_a ? A + i0 : A + (size_t)i0 * (size_t)g->lda;
+    float *c = (float *)g->C + (size_t)i0 * (size_t)g->ldc + j0;
+    cblas_sgemm(CblasRowMajor, g->trans_a ? CblasTrans : CblasNoTrans,
+                g->trans_b ? CblasTrans : CblasNoTrans, m, n, g->K, g->alpha, a, g->lda, panel,
+                ldp, g->beta, c, g->ldc);
+}
+
 static void gemm_task(void *arg, int task, int ntasks) {
     const gemm_job_t *j = arg;
     int ti = task / j->ntn, tj = task % j->ntn;
     int i0 = ti * j->tile_m, j0 = tj * j->tile_n;
     int m = L3D_MIN(j->tile_m, j->g->M - i0), n = L3D_MIN(j->tile_n, j->g->N - j0);
-    if (!j->bf16) {
+    if (!j->bf16 && !j->widen_b) {
         gemm_tile(j->g, i0, m, j0, n);
         return;
     }
     int slot;
     float *scratch = l3d_cpu_scratch_acquire(j->cpu, &slot);
-    l3d_cpu_gemm_bf16_tile(j->bf16, j->g, i0, m, j0, n, scratch);
+    if (j->bf16) l3d_cpu_gemm_bf16_tile(j->bf16, j->g, i0, m, j0, n, scratch);
+    else gemm_tile_widen_b(j->g, i0, m, j0, n, scratch);
     l3d_cpu_scratch_release(j->cpu, slot);
 }
 
@@ -157,19 +186,21 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
     int bf16 = g->a_type == L3D_BFLOAT16 && g->b_type == L3D_BFLOAT16 && g->K > 0
                    ? l3d_cpu_priv(dev)->bf16
                    : L3D_CPU_BF16_OFF;
-    if (!bf16 && (g->a_type != L3D_FLOAT32 || g->b_type != L3D_FLOAT32 ||
-                  g->c_type != L3D_FLOAT32))
+    int widen_b = !bf16 && g->a_type == L3D_FLOAT32 && g->c_type == L3D_FLOAT32 &&
+                  g->b_type != L3D_FLOAT32 && g->K > 0;
+    if (!bf16 && !widen_b && (g->a_type != L3D_FLOAT32 || g->b_type != L3D_FLOAT32 ||
+                              g->c_type != L3D_FLOAT32))
         return gemm_widened(dev, g);
     if (g->K == 0) {
         gemm_scale_c(g);
         return L3D_OK;
     }
     size_t macs = (size_t)g->M * (size_t)g->N * (size_t)g->K;
-    if (macs <= GEMM_SERIAL_MACS && !bf16) {
+    if (macs <= GEMM_SERIAL_MACS && !bf16 && !widen_b) {
         gemm_tile(g, 0, g->M, 0, g->N);
         return L3D_OK;
     }
-    gemm_job_t j = {.g = g, .cpu = l3d_cpu_priv(dev), .bf16 = bf16};
+    gemm_job_t j = {.g = g, .cpu = l3d_cpu_priv(dev), .bf16 = bf16, .widen_b = widen_b};
     int tm = GEMM_TILE_M, tn = GEMM_TILE_N;
     gemm_split(g->M, tm, &j.tile_m, &j.ntm);
     gemm_split(g->N, tn, &j.tile_n, &j.ntn);
@@ -182,8 +213,9 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
         gemm_split(g->M, tm, &j.tile_m, &j.ntm);
         gemm_split(g->N, tn, &j.tile_n, &j.ntn);
     }
-    if (bf16) {
-        size_t bytes = l3d_cpu_gemm_bf16_scratch(j.tile_m, j.tile_n, g->K);
+    if (bf16 || widen_b) {
+        size_t bytes = bf16 ? l3d_cpu_gemm_bf16_scratch(j.tile_m, j.tile_n, g->K)
+                            : (size_t)j.tile_n * (size_t)g->K * sizeof(float);
         L3D_CHECK(dev->ctx, l3d_cpu_scratch_reserve(dev, (bytes + sizeof(float) - 1) / sizeof(float)));
         if (macs <= GEMM_SERIAL_MACS) {  // one tile per task on the caller, in the same tiles
             for (int t = 0; t < j.ntm * j.ntn; t++) gemm_task(&j, t, j.ntm * j.ntn);
