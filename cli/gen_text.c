@@ -1,7 +1,9 @@
 // What a checkpoint directory says about generating text, shared by l3d generate and l3d serve:
 // its tokenizer, the ids that end generation and generation_config.json's sampling defaults.
-// defines: l3d_cli_open_tokenizer, l3d_cli_gen_defaults, l3d_cli_stops_has
+// defines: l3d_cli_open_tokenizer, l3d_cli_gen_defaults, l3d_cli_stops_has,
+//          l3d_cli_weights_dtype (--dtype: what the weights are kept in)
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "core/l3d_core.h"
@@ -67,4 +69,22 @@ l3d_status l3d_cli_gen_defaults(l3d_ctx_t *ctx, const char *ckpt, const l3d_mode
     L3D_CHECK(ctx, l3d_tokenizer_special_ids(tok, &sp));
     for (int i = 0; i < sp.n_stop; i++) stop_add(stops, sp.stop_ids[i]);
     return L3D_OK;
+}
+
+int l3d_cli_weights_dtype(const char *cmd, const char *v, int *out) {
+    static const struct {
+        const char *name;
+        int dt;
+    } names[] = {{"auto", -1},           {"float32", L3D_FLOAT32}, {"f32", L3D_FLOAT32},
+                 {"bfloat16", L3D_BFLOAT16}, {"bf16", L3D_BFLOAT16}, {"float16", L3D_FLOAT16},
+                 {"f16", L3D_FLOAT16}};
+    *out = -1;
+    if (!v) return 0;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!strcmp(v, names[i].name)) {
+            *out = names[i].dt;
+            return 0;
+        }
+    fprintf(stderr, "l3d %s: --dtype: '%s' is not auto, float32, bfloat16 or float16\n", cmd, v);
+    return 1;
 }

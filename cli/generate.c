@@ -30,6 +30,7 @@ typedef struct gen_job {
                                        // supplies the others)
     int tp, pp, nthreads;  // nthreads: --threads (0: not given)
     const char *device;    // --device (NULL: L3D_DEVICE, else cpu)
+    int weights;           // --dtype (l3d_infer_open's `weights`; -1 auto)
     int local_ranks;       // ranks sharing this node's cores
 } gen_job_t;
 
@@ -115,7 +116,7 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
 
     double t_load = l3d_time_now();
     L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, job->tp, job->pp, dev, job->ckpt, 1, cap,
-                                       &inf), st, fail);
+                                       job->weights, &inf), st, fail);
     t_load = l3d_time_now() - t_load;
     L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg.vocab_size, &sp, &sampler), st, fail);
     logits = malloc((size_t)cfg.vocab_size * sizeof(float));
@@ -197,7 +198,7 @@ int l3d_cmd_generate(int argc, char **argv) {
     const char *ckpt = NULL, *prompt = NULL, *chat = NULL, *tokp = NULL, *date = NULL,
                *maxt = NULL, *temp = NULL, *topk = NULL, *topp = NULL, *minp = NULL,
                *rep = NULL, *freq = NULL, *pres = NULL, *lastn = NULL, *seed = NULL, *tps = NULL,
-               *pps = NULL, *threads = NULL, *device = NULL, *help = NULL;
+               *pps = NULL, *threads = NULL, *device = NULL, *dtype = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--prompt", "TEXT", "text to continue", &prompt, 0},
@@ -224,6 +225,7 @@ int l3d_cmd_generate(int argc, char **argv) {
          &threads, 0},
         {"--device", "NAME", "cpu, cuda, cpu-opaque, cpu-async (default: L3D_DEVICE or cpu)",
          &device, 0},
+        {"--dtype", "TYPE", L3D_CLI_DTYPE_HELP, &dtype, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -260,6 +262,7 @@ int l3d_cmd_generate(int argc, char **argv) {
     if (threads && l3d_cli_int("generate", "--threads", threads, 0, 4096, &v)) return 2;
     job.nthreads = threads ? (int)v : 0;
     job.device = device;
+    if (l3d_cli_weights_dtype("generate", dtype, &job.weights)) return L3D_EXIT_USAGE;
     job.sp.temperature = (float)T;
     job.sp.top_k = (int)k;
     job.sp.top_p = (float)P;

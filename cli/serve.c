@@ -128,6 +128,7 @@ typedef struct serve_job {
     const char *ckpt, *host, *key, *name, *device, *tokp;
     long long port, slots, ctx_size, qmax, tp, pp, nthreads, body_max, pchunk;
     double tmo, grace_s;
+    int weights;  // --dtype (l3d_infer_open's `weights`; -1 auto)
 } serve_job_t;
 
 // SIGINT and SIGTERM, once serving: the handler writes the signal to a pipe that rank 0 reads.
@@ -193,7 +194,8 @@ static void follower(l3d_cli_rank_t *r, l3d_ctx_t *ctx, const serve_job_t *job) 
                                                            : l3d_ctx_settings(ctx)->device,
                                           &dp, &dev), st, fail);
     L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, (int)job->tp, (int)job->pp, dev, job->ckpt,
-                                       (int)job->slots, ctx_size, &L.inf), st, fail);
+                                       (int)job->slots, ctx_size, job->weights, &L.inf), st,
+                   fail);
     L.buf = malloc(L.cap * sizeof(int32_t));
     st = L.buf ? follow(&L, cfg.vocab_size) : L3D_ERR_NOMEM;
     if (st >= 0) goto out;
@@ -248,7 +250,8 @@ static void serve_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
                                                            : l3d_ctx_settings(ctx)->device,
                                           &dp, &dev), st, fail);
     L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, (int)job->tp, (int)job->pp, dev, job->ckpt,
-                                       (int)job->slots, s.ctx_size, &L.inf), st, fail);
+                                       (int)job->slots, s.ctx_size, job->weights, &L.inf),
+                   st, fail);
     L.buf = malloc(L.cap * sizeof(int32_t));
     if (!L.buf) {
         st = L3D_ERR_NOMEM;
@@ -330,8 +333,8 @@ out:
 
 int l3d_cmd_serve(int argc, char **argv) {
     const char *ckpt = NULL, *host = "127.0.0.1", *ports = NULL, *par = NULL, *ctxs = NULL,
-               *key = NULL, *name = NULL, *tps = NULL, *pps = NULL, *threads = NULL,
-               *queue = NULL, *timeout = NULL, *bodymax = NULL, *device = NULL, *tokp = NULL,
+               *key = NULL, *name = NULL, *tps = NULL, *pps = NULL, *threads = NULL, *queue = NULL,
+               *timeout = NULL, *bodymax = NULL, *device = NULL, *dtype = NULL, *tokp = NULL,
                *chunk = NULL, *grace = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
@@ -360,6 +363,7 @@ int l3d_cmd_serve(int argc, char **argv) {
         {"--threads", "N", "CPU threads (default: L3D_NUM_THREADS or the cores)", &threads, 0},
         {"--device", "NAME", "cpu, cuda, cpu-opaque, cpu-async (default: L3D_DEVICE or cpu)",
          &device, 0},
+        {"--dtype", "TYPE", L3D_CLI_DTYPE_HELP, &dtype, 0},
         {"--help", NULL, "this text", &help, 1},
     };
     int nflags = (int)(sizeof(flags) / sizeof(flags[0]));
@@ -387,6 +391,8 @@ int l3d_cmd_serve(int argc, char **argv) {
         (pps && l3d_cli_int("serve", "--pp", pps, 1, 1024, &pp)) ||
         (threads && l3d_cli_int("serve", "--threads", threads, 1, 4096, &nthreads)))
         return L3D_EXIT_USAGE;
+    int weights = -1;
+    if (l3d_cli_weights_dtype("serve", dtype, &weights)) return L3D_EXIT_USAGE;
     if (!key) key = getenv("L3D_API_KEY");
     if (key && !*key) {
         fprintf(stderr, "l3d serve: --api-key: empty\n");
@@ -395,7 +401,8 @@ int l3d_cmd_serve(int argc, char **argv) {
     serve_job_t job = {.ckpt = ckpt, .host = host, .key = key, .name = name, .device = device,
                        .tokp = tokp, .port = port, .slots = slots, .ctx_size = ctx_size,
                        .qmax = qmax, .tp = tp, .pp = pp, .nthreads = nthreads,
-                       .body_max = body_max, .pchunk = pchunk, .tmo = tmo, .grace_s = grace_s};
+                       .body_max = body_max, .pchunk = pchunk, .tmo = tmo, .grace_s = grace_s,
+                       .weights = weights};
     signal(SIGPIPE, SIG_IGN);  // (a client gone mid-write must not kill the server)
     // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
     int world = (int)(tp * pp);

@@ -57,6 +57,25 @@ check "l3d launch -n 4 ... --tp 2 --pp 2: the single-rank greedy text" $?
   >"$tmp/s4" 2>/dev/null
 cmp -s "$tmp/s1" "$tmp/s4"; check "sampled text (seed 5): tp 2 x pp 2 = one rank" $?
 
+# A BF16 checkpoint keeps its weights in bfloat16 (--dtype auto; no float32 copy) and reads
+# them exactly: the greedy text of --dtype float32, on one rank and split over tp and pp (each
+# rank's bfloat16 slices); the prompt is longer than the matrix-vector shape (16 rows).
+printf '{"train": {"save_dtype": "bfloat16"}}' >"$tmp/bf16.json"
+"$L3D" train --config "$tmp/bf16.json" --steps 20 --save "$tmp/ckb" >/dev/null 2>&1
+check "a BF16 checkpoint" $?
+long="The GNU General Public License is a free, copyleft license for software"
+for lay in "" "--tp 2" "--tp 2 --pp 2"; do
+  name=b$(echo "$lay" | tr -d ' -')
+  "$L3D" generate --checkpoint "$tmp/ckb" --prompt "$long" --temperature 0 --max-tokens 24 \
+    --dtype float32 $lay >"$tmp/${name}32" 2>/dev/null &&
+  "$L3D" generate --checkpoint "$tmp/ckb" --prompt "$long" --temperature 0 --max-tokens 24 \
+    $lay >"$tmp/${name}16" 2>/dev/null && [ -s "$tmp/${name}16" ] &&
+  cmp -s "$tmp/${name}32" "$tmp/${name}16"
+  check "BF16 checkpoint kept in bfloat16${lay:+ ($lay)}: the float32 greedy text" $?
+done
+expect_exit2 "--dtype of another name" "--dtype: 'int8' is not auto, float32, bfloat16 or float16" \
+  "$L3D" generate --checkpoint "$tmp/ckb" --prompt x --dtype int8
+
 # A context of 32 positions: generation stops when it is full, and says so on stderr (30 steps
 # of training, so that greedy decoding does not pick an end-of-text id first).
 cat >"$tmp/ctx32.json" <<'EOF'

@@ -12,9 +12,11 @@
 #include <unistd.h>
 
 #include "core/checkpoint/checkpoint_check.h"
+#include "core/checkpoint/checkpoint_open.h"
 #include "core/checkpoint/checkpoint_dist.h"
 #include "core/model/model_internal.h"
 #include "core/checkpoint/safetensors.h"
+#include "devices/device_math.h"
 #include "platform/mem.h"
 #include "platform/platform.h"
 
@@ -551,5 +553,49 @@ Test(ckpt_load, peak_is_the_weights_plus_a_small_window) {
     cr_assert_leq(over, 8 * 1024, "loading a %zu MiB model peaked %ld KiB above its weights",
                   params >> 20, over);
     l3d_model_destroy(m);
+    teardown(&f);
+}
+
+// A BF16 checkpoint opened for inference keeps its weights in bfloat16 (-1: the checkpoint's
+// dtype): no float32 arena, every weight the checkpoint's value, and the logits of a prompt
+// longer than the matrix-vector shape and of batched decode steps bit for bit those of the
+// model opened in float32 (the kernels read bfloat16 exactly and sum in the same order).
+Test(ckpt_load, bf16_checkpoint_kept_in_bf16_decodes_as_float32) {
+    fixture_t f;
+    setup(&f);
+    char ck[128];
+    snprintf(ck, sizeof(ck), "%s/bf16", f.tmp);
+    f.m->save.dtype = L3D_ST_BF16;
+    cr_assert_eq(l3d_model_save(f.m, ck), L3D_OK, "%s", err(&f));
+    l3d_infer_t *inf[2] = {NULL, NULL};
+    cr_assert_eq(l3d_infer_open(f.ctx, NULL, 1, 1, f.dev, ck, 2, 64, L3D_FLOAT32, &inf[0]),
+                 L3D_OK, "%s", err(&f));
+    cr_assert_eq(l3d_infer_open(f.ctx, NULL, 1, 1, f.dev, ck, 2, 64, -1, &inf[1]), L3D_OK, "%s",
+                 err(&f));
+    l3d_model_t *a = l3d_infer_model(inf[0]), *b = l3d_infer_model(inf[1]);
+    cr_assert(!a->w16_only && a->params && b->w16_only && !b->params && b->wt == L3D_BFLOAT16);
+    for (size_t i = 0; i < a->n_params; i++)
+        cr_assert_eq(((const uint16_t *)b->wp)[i], l3d_f32_to_bf16(a->params[i]), "weight %zu", i);
+    // A 16-bit-only model refuses what needs the float32 master, naming why.
+    cr_assert_eq(l3d_model_save(b, ck), L3D_ERR_INVALID_ARG);
+    cr_assert(strstr(err(&f), "only its bfloat16 weights"), "%s", err(&f));
+    int V = a->cfg.vocab_size;
+    float *lg[2] = {malloc(sizeof(float) * 2 * V), malloc(sizeof(float) * 2 * V)};
+    int32_t prompt[37];
+    for (int i = 0; i < 37; i++) prompt[i] = (i * 7 + 3) % V;
+    for (int r = 0; r < 2; r++)
+        cr_assert_eq(l3d_infer_decode_seq(inf[r], 0, prompt, 37, lg[r]), L3D_OK, "%s", err(&f));
+    cr_assert(memcmp(lg[0], lg[1], sizeof(float) * V) == 0, "prompt logits differ");
+    for (int step = 0; step < 3; step++) {
+        int seqs[2] = {0, 1};
+        int32_t tok[2] = {(step * 5 + 1) % V, (step * 11 + 2) % V};
+        for (int r = 0; r < 2; r++)
+            cr_assert_eq(l3d_infer_decode_batch(inf[r], seqs, tok, 2, lg[r]), L3D_OK, "%s",
+                         err(&f));
+        cr_assert(memcmp(lg[0], lg[1], sizeof(float) * 2 * V) == 0, "step %d logits differ", step);
+    }
+    free(lg[0]), free(lg[1]);
+    l3d_infer_destroy(inf[0]);
+    l3d_infer_destroy(inf[1]);
     teardown(&f);
 }

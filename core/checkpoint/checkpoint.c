@@ -85,15 +85,16 @@ l3d_status l3d_ckpt_write_arena(l3d_model_t *m, const float *a, const char *path
 
 // Reads a file set's tensors (m's names + suffix; this rank's shards only) into device arena
 // `a`, through a host staging copy on devices without host memory.
-static l3d_status read_set(l3d_model_t *m, const l3d_hf_set_t *set, float *a, const char *suffix) {
+static l3d_status read_set(l3d_model_t *m, const l3d_hf_set_t *set, void *a, l3d_dtype dt,
+                           const char *suffix) {
     l3d_ctx_t *ctx = m->ctx;
     int host = !l3d_dev_is_device_ptr(m->dev, a);
-    size_t bytes = m->n_params * sizeof(float);
-    float *h = host ? a : l3d_malloc(ctx, bytes, "staging");
+    size_t bytes = m->n_params * l3d_dtype_size(dt);
+    void *h = host ? a : l3d_malloc(ctx, bytes, "staging");
     l3d_status st = h ? L3D_OK : L3D_ERR_NOMEM;
     // The set's index was checked against the config (l3d_ckpt_check) before the model was
     // allocated; what is left to check is the values.
-    if (st >= 0) st = l3d_hf_set_read(m, set, suffix, h);
+    if (st >= 0) st = l3d_hf_set_read(m, set, suffix, h, dt);
     if (st >= 0 && !host) {
         st = l3d_dev_copy(m->dev, a, h, bytes, L3D_COPY_H2D);
         if (st >= 0) st = l3d_dev_sync(m->dev);
@@ -106,7 +107,7 @@ static l3d_status read_set(l3d_model_t *m, const l3d_hf_set_t *set, float *a, co
 l3d_status l3d_ckpt_read_file(l3d_model_t *m, float *a, const char *path, const char *suffix) {
     l3d_hf_set_t set;
     L3D_CHECK(m->ctx, l3d_hf_set_open_file(m->ctx, path, &set));
-    l3d_status st = read_set(m, &set, a, suffix);
+    l3d_status st = read_set(m, &set, a, L3D_FLOAT32, suffix);
     l3d_hf_set_close(&set);
     return st;
 }
@@ -182,6 +183,9 @@ l3d_status l3d_ckpt_check_same_arch(l3d_ctx_t *ctx, const char *origin,
 // Saves default to the dtype loaded and carry the source's tokenizer files.
 l3d_status l3d_ckpt_load_weights(l3d_model_t *m, const char *dir) {
     m->wp_fresh = 0;  // (params are about to change)
+    if (m->w16_only && l3d_ckpt_dist_is(dir))
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: a llama3d sharded checkpoint loads "
+                         "as float32, not into %s weights", dir, l3d_dtype_name(m->wt));
     if (l3d_ckpt_dist_is(dir)) {
         L3D_CHECK(m->ctx, l3d_ckpt_dist_read(m, dir, m->params, NULL, NULL));
         m->loaded.dtype = -1;  // float32, llama3d's own layout (l3d_model_weights_desc)
@@ -189,7 +193,8 @@ l3d_status l3d_ckpt_load_weights(l3d_model_t *m, const char *dir) {
     } else {
         l3d_hf_set_t set;
         L3D_CHECK(m->ctx, l3d_hf_set_open(m->ctx, dir, &set));
-        l3d_status st = read_set(m, &set, m->params, "");
+        l3d_status st = m->w16_only ? read_set(m, &set, m->wp, m->wt, "")
+                                    : read_set(m, &set, m->params, L3D_FLOAT32, "");
         m->loaded.dtype = set.mixed ? L3D_ST_F32 : set.dtype;
         m->loaded.mixed = set.mixed;
         m->loaded.files = set.n;
@@ -221,7 +226,7 @@ l3d_status l3d_model_load(l3d_model_t *m, const char *dir) {
     if (!m || !dir)
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_load: NULL %s",
                          !m ? "model" : "dir");
-    L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_model_load"));
+    L3D_CHECK(m->ctx, l3d_model_check_infer(m, "l3d_model_load"));
     char path[1200];  // a directory of up to 1100 bytes (tmp) and a file name
     l3d_model_config_t cfg;
     join(path, sizeof(path), dir, "config.json");
@@ -255,8 +260,21 @@ l3d_status l3d_model_open(l3d_ctx_t *ctx, l3d_device_t *dev, const char *dir,
     return L3D_OK;
 }
 
+// The dtype l3d_infer_open keeps weights in for `weights` < 0: bfloat16 for a checkpoint all in
+// BF16 (read as stored: exact, half the memory), else float32.
+static l3d_status infer_weights_auto(l3d_ctx_t *ctx, const char *dir, l3d_dtype *wt_p) {
+    *wt_p = L3D_FLOAT32;
+    if (l3d_ckpt_dist_is(dir)) return L3D_OK;
+    l3d_hf_set_t set;
+    L3D_CHECK(ctx, l3d_hf_set_open(ctx, dir, &set));
+    if (!set.mixed && set.dtype == L3D_ST_BF16) *wt_p = L3D_BFLOAT16;
+    l3d_hf_set_close(&set);
+    return L3D_OK;
+}
+
 l3d_status l3d_infer_open(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
-                          const char *dir, int n_seq, int capacity, l3d_infer_t **inf_p) {
+                          const char *dir, int n_seq, int capacity, int weights,
+                          l3d_infer_t **inf_p) {
     if (!ctx || !dev || !dir || !inf_p || tp < 1 || pp < 1)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_open: NULL argument or tp %d / "
                          "pp %d < 1", tp, pp);
@@ -266,8 +284,11 @@ l3d_status l3d_infer_open(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d
     L3D_CHECK(ctx, l3d_model_config_from_file(ctx, path, &cfg));
     // The files must hold what the config says before the config sizes an allocation.
     L3D_CHECK(ctx, l3d_ckpt_check(ctx, dir, &cfg, 0));
+    l3d_dtype wt = (l3d_dtype)weights;
+    if (weights < 0) L3D_CHECK(ctx, infer_weights_auto(ctx, dir, &wt));
     l3d_infer_t *inf;
-    L3D_CHECK(ctx, l3d_infer_create_seqs(ctx, world, tp, pp, dev, &cfg, n_seq, capacity, &inf));
+    L3D_CHECK(ctx, l3d_infer_create_seqs(ctx, world, tp, pp, dev, &cfg, n_seq, capacity, wt,
+                                         &inf));
     l3d_status st = l3d_model_load(l3d_infer_model(inf), dir);  // this rank's slices only
     if (st < 0) {
         l3d_infer_destroy(inf);

@@ -298,7 +298,8 @@ l3d_status l3d_ckpt_dist_read(l3d_model_t *m, const char *dir, float *params, fl
             st = parse_entry(ctx, path, m, e->name, &ti, &si, &R, &C);
             if (st < 0 || ti < 0 || !host[si]) continue;  // another part's tensor, or not asked
             size_t n = 0;
-            st = l3d_ckpt_place(ctx, path, e, &m->tensors[ti], R, C, host[si], &n, f);
+            st = l3d_ckpt_place(ctx, path, e, &m->tensors[ti], R, C, host[si], L3D_FLOAT32,
+                                    NULL, &n, f);
             cov[(size_t)si * nt + (size_t)ti] += n;
         }
         l3d_st_close(f);

@@ -9,6 +9,7 @@
 
 #include "core/checkpoint/checkpoint_check.h"
 #include "core/checkpoint/checkpoint_hf.h"
+#include "devices/device_math.h"
 #include "core/input.h"
 #include "platform/platform.h"
 
@@ -209,8 +210,8 @@ l3d_status l3d_hf_set_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const
 #define PLACE_DROP ((size_t)2 << 20)
 
 l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t *e,
-                          const l3d_param_t *p, long long R, long long C, float *dst, size_t *n,
-                          const l3d_st_file_t *f) {
+                          const l3d_param_t *p, long long R, long long C, void *dst, l3d_dtype dt,
+                          float *row_buf, size_t *n, const l3d_st_file_t *f) {
     // A 1-D tensor is one row; its tp shard is a column range.
     int64_t rows = p->ndim == 2 ? p->shape[0] : 1, cols = p->ndim == 2 ? p->shape[1] : p->shape[0];
     int64_t row0 = p->ndim == 2 ? p->r0 : 0, col0 = p->ndim == 2 ? p->c0 : p->r0;
@@ -236,7 +237,8 @@ l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_
             l3d_st_drop_range(f, dropped, (size_t)(src - dropped));
             dropped = src;
         }
-        float *d = dst + p->offset + (size_t)(y - row0) * (size_t)cols + (size_t)(x0 - col0);
+        size_t at = p->offset + (size_t)(y - row0) * (size_t)cols + (size_t)(x0 - col0);
+        float *d = dt == L3D_FLOAT32 ? (float *)dst + at : row_buf;  // 16-bit: through it
         l3d_st_to_f32(e->dtype, src, (size_t)(x1 - x0), d);
         size_t bad = l3d_ckpt_nonfinite(d, (size_t)(x1 - x0));
         if (bad < (size_t)(x1 - x0)) {
@@ -251,14 +253,27 @@ l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_
                              "diverged before it was saved", path, e->name,
                              l3d_ckpt_nonfinite_name(d[bad]), row * (long long)w + col, row, col);
         }
+        if (dt != L3D_FLOAT32) {  // rounded once (exact for a source of the same dtype)
+            uint16_t *o = (uint16_t *)dst + at;
+            for (int64_t i = 0; i < x1 - x0; i++)
+                o[i] = dt == L3D_BFLOAT16 ? l3d_f32_to_bf16(d[i]) : l3d_f32_to_f16(d[i]);
+        }
         *n += (size_t)(x1 - x0);
     }
     return L3D_OK;
 }
 
 l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *suffix,
-                           float *dst) {
+                           void *dst, l3d_dtype dt) {
     l3d_ctx_t *ctx = m->ctx;
+    // 16-bit: each row converts through a float32 row (checked for non-finite values there).
+    size_t row_n = 0;
+    for (int j = 0; dt != L3D_FLOAT32 && j < m->n_tensors; j++) {
+        const l3d_param_t *p = &m->tensors[j];
+        row_n = L3D_MAX(row_n, (size_t)(p->ndim == 2 ? p->shape[1] : p->shape[0]));
+    }
+    float *row = row_n ? l3d_malloc(ctx, row_n * sizeof(float), "staging") : NULL;
+    if (row_n && !row) return L3D_ERR_NOMEM;
     // Progress in bytes of the tensors this rank reads from (its shards' full tensors).
     uint64_t total = 0, done = 0;
     char name[96];
@@ -281,7 +296,7 @@ l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *
             break;
         }
         size_t n = 0;
-        st = l3d_ckpt_place(ctx, path, e, p, 0, 0, dst, &n, set->files[file]);
+        st = l3d_ckpt_place(ctx, path, e, p, 0, 0, dst, dt, row, &n, set->files[file]);
         if (st >= 0 && (n != p->numel || (e->ndim == 2 && e->shape[0] * e->shape[1] !=
                                                               p->full[0] * p->full[1])))
             st = l3d_error(ctx, L3D_ERR_FORMAT, "%s: tensor '%s' does not have the shape of %s",
@@ -294,6 +309,7 @@ l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *
     }
     if (st >= 0) pr.done = total;
     l3d_progress_end(&pr);
+    l3d_free(ctx, row, row_n * sizeof(float), "staging");
     return st;
 }
 

@@ -53,19 +53,21 @@ l3d_status l3d_hf_set_check(l3d_ctx_t *ctx, const l3d_model_config_t *cfg, const
                             const l3d_hf_set_t *set, const char *suffix);
 
 // Fills host arena `dst` (m's layout: this rank's shards of this stage's tensors) from the set's
-// tensors named m's names + suffix, converting to float32. Non-finite values are
-// L3D_ERR_FORMAT naming file, tensor, row and column. Shows progress on a terminal.
+// tensors named m's names + suffix, converting to dtype dt (float32, or bfloat16 / float16 for
+// a 16-bit-only model, rounded once). Non-finite values are L3D_ERR_FORMAT naming file,
+// tensor, row and column. Shows progress on a terminal.
 l3d_status l3d_hf_set_read(l3d_model_t *m, const l3d_hf_set_t *set, const char *suffix,
-                           float *dst);
+                           void *dst, l3d_dtype dt);
 
 // Copies the overlap of saved rectangle `e` (full-tensor rows [R, R+h), columns [C, C+w), any
-// float dtype) with tensor p's local shard into arena `dst` as float32; *n gets the elements
-// copied. A rectangle that does not fit p is L3D_ERR_FORMAT naming `path`. With `f` (the
+// float dtype) with tensor p's local shard into arena `dst` of dtype dt; *n gets the elements
+// copied. A 16-bit dt converts each row through `row_buf` (floats for p's widest row; NULL for
+// float32). A rectangle that does not fit p is L3D_ERR_FORMAT naming `path`. With `f` (the
 // mapped file holding e; may be NULL) the converted source rows are dropped from memory as it
 // goes (l3d_st_drop_range).
 l3d_status l3d_ckpt_place(l3d_ctx_t *ctx, const char *path, const l3d_st_tensor_t *e,
-                          const l3d_param_t *p, long long R, long long C, float *dst, size_t *n,
-                          const l3d_st_file_t *f);
+                          const l3d_param_t *p, long long R, long long C, void *dst, l3d_dtype dt,
+                          float *row_buf, size_t *n, const l3d_st_file_t *f);
 
 // Writes m's whole-model arena `host` (host memory, single-rank layout) into dir as transformers
 // does: model.safetensors, or when the weights exceed max_shard_bytes (> 0) shards

@@ -29,12 +29,13 @@ static l3d_status comm_error(l3d_infer_t *g, l3d_comm_t *c, l3d_status st, const
 
 l3d_status l3d_infer_create(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp, l3d_device_t *dev,
                             const l3d_model_config_t *config, int capacity, l3d_infer_t **inf_p) {
-    return l3d_infer_create_seqs(ctx, world, tp, pp, dev, config, 1, capacity, inf_p);
+    return l3d_infer_create_seqs(ctx, world, tp, pp, dev, config, 1, capacity, L3D_FLOAT32,
+                                 inf_p);
 }
 
 l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp,
                                  l3d_device_t *dev, const l3d_model_config_t *config, int n_seq,
-                                 int capacity, l3d_infer_t **inf_p) {
+                                 int capacity, l3d_dtype weights, l3d_infer_t **inf_p) {
     if (!ctx || !dev || !config || !inf_p || tp < 1 || pp < 1 || n_seq < 1)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_infer_create: NULL argument or tp %d / "
                          "pp %d < 1", tp, pp);
@@ -51,8 +52,12 @@ l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int 
     L3D_CHECK_GOTO(ctx, l3d_mesh_create(ctx, world, 1, tp, pp, NULL, &g->mesh), st, err);
     L3D_CHECK_GOTO(ctx, l3d_mesh_set_device(g->mesh, dev), st, err);
     g->stage = g->mesh->coord[L3D_MESH_PP];
-    L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP], pp, 1,
-                                              g->stage, NULL, &g->m), st, err);
+    if (weights == L3D_FLOAT32)
+        L3D_CHECK_GOTO(ctx, l3d_model_create_part(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP], pp,
+                                                  1, g->stage, NULL, &g->m), st, err);
+    else
+        L3D_CHECK_GOTO(ctx, l3d_model_create_part_w16(ctx, dev, &cfg, g->mesh->group[L3D_MESH_TP],
+                                                      pp, g->stage, weights, &g->m), st, err);
     L3D_CHECK_GOTO(ctx, l3d_kv_cache_create_seqs(g->m, n_seq, capacity, &g->c), st, err);
     g->n_seq = n_seq;
     g->rows = l3d_malloc(ctx, (size_t)n_seq * (size_t)cfg.vocab_size * sizeof(float), "acts");

@@ -34,9 +34,11 @@ l3d_status l3d_infer_decode(l3d_infer_t *inf, const int32_t *tokens, int n, floa
 // appends tokens[i] to seqs[i] (distinct) and writes row i of logits (n, vocab_size) on every
 // rank, as l3d_model_decode_batch does on one; truncate keeps a sequence's first `keep`
 // positions. Each is collective over the world, with the same arguments on every rank.
+// `weights`: float32, or bfloat16 / float16 for a model holding only 16-bit weights (half the
+// memory; inference reads them as stored, computing in float32).
 l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp,
                                  l3d_device_t *dev, const l3d_model_config_t *cfg, int n_seq,
-                                 int capacity, l3d_infer_t **inf_p);
+                                 int capacity, l3d_dtype weights, l3d_infer_t **inf_p);
 l3d_status l3d_infer_decode_seq(l3d_infer_t *inf, int seq, const int32_t *tokens, int n,
                                 float *logits);
 l3d_status l3d_infer_decode_batch(l3d_infer_t *inf, const int *seqs, const int32_t *tokens,

@@ -11,39 +11,48 @@
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int mode, int pp, int v, int stage,
-                               const int *lps, l3d_model_t **model_p);
+                               const int *lps, l3d_dtype w16, l3d_model_t **model_p);
 
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 1, 1, 1, 0, NULL, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, 1, 1, 0, NULL, L3D_FLOAT32, model_p);
 }
 
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                  l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                  l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 1, pp, v, stage, lps, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 1, pp, v, stage, lps, L3D_FLOAT32, model_p);
+}
+
+l3d_status l3d_model_create_part_w16(l3d_ctx_t *ctx, l3d_device_t *dev,
+                                     const l3d_model_config_t *cfg, l3d_comm_t *tp_comm, int pp,
+                                     int stage, l3d_dtype wt, l3d_model_t **model_p) {
+    if (wt != L3D_BFLOAT16 && wt != L3D_FLOAT16)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "16-bit weights: dtype %s is not bfloat16 or "
+                         "float16", l3d_dtype_name(wt));
+    return model_create(ctx, dev, cfg, tp_comm, 1, pp, 1, stage, NULL, wt, model_p);
 }
 
 l3d_status l3d_model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                             l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, NULL, 1, 1, 1, 0, NULL, model_p);
+    return model_create(ctx, dev, cfg, NULL, 1, 1, 1, 0, NULL, L3D_FLOAT32, model_p);
 }
 
 l3d_status l3d_model_create_2d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 2, pp, v, stage, lps, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 2, pp, v, stage, lps, L3D_FLOAT32, model_p);
 }
 
 l3d_status l3d_model_create_3d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int pp, int v, int stage, const int *lps,
                                l3d_model_t **model_p) {
-    return model_create(ctx, dev, cfg, tp_comm, 3, pp, v, stage, lps, model_p);
+    return model_create(ctx, dev, cfg, tp_comm, 3, pp, v, stage, lps, L3D_FLOAT32, model_p);
 }
 
 static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                l3d_comm_t *tp_comm, int mode, int pp, int v, int stage,
-                               const int *lps, l3d_model_t **model_p) {
+                               const int *lps, l3d_dtype w16, l3d_model_t **model_p) {
     if (!ctx || !dev || !cfg || !model_p)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "creating a model: NULL %s",
                          !ctx ? "ctx" : !dev ? "device (make one with l3d_device_create)"
@@ -116,20 +125,27 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
                        "%zu-float parameter arena", m->n_params);
         goto err_free;
     }
+    size_t wbytes = m->n_params * (w16 == L3D_FLOAT32 ? sizeof(float) : l3d_dtype_size(w16));
     if (l3d_dev_is_host(dev)) {
         char what[96];
         snprintf(what, sizeof(what), "the model's weights (%zu parameters)", m->n_params);
-        L3D_CHECK_GOTO(ctx, l3d_mem_check(ctx, (uint64_t)m->n_params * sizeof(float), what), st,
-                       err_free);
+        L3D_CHECK_GOTO(ctx, l3d_mem_check(ctx, (uint64_t)wbytes, what), st, err_free);
     }
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, m->n_params * sizeof(float), "params", (void **)&m->params),
-                   st, err_free);
-    L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, m->n_params * sizeof(float)), st,
-                   err_free_params);
+    if (w16 != L3D_FLOAT32) {  // 16-bit weights only (l3d_model_create_part_w16)
+        m->wt = w16;
+        m->w16_only = 1;
+        L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, wbytes, "params", &m->wp), st, err_free);
+        L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->wp, 0, wbytes), st, err_free_params);
+        *model_p = m;
+        return L3D_OK;
+    }
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, wbytes, "params", (void **)&m->params), st, err_free);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, wbytes), st, err_free_params);
     *model_p = m;
     return L3D_OK;
 err_free_params:
-    l3d_dev_free(dev, m->params, m->n_params * sizeof(float), "params");
+    if (m->w16_only) l3d_dev_free(dev, m->wp, wbytes, "params");
+    else l3d_dev_free(dev, m->params, wbytes, "params");
 err_free:
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_tp2d_destroy(m->tp.g);
@@ -164,6 +180,7 @@ l3d_status l3d_model_set_weight_dtype(l3d_model_t *m, l3d_dtype wt, int with_cop
     if (wt != L3D_FLOAT32 && wt != L3D_BFLOAT16 && wt != L3D_FLOAT16)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "l3d_model_set_weight_dtype: dtype %d is "
                          "not float32, bfloat16 or float16", (int)wt);
+    if (m->w16_only) return l3d_model_check_params(m, "l3d_model_set_weight_dtype");
     if (m->wp) l3d_dev_free(m->dev, m->wp, m->n_params * l3d_dtype_size(m->wt), "params");
     m->wp = NULL;
     m->wp_fresh = 0;
@@ -213,8 +230,16 @@ static float normal_at(uint64_t key, uint64_t i) {
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
+l3d_status l3d_model_check_infer(const l3d_model_t *m, const char *what) {
+    return m->w16_only ? L3D_OK : l3d_model_check_params(m, what);
+}
+
 l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what) {
     if (m->params) return L3D_OK;
+    if (m->w16_only)
+        return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model holds only its %s weights "
+                         "(opened for inference), not the float32 master", what,
+                         l3d_dtype_name(m->wt));
     return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model's parameters are partitioned "
                      "over data-parallel ranks (ZeRO-3, or ZeRO-1/2's float32 master under "
                      "16-bit weights); save them with l3d_trainer_save", what);

@@ -73,7 +73,7 @@ l3d_status l3d_kv_cache_create_seqs(l3d_model_t *m, int n_seq, int capacity,
     if (!m || !cache_p)
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_kv_cache_create: NULL %s",
                          !m ? "model" : "cache_p");
-    L3D_CHECK(m->ctx, l3d_model_check_params(m, "l3d_kv_cache_create"));
+    L3D_CHECK(m->ctx, l3d_model_check_infer(m, "l3d_kv_cache_create"));
     l3d_ctx_t *ctx = m->ctx;
     if (n_seq < 1 || n_seq > L3D_KV_MAX_SEQS)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "kv cache: %d sequences, must be in [1, %d]",
@@ -133,7 +133,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
     l3d_model_t *m = c->m;
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    const float *W = m->params;
+    const l3d_dtype wt = l3d_model_infer_wt(m);
     int C = m->C, V = m->V, KD = m->KVH * m->D, pos0 = c->lens[c->cur];
     size_t seq_off = (size_t)c->cur * (size_t)m->L * (size_t)c->cap * (size_t)KD;
     if (m->has_embed) {
@@ -145,8 +145,8 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)n * sizeof(int32_t),
                                     L3D_COPY_H2D));
         // (vocab-parallel under tp: each rank looks up its rows, an all-reduce sums them)
-        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, n,
-                                            L3D_FLOAT32, L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, l3d_model_infer_w(m, m->embed), c->tok, n,
+                                            L3D_FLOAT32, wt));
     } else {  // a later pipeline stage: the previous stage's output rows
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->xa, x_prev, (size_t)n * C * sizeof(float),
                                     L3D_COPY_D2D));
@@ -158,8 +158,8 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
         la.k = c->k + seq_off + (size_t)l * c->cap * KD;
         la.v = c->v + seq_off + (size_t)l * c->cap * KD;
         la.lse = NULL;
-        L3D_CHECK(ctx, l3d_layer_forward(m, l, m->params + m->layer[l].ln1, &la, y, c->sw, 1, n,
-                                         pos0, pos0 + n, 0, L3D_FLOAT32, L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_layer_forward(m, l, l3d_model_infer_w(m, m->layer[l].ln1), &la, y,
+                                         c->sw, 1, n, pos0, pos0 + n, 0, L3D_FLOAT32, wt));
         float *t = x;
         x = y;
         y = t;
@@ -174,11 +174,12 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
     // tp this rank's vocabulary slice (V columns).
     for (int r0 = first_row; r0 < n; r0 += c->logit_rows) {
         int rows = L3D_MIN(c->logit_rows, n - r0);
-        L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)r0 * C, W + m->norm,
-                                           rows, C, m->cfg.rms_norm_eps, L3D_FLOAT32, L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)r0 * C,
+                                           l3d_model_infer_w(m, m->norm), rows, C,
+                                           m->cfg.rms_norm_eps, L3D_FLOAT32, wt));
         l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
-                        .beta = 0.0f, .A = c->lnf, .lda = C, .B = W + m->head, .ldb = C,
-                        .C = c->logits, .ldc = V};
+                        .beta = 0.0f, .A = c->lnf, .lda = C, .B = l3d_model_infer_w(m, m->head),
+                        .ldb = C, .C = c->logits, .ldc = V, .b_type = wt};
         L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
         float *o = out + (size_t)(r0 - first_row) * ldo;
         if (ldo == (size_t)V)
@@ -201,7 +202,7 @@ int l3d_kv_cache_capacity(const l3d_kv_cache_t *c) { return c->cap; }
 // The public single-model entry points serve a whole model; a tensor- or pipeline-parallel
 // part is served by core/model/infer_parallel.c.
 static l3d_status whole_model(l3d_model_t *m, const char *what) {
-    L3D_CHECK(m->ctx, l3d_model_check_params(m, what));
+    L3D_CHECK(m->ctx, l3d_model_check_infer(m, what));
     if (m->tp.size > 1 || m->pp_size > 1)
         return l3d_error(m->ctx, L3D_ERR_INVALID_ARG, "%s: the model is one part of a tensor- "
                          "or pipeline-parallel layout (tp %d, pp %d); decode it with "
@@ -271,7 +272,7 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
     l3d_model_t *m = c->m;
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    const float *W = m->params;
+    const l3d_dtype wt = l3d_model_infer_wt(m);
     const l3d_layer_params_t *lp = &m->layer[l];
     l3d_layer_acts_t *a = &c->la;
     int C = m->C, F = m->F, HD = m->H * m->D, KD = m->KVH * m->D;
@@ -281,12 +282,12 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
                                                    .N = (n_), .K = (k_), .alpha = 1.0f,        \
                                                    .beta = (beta_), .A = (in_), .lda = (k_),   \
                                                    .B = (w_), .ldb = (k_), .C = (out_),        \
-                                                   .ldc = (ldo_)}))
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, x, W + lp->ln1, n, C, eps,
-                                       L3D_FLOAT32, L3D_FLOAT32));
-    GEMM(a->q, HD, a->ln1, W + lp->wq, C, HD, 0.0f);
-    GEMM(c->kt, KD, a->ln1, W + lp->wk, C, KD, 0.0f);
-    GEMM(c->vt, KD, a->ln1, W + lp->wv, C, KD, 0.0f);
+                                                   .ldc = (ldo_), .b_type = wt}))
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, x, l3d_model_infer_w(m, lp->ln1), n,
+                                       C, eps, L3D_FLOAT32, wt));
+    GEMM(a->q, HD, a->ln1, l3d_model_infer_w(m, lp->wq), C, HD, 0.0f);
+    GEMM(c->kt, KD, a->ln1, l3d_model_infer_w(m, lp->wk), C, KD, 0.0f);
+    GEMM(c->vt, KD, a->ln1, l3d_model_infer_w(m, lp->wv), C, KD, 0.0f);
     for (int i = 0; i < n; i++) {
         int s = seqs[i], pos = c->lens[s];
         size_t base = ((size_t)s * (size_t)m->L + (size_t)l) * (size_t)c->cap * (size_t)KD;
@@ -300,21 +301,21 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
         L3D_CHECK(ctx, l3d_dev_copy(dev, vc + (size_t)pos * KD, c->vt + (size_t)i * KD,
                                     (size_t)KD * sizeof(float), L3D_COPY_D2D));
         l3d_attn_dims_t dims = {1, 1, pos + 1, m->H, m->KVH, m->D, 0};
-        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, (float *)a->att + (size_t)i * HD, NULL, q, kc, vc, &dims,
-                                             L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, (float *)a->att + (size_t)i * HD, NULL, q, kc, vc,
+                                             &dims, L3D_FLOAT32));
     }
     // h = x + att Wo^T, x_out = h + swiglu(ln2 Wg^T, ln2 Wu^T) Wd^T (row-parallel under tp:
     // rank 0 adds the residual, the all-reduce completes the sums).
     L3D_CHECK(ctx, l3d_tp_residual_init(m, a->h, x, (size_t)n * C, L3D_FLOAT32));
-    GEMM(a->h, C, a->att, W + lp->wo, HD, C, 1.0f);
+    GEMM(a->h, C, a->att, l3d_model_infer_w(m, lp->wo), HD, C, 1.0f);
     L3D_CHECK(ctx, l3d_tp_allreduce(m, a->h, (size_t)n * C, L3D_FLOAT32));
-    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, W + lp->ln2, n, C, eps,
-                                       L3D_FLOAT32, L3D_FLOAT32));
-    GEMM(a->gate, F, a->ln2, W + lp->wg, C, F, 0.0f);
-    GEMM(a->up, F, a->ln2, W + lp->wu, C, F, 0.0f);
+    L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln2, a->rstd2, a->h, l3d_model_infer_w(m, lp->ln2),
+                                       n, C, eps, L3D_FLOAT32, wt));
+    GEMM(a->gate, F, a->ln2, l3d_model_infer_w(m, lp->wg), C, F, 0.0f);
+    GEMM(a->up, F, a->ln2, l3d_model_infer_w(m, lp->wu), C, F, 0.0f);
     L3D_CHECK(ctx, l3d_dev_swiglu_fwd(dev, c->sw, a->gate, a->up, (size_t)n * F, L3D_FLOAT32));
     L3D_CHECK(ctx, l3d_tp_residual_init(m, y, a->h, (size_t)n * C, L3D_FLOAT32));
-    GEMM(y, C, c->sw, W + lp->wd, F, C, 1.0f);
+    GEMM(y, C, c->sw, l3d_model_infer_w(m, lp->wd), F, C, 1.0f);
 #undef GEMM
     return l3d_tp_allreduce(m, y, (size_t)n * C, L3D_FLOAT32);
 }
@@ -366,8 +367,8 @@ l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *
     if (m->has_embed) {
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)k * sizeof(int32_t),
                                     L3D_COPY_H2D));
-        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, m->params + m->embed, c->tok, k,
-                                            L3D_FLOAT32, L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, c->xa, l3d_model_infer_w(m, m->embed), c->tok, k,
+                                            L3D_FLOAT32, l3d_model_infer_wt(m)));
     } else {  // a later pipeline stage: the previous stage's output rows
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->xa, x_prev, (size_t)k * C * sizeof(float),
                                     L3D_COPY_D2D));
@@ -386,11 +387,13 @@ l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *
         for (int h0 = 0; h0 < k; h0 += c->logit_rows) {
             int rows = L3D_MIN(c->logit_rows, k - h0);
             L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)h0 * C,
-                                               m->params + m->norm, rows, C, m->cfg.rms_norm_eps,
-                                               L3D_FLOAT32, L3D_FLOAT32));
+                                               l3d_model_infer_w(m, m->norm), rows, C,
+                                               m->cfg.rms_norm_eps, L3D_FLOAT32,
+                                               l3d_model_infer_wt(m)));
             l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
-                            .beta = 0.0f, .A = c->lnf, .lda = C, .B = m->params + m->head,
-                            .ldb = C, .C = c->logits, .ldc = V};
+                            .beta = 0.0f, .A = c->lnf, .lda = C,
+                            .B = l3d_model_infer_w(m, m->head), .ldb = C, .C = c->logits,
+                            .ldc = V, .b_type = l3d_model_infer_wt(m)};
             L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
             for (int r = 0; r < rows; r++)
                 L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(h0 + r) * ldo,

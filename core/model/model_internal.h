@@ -248,6 +248,10 @@ struct l3d_model {
     // entry's param16) and nothing has written params since, so l3d_model_refresh_weights has
     // nothing to do. Every other writer of params clears it (init, load, resume).
     int wp_fresh;
+    // An inference model whose only weights are wp, in the 16-bit wt its checkpoint holds
+    // (l3d_model_create_part_w16): no float32 arena (params NULL), half the memory; what
+    // inference reads (l3d_model_infer_w). Training, saving and initialising refuse it.
+    int w16_only;
     // The dtype weight gradients are written and accumulated in (l3d_model_set_grad_dtype):
     // float32 (the default), or wt under a 16-bit data_types.grad_accum_dtype. Every op adds
     // in float32 and rounds once into a 16-bit gradient (the device contract), so one
@@ -340,6 +344,11 @@ size_t l3d_model_arena_floats_part(const l3d_model_config_t *cfg, int tp, int ra
 l3d_status l3d_model_create_part(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
                                  l3d_comm_t *tp_comm, int pp, int v, int stage,
                                  const int *layers_per_stage, l3d_model_t **model_p);
+// The same with only 16-bit weights (wt bfloat16 or float16; float32 is l3d_model_create_part):
+// an inference model that never holds the float32 arena (w16_only above).
+l3d_status l3d_model_create_part_w16(l3d_ctx_t *ctx, l3d_device_t *dev,
+                                     const l3d_model_config_t *cfg, l3d_comm_t *tp_comm, int pp,
+                                     int stage, l3d_dtype wt, l3d_model_t **model_p);
 // A model holding tp rank tp_rank's shard; tp_comm is the tp group (size tp). Collective over
 // tp_comm (it splits off the key/value replica group when KVH < tp).
 l3d_status l3d_model_create_tp(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_model_config_t *cfg,
@@ -456,10 +465,22 @@ l3d_status l3d_model_set_grad_dtype(l3d_model_t *m, l3d_dtype gt);
 static inline const void *l3d_model_pass_params(const l3d_model_t *m) {
     return m->wt == L3D_FLOAT32 ? (const void *)m->params : m->wp;
 }
+// What inference reads (core/model/model_infer.c): the float32 master (a training model's wp
+// may be stale or absent between steps), or a 16-bit-only model's weights; the tensor at
+// element offset `off`, and the dtype.
+static inline l3d_dtype l3d_model_infer_wt(const l3d_model_t *m) {
+    return m->w16_only ? m->wt : L3D_FLOAT32;
+}
+static inline const void *l3d_model_infer_w(const l3d_model_t *m, size_t off) {
+    if (!m->w16_only) return m->params + off;
+    return (const char *)m->wp + off * l3d_dtype_size(m->wt);
+}
 
 // L3D_ERR_INVALID_ARG naming `what` when m's parameters are not in m->params: a ZeRO-3 trainer
 // keeps 1/dp of them (core/train/trainer_zero3.c) and saves through l3d_trainer_save.
 l3d_status l3d_model_check_params(const l3d_model_t *m, const char *what);
+// The same for what inference reads (l3d_model_infer_w): a 16-bit-only model passes too.
+l3d_status l3d_model_check_infer(const l3d_model_t *m, const char *what);
 
 // Fills m->tensors/m->layer/offsets for the dims set by l3d_model_set_dims_tp (m->tensors NULL:
 // only counts m->n_params). n_tensors restarts at 0.
