@@ -13,9 +13,11 @@
 # What runs:
 # 1. `l3d train --model CONFIG --steps 0 --save CK` writes random F32 weights of a Llama 3
 #    shape (default: 58.7M parameters, hidden 384, 6 layers, 6 heads / 2 kv heads of 64,
-#    intermediate 1024, vocabulary 128256, tied; GVL_MODEL=FILE.json gives another).
-# 2. bench/gguf_from_hf.py writes CK as GGUF F32 with the checkout's gguf-py (/usr/bin/python3
-#    and numpy; the q/k rows permuted as llama.cpp's converter does).
+#    intermediate 1024, vocabulary 128256, tied; GVL_MODEL=FILE.json gives another);
+#    GVL_DTYPE=bf16 writes them in BF16 (l3d keeps them in bfloat16, --dtype auto).
+# 2. bench/gguf_from_hf.py writes CK as GGUF F32 (BF16 matrices under GVL_DTYPE=bf16) with the
+#    checkout's gguf-py (/usr/bin/python3 and numpy; the q/k rows permuted as llama.cpp's
+#    converter does).
 # 3. For each thread count in GVL_THREADS (default "1 2"):
 #    REPS rounds (GVL_REPS, default 5), each running the two tools in turn:
 #    - llama-bench -p PROMPT -n GEN -t N -r 1 -o json: its pp and tg figures (it warms up first);
@@ -62,7 +64,7 @@ L3D=$(cd "$(dirname "$BUILD/l3d")" && pwd)/l3d
 
 # 1. the weights (bench/llamacpp_weights.sh)
 . "$HERE/llamacpp_weights.sh"
-llamacpp_weights generate_vs_llamacpp "${GVL_MODEL:-}" "$tmp"
+WEIGHTS_DTYPE=${GVL_DTYPE:-f32} llamacpp_weights generate_vs_llamacpp "${GVL_MODEL:-}" "$tmp"
 
 # A prompt of PROMPT tokens for the byte tokenizer: BOS + PROMPT-1 printable bytes.
 prompt=$("$PY" -c 'import sys; s = "The quick brown fox jumps over the lazy dog. " * 100; print(s[:int(sys.argv[1]) - 1], end="")' "$PROMPT")

@@ -123,6 +123,8 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--gguf-py", required=True, help="the gguf-py folder of a llama.cpp checkout")
     ap.add_argument("--tokenizer-json", help="a Llama 3 tokenizer.json to write as the vocabulary")
+    ap.add_argument("--outtype", choices=["f32", "bf16"], default="f32",
+                    help="the matrices' dtype (convert_hf_to_gguf.py's --outtype; norms stay F32)")
     a = ap.parse_args()
     sys.path.insert(0, a.gguf_py)
     # gguf-py's vocab module imports sentencepiece at load time; the weights need none of it
@@ -158,13 +160,24 @@ def main():
     w.add_rope_freq_base(float(cfg.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(float(cfg.get("rms_norm_eps", 1e-5)))
     w.add_vocab_size(V)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    bf16 = a.outtype == "bf16"
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16 if bf16 else gguf.LlamaFileType.ALL_F32)
+
+    def add_matrix(name, t):  # rounded to nearest even, as convert_hf_to_gguf.py does
+        t = np.ascontiguousarray(t, dtype=np.float32)
+        if not bf16:
+            w.add_tensor(name, t)
+            return
+        u = t.view(np.uint32)
+        h = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+        w.add_tensor(name, h, raw_shape=t.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+
     if a.tokenizer_json:
         add_llama3_vocab(w, gguf, a.tokenizer_json, V, cfg)
     else:
         w.add_tokenizer_model("no_vocab")
 
-    w.add_tensor("token_embd.weight", T["model.embed_tokens.weight"])
+    add_matrix("token_embd.weight", T["model.embed_tokens.weight"])
     rf = rope_factors(cfg, D)
     if rf is not None:
         w.add_tensor("rope_freqs.weight", rf)
@@ -179,15 +192,18 @@ def main():
                 t = permute(t, H)
             elif gg == "attn_k":
                 t = permute(t, KVH)
-            w.add_tensor("blk.%d.%s.weight" % (l, gg), np.ascontiguousarray(t))
+            if t.ndim == 2:
+                add_matrix("blk.%d.%s.weight" % (l, gg), t)
+            else:
+                w.add_tensor("blk.%d.%s.weight" % (l, gg), np.ascontiguousarray(t))
     w.add_tensor("output_norm.weight", T["model.norm.weight"])
     if not cfg.get("tie_word_embeddings", False) and "lm_head.weight" in T:
-        w.add_tensor("output.weight", T["lm_head.weight"])
+        add_matrix("output.weight", T["lm_head.weight"])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    print("gguf_from_hf: wrote %s (%d layers, vocabulary %d, F32)" % (a.out, L, V))
+    print("gguf_from_hf: wrote %s (%d layers, vocabulary %d, %s)" % (a.out, L, V, a.outtype.upper()))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 # Shared by bench/*_vs_llamacpp.sh (sourced): the weights both sides read.
 # llamacpp_weights NAME CFG OUT [--tokenizer-json F]: `l3d train --steps 0 --save OUT/ck` writes
-# random F32 weights of config CFG (empty: a 58.7M-parameter Llama 3 shape, vocabulary 128256,
-# hidden 384, 6 layers, tied), then bench/gguf_from_hf.py writes OUT/model.gguf with the
-# llama.cpp checkout's gguf-py (and the vocabulary of tokenizer.json F when given).
+# random weights of config CFG (empty: a 58.7M-parameter Llama 3 shape, vocabulary 128256,
+# hidden 384, 6 layers, tied) in WEIGHTS_DTYPE (f32, the default, or bf16: the checkpoint in
+# BF16, the GGUF's matrices in BF16 and its norms in F32, as convert_hf_to_gguf.py --outtype
+# bf16 writes), then bench/gguf_from_hf.py writes OUT/model.gguf with the llama.cpp checkout's
+# gguf-py (and the vocabulary of tokenizer.json F when given).
 # Needs L3D, LLAMA, PY, HERE and die().
 llamacpp_weights() {
   local name=$1 cfg=$2 out=$3
@@ -17,11 +19,15 @@ llamacpp_weights() {
  "bos_token_id": 128000, "eos_token_id": 128001, "initializer_range": 0.02, "torch_dtype": "float32"}
 JSON
   fi
-  echo "$name: writing the weights ($cfg)" >&2
-  "$L3D" train --model "$cfg" --steps 0 --save "$out/ck" >"$out/train.log" 2>&1 ||
+  local dt=${WEIGHTS_DTYPE:-f32}
+  case $dt in f32) printf '{}' ;; bf16) printf '{"train": {"save_dtype": "bfloat16"}}' ;;
+    *) die "WEIGHTS_DTYPE: '$dt' is not f32 or bf16" ;; esac >"$out/save.json"
+  echo "$name: writing the weights ($cfg, $dt)" >&2
+  "$L3D" train --config "$out/save.json" --model "$cfg" --steps 0 --save "$out/ck" >"$out/train.log" 2>&1 ||
     { tail -3 "$out/train.log" >&2; die "l3d train --steps 0 --save failed"; }
-  rm -f "$out"/ck/optimizer*.safetensors  # serving and generation read the weights only
-  echo "$name: converting to GGUF F32 with $LLAMA/gguf-py" >&2
-  "$PY" "$HERE/gguf_from_hf.py" "$out/ck" "$out/model.gguf" --gguf-py "$LLAMA/gguf-py" "$@" >&2 ||
+  rm -f "$out"/ck/optimizer*.safetensors "$out"/ck/master.safetensors  # the weights only
+  echo "$name: converting to GGUF ${dt^^} with $LLAMA/gguf-py" >&2
+  "$PY" "$HERE/gguf_from_hf.py" "$out/ck" "$out/model.gguf" --gguf-py "$LLAMA/gguf-py" \
+    --outtype "$dt" "$@" >&2 ||
     die "the GGUF conversion failed"
 }

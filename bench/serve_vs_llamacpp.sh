@@ -15,8 +15,9 @@
 # What runs:
 # 1. `l3d train --model CONFIG --steps 0 --save CK` writes random F32 weights of a Llama 3
 #    shape (as bench/generate_vs_llamacpp.sh: 58.7M parameters, vocabulary 128256, tied;
-#    SVL_MODEL=FILE.json gives another), Meta's tokenizer.json is put beside them, and
-#    bench/gguf_from_hf.py writes the GGUF with that vocabulary for llama-server.
+#    SVL_MODEL=FILE.json gives another; SVL_DTYPE=bf16 in BF16, kept so by l3d serve), Meta's
+#    tokenizer.json is put beside them, and bench/gguf_from_hf.py writes the GGUF (BF16
+#    matrices under SVL_DTYPE=bf16) with that vocabulary for llama-server.
 # 2. For each thread count in SVL_THREADS (default "2"): each server in turn, started alone
 #    with SVL_SLOTS (16) slots of SVL_CTX (512) tokens each (llama-server: --parallel 16 and -c
 #    16 x 512, since it splits -c among its slots), warmed up by one request, then for 1, 4 and
@@ -65,7 +66,8 @@ L3D=$(cd "$(dirname "$BUILD/l3d")" && pwd)/l3d
 
 # 1. the weights, the tokenizer beside them, the GGUF with its vocabulary
 . "$HERE/llamacpp_weights.sh"
-llamacpp_weights serve_vs_llamacpp "${SVL_MODEL:-}" "$tmp" --tokenizer-json "$TOKJ/tokenizer.json"
+WEIGHTS_DTYPE=${SVL_DTYPE:-f32} llamacpp_weights serve_vs_llamacpp "${SVL_MODEL:-}" "$tmp" \
+  --tokenizer-json "$TOKJ/tokenizer.json"
 cp "$TOKJ/tokenizer.json" "$TOKJ/tokenizer_config.json" "$tmp/ck/"
 # The prompt: PROMPT ids of ordinary text (BOS first), the same ids to both servers.
 "$PY" - "$PROMPT" >"$tmp/prompt.json" <<'EOF'
