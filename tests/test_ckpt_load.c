@@ -556,6 +556,50 @@ Test(ckpt_load, peak_is_the_weights_plus_a_small_window) {
     teardown(&f);
 }
 
+// Opened for inference in bfloat16, a BF16 checkpoint's peak is its 2-byte weights plus the
+// same small window: never a float32 arena, not even for a moment.
+Test(ckpt_load, bf16_peak_is_the_16bit_weights_plus_a_small_window) {
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("AddressSanitizer's shadow memory is part of the resident size");
+#endif
+    fixture_t f;
+    setup(&f);
+    l3d_model_config_t c = small_config();
+    c.vocab_size = 65536, c.hidden_size = 256, c.num_attention_heads = 4, c.head_dim = 64;
+    c.num_key_value_heads = 2, c.intermediate_size = 256, c.num_hidden_layers = 1;
+    c.tie_word_embeddings = 1;  // one 32 MiB bfloat16 embedding
+    l3d_model_t *big = NULL;
+    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &c, &big), L3D_OK, "%s", err(&f));
+    cr_assert_eq(l3d_model_init_weights(big, 3), L3D_OK);
+    size_t params = big->n_params * sizeof(uint16_t);
+    char ck[128];
+    snprintf(ck, sizeof(ck), "%s/big16", f.tmp);
+    big->save.dtype = L3D_ST_BF16;
+    cr_assert_eq(l3d_model_save(big, ck), L3D_OK, "%s", err(&f));
+    l3d_model_destroy(big);
+    FILE *cr = fopen("/proc/self/clear_refs", "w");
+    if (!cr || fputs("5", cr) < 0 || fclose(cr) != 0) {
+        teardown(&f);
+        cr_skip_test("cannot reset the peak RSS (/proc/self/clear_refs)");
+    }
+    long base = status_kib("VmRSS");
+    if (base < 0 || status_kib("VmHWM") < 0) {
+        teardown(&f);
+        cr_skip_test("no VmRSS/VmHWM in /proc/self/status");
+    }
+    l3d_infer_t *inf = NULL;
+    cr_assert_eq(l3d_infer_open(f.ctx, NULL, 1, 1, f.dev, ck, 1, 16, -1, &inf), L3D_OK, "%s",
+                 err(&f));
+    cr_assert(l3d_infer_model(inf)->w16_only);
+    long over = status_kib("VmHWM") - base - (long)(params / 1024);
+    // As above: the window, a huge page being filled, the small allocations, 2 MiB spare; the
+    // cache (16 positions) and the activations are kilobytes. A float32 arena would be 64 MiB.
+    cr_assert_leq(over, 8 * 1024, "loading a %zu MiB bfloat16 model peaked %ld KiB above its "
+                  "weights", params >> 20, over);
+    l3d_infer_destroy(inf);
+    teardown(&f);
+}
+
 // A BF16 checkpoint opened for inference keeps its weights in bfloat16 (-1: the checkpoint's
 // dtype): no float32 arena, every weight the checkpoint's value, and the logits of a prompt
 // longer than the matrix-vector shape and of batched decode steps bit for bit those of the
