@@ -140,6 +140,7 @@ for kv in "L3D_DEVICE=gpu:L3D_DEVICE: 'gpu' is not a device of this build \(vali
           "L3D_PROGRESS_AFTER=-1:L3D_PROGRESS_AFTER: '-1' is not a number of seconds >= 0" \
           "L3D_STAGE_CHUNK=100:L3D_STAGE_CHUNK: '100' is not 0 or a byte count >= 256" \
           "L3D_STAGE_CHUNK=4Q:L3D_STAGE_CHUNK: '4Q' is not 0 or a byte count" \
+          "L3D_CPU_BF16=fast:L3D_CPU_BF16: 'fast' is not auto, amx, avx512 or off" \
           "L3D_TRANSPORT=tcp:L3D_TRANSPORT: 'tcp' is not a transport of this build \(valid: "; do
   expect "${kv%%:*}: exit 2 naming the variable" 2 "^llama3d: ${kv#*:}" env "${kv%%:*}" "$L3D" train --dry-run
   if [ "$(wc -l <"$tmp/out")" -ne 1 ]; then fail "${kv%%:*}: one line" "$tmp/out"; fi
@@ -158,6 +159,19 @@ else
   expect "--device cuda without a GPU: exit 2 naming it" 2 "cuda: no GPU: " \
     timeout 60 "$L3D" train --device cuda --steps 1
 fi
+
+# ---- L3D_CPU_BF16: a level the CPU has trains bf16; one it lacks is exit 2 naming its best ----
+printf '{"bf16": {"enabled": true}}' >"$tmp/bf16.json"
+for lv in off avx512 amx; do
+  flag=$lv; [ $lv = avx512 ] && flag=avx512_bf16; [ $lv = amx ] && flag=amx_bf16
+  if [ $lv = off ] || grep -qw $flag /proc/cpuinfo; then
+    expect "L3D_CPU_BF16=$lv: bf16.enabled trains" 0 "done: 2 steps" \
+      env L3D_CPU_BF16=$lv "$L3D" train --config "$tmp/bf16.json" --steps 2
+  else
+    expect "L3D_CPU_BF16=$lv on a CPU without it: exit 2 naming the CPU's best" 2 \
+      "L3D_CPU_BF16=$lv: this CPU's best is" env L3D_CPU_BF16=$lv "$L3D" train --steps 1
+  fi
+done
 
 # ---- OpenBLAS's kernels: this CPU's own, never a fallback older than it runs ----------------
 # A DYNAMIC_ARCH OpenBLAS that does not know the CPU runs SSE3 "Prescott" kernels (Debian 12's
