@@ -142,67 +142,87 @@ L3D_CPU_INLINE double l3d_cpu_sumd(const float *restrict x, int n) {
     return s;
 }
 // The dot product in the same order as the reductions above (16 partials, folded 8, 4, 2, 1,
-// then the tail), written with two 8-lane vectors so the fold stays in registers: the array
-// form spilled the partials and reloaded them lane by lane, a per-call cost that was ~8% of
-// decode's matrix-vector products (K = 384 is 24 iterations). Same bits as the array form.
+// then the tail), the partials one 16-lane vector so the fold stays in registers (the array
+// form spilled them and reloaded lane by lane: ~8% of decode's matrix-vector products at
+// K = 384) and the AVX-512 clone runs one instruction where two 8-lane halves took two (the
+// matrix-vector product was issue-bound: 23 GB/s a core against 31 for the same loop in
+// zmm). Lane k of the vector is partial k: the same bits as the array form in every clone.
 #if defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 12)
 #define L3D_CPU_HAVE_V8F 1
 typedef float l3d_cpu_v8f __attribute__((vector_size(32)));
 typedef float l3d_cpu_v4f __attribute__((vector_size(16)));
-// 16 partials (lo: 0-7, hi: 8-15) folded as the array reductions fold them. By pointer: a
-// 32-byte vector passed by value draws GCC's psABI note in the baseline (SSE) clone.
-L3D_CPU_INLINE float l3d_cpu_fold16(const l3d_cpu_v8f *lo, const l3d_cpu_v8f *hi) {
-    l3d_cpu_v8f h8 = *lo + *hi;  // acc[k] += acc[k + 8]
+typedef uint16_t l3d_cpu_v16u16 __attribute__((vector_size(32)));
+typedef uint32_t l3d_cpu_v16u32 __attribute__((vector_size(64)));
+// 16 partials folded as the array reductions fold them. By pointer: a vector passed by value
+// draws GCC's psABI note in the baseline (SSE) clone.
+L3D_CPU_INLINE float l3d_cpu_fold16(const l3d_cpu_v16f *acc) {
+    l3d_cpu_v8f h8 = __builtin_shufflevector(*acc, *acc, 0, 1, 2, 3, 4, 5, 6, 7) +
+                     __builtin_shufflevector(*acc, *acc, 8, 9, 10, 11, 12, 13, 14, 15);
     l3d_cpu_v4f h4 = __builtin_shufflevector(h8, h8, 0, 1, 2, 3) +
                      __builtin_shufflevector(h8, h8, 4, 5, 6, 7);  // acc[k] += acc[k + 4]
     return (h4[0] + h4[2]) + (h4[1] + h4[3]);                      // then + 2, + 1
 }
-L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
-    l3d_cpu_v8f lo = {0}, hi = {0};  // partials 0-7 and 8-15
+// 16 elements of row b from i: float32, or bfloat16 (the top halves of float32s) widened
+// exactly in registers, so a bfloat16 row gives the bits of its widened float32 row and
+// streams at half the bytes. `bf16` is a constant at every call site.
+L3D_CPU_INLINE void l3d_cpu_row16(l3d_cpu_v16f *v, const void *b, int bf16, int i) {
+    if (bf16) {
+        l3d_cpu_v16u16 h;  // one load widened straight from memory (vpmovzxwd)
+        memcpy(&h, (const uint16_t *)b + i, sizeof(h));
+        l3d_cpu_v16u32 w = __builtin_convertvector(h, l3d_cpu_v16u32) << 16;
+        memcpy(v, &w, sizeof(*v));
+    } else {
+        memcpy(v, (const float *)b + i, sizeof(*v));
+    }
+}
+L3D_CPU_INLINE float l3d_cpu_elem(const void *b, int bf16, int i) {
+    if (!bf16) return ((const float *)b)[i];
+    uint32_t u = (uint32_t)((const uint16_t *)b)[i] << 16;
+    float w;
+    memcpy(&w, &u, sizeof(w));
+    return w;
+}
+L3D_CPU_INLINE float l3d_cpu_dot_any(const float *restrict a, const void *restrict b, int bf16,
+                                     int n) {
+    l3d_cpu_v16f acc = {0};
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        l3d_cpu_v8f a0, a1, b0, b1;
-        memcpy(&a0, a + i, sizeof(a0));
-        memcpy(&a1, a + i + 8, sizeof(a1));
-        memcpy(&b0, b + i, sizeof(b0));
-        memcpy(&b1, b + i + 8, sizeof(b1));
-        lo += a0 * b0;
-        hi += a1 * b1;
+        l3d_cpu_v16f x, w;
+        memcpy(&x, a + i, sizeof(x));
+        l3d_cpu_row16(&w, b, bf16, i);
+        acc += x * w;
     }
-    float s = l3d_cpu_fold16(&lo, &hi);
-    for (; i < n; i++) s += a[i] * b[i];
+    float s = l3d_cpu_fold16(&acc);
+    for (; i < n; i++) s += a[i] * l3d_cpu_elem(b, bf16, i);
     return s;
 }
-// The same dot product with b in bfloat16 (the top halves of float32s): each 16-bit weight is
-// widened exactly in registers, so the result has the bits l3d_cpu_dotf gives on the widened
-// row, and a bfloat16 weight matrix streams at half the bytes.
-typedef uint16_t l3d_cpu_v8u16 __attribute__((vector_size(16)));
-typedef uint32_t l3d_cpu_v8u32 __attribute__((vector_size(32)));
+L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
+    return l3d_cpu_dot_any(a, b, 0, n);
+}
 L3D_CPU_INLINE float l3d_cpu_dotf_bf16(const float *restrict a, const uint16_t *restrict b, int n) {
-    l3d_cpu_v8f lo = {0}, hi = {0};
+    return l3d_cpu_dot_any(a, b, 1, n);
+}
+// Four dot products of one a with rows b[0..3], each in l3d_cpu_dotf's order (the same bits
+// as four calls): four weight rows stream at once, more loads in flight than one row's short
+// loop and fold allow.
+L3D_CPU_INLINE void l3d_cpu_dotf4(const float *restrict a, const void *const b[4], int bf16,
+                                  int n, float out[4]) {
+    l3d_cpu_v16f acc[4] = {{0}};
     int i = 0;
     for (; i + 16 <= n; i += 16) {
-        l3d_cpu_v8f a0, a1, b0, b1;
-        l3d_cpu_v8u16 h0, h1;  // two 8-lane loads widen straight from memory (vpmovzxwd)
-        memcpy(&a0, a + i, sizeof(a0));
-        memcpy(&a1, a + i + 8, sizeof(a1));
-        memcpy(&h0, b + i, sizeof(h0));
-        memcpy(&h1, b + i + 8, sizeof(h1));
-        l3d_cpu_v8u32 w0 = __builtin_convertvector(h0, l3d_cpu_v8u32) << 16;
-        l3d_cpu_v8u32 w1 = __builtin_convertvector(h1, l3d_cpu_v8u32) << 16;
-        memcpy(&b0, &w0, sizeof(b0));
-        memcpy(&b1, &w1, sizeof(b1));
-        lo += a0 * b0;
-        hi += a1 * b1;
+        l3d_cpu_v16f x;
+        memcpy(&x, a + i, sizeof(x));
+        for (int r = 0; r < 4; r++) {
+            l3d_cpu_v16f w;
+            l3d_cpu_row16(&w, b[r], bf16, i);
+            acc[r] += x * w;
+        }
     }
-    float s = l3d_cpu_fold16(&lo, &hi);
-    for (; i < n; i++) {
-        uint32_t u = (uint32_t)b[i] << 16;
-        float w;
-        memcpy(&w, &u, sizeof(w));
-        s += a[i] * w;
+    for (int r = 0; r < 4; r++) {
+        float s = l3d_cpu_fold16(&acc[r]);
+        for (int k = i; k < n; k++) s += a[k] * l3d_cpu_elem(b[r], bf16, k);
+        out[r] = s;
     }
-    return s;
 }
 #else
 #define L3D_CPU_HAVE_V8F 0

@@ -52,14 +52,37 @@ L3D_CPU_SIMD static void gemv_rows_bf16(const l3d_gemm_t *g, int j0, int j1) {
 }
 #endif
 
+#if L3D_CPU_HAVE_V8F
+// Four weight rows at a time (l3d_cpu_dotf4: the same bits as one at a time).
+L3D_CPU_SIMD static void gemv_rows4(const l3d_gemm_t *g, int j0, int j1, int bf16) {
+    const int M = g->M, K = g->K;
+    const float *A = g->A;
+    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int j = j0; j < j1; j += 4) {
+        const void *w[4];
+        for (int r = 0; r < 4; r++)
+            w[r] = (const char *)g->B + (size_t)(j + r) * (size_t)g->ldb * es;
+        for (int m = 0; m < M; m++) {
+            float d[4];
+            if (bf16) l3d_cpu_dotf4(A + (size_t)m * (size_t)g->lda, w, 1, K, d);
+            else l3d_cpu_dotf4(A + (size_t)m * (size_t)g->lda, w, 0, K, d);
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+            for (int r = 0; r < 4; r++)
+                c[r] = g->beta == 0.0f ? g->alpha * d[r] : g->alpha * d[r] + g->beta * c[r];
+        }
+    }
+}
+#endif
+
 static void rows(const l3d_gemm_t *g, int j0, int j1) {
 #if L3D_CPU_HAVE_V8F
-    if (g->b_type == L3D_BFLOAT16) {
-        gemv_rows_bf16(g, j0, j1);
-        return;
-    }
-#endif
+    int bf16 = g->b_type == L3D_BFLOAT16, j4 = j0 + (j1 - j0) / 4 * 4;
+    gemv_rows4(g, j0, j4, bf16);
+    if (bf16) gemv_rows_bf16(g, j4, j1);
+    else gemv_rows(g, j4, j1);
+#else
     gemv_rows(g, j0, j1);
+#endif
 }
 
 static void gemv_task(void *arg, int task, int ntasks) {
