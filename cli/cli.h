@@ -64,13 +64,16 @@ l3d_status l3d_cli_gen_defaults(l3d_ctx_t *ctx, const char *ckpt, const l3d_mode
                                 l3d_cli_stops_t *stops);
 int l3d_cli_stops_has(const l3d_cli_stops_t *s, int32_t id);
 // --dtype of generate and serve: the dtype the weights are kept in (l3d_infer_open's
-// `weights`: -1 auto, the checkpoint's 16-bit BF16 or else float32). Nonzero (and a message
+// `weights`: -1 auto, the checkpoint's 16-bit BF16 or else float32) and, for bfloat16,
+// *round_p = 1: products in bfloat16 (l3d_infer_round_products). Nonzero (and a message
 // naming cmd and the value) when it is none of auto, float32, bfloat16, float16 (f32, bf16,
 // f16). NULL: auto.
-#define L3D_CLI_DTYPE_HELP                                                                    \
-    "the dtype the weights are kept in: auto (bfloat16 for a BF16 checkpoint, read as stored; " \
-    "else float32), float32, bfloat16, float16 (default auto)"
-int l3d_cli_weights_dtype(const char *cmd, const char *v, int *out);
+#define L3D_CLI_DTYPE_HELP                                                                   \
+    "auto: a BF16 checkpoint's weights kept in bfloat16 and read exactly (the float32 "        \
+    "logits); bfloat16: bfloat16 weights and products, the activations rounded (torch's and " \
+    "llama.cpp's bfloat16; AVX512-BF16 and AMX where the CPU has them); float32; float16 "    \
+    "(weights; default auto)"
+int l3d_cli_weights_dtype(const char *cmd, const char *v, int *out, int *round_p);
 int l3d_cmd_serve(int argc, char **argv);   // cli/serve.c
 int l3d_cmd_launch(int argc, char **argv);  // cli/launch.c
 int l3d_cmd_bench(int argc, char **argv);   // cli/bench_comm.c

@@ -71,7 +71,7 @@ l3d_status l3d_cli_gen_defaults(l3d_ctx_t *ctx, const char *ckpt, const l3d_mode
     return L3D_OK;
 }
 
-int l3d_cli_weights_dtype(const char *cmd, const char *v, int *out) {
+int l3d_cli_weights_dtype(const char *cmd, const char *v, int *out, int *round_p) {
     static const struct {
         const char *name;
         int dt;
@@ -79,10 +79,12 @@ int l3d_cli_weights_dtype(const char *cmd, const char *v, int *out) {
                  {"bfloat16", L3D_BFLOAT16}, {"bf16", L3D_BFLOAT16}, {"float16", L3D_FLOAT16},
                  {"f16", L3D_FLOAT16}};
     *out = -1;
+    *round_p = 0;
     if (!v) return 0;
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strcmp(v, names[i].name)) {
             *out = names[i].dt;
+            *round_p = names[i].dt == L3D_BFLOAT16;  // a bfloat16 model computes in bfloat16
             return 0;
         }
     fprintf(stderr, "l3d %s: --dtype: '%s' is not auto, float32, bfloat16 or float16\n", cmd, v);

@@ -30,7 +30,7 @@ typedef struct gen_job {
                                        // supplies the others)
     int tp, pp, nthreads;  // nthreads: --threads (0: not given)
     const char *device;    // --device (NULL: L3D_DEVICE, else cpu)
-    int weights;           // --dtype (l3d_infer_open's `weights`; -1 auto)
+    int weights, round16;  // --dtype (l3d_infer_open's `weights`, -1 auto; bfloat16 products)
     int local_ranks;       // ranks sharing this node's cores
 } gen_job_t;
 
@@ -117,6 +117,7 @@ static void gen_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     double t_load = l3d_time_now();
     L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, job->tp, job->pp, dev, job->ckpt, 1, cap,
                                        job->weights, &inf), st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_infer_round_products(inf, job->round16), st, fail);
     t_load = l3d_time_now() - t_load;
     L3D_CHECK_GOTO(ctx, l3d_sampler_create(ctx, cfg.vocab_size, &sp, &sampler), st, fail);
     logits = malloc((size_t)cfg.vocab_size * sizeof(float));
@@ -262,7 +263,8 @@ int l3d_cmd_generate(int argc, char **argv) {
     if (threads && l3d_cli_int("generate", "--threads", threads, 0, 4096, &v)) return 2;
     job.nthreads = threads ? (int)v : 0;
     job.device = device;
-    if (l3d_cli_weights_dtype("generate", dtype, &job.weights)) return L3D_EXIT_USAGE;
+    if (l3d_cli_weights_dtype("generate", dtype, &job.weights, &job.round16))
+        return L3D_EXIT_USAGE;
     job.sp.temperature = (float)T;
     job.sp.top_k = (int)k;
     job.sp.top_p = (float)P;

@@ -128,7 +128,7 @@ typedef struct serve_job {
     const char *ckpt, *host, *key, *name, *device, *tokp;
     long long port, slots, ctx_size, qmax, tp, pp, nthreads, body_max, pchunk;
     double tmo, grace_s;
-    int weights;  // --dtype (l3d_infer_open's `weights`; -1 auto)
+    int weights, round16;  // --dtype (l3d_infer_open's `weights`, -1 auto; bfloat16 products)
 } serve_job_t;
 
 // SIGINT and SIGTERM, once serving: the handler writes the signal to a pipe that rank 0 reads.
@@ -196,6 +196,7 @@ static void follower(l3d_cli_rank_t *r, l3d_ctx_t *ctx, const serve_job_t *job) 
     L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, (int)job->tp, (int)job->pp, dev, job->ckpt,
                                        (int)job->slots, ctx_size, job->weights, &L.inf), st,
                    fail);
+    L3D_CHECK_GOTO(ctx, l3d_infer_round_products(L.inf, (int)job->round16), st, fail);
     L.buf = malloc(L.cap * sizeof(int32_t));
     st = L.buf ? follow(&L, cfg.vocab_size) : L3D_ERR_NOMEM;
     if (st >= 0) goto out;
@@ -252,6 +253,7 @@ static void serve_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     L3D_CHECK_GOTO(ctx, l3d_infer_open(ctx, r->comm, (int)job->tp, (int)job->pp, dev, job->ckpt,
                                        (int)job->slots, s.ctx_size, job->weights, &L.inf),
                    st, fail);
+    L3D_CHECK_GOTO(ctx, l3d_infer_round_products(L.inf, (int)job->round16), st, fail);
     L.buf = malloc(L.cap * sizeof(int32_t));
     if (!L.buf) {
         st = L3D_ERR_NOMEM;
@@ -391,8 +393,8 @@ int l3d_cmd_serve(int argc, char **argv) {
         (pps && l3d_cli_int("serve", "--pp", pps, 1, 1024, &pp)) ||
         (threads && l3d_cli_int("serve", "--threads", threads, 1, 4096, &nthreads)))
         return L3D_EXIT_USAGE;
-    int weights = -1;
-    if (l3d_cli_weights_dtype("serve", dtype, &weights)) return L3D_EXIT_USAGE;
+    int weights = -1, round16 = 0;
+    if (l3d_cli_weights_dtype("serve", dtype, &weights, &round16)) return L3D_EXIT_USAGE;
     if (!key) key = getenv("L3D_API_KEY");
     if (key && !*key) {
         fprintf(stderr, "l3d serve: --api-key: empty\n");
@@ -402,7 +404,7 @@ int l3d_cmd_serve(int argc, char **argv) {
                        .tokp = tokp, .port = port, .slots = slots, .ctx_size = ctx_size,
                        .qmax = qmax, .tp = tp, .pp = pp, .nthreads = nthreads,
                        .body_max = body_max, .pchunk = pchunk, .tmo = tmo, .grace_s = grace_s,
-                       .weights = weights};
+                       .weights = weights, .round16 = round16};
     signal(SIGPIPE, SIG_IGN);  // (a client gone mid-write must not kill the server)
     // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
     int world = (int)(tp * pp);

@@ -54,7 +54,8 @@
 // 9: mem_info (a device with memory of its own says how much: a run that cannot fit is
 //    refused before it allocates, as one that cannot fit the host's memory is).
 // 10: adamw over many tensors in one call, refreshing each one's 16-bit copy in the same pass.
-#define L3D_DEVICE_ABI_VERSION 10
+// 11: gemm's round_a (a float32 A against 16-bit weights multiplied in 16-bit arithmetic).
+#define L3D_DEVICE_ABI_VERSION 11
 
 typedef struct l3d_device_ops l3d_device_ops_t;
 
@@ -116,6 +117,12 @@ typedef struct l3d_gemm {
     int batch;
     size_t stride_a, stride_b, stride_c;
     l3d_dtype a_type, b_type, c_type;
+    // Nonzero: with a float32 A and a 16-bit B the device may round A to B's dtype first and
+    // multiply in the CPU's 16-bit arithmetic (AVX512-BF16 dot products, AMX tiles): each
+    // product then exact in float32 on the rounded A, the sums float32 (a bfloat16 model's
+    // precision in torch and vLLM, and llama.cpp's for BF16 weights). A device without such
+    // arithmetic reads A exactly, as with 0 (ABI 11).
+    int round_a;
 } l3d_gemm_t;
 
 // Causal grouped-query attention dimensions. Queries are the last Tq positions of a

@@ -73,6 +73,13 @@ for lay in "" "--tp 2" "--tp 2 --pp 2"; do
   cmp -s "$tmp/${name}32" "$tmp/${name}16"
   check "BF16 checkpoint kept in bfloat16${lay:+ ($lay)}: the float32 greedy text" $?
 done
+# --dtype bfloat16: bfloat16 products (activations rounded, the CPU's 16-bit arithmetic where it
+# has some): not the float32 bits, so only that it runs, on one rank and on tp 2 x pp 2.
+for lay in "" "--tp 2 --pp 2"; do
+  "$L3D" generate --checkpoint "$tmp/ckb" --prompt "$long" --temperature 0 --max-tokens 24 \
+    --dtype bfloat16 $lay >"$tmp/bprod" 2>"$tmp/bprod.err" && grep -q "24 tokens in" "$tmp/bprod.err"
+  check "--dtype bfloat16 (bfloat16 products)${lay:+ ($lay)} generates" $?
+done
 expect_exit2 "--dtype of another name" "--dtype: 'int8' is not auto, float32, bfloat16 or float16" \
   "$L3D" generate --checkpoint "$tmp/ckb" --prompt x --dtype int8
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/comm/reduce.h"
+#include "devices/cpu/cpu.h"
 #include "devices/device.h"
 #include "tests/harness/ref_ops.h"
 
@@ -328,6 +329,60 @@ Test(cpu_dtypes, float32_rows_against_16bit_weights_match_the_widened_product) {
                   trb, l3d_dtype_name(bt));
         free(vb), free(va), free(Bh), free(Bf), free(A), free(C[0]), free(C[1]);
     }
+}
+
+// gemm's round_a (device ABI 11): float32 rows against bfloat16 weights in the CPU's 16-bit
+// arithmetic. Where the device takes it (AVX512-BF16 at the matrix-vector shape, the AMX level
+// for larger M) the result is the float64 product of A rounded to bfloat16 with B, within the
+// float32 accumulation bound of mixed_case; elsewhere A is read exactly, within the same bound
+// of the exact product. Each case also gives the same bits on one thread as on three.
+static void round_a_case(l3d_device_t *one, int M, int N, int K, float beta) {
+    l3d_cpu_t *cpu = l3d_cpu_priv(dev);
+    int gemv = M <= L3D_CPU_GEMV_MAX_M;
+    int rounds = gemv ? cpu->has_dp : cpu->bf16 != L3D_CPU_BF16_OFF;
+    size_t na = (size_t)M * K, nb = (size_t)N * K, nc = (size_t)M * N;
+    double *va = malloc(sizeof(double) * na), *vb = malloc(sizeof(double) * nb);
+    float *A = operand(L3D_FLOAT32, na, va);
+    uint16_t *B = operand(L3D_BFLOAT16, nb, vb);
+    float *C[2];
+    for (int r = 0; r < 2; r++) {
+        C[r] = malloc(sizeof(float) * nc);
+        for (size_t i = 0; i < nc; i++) C[r][i] = (float)(i % 7) * 0.5f;
+        l3d_gemm_t g = {.trans_b = 1, .M = M, .N = N, .K = K, .alpha = 0.75f, .beta = beta,
+                        .A = A, .lda = K, .B = B, .ldb = K, .C = C[r], .ldc = N,
+                        .b_type = L3D_BFLOAT16, .round_a = 1};
+        cr_assert_eq(l3d_dev_gemm(r ? one : dev, &g), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    }
+    cr_assert(memcmp(C[0], C[1], sizeof(float) * nc) == 0, "%dx%dx%d: 1 and 3 threads differ",
+              M, N, K);
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double sum = 0, mag = 0;
+            for (int k = 0; k < K; k++) {
+                float a = A[(size_t)i * K + k];
+                double av = rounds ? (double)l3d_bf16_to_f32(l3d_f32_to_bf16(a)) : (double)a;
+                double p = av * vb[(size_t)j * K + k];
+                sum += p, mag += fabs(p);
+            }
+            double c0 = (double)((i * N + j) % 7) * 0.5, ref = 0.75 * sum + beta * c0;
+            double bound = 2.0 * (K + 2) * 0x1p-24 * (0.75 * mag + fabs(beta * c0));
+            double got = C[0][(size_t)i * N + j];
+            cr_assert_leq(fabs(got - ref), bound, "%dx%dx%d [%d][%d] (A %s): %.9g vs %.9g", M, N,
+                          K, i, j, rounds ? "rounded" : "exact", got, ref);
+        }
+    free(va), free(vb), free(A), free(B), free(C[0]), free(C[1]);
+}
+
+Test(cpu_dtypes, round_a_multiplies_rounded_rows_in_16bit_arithmetic) {
+    l3d_device_t *one = NULL;
+    l3d_device_params_t p1 = {.num_threads = 1};
+    cr_assert_eq(l3d_device_create(ctx, "cpu", &p1, &one), L3D_OK);
+    round_a_case(one, 1, 300, 384, 0.0f);   // decode
+    round_a_case(one, 3, 65, 200, 0.5f);    // a tail of K past the last 32
+    round_a_case(one, 16, 301, 99, 0.0f);   // 16 streams; a tail of rows past the last 4
+    round_a_case(one, 37, 70, 129, 0.5f);   // a prompt: tiles
+    round_a_case(one, 300, 530, 1001, 0.0f);
+    l3d_device_destroy(one);
 }
 
 // bfloat16 x bfloat16 products big enough for several tiles of the pool (on AMX or AVX512-BF16

@@ -74,6 +74,16 @@ err:
     return st;
 }
 
+l3d_status l3d_infer_round_products(l3d_infer_t *g, int on) {
+    l3d_model_t *m = g->m;
+    if (on && (!m->w16_only || m->wt != L3D_BFLOAT16))
+        return l3d_error(g->ctx, L3D_ERR_INVALID_ARG, "bfloat16 products: the model's weights "
+                         "are %s, not bfloat16 alone", m->w16_only ? l3d_dtype_name(m->wt)
+                                                                   : "float32");
+    m->round_a16 = on != 0;
+    return L3D_OK;
+}
+
 void l3d_infer_destroy(l3d_infer_t *g) {
     if (!g) return;
     if (g->rows)

@@ -4,7 +4,7 @@
 // rank samples the same token from the same seed and no token is sent.
 // defines: l3d_infer_t, l3d_infer_create, l3d_infer_create_seqs, l3d_infer_decode,
 //          l3d_infer_decode_seq, l3d_infer_decode_batch, l3d_infer_truncate, l3d_infer_destroy,
-//          l3d_infer_config, l3d_infer_model
+//          l3d_infer_config, l3d_infer_model, l3d_infer_round_products
 #ifndef L3D_INFER_PARALLEL_H
 #define L3D_INFER_PARALLEL_H
 
@@ -39,6 +39,12 @@ l3d_status l3d_infer_decode(l3d_infer_t *inf, const int32_t *tokens, int n, floa
 l3d_status l3d_infer_create_seqs(l3d_ctx_t *ctx, l3d_comm_t *world, int tp, int pp,
                                  l3d_device_t *dev, const l3d_model_config_t *cfg, int n_seq,
                                  int capacity, l3d_dtype weights, l3d_infer_t **inf_p);
+// On a model holding bfloat16 weights alone: its weight products round the float32
+// activations to bfloat16 and run in the CPU's 16-bit arithmetic where it has some (gemm's
+// round_a): a bfloat16 model's precision in torch and vLLM, and llama.cpp's. Off (the
+// default), the logits are the float32 model's bit for bit. L3D_ERR_INVALID_ARG on any other
+// model.
+l3d_status l3d_infer_round_products(l3d_infer_t *inf, int on);
 l3d_status l3d_infer_decode_seq(l3d_infer_t *inf, int seq, const int32_t *tokens, int n,
                                 float *logits);
 l3d_status l3d_infer_decode_batch(l3d_infer_t *inf, const int *seqs, const int32_t *tokens,

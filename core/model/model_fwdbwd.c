@@ -46,7 +46,7 @@ static l3d_status linear_fwd(l3d_model_t *m, int kind, void *y, int ldy, const v
     }
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
                     .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy,
-                    .a_type = at, .b_type = wt, .c_type = at};
+                    .a_type = at, .b_type = wt, .c_type = at, .round_a = m->round_a16};
     return l3d_dev_gemm(m->dev, &g);
 }
 // dW(O,I) += dy(N,O)^T x(N,I), then dx(N,I) = dy(N,O) W(O,I) (beta as above). dx may be x's

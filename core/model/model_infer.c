@@ -179,7 +179,8 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
                                            m->cfg.rms_norm_eps, L3D_FLOAT32, wt));
         l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
                         .beta = 0.0f, .A = c->lnf, .lda = C, .B = l3d_model_infer_w(m, m->head),
-                        .ldb = C, .C = c->logits, .ldc = V, .b_type = wt};
+                        .ldb = C, .C = c->logits, .ldc = V, .b_type = wt,
+                        .round_a = m->round_a16};
         L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
         float *o = out + (size_t)(r0 - first_row) * ldo;
         if (ldo == (size_t)V)
@@ -282,7 +283,8 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
                                                    .N = (n_), .K = (k_), .alpha = 1.0f,        \
                                                    .beta = (beta_), .A = (in_), .lda = (k_),   \
                                                    .B = (w_), .ldb = (k_), .C = (out_),        \
-                                                   .ldc = (ldo_), .b_type = wt}))
+                                                   .ldc = (ldo_), .b_type = wt,                \
+                                                   .round_a = m->round_a16}))
     L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, a->ln1, a->rstd1, x, l3d_model_infer_w(m, lp->ln1), n,
                                        C, eps, L3D_FLOAT32, wt));
     GEMM(a->q, HD, a->ln1, l3d_model_infer_w(m, lp->wq), C, HD, 0.0f);
@@ -393,7 +395,7 @@ l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *
             l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
                             .beta = 0.0f, .A = c->lnf, .lda = C,
                             .B = l3d_model_infer_w(m, m->head), .ldb = C, .C = c->logits,
-                            .ldc = V, .b_type = l3d_model_infer_wt(m)};
+                            .ldc = V, .b_type = l3d_model_infer_wt(m), .round_a = m->round_a16};
             L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
             for (int r = 0; r < rows; r++)
                 L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(h0 + r) * ldo,

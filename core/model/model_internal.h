@@ -252,6 +252,10 @@ struct l3d_model {
     // (l3d_model_create_part_w16): no float32 arena (params NULL), half the memory; what
     // inference reads (l3d_model_infer_w). Training, saving and initialising refuse it.
     int w16_only;
+    // Inference's weight products may round the float32 activations to wt and run in the
+    // CPU's 16-bit arithmetic (the gemm's round_a; l3d_infer_round_products), as a bfloat16
+    // model computes in torch, vLLM and llama.cpp. 0: activations read exactly.
+    int round_a16;
     // The dtype weight gradients are written and accumulated in (l3d_model_set_grad_dtype):
     // float32 (the default), or wt under a 16-bit data_types.grad_accum_dtype. Every op adds
     // in float32 and rounds once into a 16-bit gradient (the device contract), so one

@@ -36,6 +36,7 @@ typedef struct l3d_cpu {
     // The CPU's 16-bit arithmetic bfloat16 x bfloat16 GEMMs use (cpu_gemm_bf16.c): one of
     // L3D_CPU_BF16_*, the best the CPU has unless L3D_CPU_BF16 asks for less.
     int bf16;
+    int has_dp;  // the CPU has AVX512-BF16 dot products (gemm's round_a matrix-vector kernel)
 } l3d_cpu_t;
 
 // bfloat16 GEMM levels (cpu_gemm_bf16.c): OFF widens to float32 for sgemm.
@@ -46,6 +47,10 @@ const char *l3d_cpu_bf16_name(int level);  // "off", "avx512", "amx"
 size_t l3d_cpu_gemm_bf16_scratch(int tile_m, int tile_n, int K);
 void l3d_cpu_gemm_bf16_tile(int level, const l3d_gemm_t *g, int i0, int m, int j0, int n,
                             void *scratch);
+// gemm's round_a at the matrix-vector shape (M <= L3D_CPU_GEMV_MAX_M, !trans_a, trans_b,
+// float32 A and C, bfloat16 B, K >= 1) on a CPU with has_dp: A's rows rounded to bfloat16,
+// AVX512-BF16 dot products against B's rows as stored.
+l3d_status l3d_cpu_gemv_round_a(l3d_device_t *dev, const l3d_gemm_t *g);
 
 static inline l3d_cpu_t *l3d_cpu_priv(const l3d_device_t *dev) { return (l3d_cpu_t *)dev->priv; }
 

@@ -102,6 +102,7 @@ static l3d_status cpu_init(l3d_device_t *dev, const l3d_device_params_t *params)
     // auto takes AMX only: on Emerald Rapids the AVX512-BF16 kernel ran a 1024x2816x1024
     // product at 0.56x the widened sgemm's speed (bench_ops_dtype), AMX at 3.6x.
     cpu->bf16 = want >= 0 ? want : have == L3D_CPU_BF16_AMX ? have : L3D_CPU_BF16_OFF;
+    cpu->has_dp = have >= L3D_CPU_BF16_AVX512 && want != L3D_CPU_BF16_OFF;
     const char *better = l3d_cpu_blas_better_core();
     if (better)
         l3d_log(dev->ctx, L3D_LOG_WARN, L3D_SUBSYS_DEV, "cpu: OpenBLAS runs its %s kernels, "

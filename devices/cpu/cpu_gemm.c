@@ -177,14 +177,21 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
     // weight once, instead of sgemm packing all of W for so few rows. Chosen by shape (and
     // dtypes: a bfloat16 W is read as stored) alone.
     int gemv = g->M <= L3D_CPU_GEMV_MAX_M && !g->trans_a && g->trans_b && g->K > 0;
+    // round_a (float32 rows against bfloat16 weights, in the CPU's 16-bit arithmetic where it
+    // has some; else read exactly, as the contract allows).
+    l3d_cpu_t *cpu = l3d_cpu_priv(dev);
+    int round_a = g->round_a && g->a_type == L3D_FLOAT32 && g->b_type == L3D_BFLOAT16 &&
+                  g->c_type == L3D_FLOAT32 && g->K > 0;
+    if (round_a && gemv && cpu->has_dp) return l3d_cpu_gemv_round_a(dev, g);
     if (gemv && l3d_cpu_gemv_takes(g)) {
         l3d_cpu_gemv(dev, g);
         return L3D_OK;
     }
     // bfloat16 A and B multiply on the CPU's 16-bit arithmetic where it has some; the rest
     // widens its 16-bit operands (K 0 included: nothing to multiply, C scaled as for float32).
-    int bf16 = g->a_type == L3D_BFLOAT16 && g->b_type == L3D_BFLOAT16 && g->K > 0
-                   ? l3d_cpu_priv(dev)->bf16
+    int bf16 = ((g->a_type == L3D_BFLOAT16 && g->b_type == L3D_BFLOAT16) ||
+                (round_a && !g->trans_a)) && g->K > 0
+                   ? cpu->bf16
                    : L3D_CPU_BF16_OFF;
     int widen_b = !bf16 && g->a_type == L3D_FLOAT32 && g->c_type == L3D_FLOAT32 &&
                   g->b_type != L3D_FLOAT32 && g->K > 0;

@@ -2,7 +2,7 @@
 // Sapphire Rapids on) or AVX512-BF16 dot products (Cooper Lake, AMD Zen 4 on), chosen when the
 // device is created (l3d_cpu_bf16_probe; L3D_CPU_BF16 forces a lower level). Without either,
 // cpu_gemm.c widens the operands to float32 and runs sgemm.
-// defines: l3d_cpu_bf16_probe, l3d_cpu_bf16_name, l3d_cpu_gemm_bf16_tile
+// defines: l3d_cpu_bf16_probe, l3d_cpu_bf16_name, l3d_cpu_gemm_bf16_tile, l3d_cpu_gemv_round_a
 //
 // The contract is the float32 one (devices/device.h): every product of two bfloat16 values is
 // exact in float32 and the sums are float32. Both instructions add the two products of a pair
@@ -89,6 +89,14 @@ static void pack_a(uint16_t *dst, const l3d_gemm_t *g, int i0, int m, int nkb) {
     const int K = g->K;
     size_t step = (size_t)nkb * BLK;  // one row block over the whole K
     memset(dst, 0, (size_t)RND32(m) * (size_t)nkb * 32 * sizeof(uint16_t));
+    if (g->a_type == L3D_FLOAT32) {  // round_a: each row of float32 A rounded as it is packed
+        for (int i = 0; i < m; i++) {
+            const float *s = (const float *)g->A + (size_t)(i0 + i) * (size_t)g->lda;
+            uint16_t *d = dst + (size_t)(i / 16) * step + (size_t)(i % 16) * 32;
+            for (int k = 0; k < K; k++) d[(size_t)(k / 32) * BLK + k % 32] = l3d_f32_to_bf16(s[k]);
+        }
+        return;
+    }
     if (!g->trans_a) {  // row i of op(A) is row i0 + i of A, contiguous in k: blocks as stored
         for (int i = 0; i < m; i++) {
             const uint16_t *s = A + (size_t)(i0 + i) * (size_t)g->lda;
@@ -235,6 +243,55 @@ __attribute__((target("avx512f,avx512bf16"))) static void dp_block(const uint16_
     for (int r = 0; r < 16; r++) _mm512_storeu_ps(c + r * 32, acc[r]);
 }
 
+// ---- AVX512-BF16 matrix-vector products on rounded rows (round_a, decode) ----------------------
+// y(m, j) = alpha <a16_m, W_j> + beta y: a16 the rows of A rounded to bfloat16 (Kp = K rounded up
+// to 32, zero past K), W_j bfloat16 rows of K read as stored (masked past K). 32 products a
+// step per row, four weight rows at a time; each sum's order is fixed by K alone.
+__attribute__((target("avx512f,avx512bw,avx512bf16"))) static void dp_rows(
+    const l3d_gemm_t *g, const uint16_t *a16, int Kp, int j0, int j1) {
+    const int K = g->K, M = g->M;
+    const uint16_t *B = g->B;
+    int tail = K % 32;
+    __mmask32 last = tail ? (__mmask32)((1u << tail) - 1u) : (__mmask32)0xffffffffu;
+    int nk = Kp / 32;
+    for (int j = j0; j < j1; j += 4) {
+        int nr = L3D_MIN(4, j1 - j);
+        const uint16_t *w[4];
+        for (int r = 0; r < 4; r++) w[r] = B + (size_t)(j + L3D_MIN(r, nr - 1)) * (size_t)g->ldb;
+        for (int m = 0; m < M; m++) {
+            const uint16_t *a = a16 + (size_t)m * (size_t)Kp;
+            __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                             _mm512_setzero_ps()};
+            for (int kb = 0; kb < nk; kb++) {
+                __m512bh av = (__m512bh)_mm512_loadu_si512(a + kb * 32);
+                __mmask32 mk = kb == nk - 1 ? last : (__mmask32)0xffffffffu;
+                for (int r = 0; r < 4; r++) {
+                    __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mk, w[r] + kb * 32);
+                    acc[r] = _mm512_dpbf16_ps(acc[r], av, wv);
+                }
+            }
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+            for (int r = 0; r < nr; r++) {
+                float d = _mm512_reduce_add_ps(acc[r]);
+                c[r] = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * c[r];
+            }
+        }
+    }
+}
+
+typedef struct {
+    const l3d_gemm_t *g;
+    const uint16_t *a16;
+    int Kp;
+} dp_job_t;
+
+#define DP_ROWS 64  // weight rows per task, as the float32 matrix-vector kernel
+static void dp_task(void *arg, int task, int ntasks) {
+    const dp_job_t *j = arg;
+    int j0 = task * DP_ROWS;
+    dp_rows(j->g, j->a16, j->Kp, j0, L3D_MIN(j->g->N, j0 + DP_ROWS));
+}
+
 // ---- detection -------------------------------------------------------------------------------
 #define ARCH_REQ_XCOMP_PERM 0x1023  // Linux: ask for a dynamically enabled state component
 #define XFEATURE_XTILEDATA 18       // AMX's tile data (8 KiB of state per thread)
@@ -252,8 +309,30 @@ int l3d_cpu_bf16_probe(void) {
         level = L3D_CPU_BF16_AMX;
     return level;
 }
+l3d_status l3d_cpu_gemv_round_a(l3d_device_t *dev, const l3d_gemm_t *g) {
+    int Kp = RND32(g->K);
+    // The rounded rows sit in the device's widening buffer (ops run one after another).
+    uint16_t *a16 = (uint16_t *)l3d_cpu_wide(dev, ((size_t)g->M * (size_t)Kp + 1) / 2);
+    if (!a16) return L3D_ERR_NOMEM;
+    for (int m = 0; m < g->M; m++) {
+        const float *s = (const float *)g->A + (size_t)m * (size_t)g->lda;
+        uint16_t *d = a16 + (size_t)m * (size_t)Kp;
+        for (int k = 0; k < g->K; k++) d[k] = l3d_f32_to_bf16(s[k]);
+        for (int k = g->K; k < Kp; k++) d[k] = 0;
+    }
+    dp_job_t j = {g, a16, Kp};
+    int ntasks = (g->N + DP_ROWS - 1) / DP_ROWS;
+    if ((size_t)g->M * (size_t)g->N * (size_t)g->K <= ((size_t)1 << 16))
+        for (int t = 0; t < ntasks; t++) dp_task(&j, t, ntasks);
+    else
+        l3d_cpu_run(dev, dp_task, &j, ntasks);
+    return L3D_OK;
+}
 #else
 int l3d_cpu_bf16_probe(void) { return 0; }
+l3d_status l3d_cpu_gemv_round_a(l3d_device_t *dev, const l3d_gemm_t *g) {
+    return l3d_error(dev->ctx, L3D_ERR_INTERNAL, "gemm: no AVX512-BF16 kernel in this build");
+}
 
 #define RND32(x) (((x) + 31) & ~31)
 #endif
