@@ -14,7 +14,8 @@
 # 1. `l3d train --model CONFIG --steps 0 --save CK` writes random F32 weights of a Llama 3
 #    shape (default: 58.7M parameters, hidden 384, 6 layers, 6 heads / 2 kv heads of 64,
 #    intermediate 1024, vocabulary 128256, tied; GVL_MODEL=FILE.json gives another);
-#    GVL_DTYPE=bf16 writes them in BF16 (l3d keeps them in bfloat16, --dtype auto).
+#    GVL_DTYPE=bf16 writes them in BF16 (l3d keeps them in bfloat16 with --dtype auto, the
+#    default; GVL_L3D_DTYPE=bfloat16 passes --dtype bfloat16: bfloat16 products, as llama.cpp).
 # 2. bench/gguf_from_hf.py writes CK as GGUF F32 (BF16 matrices under GVL_DTYPE=bf16) with the
 #    checkout's gguf-py (/usr/bin/python3 and numpy; the q/k rows permuted as llama.cpp's
 #    converter does).
@@ -99,6 +100,7 @@ EOF2
       p=$prompt
       [ "$run" = tg ] && p=T
       L3D_NUM_THREADS=$t /usr/bin/time -v "$L3D" generate --checkpoint "$tmp/ck" --prompt "$p" \
+        --dtype "${GVL_L3D_DTYPE:-auto}" \
         --max-tokens "$GEN" --temperature 0 >/dev/null 2>"$tmp/l3.err" ||
         { tail -5 "$tmp/l3.err" >&2; die "l3d generate failed"; }
       line=$(grep "^l3d generate: .*prompt [0-9]* tokens in" "$tmp/l3.err")

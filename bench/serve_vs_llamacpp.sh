@@ -15,7 +15,8 @@
 # What runs:
 # 1. `l3d train --model CONFIG --steps 0 --save CK` writes random F32 weights of a Llama 3
 #    shape (as bench/generate_vs_llamacpp.sh: 58.7M parameters, vocabulary 128256, tied;
-#    SVL_MODEL=FILE.json gives another; SVL_DTYPE=bf16 in BF16, kept so by l3d serve), Meta's
+#    SVL_MODEL=FILE.json gives another; SVL_DTYPE=bf16 in BF16, kept so by l3d serve, with
+#    bfloat16 products under SVL_L3D_DTYPE=bfloat16), Meta's
 #    tokenizer.json is put beside them, and bench/gguf_from_hf.py writes the GGUF (BF16
 #    matrices under SVL_DTYPE=bf16) with that vocabulary for llama-server.
 # 2. For each thread count in SVL_THREADS (default "2"): each server in turn, started alone
@@ -94,6 +95,7 @@ run() {
       --parallel "$SLOTS" -c $((SLOTS * CTX)) --no-webui >"$tmp/$side.log" 2>&1 &
   else
     L3D_NUM_THREADS=$t "$L3D" serve --checkpoint "$tmp/ck" --port "$port" --threads "$t" \
+      --dtype "${SVL_L3D_DTYPE:-auto}" \
       --parallel "$SLOTS" --ctx-size "$CTX" >"$tmp/$side.log" 2>&1 &
   fi
   pid=$!
