@@ -67,8 +67,9 @@ int main(int argc, char **argv) {
         float *C = calloc(nc, sizeof(float));
         for (size_t i = 0; i < na; i++) A[i] = (float)((i * 7) % 13) * 0.01f;
         for (size_t i = 0; i < nb; i++) B[i] = (float)((i * 5) % 11) * 0.01f;
-        l3d_gemm_t g = {sh->trans_a, sh->trans_b, sh->M, sh->N, sh->K, 1.0f, 0.0f,
-                        A, lda, B, ldb, C, sh->N, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32};
+        l3d_gemm_t g = {.trans_a = sh->trans_a, .trans_b = sh->trans_b, .M = sh->M, .N = sh->N,
+                        .K = sh->K, .alpha = 1.0f, .A = A, .lda = lda, .B = B, .ldb = ldb,
+                        .C = C, .ldc = sh->N, .batch = 1};
         double flop = 2.0 * sh->M * sh->N * sh->K;
         double g1 = flop / best_of(d1, &g, 0) * 1e-9;
         double gn = flop / best_of(dn, &g, 0) * 1e-9;

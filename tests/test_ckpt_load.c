@@ -511,11 +511,12 @@ static long status_kib(const char *key) {
     return v;
 }
 
-// Loading converts the file's tensors into the arena and unmaps the converted file pages as it
-// goes: at its peak the process holds the arena plus a window of at most 2 MiB of file pages,
-// not the file twice. With a 16 MiB window, loading (not decoding) was the peak of
-// `l3d generate` and put it above llama.cpp's (bench/README.md); this saw 16 MiB over.
-Test(ckpt_load, peak_is_the_weights_plus_a_small_window) {
+// A one-layer model with one big tied embedding (65536 x 256), saved as float32 or BF16, then
+// opened from a reset peak (l3d_model_open, or l3d_infer_open keeping bfloat16 weights):
+// returns how far the peak rose above the weights' bytes (KiB) and, in *mib_p, their size.
+// Skips where the peak cannot be reset or read, or under AddressSanitizer (its shadow memory
+// is part of the resident size).
+static long peak_over_weights(int bf16, size_t *mib_p) {
 #if defined(__SANITIZE_ADDRESS__)
     cr_skip_test("AddressSanitizer's shadow memory is part of the resident size");
 #endif
@@ -524,13 +525,14 @@ Test(ckpt_load, peak_is_the_weights_plus_a_small_window) {
     l3d_model_config_t c = small_config();
     c.vocab_size = 65536, c.hidden_size = 256, c.num_attention_heads = 4, c.head_dim = 64;
     c.num_key_value_heads = 2, c.intermediate_size = 256, c.num_hidden_layers = 1;
-    c.tie_word_embeddings = 1;  // one 64 MiB float32 embedding
+    c.tie_word_embeddings = 1;  // one 64 MiB float32 (32 MiB bfloat16) embedding
     l3d_model_t *big = NULL;
     cr_assert_eq(l3d_model_create(f.ctx, f.dev, &c, &big), L3D_OK, "%s", err(&f));
     cr_assert_eq(l3d_model_init_weights(big, 3), L3D_OK);
-    size_t params = big->n_params * sizeof(float);
+    size_t params = big->n_params * (bf16 ? sizeof(uint16_t) : sizeof(float));
     char ck[128];
     snprintf(ck, sizeof(ck), "%s/big", f.tmp);
+    if (bf16) big->save.dtype = L3D_ST_BF16;
     cr_assert_eq(l3d_model_save(big, ck), L3D_OK, "%s", err(&f));
     l3d_model_destroy(big);
     // "5" resets the peak to the current resident size (Linux 4.0+).
@@ -545,59 +547,44 @@ Test(ckpt_load, peak_is_the_weights_plus_a_small_window) {
         cr_skip_test("no VmRSS/VmHWM in /proc/self/status");
     }
     l3d_model_t *m = NULL;
-    cr_assert_eq(l3d_model_open(f.ctx, f.dev, ck, &m), L3D_OK, "%s", err(&f));
+    l3d_infer_t *inf = NULL;
+    if (bf16) {
+        cr_assert_eq(l3d_infer_open(f.ctx, NULL, 1, 1, f.dev, ck, 1, 16, -1, &inf), L3D_OK, "%s",
+                     err(&f));
+        cr_assert(l3d_infer_model(inf)->w16_only);
+    } else {
+        cr_assert_eq(l3d_model_open(f.ctx, f.dev, ck, &m), L3D_OK, "%s", err(&f));
+    }
     long over = status_kib("VmHWM") - base - (long)(params / 1024);
-    // The 2 MiB window, 2 MiB for the huge page of the arena being filled, 2 MiB for
-    // the model's small allocations and the loader's bookkeeping, 2 to spare (4 MiB seen; 18 with
-    // the old window).
-    cr_assert_leq(over, 8 * 1024, "loading a %zu MiB model peaked %ld KiB above its weights",
-                  params >> 20, over);
+    l3d_infer_destroy(inf);
     l3d_model_destroy(m);
     teardown(&f);
+    *mib_p = params >> 20;
+    return over;
+}
+
+// Loading converts the file's tensors into the arena and unmaps the converted file pages as it
+// goes: at its peak the process holds the arena plus a window of at most 2 MiB of file pages,
+// not the file twice. With a 16 MiB window, loading (not decoding) was the peak of
+// `l3d generate` and put it above llama.cpp's (bench/README.md); this saw 16 MiB over.
+// The bound: the 2 MiB window, 2 MiB for the huge page of the arena being filled, 2 MiB for
+// the model's small allocations and the loader's bookkeeping, 2 to spare (4 MiB seen; 18 with
+// the old window).
+Test(ckpt_load, peak_is_the_weights_plus_a_small_window) {
+    size_t mib;
+    long over = peak_over_weights(0, &mib);
+    cr_assert_leq(over, 8 * 1024, "loading a %zu MiB model peaked %ld KiB above its weights",
+                  mib, over);
 }
 
 // Opened for inference in bfloat16, a BF16 checkpoint's peak is its 2-byte weights plus the
-// same small window: never a float32 arena, not even for a moment.
+// same window (the cache of 16 positions and the activations are kilobytes): never a float32
+// arena, which would be 32 MiB more.
 Test(ckpt_load, bf16_peak_is_the_16bit_weights_plus_a_small_window) {
-#if defined(__SANITIZE_ADDRESS__)
-    cr_skip_test("AddressSanitizer's shadow memory is part of the resident size");
-#endif
-    fixture_t f;
-    setup(&f);
-    l3d_model_config_t c = small_config();
-    c.vocab_size = 65536, c.hidden_size = 256, c.num_attention_heads = 4, c.head_dim = 64;
-    c.num_key_value_heads = 2, c.intermediate_size = 256, c.num_hidden_layers = 1;
-    c.tie_word_embeddings = 1;  // one 32 MiB bfloat16 embedding
-    l3d_model_t *big = NULL;
-    cr_assert_eq(l3d_model_create(f.ctx, f.dev, &c, &big), L3D_OK, "%s", err(&f));
-    cr_assert_eq(l3d_model_init_weights(big, 3), L3D_OK);
-    size_t params = big->n_params * sizeof(uint16_t);
-    char ck[128];
-    snprintf(ck, sizeof(ck), "%s/big16", f.tmp);
-    big->save.dtype = L3D_ST_BF16;
-    cr_assert_eq(l3d_model_save(big, ck), L3D_OK, "%s", err(&f));
-    l3d_model_destroy(big);
-    FILE *cr = fopen("/proc/self/clear_refs", "w");
-    if (!cr || fputs("5", cr) < 0 || fclose(cr) != 0) {
-        teardown(&f);
-        cr_skip_test("cannot reset the peak RSS (/proc/self/clear_refs)");
-    }
-    long base = status_kib("VmRSS");
-    if (base < 0 || status_kib("VmHWM") < 0) {
-        teardown(&f);
-        cr_skip_test("no VmRSS/VmHWM in /proc/self/status");
-    }
-    l3d_infer_t *inf = NULL;
-    cr_assert_eq(l3d_infer_open(f.ctx, NULL, 1, 1, f.dev, ck, 1, 16, -1, &inf), L3D_OK, "%s",
-                 err(&f));
-    cr_assert(l3d_infer_model(inf)->w16_only);
-    long over = status_kib("VmHWM") - base - (long)(params / 1024);
-    // As above: the window, a huge page being filled, the small allocations, 2 MiB spare; the
-    // cache (16 positions) and the activations are kilobytes. A float32 arena would be 64 MiB.
+    size_t mib;
+    long over = peak_over_weights(1, &mib);
     cr_assert_leq(over, 8 * 1024, "loading a %zu MiB bfloat16 model peaked %ld KiB above its "
-                  "weights", params >> 20, over);
-    l3d_infer_destroy(inf);
-    teardown(&f);
+                  "weights", mib, over);
 }
 
 // A BF16 checkpoint opened for inference keeps its weights in bfloat16 (-1: the checkpoint's

@@ -31,7 +31,7 @@ static void gemm_case(env_t e, int ta, int tb, int M, int N, int K, float alpha,
     int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
     size_t na = (size_t)(ta ? K : M) * lda, nb = (size_t)(tb ? N : K) * ldb, nc = (size_t)M * ldc;
     float *A = fvec(na, 1.0f), *B = fvec(nb, 1.0f), *C = fvec(nc, 1.0f), *C0 = fdup(C, nc);
-    l3d_gemm_t g = {ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32};
+    l3d_gemm_t g = {ta, tb, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32, 0};
     double *ref = dvec((size_t)M * N);
     ref_gemm(&g, C0, ref);
     cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
@@ -147,7 +147,7 @@ Test(cpu_gemm, few_rows_matrix_vector) {
 Test(cpu_gemm, k_zero_scales_c) {
     env_t e = env_open(1);
     float C[6] = {1, 2, 3, 4, 5, 6}, A[1] = {0}, B[1] = {0};
-    l3d_gemm_t g = {0, 0, 2, 3, 0, 1.0f, 2.0f, A, 1, B, 3, C, 3, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32};
+    l3d_gemm_t g = {0, 0, 2, 3, 0, 1.0f, 2.0f, A, 1, B, 3, C, 3, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32, 0};
     cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_OK);
     for (int i = 0; i < 6; i++) cr_assert_eq(C[i], 2.0f * (float)(i + 1));
     g.beta = 0.0f;
@@ -160,7 +160,7 @@ Test(cpu_gemm, k_zero_scales_c) {
 Test(cpu_gemm, bad_stride_is_invalid_arg) {
     env_t e = env_open(1);
     float A[16] = {0}, B[16] = {0}, C[16] = {0};
-    l3d_gemm_t g = {0, 0, 4, 4, 4, 1.0f, 0.0f, A, 3, B, 4, C, 4, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32};
+    l3d_gemm_t g = {0, 0, 4, 4, 4, 1.0f, 0.0f, A, 3, B, 4, C, 4, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32, 0};
     cr_assert_eq(l3d_dev_gemm(e.dev, &g), L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(e.ctx), "gemm"));
     env_close(e);
@@ -590,7 +590,7 @@ Test(cpu_determinism, one_vs_three_threads) {
         float *A = fvec((size_t)M * K, 1), *B = fvec((size_t)N * K, 1), *C[2];
         for (int r = 0; r < 2; r++) {
             C[r] = calloc((size_t)M * N, sizeof(float));
-            l3d_gemm_t g = {0, 1, M, N, K, 1.0f, 0.0f, A, K, B, K, C[r], N, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32};
+            l3d_gemm_t g = {0, 1, M, N, K, 1.0f, 0.0f, A, K, B, K, C[r], N, 1, 0, 0, 0, L3D_FLOAT32, L3D_FLOAT32, L3D_FLOAT32, 0};
             cr_assert_eq(l3d_dev_gemm(es[r].dev, &g), L3D_OK);
         }
         same("gemm", C[0], C[1], sizeof(float) * M * N);
