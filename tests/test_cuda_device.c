@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "devices/device.h"
+#include "devices/device_math.h"
 
 static l3d_ctx_t *ctx;
 static l3d_device_t *gpu, *cpu;
@@ -388,6 +389,38 @@ Test(cuda, gemm_tf32_on_request) {
     l3d_dev_free(tf, gc, (size_t)M * N * 4, "other");
     l3d_device_destroy(tf);
     free(a), free(b), free(want), free(got);
+}
+
+// gemm's round_a (device ABI 11): a float32 A against bfloat16 weights is rounded and multiplied
+// as a bfloat16 pair. The CPU device's product of the explicitly rounded A (a bfloat16 operand)
+// with the same B is the reference: both sum exact products in float32, each within
+// (K + 2) u sum |a||b| of the exact result, so within twice that of each other.
+Test(cuda, gemm_round_a_multiplies_the_rounded_rows) {
+    NEED_GPU();
+    const int M = 37, N = 53, K = 200;
+    float *a = rand_vals(L3D_FLOAT32, (size_t)M * K, -1, 1);
+    uint16_t *b = rand_vals(L3D_BFLOAT16, (size_t)N * K, -1, 1);
+    uint16_t *a16 = malloc((size_t)M * K * 2);
+    for (int i = 0; i < M * K; i++) a16[i] = l3d_f32_to_bf16(a[i]);
+    float *want = calloc((size_t)M * N, 4), *got = calloc((size_t)M * N, 4);
+    void *ga = to_dev(gpu, a, (size_t)M * K * 4), *gb = to_dev(gpu, b, (size_t)N * K * 2),
+         *gc = to_dev(gpu, want, (size_t)M * N * 4);
+    l3d_gemm_t g = {.trans_b = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .lda = K, .ldb = K,
+                    .ldc = N, .b_type = L3D_BFLOAT16};
+    l3d_gemm_t gh = g, gd = g;
+    gh.A = a16, gh.a_type = L3D_BFLOAT16, gh.B = b, gh.C = want;
+    gd.A = ga, gd.B = gb, gd.C = gc, gd.round_a = 1;
+    cr_assert_eq(l3d_dev_gemm(cpu, &gh), L3D_OK);
+    cr_assert_eq(l3d_dev_gemm(gpu, &gd), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    from_dev(gpu, got, gc, (size_t)M * N * 4);
+    double bound = 2.0 * (K + 2) * u * K;  // sum |a||b| <= K for operands in [-1, 1]
+    for (int i = 0; i < M * N; i++)
+        cr_assert(fabs((double)got[i] - want[i]) <= bound, "round_a C[%d] %.9g vs %.9g", i,
+                  got[i], want[i]);
+    l3d_dev_free(gpu, ga, (size_t)M * K * 4, "other");
+    l3d_dev_free(gpu, gb, (size_t)N * K * 2, "other");
+    l3d_dev_free(gpu, gc, (size_t)M * N * 4, "other");
+    free(a), free(b), free(a16), free(want), free(got);
 }
 
 // ---- the model's ops ---------------------------------------------------------------------------

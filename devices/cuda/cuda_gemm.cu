@@ -279,6 +279,20 @@ extern "C" l3d_status l3d_cuda_gemm(l3d_device_t *dev, const l3d_gemm_t *g) {
             }
         return L3D_OK;
     }
+    // round_a: a float32 A against 16-bit weights, rounded to their dtype (the same rounding
+    // as every convert) and multiplied on the tensor cores as a 16-bit pair, as the CPU device
+    // multiplies on AVX512-BF16 and AMX.
+    if (g->round_a && g->a_type == L3D_FLOAT32 && g->b_type != L3D_FLOAT32 &&
+        g->c_type == L3D_FLOAT32) {
+        int nbatch = g->batch > 1 ? g->batch : 1;
+        size_t na = span(g->trans_a ? g->K : g->M, g->lda, nbatch, g->stride_a);
+        void *a16;
+        L3D_CHECK(dev->ctx, l3d_cuda_scratch(dev, na * l3d_dtype_size(g->b_type), &a16));
+        L3D_CHECK(dev->ctx, l3d_cuda_convert(dev, a16, g->b_type, g->A, L3D_FLOAT32, na));
+        l3d_gemm_t r = *g;
+        r.A = a16, r.a_type = g->b_type;
+        return lt_matmul(dev, &r);
+    }
     int same = g->a_type == g->b_type;
     int direct = same && (g->c_type == g->a_type || g->c_type == L3D_FLOAT32);
     if (direct) return lt_matmul(dev, g);
