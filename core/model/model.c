@@ -131,21 +131,16 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
         snprintf(what, sizeof(what), "the model's weights (%zu parameters)", m->n_params);
         L3D_CHECK_GOTO(ctx, l3d_mem_check(ctx, (uint64_t)wbytes, what), st, err_free);
     }
-    if (w16 != L3D_FLOAT32) {  // 16-bit weights only (l3d_model_create_part_w16)
-        m->wt = w16;
-        m->w16_only = 1;
-        L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, wbytes, "params", &m->wp), st, err_free);
-        L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->wp, 0, wbytes), st, err_free_params);
-        *model_p = m;
-        return L3D_OK;
-    }
-    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, wbytes, "params", (void **)&m->params), st, err_free);
-    L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, m->params, 0, wbytes), st, err_free_params);
+    // The float32 arena, or the 16-bit weights alone (l3d_model_create_part_w16).
+    m->w16_only = w16 != L3D_FLOAT32;
+    if (m->w16_only) m->wt = w16;
+    void **arena = m->w16_only ? &m->wp : (void **)&m->params;
+    L3D_CHECK_GOTO(ctx, l3d_dev_alloc(dev, wbytes, "params", arena), st, err_free);
+    L3D_CHECK_GOTO(ctx, l3d_dev_memset(dev, *arena, 0, wbytes), st, err_free_params);
     *model_p = m;
     return L3D_OK;
 err_free_params:
-    if (m->w16_only) l3d_dev_free(dev, m->wp, wbytes, "params");
-    else l3d_dev_free(dev, m->params, wbytes, "params");
+    l3d_dev_free(dev, *arena, wbytes, "params");
 err_free:
     l3d_comm_destroy(m->tp.kv_comm);
     l3d_tp2d_destroy(m->tp.g);

@@ -204,9 +204,6 @@ L3D_CPU_INLINE float l3d_cpu_dot_any(const float *restrict a, const void *restri
 L3D_CPU_INLINE float l3d_cpu_dotf(const float *restrict a, const float *restrict b, int n) {
     return l3d_cpu_dot_any(a, b, 0, n);
 }
-L3D_CPU_INLINE float l3d_cpu_dotf_bf16(const float *restrict a, const uint16_t *restrict b, int n) {
-    return l3d_cpu_dot_any(a, b, 1, n);
-}
 // Four dot products of one a with rows b[0..3], each in l3d_cpu_dotf's order (the same bits
 // as four calls): four weight rows stream at once, more loads in flight than one row's short
 // loop and fold allow.

@@ -72,6 +72,10 @@ static l3d_status cpu_init(l3d_device_t *dev, const l3d_device_params_t *params)
     int n = params ? params->num_threads : 0;
     if (n < 0) return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "cpu: num_threads %d < 0", n);
     if (n == 0) n = l3d_num_cores();
+    int have = l3d_cpu_bf16_probe(), want = l3d_ctx_settings(dev->ctx)->cpu_bf16;
+    if (want > have)
+        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED, "cpu: L3D_CPU_BF16=%s: this CPU's best "
+                         "is %s", l3d_cpu_bf16_name(want), l3d_cpu_bf16_name(have));
     l3d_cpu_t *cpu = l3d_calloc(dev->ctx, 1, sizeof(*cpu), "other");
     if (!cpu) return L3D_ERR_NOMEM;
     cpu->pool_alloc = (l3d_allocator_t){cpu_pool_alloc, cpu_pool_free, dev->ctx};
@@ -91,14 +95,6 @@ static l3d_status cpu_init(l3d_device_t *dev, const l3d_device_params_t *params)
     }
     // Our pool is the only threading: OpenBLAS runs single-threaded inside our tasks.
     openblas_set_num_threads(1);
-    int have = l3d_cpu_bf16_probe(), want = l3d_ctx_settings(dev->ctx)->cpu_bf16;
-    if (want > have) {
-        l3d_pool_destroy(cpu->pool);
-        l3d_free(dev->ctx, cpu->slot_busy, sizeof(atomic_int) * (size_t)n, "other");
-        l3d_free(dev->ctx, cpu, sizeof(*cpu), "other");
-        return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED, "cpu: L3D_CPU_BF16=%s: this CPU's "
-                         "best is %s", l3d_cpu_bf16_name(want), l3d_cpu_bf16_name(have));
-    }
     // auto takes AMX only: on Emerald Rapids the AVX512-BF16 kernel ran a 1024x2816x1024
     // product at 0.56x the widened sgemm's speed (bench_ops_dtype), AMX at 3.6x.
     cpu->bf16 = want >= 0 ? want : have == L3D_CPU_BF16_AMX ? have : L3D_CPU_BF16_OFF;

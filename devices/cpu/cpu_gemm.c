@@ -207,7 +207,7 @@ static l3d_status gemm_one(l3d_device_t *dev, const l3d_gemm_t *g) {
         gemm_tile(g, 0, g->M, 0, g->N);
         return L3D_OK;
     }
-    gemm_job_t j = {.g = g, .cpu = l3d_cpu_priv(dev), .bf16 = bf16, .widen_b = widen_b};
+    gemm_job_t j = {.g = g, .cpu = cpu, .bf16 = bf16, .widen_b = widen_b};
     int tm = GEMM_TILE_M, tn = GEMM_TILE_N;
     gemm_split(g->M, tm, &j.tile_m, &j.ntm);
     gemm_split(g->N, tn, &j.tile_n, &j.ntn);

@@ -28,6 +28,8 @@
 #define BF16_X86 0
 #endif
 
+#define RND32(x) (((x) + 31) & ~31)  // rows, columns and K padded to whole blocks
+
 #if BF16_X86
 // ---- packed operands -------------------------------------------------------------------------
 // op(A) (M,K), a task's rows: blocks of 16 rows x 32 k, stored [row block][k block][16][32], so
@@ -37,7 +39,6 @@
 // (k/2)*32 + n*2 + k%2, one AMX B tile; an AVX512-BF16 step reads one pair row (64 bytes).
 // Rows and columns are padded to 32 (two blocks), the AMX kernel's step.
 #define BLK 512  // bfloat16 per block: 16 x 32
-#define RND32(x) (((x) + 31) & ~31)
 
 
 L3D_CPU_VECTORIZE
@@ -334,7 +335,6 @@ l3d_status l3d_cpu_gemv_round_a(l3d_device_t *dev, const l3d_gemm_t *g) {
     return l3d_error(dev->ctx, L3D_ERR_INTERNAL, "gemm: no AVX512-BF16 kernel in this build");
 }
 
-#define RND32(x) (((x) + 31) & ~31)
 #endif
 
 size_t l3d_cpu_gemm_bf16_scratch(int tile_m, int tile_n, int K) {

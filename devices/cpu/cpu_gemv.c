@@ -21,69 +21,44 @@ typedef struct {
     const l3d_gemm_t *g;
 } gemv_job_t;
 
-L3D_CPU_SIMD static void gemv_rows(const l3d_gemm_t *g, int j0, int j1) {
-    const int M = g->M, K = g->K;
-    const float *A = g->A, *B = g->B;  // float32: cpu_gemm.c widened 16-bit operands
-    for (int j = j0; j < j1; j++) {
-        const float *w = B + (size_t)j * (size_t)g->ldb;
-        for (int m = 0; m < M; m++) {
-            float d = l3d_cpu_dotf(A + (size_t)m * (size_t)g->lda, w, K);
-            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
-            // beta 0 never reads C (BLAS semantics: it may hold NaN).
-            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
-        }
-    }
-}
-
 #if L3D_CPU_HAVE_V8F
-// B in bfloat16 (A and C float32): the weights are read as stored, widened in registers.
-L3D_CPU_SIMD static void gemv_rows_bf16(const l3d_gemm_t *g, int j0, int j1) {
-    const int M = g->M, K = g->K;
-    const float *A = g->A;
-    const uint16_t *B = g->B;
-    for (int j = j0; j < j1; j++) {
-        const uint16_t *w = B + (size_t)j * (size_t)g->ldb;
-        for (int m = 0; m < M; m++) {
-            float d = l3d_cpu_dotf_bf16(A + (size_t)m * (size_t)g->lda, w, K);
-            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
-            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
-        }
-    }
-}
-#endif
-
-#if L3D_CPU_HAVE_V8F
-// Four weight rows at a time (l3d_cpu_dotf4: the same bits as one at a time).
-L3D_CPU_SIMD static void gemv_rows4(const l3d_gemm_t *g, int j0, int j1, int bf16) {
-    const int M = g->M, K = g->K;
+// Four weight rows at a time (l3d_cpu_dotf4: the same bits as one row at a time); a last group
+// of fewer repeats its last row and stores only its own. B float32, or bfloat16 read as stored
+// (widened in registers).
+L3D_CPU_SIMD static void rows(const l3d_gemm_t *g, int j0, int j1) {
+    const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
     const float *A = g->A;
     size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int j = j0; j < j1; j += 4) {
+        int nr = L3D_MIN(4, j1 - j);
         const void *w[4];
         for (int r = 0; r < 4; r++)
-            w[r] = (const char *)g->B + (size_t)(j + r) * (size_t)g->ldb * es;
+            w[r] = (const char *)g->B + (size_t)(j + L3D_MIN(r, nr - 1)) * (size_t)g->ldb * es;
         for (int m = 0; m < M; m++) {
             float d[4];
             if (bf16) l3d_cpu_dotf4(A + (size_t)m * (size_t)g->lda, w, 1, K, d);
             else l3d_cpu_dotf4(A + (size_t)m * (size_t)g->lda, w, 0, K, d);
             float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
-            for (int r = 0; r < 4; r++)
+            // beta 0 never reads C (BLAS semantics: it may hold NaN).
+            for (int r = 0; r < nr; r++)
                 c[r] = g->beta == 0.0f ? g->alpha * d[r] : g->alpha * d[r] + g->beta * c[r];
         }
     }
 }
-#endif
-
-static void rows(const l3d_gemm_t *g, int j0, int j1) {
-#if L3D_CPU_HAVE_V8F
-    int bf16 = g->b_type == L3D_BFLOAT16, j4 = j0 + (j1 - j0) / 4 * 4;
-    gemv_rows4(g, j0, j4, bf16);
-    if (bf16) gemv_rows_bf16(g, j4, j1);
-    else gemv_rows(g, j4, j1);
 #else
-    gemv_rows(g, j0, j1);
-#endif
+L3D_CPU_SIMD static void rows(const l3d_gemm_t *g, int j0, int j1) {
+    const int M = g->M, K = g->K;
+    const float *A = g->A, *B = g->B;  // float32 (l3d_cpu_gemv_takes)
+    for (int j = j0; j < j1; j++) {
+        const float *w = B + (size_t)j * (size_t)g->ldb;
+        for (int m = 0; m < M; m++) {
+            float d = l3d_cpu_dotf(A + (size_t)m * (size_t)g->lda, w, K);
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
+        }
+    }
 }
+#endif
 
 static void gemv_task(void *arg, int task, int ntasks) {
     const gemv_job_t *j = arg;
