@@ -85,9 +85,10 @@ static l3d_status model_create(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
     if (mode >= 2) {
         st = mode == 2 ? l3d_tp2d_create(tp_comm, dev, &m->tp.g)
                        : l3d_tp3d_create(tp_comm, dev, &m->tp.g3);
-        if (st < 0) {
+        if (st < 0) {  // (the grid's reason is on the communicator's context)
             l3d_free(ctx, m, sizeof(*m), "other");
-            return st;
+            return l3d_error(ctx, st, "tp_mode %dd: building the grid: %s", mode,
+                             l3d_ctx_last_error(l3d_comm_ctx(tp_comm)));
         }
         l3d_tp_t *t = &m->tp;
         if (mode == 2) {

@@ -32,17 +32,26 @@ static l3d_status check_block_ld(l3d_model_t *m, int ld, int cols) {
                      "columns)", m->tp.mode, cols, ld);
 }
 
+// A 2d or 3d product's status on the model's context: the grids write their errors on the tp
+// communicator's (the world's, shared by thread ranks).
+static l3d_status block_status(l3d_model_t *m, l3d_status st) {
+    if (st >= 0) return st;
+    return l3d_error(m->ctx, st, "tensor parallel %dd product: %s", m->tp.mode,
+                     l3d_ctx_last_error(l3d_comm_ctx(m->tp.comm)));
+}
+
 // y(N,O) = x(N,I) W(O,I)^T, beta = 0 overwrites, 1 accumulates. ldy lets k/v land in a cache.
 static l3d_status linear_fwd(l3d_model_t *m, int kind, void *y, int ldy, const void *x,
                              const void *W, int N, int I, int O, float beta, l3d_dtype at,
                              l3d_dtype wt) {
     if (m->tp.mode == 2) {
         L3D_CHECK(m->ctx, check_block_ld(m, ldy, O));
-        return l3d_tp2d_block_fwd(m->tp.g, y, x, W, N, I, O, beta, at, wt);
+        return block_status(m, l3d_tp2d_block_fwd(m->tp.g, y, x, W, N, I, O, beta, at, wt));
     }
     if (m->tp.mode == 3) {
         L3D_CHECK(m->ctx, check_block_ld(m, ldy, O));
-        return l3d_tp3d_block_fwd(m->tp.g3, kind, y, x, W, N, I, O, beta, at, wt);
+        return block_status(m,
+                            l3d_tp3d_block_fwd(m->tp.g3, kind, y, x, W, N, I, O, beta, at, wt));
     }
     l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = N, .N = O, .K = I, .alpha = 1.0f,
                     .beta = beta, .A = x, .lda = I, .B = W, .ldb = I, .C = y, .ldc = ldy,
@@ -56,12 +65,13 @@ static l3d_status linear_bwd(l3d_model_t *m, int kind, void *dx, float beta, voi
                              l3d_dtype at, l3d_dtype wt) {
     // (2d and 3d: float32 gradients, l3d_model_set_grad_dtype)
     if (m->tp.mode == 2) {
-        L3D_CHECK(m->ctx, l3d_tp2d_block_bwd_w(m->tp.g, (float *)dW, dy, x, N, I, O, at));
-        return l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta, at, wt);
+        l3d_status st = l3d_tp2d_block_bwd_w(m->tp.g, (float *)dW, dy, x, N, I, O, at);
+        if (st >= 0) st = l3d_tp2d_block_bwd_x(m->tp.g, dx, dy, W, N, I, O, beta, at, wt);
+        return block_status(m, st);
     }
     if (m->tp.mode == 3)
-        return l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, (float *)dW, dy, x, W, N, I, O, at,
-                                  wt);
+        return block_status(m, l3d_tp3d_block_bwd(m->tp.g3, kind, dx, beta, (float *)dW, dy, x,
+                                                  W, N, I, O, at, wt));
     l3d_gemm_t gw = {.trans_a = 1, .trans_b = 0, .M = O, .N = I, .K = N, .alpha = 1.0f,
                      .beta = 1.0f, .A = dy, .lda = O, .B = x, .ldb = I, .C = dW, .ldc = I,
                      .a_type = at, .b_type = at, .c_type = m->gt};

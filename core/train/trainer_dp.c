@@ -125,23 +125,25 @@ void l3d_dp_fini(l3d_trainer_t *t) {
     d->b = NULL;
 }
 
+l3d_status l3d_dp_comm_err(l3d_trainer_t *t, l3d_comm_t *c, l3d_status st, const char *what) {
+    return l3d_error(t->ctx, st, "%s: %s", what, l3d_ctx_last_error(l3d_comm_ctx(c)));
+}
+
 static l3d_status bucket_start(l3d_trainer_t *t, l3d_dp_bucket_t *b) {
     l3d_dp_t *d = &t->dp;
     void *g = l3d_elem(t->grads, d->gt, b->off);
-    if (d->cscratch) {  // reduced in cdt: the bucket rounded in place
-        size_t es = l3d_dtype_size(d->cdt);
-        char *c = (char *)g;
+    l3d_dtype dt = d->gt;  // (gradients in their own dtype: float32, or a 16-bit gt)
+    if (d->cscratch) {     // reduced in cdt: the bucket rounded in place
         L3D_CHECK(t->ctx, l3d_dp_narrow(t, g, b->len));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-        if (d->sharded)
-            return l3d_comm_ireduce_scatter(d->comm, c, c + (size_t)d->rank * b->q * es, b->q,
-                                            d->cdt, L3D_SUM, &b->req);
-        return l3d_comm_iallreduce(d->comm, c, c, b->len, d->cdt, L3D_SUM, &b->req);
+        dt = d->cdt;
     }
-    if (d->sharded)  // (gradients in their own dtype: float32, or a 16-bit gt)
-        return l3d_comm_ireduce_scatter(d->comm, g, l3d_elem(g, d->gt, (size_t)d->rank * b->q),
-                                        b->q, d->gt, L3D_SUM, &b->req);
-    return l3d_comm_iallreduce(d->comm, g, g, b->len, d->gt, L3D_SUM, &b->req);
+    l3d_status st =
+        d->sharded ? l3d_comm_ireduce_scatter(d->comm, g, l3d_elem(g, dt, (size_t)d->rank * b->q),
+                                              b->q, dt, L3D_SUM, &b->req)
+                   : l3d_comm_iallreduce(d->comm, g, g, b->len, dt, L3D_SUM, &b->req);
+    // (a peer that failed before this launch fails it at once: its reason comes with it)
+    return st < 0 ? l3d_dp_comm_err(t, d->comm, st, "data-parallel gradient reduction") : L3D_OK;
 }
 
 // grad_ready hook: starts every bucket that lies wholly in [final_from, Ppad).
@@ -190,9 +192,7 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
     // Buckets start over next step. (Not per micro-batch: with interleaved chunks, each
     // chunk's last backward starts the buckets above it, in decreasing arena order.)
     d->next = 0;
-    if (st < 0)
-        return l3d_error(t->ctx, st, "data-parallel gradient reduction: %s",
-                         l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    if (st < 0) return l3d_dp_comm_err(t, d->comm, st, "data-parallel gradient reduction");
     for (int i = 0; d->cscratch && i < d->nb; i++) {  // the reduced part back into float32
         const l3d_dp_bucket_t *b = &d->b[i];
         L3D_CHECK(t->ctx, l3d_dp_widen(t, (float *)t->grads + b->off,
@@ -205,8 +205,8 @@ l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t) {
 // Sums one double per rank of c in rank order (bit-identical on every rank). Doubles travel as
 // bytes: the reduction itself happens here, in a fixed order.
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x) {
-    (void)t;
-    return l3d_comm_sum_double(c, x);
+    l3d_status st = l3d_comm_sum_double(c, x);
+    return st < 0 ? l3d_dp_comm_err(t, c, st, "loss sum") : L3D_OK;
 }
 
 // The gradient of arena element a0 of bucket b's piece on this rank: in the arena (ZeRO-1, in
@@ -277,8 +277,9 @@ l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t) {
     for (int g = 0; g < 3; g++) {
         if (!groups[g]) continue;
         int gn = l3d_comm_size(groups[g]);
-        L3D_CHECK(t->ctx, l3d_comm_allgather(groups[g], d->norm_dev, d->norm_dev + 1,
-                                             sizeof(double), L3D_UINT8));
+        st = l3d_comm_allgather(groups[g], d->norm_dev, d->norm_dev + 1, sizeof(double),
+                                L3D_UINT8);
+        if (st < 0) return l3d_dp_comm_err(t, groups[g], st, "gradient norm all-gather");
         L3D_CHECK(t->ctx, l3d_dev_sum_f64(dev, d->norm_dev, d->norm_dev + 1, gn));
     }
     return L3D_OK;
@@ -333,9 +334,7 @@ static l3d_status zero1_gather(l3d_trainer_t *t) {
                              (end - b->off) * l3d_dtype_size(pt), L3D_COPY_D2D);
         if (s < 0 && st >= 0) st = s;
     }
-    if (st < 0)
-        return l3d_error(t->ctx, st, "ZeRO-1 parameter all-gather: %s",
-                         l3d_ctx_last_error(l3d_comm_ctx(d->comm)));
+    if (st < 0) return l3d_dp_comm_err(t, d->comm, st, "ZeRO-1 parameter all-gather");
     return l3d_dev_sync(t->dev);
 }
 
@@ -437,8 +436,9 @@ l3d_status l3d_dp_optim_gather(l3d_trainer_t *t, const float *shard, float *full
     // In arena order: a ZeRO-2 bucket's padding lands on the next bucket, written after it.
     for (int k = d->nb - 1; k >= 0; k--) {
         l3d_dp_bucket_t *b = &d->b[k];
-        L3D_CHECK(t->ctx, l3d_comm_allgather(d->comm, shard + b->sh, full + b->off, b->q,
-                                             L3D_FLOAT32));
+        l3d_status st = l3d_comm_allgather(d->comm, shard + b->sh, full + b->off, b->q,
+                                           L3D_FLOAT32);
+        if (st < 0) return l3d_dp_comm_err(t, d->comm, st, "optimizer state all-gather");
     }
     return L3D_OK;
 }

@@ -186,6 +186,9 @@ void l3d_dp_arm(l3d_trainer_t *t, l3d_acts_t *a, int last_micro);
 // Starts the buckets not started yet and waits for all of them.
 l3d_status l3d_dp_reduce_finish(l3d_trainer_t *t);
 l3d_status l3d_dp_sum_double(l3d_trainer_t *t, l3d_comm_t *c, double *x);
+// st from a call on c, on t's context with c's reason: a collective's error is written on the
+// communicator's context (the world's, shared by thread ranks), not the caller's.
+l3d_status l3d_dp_comm_err(l3d_trainer_t *t, l3d_comm_t *c, l3d_status st, const char *what);
 l3d_status l3d_dp_grad_sumsq(l3d_trainer_t *t);
 // A 16-bit communication_data_type: the elements of the scratch that converts buckets of at
 // most `longest` floats in place (at most a fixed chunk).
