@@ -22,13 +22,25 @@
 #include "llama3d/status.h"
 
 // 2: native collectives became non-blocking (a request completed through test/cancel).
-#define L3D_TRANSPORT_ABI_VERSION 2
+// 3: device buffers (set_stream, caps.coll_ptr_support, caps.half_sums_per_hop), groups
+//    (group_split, group_free), params.local_rank: what NCCL needs.
+#define L3D_TRANSPORT_ABI_VERSION 3
 
 #define L3D_PTR_HOST 0x1u
 #define L3D_PTR_DEVICE 0x2u
 
 typedef struct l3d_transport_caps {
-    uint32_t ptr_support;  // L3D_PTR_* bits the buffers may be
+    // L3D_PTR_* bits the buffers of isend/irecv may be. With L3D_PTR_DEVICE the communicator
+    // hands a device buffer (of its l3d_comm_set_device device) over as it is, after
+    // set_stream; without it, through a host copy.
+    uint32_t ptr_support;
+    // The L3D_PTR_* bits the native collectives take (0: as ptr_support). A collective on
+    // other memory runs the core's algorithm over isend/irecv.
+    uint32_t coll_ptr_support;
+    // Nonzero: a native sum of 16-bit values rounds at every hop (NCCL's bfloat16 and half),
+    // not once as the collective contract below says; the communicator's callers reduce in
+    // float32 where it matters (docs/comm.md).
+    int half_sums_per_hop;
     int needs_mr;          // nonzero: buffers must be registered (mr_reg) before isend/irecv
     size_t max_msg;        // largest single message in bytes (core segments above this)
     int max_inflight;      // requests that may be outstanding per peer before core waits
@@ -51,6 +63,7 @@ typedef struct l3d_transport {
 
 typedef struct l3d_transport_params {
     int rank, nranks;
+    int local_rank;    // this rank's place on its node (the launcher's LOCAL_RANK): its GPU
     double timeout_s;  // for blocking entries (connect)
     // In-process worlds only: the object shared by all ranks of the world, created by the
     // first rank's init when *local_shared is NULL (the local transport); else NULL.
@@ -59,6 +72,13 @@ typedef struct l3d_transport_params {
 
 // An opaque in-flight operation owned by the transport until `test` reports it done.
 typedef struct l3d_tp_request l3d_tp_request_t;
+
+// A communicator as a transport sees it: its members as world ranks in communicator order.
+typedef struct l3d_tp_group {
+    const int *ranks;
+    int n, me;
+    uint32_t id;  // 0: the world
+} l3d_tp_group_t;
 
 struct l3d_transport_ops {
     uint32_t abi_version;  // L3D_TRANSPORT_ABI_VERSION
@@ -129,6 +149,26 @@ struct l3d_transport_ops {
     int (*waiting_on)(const l3d_transport_t *tp, const l3d_tp_request_t *req, char *buf,
                       size_t len);
 
+    // ---- device buffers (optional: NULL unless caps.ptr_support has L3D_PTR_DEVICE) ---------
+    // Orders the device-buffer work posted after this call (isend, irecv, native collectives)
+    // after the work already queued on `stream`, a stream of the communicator's device (the
+    // handle l3d_dev_stream_create gave; NULL: the device's default stream). The transport
+    // may run the work on streams of its own; completion is reported by `test` as always.
+    // Non-blocking, never fails (an error surfaces at the next post).
+    void (*set_stream)(l3d_transport_t *tp, void *stream);
+
+    // ---- groups (optional: NULL when the transport needs nothing per communicator) ---------
+    // l3d_comm_split made communicator `child` from `parent` (world ranks in communicator
+    // order, this rank at `me`, the communicator id that native calls' seq carries in its high
+    // 32 bits). Called on every member of the parent once the members agreed, in the same
+    // order everywhere; child is NULL on a member that joins none. Blocking, bounded by
+    // params.timeout_s. Failure records the cause with l3d_error on tp->ctx.
+    l3d_status (*group_split)(l3d_transport_t *tp, const l3d_tp_group_t *parent,
+                              const l3d_tp_group_t *child);
+    // Communicator `id` is destroyed (l3d_comm_destroy; not the world's, id 0, which fini
+    // ends). Its calls are done or cancelled. Non-blocking, never fails.
+    void (*group_free)(l3d_transport_t *tp, uint32_t id);
+
     // ---- native collectives (optional: NULL if the core's algorithms should be used) --------
     const l3d_transport_coll_ops_t *coll;
 };
@@ -147,11 +187,11 @@ typedef struct l3d_tp_coll_args {
     uint64_t seq;
     const void *sendbuf;
     void *recvbuf;
-    size_t count;     // allreduce/broadcast: elements; reduce_scatter: recvcount;
-                      // allgather: sendcount
+    size_t count;     // allreduce/broadcast/reduce: elements; reduce_scatter: recvcount;
+                      // allgather: sendcount; alltoall: elements per rank; barrier: 0
     l3d_dtype dt;
     l3d_redop op;     // reducing entries only
-    int root;         // broadcast only (communicator rank)
+    int root;         // broadcast and reduce only (communicator rank)
 } l3d_tp_coll_args_t;
 
 // Every entry has the same contract. Starts this rank's part of the collective and returns at
@@ -171,6 +211,11 @@ struct l3d_transport_coll_ops {
     l3d_tp_coll_fn reduce_scatter;
     l3d_tp_coll_fn allgather;
     l3d_tp_coll_fn broadcast;
+    // (ABI 3) reduce: recvbuf on the root only; alltoall: block i of sendbuf to rank i, block j
+    // of recvbuf from rank j (in place when sendbuf == recvbuf); barrier: no buffers.
+    l3d_tp_coll_fn reduce;
+    l3d_tp_coll_fn alltoall;
+    l3d_tp_coll_fn barrier;
 };
 
 // The built transports, NULL-terminated (generated l3d_backends.c).
@@ -213,6 +258,9 @@ static inline l3d_status l3d_tp_progress(l3d_transport_t *t) { return t->ops->pr
 static inline void l3d_tp_cancel(l3d_transport_t *t, l3d_tp_request_t *req) { t->ops->cancel(t, req); }
 static inline void l3d_tp_abort(l3d_transport_t *t) { t->ops->abort(t); }
 static inline const char *l3d_tp_strerror(const l3d_transport_t *t) { return t->ops->strerror(t); }
+static inline void l3d_tp_set_stream(l3d_transport_t *t, void *stream) {
+    if (t->ops->set_stream) t->ops->set_stream(t, stream);
+}
 // The native collective `op` if the backend has one (NULL otherwise).
 #define L3D_TP_COLL(t, op) ((t)->ops->coll ? (t)->ops->coll->op : NULL)
 

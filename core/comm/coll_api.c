@@ -38,13 +38,63 @@ static int reduces(l3d_coll op) {
 // The transport's native entry for `op`, or NULL.
 static l3d_tp_coll_fn native_fn(const l3d_comm_t *c, l3d_coll op) {
     const l3d_transport_t *t = &c->world->tp;
+    const l3d_transport_caps_t *k = &c->world->caps;
+    // (entries for device memory only: l3d_coll_start gives them device buffers, or none)
+    if (k->coll_ptr_support && !(k->coll_ptr_support & L3D_PTR_HOST)) return NULL;
+    return l3d_coll_native_any(t, op);
+}
+
+l3d_tp_coll_fn l3d_coll_native_any(const l3d_transport_t *t, l3d_coll op) {
     switch (op) {
     case L3D_COLL_ALLREDUCE: return L3D_TP_COLL(t, allreduce);
     case L3D_COLL_REDUCE_SCATTER: return L3D_TP_COLL(t, reduce_scatter);
     case L3D_COLL_ALLGATHER: return L3D_TP_COLL(t, allgather);
     case L3D_COLL_BROADCAST: return L3D_TP_COLL(t, broadcast);
+    case L3D_COLL_REDUCE: return L3D_TP_COLL(t, reduce);
+    case L3D_COLL_ALLTOALL: return L3D_TP_COLL(t, alltoall);
+    case L3D_COLL_BARRIER: return L3D_TP_COLL(t, barrier);
     default: return NULL;
     }
+}
+
+// A native collective on device memory: the host buffers through device temporaries, the
+// transport's work ordered after the compute issued so far.
+static l3d_status coll_device(l3d_comm_t *c, l3d_coll op, l3d_tp_coll_fn fn, const void *sendbuf,
+                              void *recvbuf, size_t count, l3d_dtype dt, l3d_redop rop, int root,
+                              l3d_request_t **req_p) {
+    const char *what = l3d_coll_name(op);
+    int n = c->size, me = c->rank;
+    size_t blk = count * l3d_dtype_size(dt);
+    size_t all = blk * (size_t)n;
+    size_t sbytes = op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_ALLTOALL ? all : blk;
+    size_t rbytes = op == L3D_COLL_ALLGATHER || op == L3D_COLL_ALLTOALL ? all : blk;
+    if (op == L3D_COLL_BROADCAST && me != root) sbytes = 0;
+    if (op == L3D_COLL_REDUCE && me != root) rbytes = 0;
+    if (op == L3D_COLL_BARRIER) sbytes = rbytes = 0;
+    l3d_sched_t s;
+    l3d_sched_init(&s, c);
+    void *host_recv = NULL, *dev_recv = recvbuf;
+    l3d_stage_call_device(&s, c, &sendbuf, sbytes, &dev_recv, rbytes, &host_recv);
+    l3d_status st = s.st;
+    if (st >= 0) st = l3d_stage_order(c);
+    if (st < 0) {
+        l3d_sched_fini(&s);
+        return l3d_error(c->ctx, st, "%s: device memory for the transport %s failed", what,
+                         c->world->tp.ops->name);
+    }
+    uint32_t seq = c->seq++;
+    l3d_tp_coll_args_t na = {.ranks = c->ranks, .n = n, .me = me,
+                             .seq = ((uint64_t)c->id << 32) | seq, .sendbuf = sendbuf,
+                             .recvbuf = dev_recv, .count = count, .dt = dt, .op = rop,
+                             .root = root};
+    l3d_sched_round(&s);
+    l3d_sched_native(&s, fn, &na);
+    if (host_recv) {
+        l3d_sched_round(&s);
+        l3d_sched_d2h(&s, c, -1, host_recv, dev_recv, rbytes);
+    }
+    uint64_t tag = l3d_tag_make(&c->world->tags, L3D_TAG_COLL, c->id, seq, 0);
+    return l3d_request_start(c, &s, what, tag, req_p);
 }
 
 l3d_status l3d_coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
@@ -77,6 +127,11 @@ l3d_status l3d_coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void 
     c->stats.calls++;
     c->stats.bytes += vol;
     if (op != L3D_COLL_BARRIER && count == 0) return l3d_request_done(c, what, L3D_OK, req_p);
+    // A transport that takes device buffers runs its native entries on them directly (no
+    // chunks, no other algorithm: comm_internal.h, "a transport that takes device buffers").
+    l3d_tp_coll_fn dnf = l3d_coll_native_any(&c->world->tp, op);
+    if (dnf && n > 1 && l3d_stage_device_coll(c))
+        return coll_device(c, op, dnf, sendbuf, recvbuf, count, dt, rop, root, req_p);
     // A large staged call goes in chunks, pipelined (comm_stage.c); every rank decides alike.
     if (l3d_stage_chunked(c, op, count * esz))
         return l3d_stage_pipe_start(c, op, sendbuf, recvbuf, count, dt, rop, root, req_p);

@@ -99,7 +99,9 @@ l3d_status l3d_comm_create_local(l3d_ctx_t *ctx, int nranks, l3d_comm_t **comms)
             st = L3D_ERR_NOMEM;
             goto fail;
         }
-        l3d_transport_params_t p = {inited, nranks, l3d_ctx_settings(ctx)->comm_timeout_s, &hub};
+        l3d_transport_params_t p = {.rank = inited, .nranks = nranks, .local_rank = inited,
+                                    .timeout_s = l3d_ctx_settings(ctx)->comm_timeout_s,
+                                    .local_shared = &hub};
         st = ops->init(&w[inited]->tp, &p);
         if (st < 0) {
             world_free(w[inited], 0);
@@ -183,8 +185,9 @@ l3d_status l3d_comm_create_env(l3d_ctx_t *ctx, const char *transport, l3d_comm_t
     L3D_CHECK_GOTO(ctx, l3d_bootstrap_create(ctx, &env, timeout, &bs), st, fail_world);
     w->bootstrap = bs;
     void *hub = NULL;  // a one-rank "local" world still needs a hub
-    l3d_transport_params_t p = {env.rank, env.size, timeout,
-                                strcmp(ops->name, "local") ? NULL : &hub};
+    l3d_transport_params_t p = {.rank = env.rank, .nranks = env.size,
+                                .local_rank = env.local_rank, .timeout_s = timeout,
+                                .local_shared = strcmp(ops->name, "local") ? NULL : &hub};
     L3D_CHECK_GOTO(ctx, ops->init(&w->tp, &p), st, fail_world);
     char small[256];
     size_t len = sizeof(small);
@@ -252,6 +255,18 @@ static int split_cmp(const void *pa, const void *pb) {
     return a->rank < b->rank ? -1 : a->rank > b->rank;
 }
 
+// The transport's part of a split (its entry is optional), on every member of the parent.
+static l3d_status group_split(l3d_comm_t *parent, const l3d_tp_group_t *child) {
+    l3d_transport_t *tp = &parent->world->tp;
+    if (!tp->ops->group_split) return L3D_OK;
+    l3d_tp_group_t pg = {parent->ranks, parent->size, parent->rank, parent->id};
+    l3d_status st = tp->ops->group_split(tp, &pg, child);
+    if (st < 0)
+        return l3d_error(parent->ctx, st, "split: transport %s: %s", tp->ops->name,
+                         l3d_ctx_last_error(tp->ctx));
+    return L3D_OK;
+}
+
 l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **newcomm_p) {
     if (!comm || !newcomm_p) return L3D_ERR_INVALID_ARG;
     l3d_ctx_t *ctx = comm->ctx;
@@ -272,7 +287,8 @@ l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **new
     if (color < 0) {
         l3d_free(ctx, all, (size_t)n * sizeof(*all), "comm");
         *newcomm_p = NULL;
-        return L3D_OK;
+        // (a transport's own split is collective over the parent: this rank takes part)
+        return group_split(comm, NULL);
     }
     int m = 0;
     for (int i = 0; i < n; i++)
@@ -289,8 +305,14 @@ l3d_status l3d_comm_split(l3d_comm_t *comm, int color, int key, l3d_comm_t **new
         if (all[i].rank == comm->rank) me = i;
     }
     l3d_free(ctx, all, (size_t)n * sizeof(*all), "comm");
+    l3d_tp_group_t child = {ranks, m, me, id};
+    if ((st = group_split(comm, &child)) < 0) {
+        l3d_free(ctx, ranks, (size_t)m * sizeof(int), "comm");
+        return st;
+    }
     st = comm_new(w, ranks, m, me, id, newcomm_p);
     if (st < 0) {
+        if (w->tp.ops->group_free) w->tp.ops->group_free(&w->tp, id);
         l3d_free(ctx, ranks, (size_t)m * sizeof(int), "comm");
         return st;
     }
@@ -320,6 +342,7 @@ void l3d_comm_destroy(l3d_comm_t *c) {
         l3d_free(c->ctx, c->group, sizeof(*c->group), "comm");
     }
     l3d_world_t *w = c->world;
+    if (c->id && w->tp.ops->group_free) w->tp.ops->group_free(&w->tp, c->id);
     l3d_free(c->ctx, c->ranks, (size_t)c->size * sizeof(int), "comm");
     l3d_free(c->ctx, c, sizeof(*c), "comm");
     world_release(w);
@@ -365,9 +388,39 @@ static uint64_t p2p_tag(const l3d_comm_t *c) {
     return l3d_tag_make(&c->world->tags, L3D_TAG_P2P, c->id, 0, 0);
 }
 
+// p2p_add on a communicator whose transport takes device buffers: a host buffer goes through
+// a device temporary (comm_internal.h, "a transport that takes device buffers").
+static void p2p_add_device(l3d_sched_t *s, l3d_comm_t *c, int send, void *buf, size_t bytes,
+                           int peer) {
+    void *d = buf;
+    if (!l3d_dev_is_device_ptr(c->dev, buf)) {
+        if (!(d = l3d_stage_dtmp(s, c, bytes))) return;
+        l3d_status st = send ? l3d_stage_h2d(c->dev, d, buf, bytes) : L3D_OK;
+        if (st < 0) {
+            s->st = st;
+            return;
+        }
+    }
+    l3d_status st = l3d_stage_order(c);
+    if (st < 0) {
+        s->st = st;
+        return;
+    }
+    if (send) {
+        l3d_sched_send(s, peer, 0, d, bytes);
+        return;
+    }
+    int op = l3d_sched_recv(s, peer, 0, d, bytes);
+    if (d != buf) l3d_sched_d2h(s, c, op, buf, d, bytes);
+}
+
 // Adds one send or recv of `buf` to schedule s: a device buffer goes through a host copy
-// (comm_internal.h, "device buffers").
+// (comm_internal.h, "device buffers"), unless the transport takes it as it is.
 static void p2p_add(l3d_sched_t *s, l3d_comm_t *c, int send, void *buf, size_t bytes, int peer) {
+    if (bytes && l3d_stage_device_p2p(c)) {
+        p2p_add_device(s, c, send, buf, bytes, peer);
+        return;
+    }
     if (!bytes || !l3d_stage_needed(c, buf)) {
         if (send) l3d_sched_send(s, peer, 0, buf, bytes);
         else l3d_sched_recv(s, peer, 0, buf, bytes);

@@ -177,6 +177,7 @@ enum {
     L3D_LOP_TOWIRE,  // dst (float32) = a (dt: bf16/f16) widened
     L3D_LOP_FINAL,   // dst (dt) = a (wdt) / n for AVG, rounded to dt once for half types
     L3D_LOP_H2D,     // device dst = host a (count bytes) through dev, then wait for it
+    L3D_LOP_D2H,     // host dst = device a (count bytes) through dev, then wait for it
 };
 
 typedef struct l3d_sched_p2p {
@@ -195,7 +196,7 @@ typedef struct l3d_sched_lop {
     const void *a, *b;
     size_t count;
     int n;
-    l3d_device_t *dev;  // L3D_LOP_H2D's device
+    l3d_device_t *dev;  // L3D_LOP_H2D's and L3D_LOP_D2H's device
 } l3d_sched_lop_t;
 
 typedef struct l3d_sched_round {
@@ -216,6 +217,7 @@ typedef struct l3d_sched {
         void *p;
         size_t n;
         l3d_device_t *bounce;  // a device's bounce buffer (given back to it), or NULL
+        l3d_device_t *dev;     // memory of this device (freed through it), or NULL
     } *tmp;
     uint32_t nt, cap_t;
     l3d_tp_coll_fn native;        // the transport entry of the one native op (if any)
@@ -250,6 +252,8 @@ void l3d_sched_final(l3d_sched_t *s, int after, void *dst, const void *src, size
                      l3d_dtype dt, l3d_redop op, int n);
 // A temporary buffer owned by the schedule (ctx tag "comm"); NULL on failure (s->st set).
 void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes);
+// Hands memory p (n bytes) of device d to the schedule, freed through d by l3d_sched_fini.
+l3d_status l3d_sched_tmp_keep(l3d_sched_t *s, void *p, size_t n, l3d_device_t *d);
 
 // ---- device buffers (comm_stage.c) --------------------------------------------------------------
 // A call's buffers may be memory of the communicator's device. Transports take host memory,
@@ -273,6 +277,8 @@ void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sby
 // of the round (-1: at the round's end).
 void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
                    size_t bytes);
+// The transport's native entry for op, whatever memory it takes (NULL: none).
+l3d_tp_coll_fn l3d_coll_native_any(const l3d_transport_t *t, l3d_coll op);
 // Starts any collective (coll_api.c; the public entries and the pipe's chunks).
 l3d_status l3d_coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void *recvbuf,
                           size_t count, l3d_dtype dt, l3d_redop rop, int root,
@@ -289,6 +295,33 @@ l3d_status l3d_stage_pipe_advance(l3d_request_t *r, int *progressed);
 void l3d_stage_pipe_free(l3d_request_t *r);
 // What the H2D local op runs: the copy on the communication stream, waited for.
 l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes);
+// What the D2H local op runs: the same the other way.
+l3d_status l3d_stage_d2h(l3d_device_t *d, void *h, const void *src, size_t bytes);
+void l3d_sched_d2h(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
+                   size_t bytes);
+
+// ---- a transport that takes device buffers (caps.ptr_support has L3D_PTR_DEVICE: NCCL) ----
+// On a communicator whose device the host cannot read, such a transport gets every buffer of
+// a point-to-point call and of a collective it has a native entry for as device memory: a
+// device buffer as it is, a host one through a device temporary (the mirror of staging). The
+// choice depends on the communicator, never on this call's buffers, so a host buffer on one
+// rank and a device buffer on its peer still take the same path; the core's own messages
+// (notices, the algorithms' steps) stay host memory. The work is ordered after the compute
+// issued so far through the device's communication stream (l3d_stage_order).
+// Nonzero when c's point-to-point calls go as device memory.
+int l3d_stage_device_p2p(const l3d_comm_t *c);
+// Nonzero when c's native collectives go as device memory.
+int l3d_stage_device_coll(const l3d_comm_t *c);
+// A device temporary of `bytes` owned by the schedule (NULL, s->st set, on failure).
+void *l3d_stage_dtmp(l3d_sched_t *s, l3d_comm_t *c, size_t bytes);
+// A collective's host ranges replaced by device temporaries: the send range copied in now, the
+// receive range's host destination in *host_recv (NULL: none) for an l3d_sched_d2h after the
+// op; ranges that overlap share one temporary. Failures set s->st.
+void l3d_stage_call_device(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sbytes,
+                           void **recv, size_t rbytes, void **host_recv);
+// Tells the transport to order what it is given next after the compute issued so far on c's
+// device (its communication stream, after an event on the current one).
+l3d_status l3d_stage_order(l3d_comm_t *c);
 // A host buffer of at least `bytes` for staging: one of the device's bounce buffers, owned by
 // the schedule until l3d_sched_fini gives it back (a schedule temporary when all are held).
 void *l3d_stage_tmp(l3d_sched_t *s, l3d_device_t *d, size_t bytes);

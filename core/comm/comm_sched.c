@@ -114,6 +114,7 @@ void l3d_world_scratch_release(l3d_world_t *w) {
 void l3d_sched_fini(l3d_sched_t *s) {
     for (uint32_t i = 0; i < s->nt; i++) {
         if (s->tmp[i].bounce) l3d_stage_bounce_put(s->tmp[i].bounce, s->tmp[i].p);
+        else if (s->tmp[i].dev) l3d_dev_free(s->tmp[i].dev, s->tmp[i].p, s->tmp[i].n, "comm");
         else tmp_free(s, s->tmp[i].p, s->tmp[i].n);
     }
     l3d_world_t *w = s->world;
@@ -210,6 +211,13 @@ void l3d_sched_h2d(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const vo
                           .count = bytes, .dev = c->dev};
     add_lop(s, op);
 }
+void l3d_sched_d2h(l3d_sched_t *s, l3d_comm_t *c, int after, void *dst, const void *src,
+                   size_t bytes) {
+    if (!bytes) return;
+    l3d_sched_lop_t op = {.kind = L3D_LOP_D2H, .after = after, .dst = dst, .a = src,
+                          .count = bytes, .dev = c->dev};
+    add_lop(s, op);
+}
 void l3d_sched_towire(l3d_sched_t *s, int after, float *dst, const void *src, size_t count,
                       l3d_dtype dt) {
     if (!count) return;
@@ -224,6 +232,12 @@ void l3d_sched_final(l3d_sched_t *s, int after, void *dst, const void *src, size
                                  (uint8_t)op, after, dst, src, NULL, count, n, NULL});
 }
 
+l3d_status l3d_sched_tmp_keep(l3d_sched_t *s, void *p, size_t n, l3d_device_t *d) {
+    if (grow(s, (void **)&s->tmp, s->nt, &s->cap_t, sizeof(*s->tmp))) return s->st;
+    s->tmp[s->nt++] = (struct l3d_sched_tmp){p, n, NULL, d};
+    return L3D_OK;
+}
+
 void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
     if (grow(s, (void **)&s->tmp, s->nt, &s->cap_t, sizeof(*s->tmp))) return NULL;
     if (!bytes) bytes = 1;
@@ -231,7 +245,8 @@ void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
     if (w && bytes >= SCRATCH_MIN)
         for (int i = 0; i < 4; i++)
             if (w->scratch[i].p && w->scratch[i].n >= bytes && w->scratch[i].n / 2 <= bytes) {
-                s->tmp[s->nt++] = (struct l3d_sched_tmp){w->scratch[i].p, w->scratch[i].n, NULL};
+                s->tmp[s->nt++] =
+                    (struct l3d_sched_tmp){w->scratch[i].p, w->scratch[i].n, NULL, NULL};
                 w->scratch[i].p = NULL;
                 return s->tmp[s->nt - 1].p;
             }
@@ -240,7 +255,7 @@ void *l3d_sched_tmp(l3d_sched_t *s, size_t bytes) {
         s->st = L3D_ERR_NOMEM;
         return NULL;
     }
-    s->tmp[s->nt++] = (struct l3d_sched_tmp){p, bytes, NULL};
+    s->tmp[s->nt++] = (struct l3d_sched_tmp){p, bytes, NULL, NULL};
     return p;
 }
 
@@ -267,7 +282,7 @@ void *l3d_stage_tmp(l3d_sched_t *s, l3d_device_t *d, size_t bytes) {
     }
     if (fit < 0) return l3d_sched_tmp(s, bytes);  // all held, or larger than kept buffers
     d->bounce[fit].busy = 1;
-    s->tmp[s->nt++] = (struct l3d_sched_tmp){d->bounce[fit].p, bytes, d};
+    s->tmp[s->nt++] = (struct l3d_sched_tmp){d->bounce[fit].p, bytes, d, NULL};
     return d->bounce[fit].p;
 }
 
@@ -292,6 +307,8 @@ l3d_status l3d_sched_run_lop(const l3d_sched_lop_t *o) {
         break;
     case L3D_LOP_H2D:
         return l3d_stage_h2d(o->dev, o->dst, o->a, o->count);
+    case L3D_LOP_D2H:
+        return l3d_stage_d2h(o->dev, o->dst, o->a, o->count);
     }
     return L3D_OK;
 }

@@ -1,7 +1,9 @@
 // Device buffers in communicator calls: the communicator knows its device, and a buffer in
 // that device's memory reaches a transport, which takes host memory, through a host copy
 // (comm_internal.h, "device buffers"). A host buffer in the same call goes as it is.
-// defines: l3d_comm_set_device, l3d_stage_needed, l3d_stage_in, l3d_stage_call, l3d_stage_h2d
+// defines: l3d_comm_set_device, l3d_stage_needed, l3d_stage_in, l3d_stage_call, l3d_stage_h2d,
+//          l3d_stage_d2h, and for a transport that takes device buffers l3d_stage_device_p2p,
+//          l3d_stage_device_coll, l3d_stage_dtmp, l3d_stage_call_device, l3d_stage_order
 #include "core/comm/comm_internal.h"
 
 l3d_status l3d_comm_set_device(l3d_comm_t *c, l3d_device_t *dev) {
@@ -73,6 +75,76 @@ static void d2h_now(l3d_sched_t *s, l3d_comm_t *c, void *h, const void *src, siz
 
 l3d_status l3d_stage_h2d(l3d_device_t *d, void *dst, const void *h, size_t bytes) {
     return copy_on_comm(d, dst, h, bytes, L3D_COPY_H2D);
+}
+
+l3d_status l3d_stage_d2h(l3d_device_t *d, void *h, const void *src, size_t bytes) {
+    return copy_on_comm(d, h, src, bytes, L3D_COPY_D2H);
+}
+
+// ---- a transport that takes device buffers ---------------------------------------------------
+static int device_comm(const l3d_comm_t *c, uint32_t ptr_bits) {
+    return c->dev && !l3d_dev_is_host(c->dev) && (ptr_bits & L3D_PTR_DEVICE);
+}
+
+int l3d_stage_device_p2p(const l3d_comm_t *c) {
+    return device_comm(c, c->world->caps.ptr_support);
+}
+
+int l3d_stage_device_coll(const l3d_comm_t *c) {
+    const l3d_transport_caps_t *k = &c->world->caps;
+    return device_comm(c, k->coll_ptr_support ? k->coll_ptr_support : k->ptr_support);
+}
+
+void *l3d_stage_dtmp(l3d_sched_t *s, l3d_comm_t *c, size_t bytes) {
+    if (s->st < 0) return NULL;
+    void *p = NULL;
+    l3d_status st = l3d_dev_alloc(c->dev, bytes ? bytes : 1, "comm", &p);
+    if (st >= 0) st = l3d_sched_tmp_keep(s, p, bytes ? bytes : 1, c->dev);
+    if (st < 0) {
+        if (p) l3d_dev_free(c->dev, p, bytes ? bytes : 1, "comm");
+        s->st = st;
+        return NULL;
+    }
+    return p;
+}
+
+void l3d_stage_call_device(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sbytes,
+                           void **recv, size_t rbytes, void **host_recv) {
+    *host_recv = NULL;
+    uintptr_t sp = (uintptr_t)*send, rp = (uintptr_t)*recv;
+    int hs = sbytes && !l3d_dev_is_device_ptr(c->dev, *send);
+    int hr = rbytes && !l3d_dev_is_device_ptr(c->dev, *recv);
+    if (hs && hr && sp < rp + rbytes && rp < sp + sbytes) {
+        // in place, or one inside the other (an allgather's own block): one temporary of the
+        // union, so the transport sees the same overlap
+        uintptr_t lo = L3D_MIN(sp, rp), hi = L3D_MAX(sp + sbytes, rp + rbytes);
+        char *d = l3d_stage_dtmp(s, c, hi - lo);
+        if (!d) return;
+        l3d_status st = l3d_stage_h2d(c->dev, d + (sp - lo), *send, sbytes);
+        if (st < 0) s->st = st;
+        *host_recv = *recv;
+        *send = d + (sp - lo);
+        *recv = d + (rp - lo);
+        return;
+    }
+    if (hs) {
+        void *d = l3d_stage_dtmp(s, c, sbytes);
+        if (!d) return;
+        l3d_status st = l3d_stage_h2d(c->dev, d, *send, sbytes);
+        if (st < 0) s->st = st;
+        *send = d;
+    }
+    if (hr) {
+        *host_recv = *recv;
+        *recv = l3d_stage_dtmp(s, c, rbytes);
+    }
+}
+
+l3d_status l3d_stage_order(l3d_comm_t *c) {
+    l3d_device_t *d = c->dev;
+    L3D_CHECK(d->ctx, comm_after_compute(d));
+    l3d_tp_set_stream(&c->world->tp, d->comm_stream);
+    return L3D_OK;
 }
 
 void *l3d_stage_in(l3d_sched_t *s, l3d_comm_t *c, const void *src, size_t bytes) {
