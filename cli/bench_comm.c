@@ -30,9 +30,11 @@
 
 #include "cli/bench_comm.h"
 #include "cli/cli.h"
+#include "core/comm/bootstrap.h"
 #include "devices/device.h"
 #include "llama3d/comm.h"
 #include "platform/platform.h"
+#include "transports/transport.h"
 
 #define BC_CMD "bench comm"
 #define BC_ALIGN 64
@@ -179,7 +181,8 @@ static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
         {"-t", "NTHREADS", "thread ranks on the local transport (default 2; not when launched)",
          &t, 0},
         {"-W", "WINDOW", "p2p: messages in flight per iteration (default 1)", &W, 0},
-        {"--transport", "NAME", "local|ucx|ofi (default: local, or the launched job's)", &tp, 0},
+        {"--transport", "NAME", "local|ucx|ofi|nccl, as built (default: local, or the launched "
+         "job's)", &tp, 0},
         {"--device", "NAME", "buffers in this device's memory (cpu-opaque, cpu-async: staged "
          "through host copies; default: host memory)", &dev, 0},
         {"--json", "FILE", "also write the out-of-place rows as JSON (op, ranks, rows of bytes, "
@@ -218,9 +221,12 @@ static int bc_parse(int argc, char **argv, int first, bc_opts_t *o) {
     o->redop = (l3d_redop)k;
     if (bc_lookup("-d", d, bc_type_names, L3D_DTYPE_COUNT, &k) < 0) return L3D_EXIT_USAGE;
     o->dt = (l3d_dtype)k;
-    if (tp) {
-        static const char *const tps[] = {"local", "ucx", "ofi"};
-        if (bc_lookup("--transport", tp, tps, 3, &k) < 0) return L3D_EXIT_USAGE;
+    if (tp) {  // one of the built transports (the generated registry)
+        const char *tps[16];
+        int ntp = 0;
+        for (int i = 0; l3d_transport_backends[i] && ntp < 16; i++)
+            tps[ntp++] = l3d_transport_backends[i]->name;
+        if (bc_lookup("--transport", tp, tps, ntp, &k) < 0) return L3D_EXIT_USAGE;
         o->transport = tp;
     }
     if (o->minb == 0) {
@@ -561,7 +567,11 @@ static l3d_status bc_rank_run(bc_rank_t *rk) {
     l3d_status st = L3D_OK;
     if (o->device) {
         l3d_ctx_t *ctx = l3d_comm_ctx(rk->c);
-        l3d_device_params_t dp = {.num_threads = 1};
+        // (a launched rank's GPU is its LOCAL_RANK's, as l3d train's and the nccl transport's)
+        l3d_launch_env_t env;
+        int threads = !strcmp(l3d_comm_transport_name(rk->c), "local");
+        int local_rank = threads || l3d_launch_env_read(ctx, &env) < 0 ? 0 : env.local_rank;
+        l3d_device_params_t dp = {.num_threads = 1, .device_index = local_rank};
         if ((st = l3d_device_create(ctx, o->device, &dp, &rk->dev)) != L3D_OK ||
             (st = l3d_dev_alloc(rk->dev, alloc, "comm", (void **)&rk->ds)) != L3D_OK ||
             (st = l3d_dev_alloc(rk->dev, alloc, "comm", (void **)&rk->dr)) != L3D_OK ||

@@ -20,7 +20,8 @@ static const l3d_setting_row_t settings_rows[] = {
     {"L3D_ALGO", "",
      "collective algorithm overrides, op:algo[,op:algo] (e.g. allreduce:ring,broadcast:tree; "
      "docs/comm.md lists them)"},
-    {"L3D_TRANSPORT", "", "transport of multi-process jobs: ucx or ofi (empty: the first built)"},
+    {"L3D_TRANSPORT", "",
+     "transport of multi-process jobs: ucx, ofi or nccl (empty: the first built)"},
     {"L3D_COMM_MAX_MSG", "0",
      "largest message collectives send, in bytes (0 = the transport's limit; for debugging)"},
     {"L3D_COMM_MAX_INFLIGHT", "0",

@@ -77,7 +77,8 @@ done
 
 # Processes over the network transports: their buffers are host memory, the device's are
 # staged (docs/comm.md).
-built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+. "$(dirname "$0")/transports_lib.sh"
+built=$(network_transports "$L3D")
 for tp in $built; do
   for d in cpu cpu-opaque cpu-async; do
     L3D_DEVICE=$d UCX_TLS=tcp timeout 300 "$L3D" launch -n 2 --transport "$tp" -- \

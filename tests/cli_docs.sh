@@ -184,7 +184,10 @@ def sh(cmd, timeout=300):
 def built_transports():
     _, out, _ = sh("l3d launch -n 1 --transport nosuch -- true")
     m = re.search(r"\(built: ([^)]*)\)", out)
-    return set(re.split(r"[,\s]+", m.group(1)) if m else []) | {"local"}  # launch refuses local
+    built = set(re.split(r"[,\s]+", m.group(1)) if m else []) | {"local"}  # launch refuses local
+    if not os.path.exists("/dev/nvidiactl"):
+        built.discard("nccl")  # (a GPU per rank)
+    return built
 
 def cache(name):
     try:
@@ -317,7 +320,8 @@ def check_command(where, cmd, comment, lines, after):
             if re.match(r"(\./)?build/bench/", seg) and cache("L3D_BUILD_BENCH") == "OFF":
                 ok("%s: skipped, this build has no benchmarks (L3D_BUILD_BENCH=OFF): %s" % (where, seg))
             elif t and t.group(1) not in TRANSPORTS:
-                ok("%s: skipped, this build lacks the %s transport: %s" % (where, t.group(1), seg))
+                ok("%s: skipped, this build or machine lacks the %s transport: %s"
+                   % (where, t.group(1), seg))
             else:
                 run_command(where, seg, comment, lines, after)
             continue

@@ -132,9 +132,9 @@ launched() {
   if [ -z "$bad" ]; then ok "$what: the victim is named, nobody else"; else fail "$what:$bad" "$d/err"; fi
 }
 
-built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+. "$(dirname "$0")/transports_lib.sh"
+built=$(network_transports "$L3D")
 for tp in $built; do
-  [ "$tp" = local ] && continue
   for i in $(seq "$iters"); do
     by_hand "$tp" KILL $((i % 4)) 20
     by_hand "$tp" STOP $(((i + 1) % 4)) 3

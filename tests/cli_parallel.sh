@@ -38,9 +38,9 @@ sed 's/"stage": 0/"stage": 2/' "$tmp/il.json" >"$tmp/il.z2.json"
 "$L3D" train --config "$tmp/dp.json" --metrics "$tmp/ref.jsonl" >"$tmp/out" 2>&1
 if [ $? -eq 0 ] && [ "$(wc -l <"$tmp/ref.jsonl")" -eq 6 ]; then ok "single-rank reference"; else fail "single-rank reference" "$tmp/out"; fi
 
-built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+. "$(dirname "$0")/transports_lib.sh"
+built=$(network_transports "$L3D")
 for tp in $built; do
-  [ "$tp" = local ] && continue
   for cfg in dp z1 z2; do
     for n in 2 4; do
       "$L3D" launch -n $n --transport "$tp" -- "$L3D" train --config "$tmp/$cfg.json" \

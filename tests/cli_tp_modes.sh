@@ -65,9 +65,9 @@ else
   fail "tp 8 as 3d, threads (exit $rc)" "$tmp/out" "$tmp/3d.jsonl" "$tmp/one.jsonl"
 fi
 
-built=$("$L3D" launch -n 1 --transport nosuch -- true 2>&1 | sed -nE 's/.*\(built: ([^)]*)\).*/\1/p' | tr -d ,)
+. "$(dirname "$0")/transports_lib.sh"
+built=$(network_transports "$L3D")
 for tp in $built; do
-  [ "$tp" = local ] && continue
   for mode in "2d 4" "3d 8"; do
     set -- $mode
     "$L3D" launch -n "$2" --transport "$tp" -- "$L3D" train --model "$tmp/model.json" \

@@ -13,6 +13,12 @@
 #   build     configure and build for the GPU's architecture, unless --build    (420 s)
 #   ops       tests/test_cuda_device.c: every CUDA entry against the CPU device, and
 #             attention's and RMSNorm's backward against finite differences     (180 s)
+#   nccl      tests/test_transport_nccl.c: every native collective in every dtype on a
+#             one-rank NCCL communicator, on device memory, bit for bit; with NCCL 2.30 or
+#             newer two ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1) run l3d bench comm
+#             --transport nccl --device cuda with its check; with two GPUs or more the main job
+#             as dp 2 over nccl against its one-GPU run, and a rank killed mid-run named by the
+#             other within L3D_COMM_TIMEOUT (else one line saying why not)          (300 s)
 #   memcheck  compute-sanitizer memcheck and racecheck on the same tests         (240 s)
 #   train     the main job (llama3-tiny, 60 steps) on the GPU beside the CPU, float32 and
 #             bf16: each float32 run is within 10 sigma of torch's float64 trajectory, sigma
@@ -29,7 +35,7 @@
 # Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
 set -u
 cd "$(dirname "$0")/.."
-build="" only="facts,build,ops,memcheck,train,layouts,ckpt,speed"
+build="" only="facts,build,ops,nccl,memcheck,train,layouts,ckpt,speed"
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -94,6 +100,65 @@ if want ops; then
     grep -E '^\[(PASS|FAIL|SKIP)\]|Assertion|Synthesis' "$build/gpu-check-ops.log" | head -40
     [ $rc -eq 0 ] && record ops PASS "$(grep Synthesis "$build/gpu-check-ops.log")" ||
       record ops FAIL "rc $rc: $build/gpu-check-ops.log"
+  fi
+fi
+
+if want nccl; then
+  t=$build/tests/test_transport_nccl l3d=$build/l3d
+  if [ ! -x "$t" ]; then
+    record nccl FAIL "$t not built (no NCCL beside the CUDA toolkit, or no ucx/ofi?)"
+  elif ! has_gpu; then
+    record nccl SKIP "no GPU"
+  else
+    timeout 120 "$t" --verbose >"$build/gpu-check-nccl.log" 2>&1; rc=$?
+    grep -E '^\[(PASS|FAIL|SKIP)\]|Assertion|Synthesis|NCCL [0-9]' "$build/gpu-check-nccl.log" | head -20
+    ver=$(grep -o 'NCCL [0-9]*\.[0-9]*\.[0-9]*' "$build/gpu-check-nccl.log" | head -1 | cut -d' ' -f2)
+    ok=$([ $rc -eq 0 ] && echo 1 || echo 0)
+    detail="NCCL ${ver:-?}; one rank: $(grep -o 'Tested.*' "$build/gpu-check-nccl.log" | head -1);"
+    if awk -v v="$ver" 'BEGIN { split(v, a, "."); exit !(a[1] > 2 || (a[1] == 2 && a[2] >= 30)) }'; then
+      # both ranks on GPU 0 (LOCAL_RANK=0 for each: the device and the transport pick it)
+      NCCL_MULTI_RANK_GPU_ENABLE=1 timeout 120 "$l3d" launch -n 2 --transport nccl -- env LOCAL_RANK=0 \
+        "$l3d" bench comm allreduce --transport nccl --device cuda -b 8 -e 64M -c 1 \
+        >"$build/gpu-check-nccl2.log" 2>&1 || ok=0
+      grep -q "Out of bounds values : 0 OK" "$build/gpu-check-nccl2.log" || ok=0
+      detail="$detail two ranks on one GPU: $(grep -o 'Avg bus bandwidth.*' "$build/gpu-check-nccl2.log" | head -1);"
+    else
+      detail="$detail two ranks on one GPU: skipped (NCCL ${ver:-?} before 2.30 refuses a shared GPU);"
+    fi
+    ngpu=$(nvidia-smi -L | wc -l)
+    if [ "$ngpu" -ge 2 ]; then
+      timeout 150 "$l3d" train --device cuda --steps 20 --metrics "$build/gpu-check-nccl-1.jsonl" \
+        >"$build/gpu-check-nccl-1.log" 2>&1 || ok=0
+      timeout 150 "$l3d" launch -n 2 --transport nccl -- "$l3d" train --device cuda --dp 2 --steps 20 \
+        --metrics "$build/gpu-check-nccl-2.jsonl" >"$build/gpu-check-nccl-2.log" 2>&1 || ok=0
+      d=$(loss_diff "$build/gpu-check-nccl-1.jsonl" "$build/gpu-check-nccl-2.jsonl")
+      awk -v d="$d" 'BEGIN { exit !(d != "" && d <= 20 * 6.25e-7) }' || ok=0
+      detail="$detail dp 2 over nccl max |loss diff| $d (bound 1.25e-05)"
+      # a rank killed mid-run: the survivor names it within L3D_COMM_TIMEOUT (ranks by hand,
+      # as tests/cli_fail.sh: l3d launch would stop the survivor itself)
+      port=$((20000 + RANDOM % 20000))
+      for r in 0 1; do
+        RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r MASTER_ADDR=127.0.0.1 MASTER_PORT=$port L3D_TRANSPORT=nccl \
+          L3D_COMM_TIMEOUT=30 timeout 120 "$l3d" train --device cuda --dp 2 --steps 100000 \
+          >"$build/gpu-check-nccl-kill$r.log" 2>&1 &
+        eval "pid$r=\$!"
+      done
+      sleep 20
+      kill -9 "$pid1" 2>/dev/null
+      t0=$(date +%s)
+      wait "$pid0"; rc0=$?
+      took=$(( $(date +%s) - t0 ))
+      wait "$pid1" 2>/dev/null
+      if [ $rc0 -ne 0 ] && [ $rc0 -ne 124 ] && [ $took -le 45 ] && grep -q "rank 1" "$build/gpu-check-nccl-kill0.log"; then
+        detail="$detail; rank 1 killed: rank 0 named it in ${took} s"
+      else
+        ok=0
+        detail="$detail; rank 1 killed: rank 0 exit $rc0 after ${took} s (see gpu-check-nccl-kill0.log)"
+      fi
+    else
+      detail="$detail dp 2 on two GPUs: skipped ($ngpu GPU)"
+    fi
+    [ $ok -eq 1 ] && record nccl PASS "$detail" || record nccl FAIL "$detail see $build/gpu-check-nccl*.log"
   fi
 fi
 

@@ -20,8 +20,12 @@
 
 int l3d_world_transports(const char **names, int max) {
     int n = 0;
-    for (int i = 0; l3d_transport_backends[i] && n < max; i++)
+    for (int i = 0; l3d_transport_backends[i] && n < max; i++) {
+        // nccl takes a GPU per rank (test_transport_nccl, tools/gpu-check.sh): not these
+        // worlds of host-memory ranks
+        if (!strcmp(l3d_transport_backends[i]->name, "nccl")) continue;
         names[n++] = l3d_transport_backends[i]->name;
+    }
     return n;
 }
 

@@ -24,7 +24,8 @@ int l3d_world_run(const char *transport, int nranks, l3d_world_fn fn, void *arg,
 int l3d_world_run_all(const char *transport, int nranks, l3d_world_fn fn, void *arg,
                       double timeout_s, int *rcs, char (*errs)[256]);
 
-// The transports this build contains ("local" first), at most max; returns the count.
+// The transports this build contains ("local" first; not nccl, which needs a GPU per rank),
+// at most max; returns the count.
 int l3d_world_transports(const char **names, int max);
 
 #endif
