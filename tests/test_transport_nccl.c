@@ -3,7 +3,8 @@
 // one-rank endpoint that stops at connect naming the missing GPU with nothing left allocated.
 // On a GPU (tools/gpu-check.sh): a one-rank endpoint runs every native collective in every
 // dtype on device memory, on a user stream, each result checked on the host (one rank: the
-// sums, averages, maxima and minima are the input; the others copy it), bit for bit.
+// sums, averages, maxima and minima are the input; the others copy it), bit for bit, and an
+// all-reduce captured in a CUDA graph and replayed.
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -206,5 +207,53 @@ Test(nccl, one_rank_collectives_on_device_memory) {
     tp.ops->fini(&tp);
     cudaStreamDestroy(user);
     cr_assert_eq(l3d_ctx_mem_in_use(ctx, NULL), 0);
+    l3d_ctx_destroy(ctx);
+}
+
+// An all-reduce captured in a CUDA graph on the user's stream: done at once when issued (its
+// work is a node of the graph), then the graph replayed twice on new inputs, each result the
+// input (one rank), bit for bit.
+Test(nccl, one_rank_allreduce_in_a_cuda_graph) {
+    if (!have_gpu()) cr_skip_test("no GPU");
+    l3d_ctx_t *ctx;
+    cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
+    l3d_transport_t tp;
+    cr_assert_eq(one_rank(ctx, &tp), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    cudaStream_t user;
+    cr_assert_eq(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking), cudaSuccess);
+    tp.ops->set_stream(&tp, user);
+    enum { N = 1 << 16 };
+    static float host[N], back[N];
+    float *d_in, *d_out;
+    cr_assert_eq(cudaMalloc((void **)&d_in, sizeof(host)), cudaSuccess);
+    cr_assert_eq(cudaMalloc((void **)&d_out, sizeof(host)), cudaSuccess);
+    int ranks[1] = {0};
+    l3d_tp_coll_args_t a = {.ranks = ranks, .n = 1, .me = 0, .seq = 0, .sendbuf = d_in,
+                            .recvbuf = d_out, .count = N, .dt = L3D_FLOAT32, .op = L3D_SUM};
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cr_assert_eq(cudaStreamBeginCapture(user, cudaStreamCaptureModeThreadLocal), cudaSuccess);
+    l3d_tp_request_t *r = NULL;
+    cr_assert_eq(tp.ops->coll->allreduce(&tp, &a, &r), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+    int done = 0;
+    cr_assert_eq(tp.ops->test(&tp, r, &done, NULL), L3D_OK);
+    cr_assert(done, "a captured call is done when issued");
+    cr_assert_eq(cudaStreamEndCapture(user, &graph), cudaSuccess);
+    cr_assert_eq(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    for (int rep = 0; rep < 2; rep++) {
+        for (int i = 0; i < N; i++) host[i] = (float)(i % 977) * 0.25f - (float)rep * 3.0f;
+        cr_assert_eq(cudaMemcpy(d_in, host, sizeof(host), cudaMemcpyHostToDevice), cudaSuccess);
+        cr_assert_eq(cudaMemset(d_out, 0xff, sizeof(host)), cudaSuccess);
+        cr_assert_eq(cudaGraphLaunch(exec, user), cudaSuccess);
+        cr_assert_eq(cudaStreamSynchronize(user), cudaSuccess);
+        cr_assert_eq(cudaMemcpy(back, d_out, sizeof(back), cudaMemcpyDeviceToHost), cudaSuccess);
+        cr_assert_eq(memcmp(back, host, sizeof(host)), 0, "replay %d", rep);
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(d_in);
+    cudaFree(d_out);
+    tp.ops->fini(&tp);
+    cudaStreamDestroy(user);
     l3d_ctx_destroy(ctx);
 }

@@ -14,7 +14,8 @@
 #   ops       tests/test_cuda_device.c: every CUDA entry against the CPU device, and
 #             attention's and RMSNorm's backward against finite differences     (180 s)
 #   nccl      tests/test_transport_nccl.c: every native collective in every dtype on a
-#             one-rank NCCL communicator, on device memory, bit for bit; with NCCL 2.30 or
+#             one-rank NCCL communicator, on device memory, bit for bit, and an all-reduce
+#             captured in a CUDA graph and replayed; with NCCL 2.30 or
 #             newer two ranks on the one GPU (NCCL_MULTI_RANK_GPU_ENABLE=1) run l3d bench comm
 #             --transport nccl --device cuda with its check; with two GPUs or more the main job
 #             as dp 2 over nccl against its one-GPU run, and a rank killed mid-run named by the

@@ -122,6 +122,7 @@ struct l3d_tp_request {
     ncclComm_t comm;         // the communicator it runs on
     uint32_t gid;            // a collective's communicator id
     int peer;                // world rank (-1: a collective)
+    int captured;            // issued while the user's stream was capturing a CUDA graph
     size_t len;
     const char *what;
 };

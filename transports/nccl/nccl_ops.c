@@ -66,13 +66,22 @@ static l3d_status order_after_user(l3d_nccl_t *n, cudaStream_t s) {
 }
 
 // The NCCL call that returned r was issued on comm and stream s: settle its launch and record
-// the request's completion event after it.
+// the request's completion event after it. Under a CUDA graph capture of the user's stream
+// (which s joined through order_after_user) the work is a node of the graph, not something
+// that runs now: the user's stream waits for it (so s rejoins the capture before it ends) and
+// the request is done at once, its work ordered before whatever the stream captures next.
 static l3d_status launched(l3d_nccl_t *n, ncclResult_t r, ncclComm_t comm, cudaStream_t s,
                            l3d_tp_request_t *req) {
     if (r != ncclSuccess && r != ncclInProgress) return l3d_nccl_fail(n, r, comm, req->what);
     L3D_CHECK(n->ctx, l3d_nccl_settle(n, comm, req->what));
     L3D_CHECK(n->ctx, event_take(n, &req->done));
     cudaError_t e = cudaEventRecord(req->done, s);
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (e == cudaSuccess && cudaStreamIsCapturing(n->user, &cs) == cudaSuccess &&
+        cs == cudaStreamCaptureStatusActive) {
+        e = cudaStreamWaitEvent(n->user, req->done, 0);
+        req->captured = 1;
+    }
     return e == cudaSuccess ? L3D_OK : l3d_nccl_cuda_fail(n, e, req->what);
 }
 
@@ -154,6 +163,12 @@ l3d_status l3d_nccl_test(l3d_transport_t *tp, l3d_tp_request_t *req, int *done_p
         l3d_status st = n->host.ops->test(&n->host, req->host, done_p, len_p);
         if (st < 0 || *done_p) req_free(n, req, 1);  // (the inner request is freed by its test)
         return st;
+    }
+    if (req->captured) {  // (a node of the graph being captured: launched())
+        *done_p = 1;
+        if (len_p) *len_p = req->len;
+        req_free(n, req, 1);
+        return L3D_OK;
     }
     l3d_nccl_group_t *g = req->peer < 0 ? l3d_nccl_group(n, req->gid) : NULL;
     if (n->aborted || (req->peer < 0 && (!g || g->dead))) {
