@@ -24,26 +24,47 @@ cat >"$tmp/c.json" <<'EOF'
  "data": {"seq_len": 32}}
 EOF
 
-# ---- launch -n 2 --transport nccl: the id exchange, then every rank names the missing GPU ------
+# ---- two ranks by hand: the id exchange, then each names the missing GPU ---------------------
+# (by hand, not through l3d launch: launch stops the other ranks once one exits, so whether the
+# second rank got as far as saying so would be a race)
+port=$(( 20000 + RANDOM % 20000 ))
 start=$(date +%s)
-L3D_LOG=debug timeout 120 "$L3D" launch -n 2 --transport nccl -- "$L3D" train --config "$tmp/c.json" \
-  --dp 2 >"$tmp/l.out" 2>&1
-rc=$?
+for r in 0 1; do
+  L3D_RANK=$r L3D_WORLD_SIZE=2 L3D_MASTER_ADDR=127.0.0.1 L3D_MASTER_PORT=$port L3D_TRANSPORT=nccl \
+    L3D_LOG=debug L3D_COMM_TIMEOUT=30 timeout 90 "$L3D" train --config "$tmp/c.json" --dp 2 \
+    >"$tmp/h$r.out" 2>&1 &
+  eval "p$r=\$!"
+done
+wait $p0; rc0=$?
+wait $p1; rc1=$?
 took=$(( $(date +%s) - start ))
-ids=$(grep -o "nccl: rank [01] has rank 0's unique id [0-9a-f]*" "$tmp/l.out" | awk '{print $NF}' | sort -u)
-nid=$(grep -c "nccl: rank [01] has rank 0's unique id" "$tmp/l.out")
+ids=$(cat "$tmp/h0.out" "$tmp/h1.out" | grep -o "nccl: rank [01] has rank 0's unique id [0-9a-f]*" | awk '{print $NF}' | sort -u)
+nid=$(cat "$tmp/h0.out" "$tmp/h1.out" | grep -c "nccl: rank [01] has rank 0's unique id")
 if [ "$nid" -eq 2 ] && [ "$(echo "$ids" | wc -l)" -eq 1 ] && [ -n "$ids" ]; then
   ok "rank 0's unique id reached both ranks through the rendezvous (digest $ids)"
 else
-  fail "unique id exchange ($nid lines)" "$tmp/l.out"
+  fail "unique id exchange ($nid lines)" "$tmp/h0.out" "$tmp/h1.out"
 fi
-if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] \
-   && grep -q "^\[rank 0\] l3d train: nccl: rank 0 has no GPU: " "$tmp/l.out" \
-   && grep -q "^\[rank 1\] l3d train: nccl: rank 1 has no GPU: " "$tmp/l.out" \
-   && grep -q "rank [01] exited with status 2" "$tmp/l.out"; then
-  ok "no GPU: every rank stops naming it, status 2, in ${took} s (launch exit $rc)"
+if [ $rc0 -eq 2 ] && [ $rc1 -eq 2 ] && [ $took -le 60 ] \
+   && grep -q "^l3d train: nccl: rank 0 has no GPU: " "$tmp/h0.out" \
+   && grep -q "^l3d train: nccl: rank 1 has no GPU: " "$tmp/h1.out"; then
+  ok "no GPU: each rank exits 2 naming it, in ${took} s"
 else
-  fail "no-GPU stop (exit $rc after ${took} s)" "$tmp/l.out"
+  fail "no-GPU stop (exits $rc0 / $rc1 after ${took} s)" "$tmp/h0.out" "$tmp/h1.out"
+fi
+
+# ---- the same through l3d launch: non-zero within 60 s, the first rank's reason ---------------
+start=$(date +%s)
+timeout 120 "$L3D" launch -n 2 --transport nccl -- "$L3D" train --config "$tmp/c.json" --dp 2 \
+  >"$tmp/l.out" 2>&1
+rc=$?
+took=$(( $(date +%s) - start ))
+if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $took -le 60 ] \
+   && grep -q "^\[rank [01]\] l3d train: nccl: rank [01] has no GPU: " "$tmp/l.out" \
+   && grep -q "rank [01] exited with status 2" "$tmp/l.out"; then
+  ok "l3d launch -n 2 --transport nccl: exit $rc in ${took} s, a rank naming the missing GPU"
+else
+  fail "launch without a GPU (exit $rc after ${took} s)" "$tmp/l.out"
 fi
 
 # ---- a rank on another transport: named, no hang ------------------------------------------------
