@@ -10,6 +10,11 @@
 
 void l3d_cli_rank_failed(l3d_cli_rank_t *r, l3d_ctx_t *ctx, l3d_status st) {
     const char *detail = ctx ? l3d_ctx_last_error(ctx) : "";
+    char why[256];
+    // A peer's failure whose words stayed on the communicator's context (a path that did
+    // not carry them over): the world's record of it names the rank.
+    if (!detail[0] && st == L3D_ERR_PEER_FAILED && l3d_comm_failure(r->comm, why, sizeof(why)))
+        detail = why;
     r->st = st;
     r->rc = l3d_cli_exit_code(st);
     snprintf(r->err, sizeof(r->err), "%s", detail[0] ? detail : l3d_strerror(st));

@@ -369,6 +369,13 @@ static int carry_fn(l3d_comm_t *c, void *arg, char *err, size_t errlen) {
             snprintf(err, errlen, "allreduce on the world returned %d: %s", (int)st2, d2);
             rc = 1;
         }
+        // the world's record, for callers whose context did not get the words (cli/ranks.c)
+        char why[256];
+        if (!rc && (!l3d_comm_failure(sub, why, sizeof(why)) ||
+                    strcmp(why, "rank 3 failed: rank 3's own detail (reported by rank 0)"))) {
+            snprintf(err, errlen, "l3d_comm_failure: '%s'", why);
+            rc = 1;
+        }
     }
     l3d_comm_destroy(sub);
     return rc;

@@ -333,6 +333,13 @@ int l3d_comm_size(const l3d_comm_t *c) { return c ? c->size : 0; }
 const char *l3d_comm_transport_name(const l3d_comm_t *c) { return c ? c->world->tp.ops->name : ""; }
 l3d_ctx_t *l3d_comm_ctx(const l3d_comm_t *c) { return c ? c->ctx : NULL; }
 
+int l3d_comm_failure(const l3d_comm_t *c, char *buf, size_t len) {
+    if (len) buf[0] = 0;
+    if (!c || !len || !c->world->dead_epoch || c->world->first_dead < 0) return 0;
+    snprintf(buf, len, "rank %d failed: %s", c->world->first_dead, c->world->dead_reason);
+    return 1;
+}
+
 void l3d_comm_destroy(l3d_comm_t *c) {
     if (!c) return;
     l3d_comm_drop_requests(c);

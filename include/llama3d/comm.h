@@ -87,6 +87,11 @@ int l3d_comm_rank(const l3d_comm_t *comm);
 int l3d_comm_size(const l3d_comm_t *comm);
 const char *l3d_comm_transport_name(const l3d_comm_t *comm);
 l3d_ctx_t *l3d_comm_ctx(const l3d_comm_t *comm);
+// The first rank failure this rank's world has learned of, as "rank 3 failed: <its reason>",
+// into buf (len bytes); returns 1, or 0 and "" when none is known. A caller whose call failed
+// with L3D_ERR_PEER_FAILED can name the cause even where the error's own words were written
+// on another context (the communicator's, l3d_comm_ctx).
+int l3d_comm_failure(const l3d_comm_t *comm, char *buf, size_t len);
 
 // Marks the communicator failed and tells the peers (their pending and future calls fail with
 // L3D_ERR_PEER_FAILED naming this rank, where the transport can carry that). Non-blocking.
