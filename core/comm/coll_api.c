@@ -57,6 +57,16 @@ l3d_tp_coll_fn l3d_coll_native_any(const l3d_transport_t *t, l3d_coll op) {
     }
 }
 
+// The bytes this rank's send and receive buffers of a call span (0: the buffer is not used).
+static void coll_bytes(const l3d_comm_t *c, l3d_coll op, size_t count, size_t esz, int root,
+                       size_t *sbytes, size_t *rbytes) {
+    size_t blk = count * esz, all = blk * (size_t)c->size;
+    *sbytes = op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_ALLTOALL ? all : blk;
+    *rbytes = op == L3D_COLL_ALLGATHER || op == L3D_COLL_ALLTOALL ? all : blk;
+    if ((op == L3D_COLL_BROADCAST && c->rank != root) || op == L3D_COLL_BARRIER) *sbytes = 0;
+    if ((op == L3D_COLL_REDUCE && c->rank != root) || op == L3D_COLL_BARRIER) *rbytes = 0;
+}
+
 // A native collective on device memory: the host buffers through device temporaries, the
 // transport's work ordered after the compute issued so far.
 static l3d_status coll_device(l3d_comm_t *c, l3d_coll op, l3d_tp_coll_fn fn, const void *sendbuf,
@@ -64,13 +74,8 @@ static l3d_status coll_device(l3d_comm_t *c, l3d_coll op, l3d_tp_coll_fn fn, con
                               l3d_request_t **req_p) {
     const char *what = l3d_coll_name(op);
     int n = c->size, me = c->rank;
-    size_t blk = count * l3d_dtype_size(dt);
-    size_t all = blk * (size_t)n;
-    size_t sbytes = op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_ALLTOALL ? all : blk;
-    size_t rbytes = op == L3D_COLL_ALLGATHER || op == L3D_COLL_ALLTOALL ? all : blk;
-    if (op == L3D_COLL_BROADCAST && me != root) sbytes = 0;
-    if (op == L3D_COLL_REDUCE && me != root) rbytes = 0;
-    if (op == L3D_COLL_BARRIER) sbytes = rbytes = 0;
+    size_t sbytes, rbytes;
+    coll_bytes(c, op, count, l3d_dtype_size(dt), root, &sbytes, &rbytes);
     l3d_sched_t s;
     l3d_sched_init(&s, c);
     void *host_recv = NULL, *dev_recv = recvbuf;
@@ -141,13 +146,9 @@ l3d_status l3d_coll_start(l3d_comm_t *c, l3d_coll op, const void *sendbuf, void 
     l3d_sched_t s;
     l3d_sched_init(&s, c);
     void *dev_recv = NULL;
-    size_t sbytes = 0, rbytes = 0;
+    size_t sbytes, rbytes;
+    coll_bytes(c, op, count, esz, root, &sbytes, &rbytes);
     if (op != L3D_COLL_BARRIER) {
-        size_t blk = count * esz, all = blk * (size_t)n;
-        sbytes = op == L3D_COLL_REDUCE_SCATTER || op == L3D_COLL_ALLTOALL ? all : blk;
-        rbytes = op == L3D_COLL_ALLGATHER || op == L3D_COLL_ALLTOALL ? all : blk;
-        if (op == L3D_COLL_BROADCAST && me != root) sbytes = 0;
-        if (op == L3D_COLL_REDUCE && me != root) rbytes = 0;
         l3d_stage_call(&s, c, &sendbuf, sbytes, &recvbuf, rbytes, &dev_recv);
         if (s.st < 0) {
             l3d_status st = s.st;

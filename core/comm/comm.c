@@ -399,26 +399,20 @@ static uint64_t p2p_tag(const l3d_comm_t *c) {
 // a device temporary (comm_internal.h, "a transport that takes device buffers").
 static void p2p_add_device(l3d_sched_t *s, l3d_comm_t *c, int send, void *buf, size_t bytes,
                            int peer) {
-    void *d = buf;
-    if (!l3d_dev_is_device_ptr(c->dev, buf)) {
-        if (!(d = l3d_stage_dtmp(s, c, bytes))) return;
-        l3d_status st = send ? l3d_stage_h2d(c->dev, d, buf, bytes) : L3D_OK;
-        if (st < 0) {
-            s->st = st;
-            return;
-        }
-    }
-    l3d_status st = l3d_stage_order(c);
+    const void *sbuf = send ? buf : NULL;
+    void *rbuf = send ? NULL : buf, *host_recv = NULL;
+    l3d_stage_call_device(s, c, &sbuf, send ? bytes : 0, &rbuf, send ? 0 : bytes, &host_recv);
+    l3d_status st = s->st < 0 ? s->st : l3d_stage_order(c);
     if (st < 0) {
         s->st = st;
         return;
     }
     if (send) {
-        l3d_sched_send(s, peer, 0, d, bytes);
+        l3d_sched_send(s, peer, 0, sbuf, bytes);
         return;
     }
-    int op = l3d_sched_recv(s, peer, 0, d, bytes);
-    if (d != buf) l3d_sched_d2h(s, c, op, buf, d, bytes);
+    int op = l3d_sched_recv(s, peer, 0, rbuf, bytes);
+    if (host_recv) l3d_sched_d2h(s, c, op, host_recv, rbuf, bytes);
 }
 
 // Adds one send or recv of `buf` to schedule s: a device buffer goes through a host copy

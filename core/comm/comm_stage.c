@@ -81,6 +81,49 @@ l3d_status l3d_stage_d2h(l3d_device_t *d, void *h, const void *src, size_t bytes
     return copy_on_comm(d, h, src, bytes, L3D_COPY_D2H);
 }
 
+// A call's ranges in the memory the transport does not take replaced by schedule temporaries
+// in the memory it does (to_device 0: device ranges by host copies, l3d_stage_call; 1: host
+// ranges by device temporaries, l3d_stage_call_device): the send range copied in now, the
+// receive range's own address in *moved_recv (NULL: none) for a copy back after the op.
+// Ranges that overlap (in place, or an allgather's own block inside its output) share one
+// temporary of their union, so the algorithm or transport sees the same aliasing. Failures
+// set s->st.
+static void *stage_temp(l3d_sched_t *s, l3d_comm_t *c, int to_device, size_t bytes) {
+    return to_device ? l3d_stage_dtmp(s, c, bytes) : l3d_stage_tmp(s, c->dev, bytes);
+}
+static void stage_ranges(l3d_sched_t *s, l3d_comm_t *c, int to_device, const void **send,
+                         size_t sbytes, void **recv, size_t rbytes, void **moved_recv) {
+    *moved_recv = NULL;
+    uintptr_t sp = (uintptr_t)*send, rp = (uintptr_t)*recv;
+    int ms = sbytes && (to_device ? !l3d_dev_is_device_ptr(c->dev, *send)
+                                  : l3d_stage_needed(c, *send));
+    int mr = rbytes && (to_device ? !l3d_dev_is_device_ptr(c->dev, *recv)
+                                  : l3d_stage_needed(c, *recv));
+    l3d_copy_kind in = to_device ? L3D_COPY_H2D : L3D_COPY_D2H;
+    if (ms && mr && sp < rp + rbytes && rp < sp + sbytes) {
+        uintptr_t lo = L3D_MIN(sp, rp), hi = L3D_MAX(sp + sbytes, rp + rbytes);
+        char *t = stage_temp(s, c, to_device, hi - lo);
+        if (!t) return;
+        l3d_status st = copy_on_comm(c->dev, t + (sp - lo), *send, sbytes, in);
+        if (st < 0) s->st = st;
+        *moved_recv = *recv;
+        *send = t + (sp - lo);
+        *recv = t + (rp - lo);
+        return;
+    }
+    if (ms) {
+        void *t = stage_temp(s, c, to_device, sbytes);
+        if (!t) return;
+        l3d_status st = copy_on_comm(c->dev, t, *send, sbytes, in);
+        if (st < 0) s->st = st;
+        *send = t;
+    }
+    if (mr) {
+        *moved_recv = *recv;
+        *recv = stage_temp(s, c, to_device, rbytes);
+    }
+}
+
 // ---- a transport that takes device buffers ---------------------------------------------------
 static int device_comm(const l3d_comm_t *c, uint32_t ptr_bits) {
     return c->dev && !l3d_dev_is_host(c->dev) && (ptr_bits & L3D_PTR_DEVICE);
@@ -110,34 +153,7 @@ void *l3d_stage_dtmp(l3d_sched_t *s, l3d_comm_t *c, size_t bytes) {
 
 void l3d_stage_call_device(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sbytes,
                            void **recv, size_t rbytes, void **host_recv) {
-    *host_recv = NULL;
-    uintptr_t sp = (uintptr_t)*send, rp = (uintptr_t)*recv;
-    int hs = sbytes && !l3d_dev_is_device_ptr(c->dev, *send);
-    int hr = rbytes && !l3d_dev_is_device_ptr(c->dev, *recv);
-    if (hs && hr && sp < rp + rbytes && rp < sp + sbytes) {
-        // in place, or one inside the other (an allgather's own block): one temporary of the
-        // union, so the transport sees the same overlap
-        uintptr_t lo = L3D_MIN(sp, rp), hi = L3D_MAX(sp + sbytes, rp + rbytes);
-        char *d = l3d_stage_dtmp(s, c, hi - lo);
-        if (!d) return;
-        l3d_status st = l3d_stage_h2d(c->dev, d + (sp - lo), *send, sbytes);
-        if (st < 0) s->st = st;
-        *host_recv = *recv;
-        *send = d + (sp - lo);
-        *recv = d + (rp - lo);
-        return;
-    }
-    if (hs) {
-        void *d = l3d_stage_dtmp(s, c, sbytes);
-        if (!d) return;
-        l3d_status st = l3d_stage_h2d(c->dev, d, *send, sbytes);
-        if (st < 0) s->st = st;
-        *send = d;
-    }
-    if (hr) {
-        *host_recv = *recv;
-        *recv = l3d_stage_dtmp(s, c, rbytes);
-    }
+    stage_ranges(s, c, 1, send, sbytes, recv, rbytes, host_recv);
 }
 
 l3d_status l3d_stage_order(l3d_comm_t *c) {
@@ -156,26 +172,7 @@ void *l3d_stage_in(l3d_sched_t *s, l3d_comm_t *c, const void *src, size_t bytes)
 
 void l3d_stage_call(l3d_sched_t *s, l3d_comm_t *c, const void **send, size_t sbytes,
                     void **recv, size_t rbytes, void **dev_recv) {
-    *dev_recv = NULL;
-    uintptr_t sp = (uintptr_t)*send, rp = (uintptr_t)*recv;
-    int ds = sbytes && l3d_stage_needed(c, *send), dr = rbytes && l3d_stage_needed(c, *recv);
-    if (ds && dr && sp < rp + rbytes && rp < sp + sbytes) {
-        // in place, or one buffer inside the other (an allgather's own block): one host copy
-        // of the union, so the algorithm sees the same overlap
-        uintptr_t lo = L3D_MIN(sp, rp), hi = L3D_MAX(sp + sbytes, rp + rbytes);
-        char *h = l3d_stage_tmp(s, c->dev, hi - lo);
-        if (!h) return;
-        d2h_now(s, c, h + (sp - lo), *send, sbytes);
-        *dev_recv = *recv;
-        *send = h + (sp - lo);
-        *recv = h + (rp - lo);
-        return;
-    }
-    if (ds) *send = l3d_stage_in(s, c, *send, sbytes);
-    if (dr) {
-        *dev_recv = *recv;
-        *recv = l3d_stage_tmp(s, c->dev, rbytes);
-    }
+    stage_ranges(s, c, 0, send, sbytes, recv, rbytes, dev_recv);
 }
 
 // ---- chunked, pipelined staging --------------------------------------------------------------

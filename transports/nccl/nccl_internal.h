@@ -44,7 +44,6 @@
     X(ncclCommUserRank)          \
     X(ncclCommCount)             \
     X(ncclCommAbort)             \
-    X(ncclCommFinalize)          \
     X(ncclCommDestroy)           \
     X(ncclAllReduce)             \
     X(ncclReduceScatter)         \
