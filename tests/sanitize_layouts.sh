@@ -3,7 +3,7 @@
 # L3D_SANITIZE is set): data parallel (ZeRO-1), tensor parallel, pipeline, ZeRO-3 with offload,
 # 16-bit training, tensor- and pipeline-parallel generation, the collectives of `l3d bench comm`
 # on thread ranks, 2d and 3d tensor parallelism, and `l3d launch` over UCX and over libfabric.
-# (CI's sanitizer stage leaves the test_parallel* trajectories to the kernel matrix; these
+# (CI's sanitizer stage leaves the test_parallel* trajectories to tests/matrix.sh; these
 # runs take the same code paths in seconds.) The build compiles with
 # -fno-sanitize-recover=all, and UBSAN_OPTIONS halts too, so undefined behaviour or a memory
 # error anywhere on these paths fails its case with the sanitizer's report.

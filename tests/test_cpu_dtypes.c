@@ -386,7 +386,7 @@ Test(cpu_dtypes, round_a_multiplies_rounded_rows_in_16bit_arithmetic) {
 }
 
 // bfloat16 x bfloat16 products big enough for several tiles of the pool (on AMX or AVX512-BF16
-// where the device uses them, L3D_CPU_BF16; tests/kernels.sh runs each level the CPU has):
+// where the device uses them, L3D_CPU_BF16; tests/matrix.sh runs each level the CPU has):
 // every transpose pair, a 16-bit and a float32 C, within the float32 bound of mixed_case, and
 // the bits on one thread equal those on three (K is never split; the tiles are the shape's).
 Test(cpu_dtypes, bfloat16_products_over_many_tiles_ignore_the_thread_count) {

@@ -101,13 +101,22 @@ printf '\200abc abab  a\n\xff\xfe caf\xc3\xa9 \xe4\xb8\x96 1234567 <|eot_id|>' >
 
 # ---- run ---------------------------------------------------------------------------------
 status=0
-for t in fuzz_safetensors fuzz_config fuzz_tokenizer; do
+# The targets run at once (libFuzzer runs one thread: a machine's cores each take one), each for
+# SECONDS; then each reports, in order.
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer)
+pids=()
+for t in "${targets[@]}"; do
     extra=()
     [[ $t == fuzz_safetensors ]] && extra=(-dict="$dict")
-    echo "== $t for ${secs}s"
-    if ! "$bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
+    "$bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
         -print_final_stats=1 -artifact_prefix="$work/$t-" "${extra[@]}" \
-        "$work/corpus-$t" "$work/seeds-$t" 2>"$work/$t.log"; then
+        "$work/corpus-$t" "$work/seeds-$t" 2>"$work/$t.log" &
+    pids+=($!)
+done
+for i in "${!targets[@]}"; do
+    t=${targets[$i]}
+    echo "== $t for ${secs}s"
+    if ! wait "${pids[$i]}"; then
         echo "== $t FAILED (log: $work/$t.log)"
         tail -n 40 "$work/$t.log"
         status=1

@@ -322,7 +322,7 @@ void reference_run(const layout_t *one, result_t *ref) {
             2 * one->accum_total, one->accum_total, (double)one->clip, g_data);
     cr_assert_eq(fclose(f), 0);
     // The references depend on nothing the build or the kernels change: builds may share them
-    // (tests/kernels.sh points every build of a CI run at one cache).
+    // (tests/matrix.sh points every build of a CI run at one cache).
     const char *cache = getenv("L3D_TEST_F64_CACHE");
     snprintf(cmd, sizeof(cmd), "%s %s/reference/f64_train.py %s %s %d %s %s%s",
              L3D_TORCH_PYTHON, L3D_TEST_SRC, init, ds, STEPS, dir,
