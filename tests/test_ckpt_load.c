@@ -19,6 +19,7 @@
 #include "devices/device_math.h"
 #include "platform/mem.h"
 #include "platform/platform.h"
+#include "tests/harness/asan.h"
 
 // ---- an allocator that remembers the largest request --------------------------------------
 typedef struct alloc_stats {
@@ -517,7 +518,7 @@ static long status_kib(const char *key) {
 // Skips where the peak cannot be reset or read, or under AddressSanitizer (its shadow memory
 // is part of the resident size).
 static long peak_over_weights(int bf16, size_t *mib_p) {
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef L3D_TEST_ASAN
     cr_skip_test("AddressSanitizer's shadow memory is part of the resident size");
 #endif
     fixture_t f;

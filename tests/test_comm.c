@@ -14,6 +14,7 @@
 #include <sys/mman.h>
 
 #include "llama3d/comm.h"
+#include "tests/harness/asan.h"
 #include "tests/harness/world.h"
 #include "tests/harness/world_params.h"
 
@@ -450,14 +451,6 @@ typedef struct large_param {
 // Under AddressSanitizer (CI's sanitizer build) on the in-process transport only: every
 // collective's large-count paths are the core's, and the process transports' large transfers
 // are test_transport_ucx's and test_transport_ofi's 64 MiB messages, in that build too.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define L3D_TEST_ASAN 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) && !defined(L3D_TEST_ASAN)
-#define L3D_TEST_ASAN 1
-#endif
 
 static struct criterion_test_params large_params(void) {
     static large_param_t ps[8 * 6];  // Criterion keeps a pointer to the array: static storage

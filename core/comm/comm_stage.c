@@ -81,6 +81,10 @@ l3d_status l3d_stage_d2h(l3d_device_t *d, void *h, const void *src, size_t bytes
     return copy_on_comm(d, h, src, bytes, L3D_COPY_D2H);
 }
 
+static void *stage_temp(l3d_sched_t *s, l3d_comm_t *c, int to_device, size_t bytes) {
+    return to_device ? l3d_stage_dtmp(s, c, bytes) : l3d_stage_tmp(s, c->dev, bytes);
+}
+
 // A call's ranges in the memory the transport does not take replaced by schedule temporaries
 // in the memory it does (to_device 0: device ranges by host copies, l3d_stage_call; 1: host
 // ranges by device temporaries, l3d_stage_call_device): the send range copied in now, the
@@ -88,9 +92,6 @@ l3d_status l3d_stage_d2h(l3d_device_t *d, void *h, const void *src, size_t bytes
 // Ranges that overlap (in place, or an allgather's own block inside its output) share one
 // temporary of their union, so the algorithm or transport sees the same aliasing. Failures
 // set s->st.
-static void *stage_temp(l3d_sched_t *s, l3d_comm_t *c, int to_device, size_t bytes) {
-    return to_device ? l3d_stage_dtmp(s, c, bytes) : l3d_stage_tmp(s, c->dev, bytes);
-}
 static void stage_ranges(l3d_sched_t *s, l3d_comm_t *c, int to_device, const void **send,
                          size_t sbytes, void **recv, size_t rbytes, void **moved_recv) {
     *moved_recv = NULL;
