@@ -35,6 +35,7 @@ typedef struct l3d_settings {
     double comm_max_msg;     // L3D_COMM_MAX_MSG (bytes; 0 = the transport's limit)
     int comm_max_inflight;   // L3D_COMM_MAX_INFLIGHT (0 = the transport's limit)
     int comm_shm;            // L3D_COMM_SHM (1: small collectives through shared memory)
+    int local_device_buffers;  // L3D_LOCAL_DEVICE_BUFFERS (1: the local transport takes them)
     char device[32];         // L3D_DEVICE
     char cache_dir[512];     // L3D_CACHE_DIR, else $XDG_CACHE_HOME/llama3d, ~/.cache/llama3d
     uint64_t mem_limit;      // L3D_MEM_LIMIT (bytes; 0 = none)

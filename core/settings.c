@@ -47,6 +47,11 @@ static const l3d_setting_row_t settings_rows[] = {
      "bytes per chunk when an allreduce, reduce or broadcast larger than this is staged "
      "through host memory from a device the host cannot read (suffix K, M, G; 0: whole); the "
      "copy of one chunk overlaps the collective of the previous; the same on every rank"},
+    {"L3D_LOCAL_DEVICE_BUFFERS", "0",
+     "1: the local transport (ranks as threads) takes device buffers as NCCL takes a GPU's: "
+     "collectives and sends on a device the host cannot read get the device's memory, not "
+     "host copies, and reach it through the device's entries after the communicator's "
+     "stream (it checks the core's path for such transports on cpu-opaque and cpu-async)"},
     {"L3D_PROGRESS_AFTER", "1",
      "seconds an operation (loading, saving, tokenizing) runs before l3d draws its progress "
      "line on a terminal (0: at once)"},
@@ -212,6 +217,13 @@ l3d_status l3d_settings_from_env(l3d_settings_t *s, char *err, size_t errlen) {
             return L3D_ERR_CONFIG;
         }
         s->comm_max_inflight = (int)d;
+    }
+    if ((v = getenv("L3D_LOCAL_DEVICE_BUFFERS")) && *v) {
+        if (strcmp(v, "0") && strcmp(v, "1")) {
+            snprintf(err, errlen, "L3D_LOCAL_DEVICE_BUFFERS: '%s' is not 0 or 1", v);
+            return L3D_ERR_CONFIG;
+        }
+        s->local_device_buffers = v[0] == '1';
     }
     if ((v = getenv("L3D_COMM_SHM")) && *v) {
         if (strcmp(v, "0") && strcmp(v, "1")) {

@@ -141,6 +141,7 @@ for kv in "L3D_DEVICE=gpu:L3D_DEVICE: 'gpu' is not a device of this build \(vali
           "L3D_STAGE_CHUNK=100:L3D_STAGE_CHUNK: '100' is not 0 or a byte count >= 256" \
           "L3D_STAGE_CHUNK=4Q:L3D_STAGE_CHUNK: '4Q' is not 0 or a byte count" \
           "L3D_CPU_BF16=fast:L3D_CPU_BF16: 'fast' is not auto, amx, avx512 or off" \
+          "L3D_LOCAL_DEVICE_BUFFERS=yes:L3D_LOCAL_DEVICE_BUFFERS: 'yes' is not 0 or 1" \
           "L3D_TRANSPORT=tcp:L3D_TRANSPORT: 'tcp' is not a transport of this build \(valid: "; do
   expect "${kv%%:*}: exit 2 naming the variable" 2 "^llama3d: ${kv#*:}" env "${kv%%:*}" "$L3D" train --dry-run
   if [ "$(wc -l <"$tmp/out")" -ne 1 ]; then fail "${kv%%:*}: one line" "$tmp/out"; fi

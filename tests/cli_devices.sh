@@ -4,7 +4,8 @@
 # `l3d forward`; and a dp 2 job launched as processes over each network transport. On
 # cpu-opaque (memory the host cannot read) and cpu-async (ops that finish at the next wait)
 # every printed loss, gradient norm and byte count, every saved shard, the generated text and
-# the logits are the cpu device's, byte for byte.
+# the logits are the cpu device's, byte for byte; on cpu-async also with the local transport
+# taking the device buffers as they are (L3D_LOCAL_DEVICE_BUFFERS=1, NCCL's path).
 # Usage: cli_devices.sh /path/to/l3d
 set -u
 L3D=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -26,8 +27,13 @@ cat >"$tmp/z3.json" <<'JSON'
 {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 1,
  "zero_optimization": {"stage": 3}, "parallel": {"dp": 2, "tp": 2, "pp": 2}}
 JSON
-for d in cpu cpu-opaque cpu-async; do
-  export L3D_DEVICE=$d
+# cpu-async-direct: cpu-async with the local transport taking device buffers as NCCL does
+# (L3D_LOCAL_DEVICE_BUFFERS=1: the core hands them over as they are, not through host copies).
+for d in cpu cpu-opaque cpu-async cpu-async-direct; do
+  case $d in
+    *-direct) export L3D_DEVICE=${d%-direct} L3D_LOCAL_DEVICE_BUFFERS=1 ;;
+    *) export L3D_DEVICE=$d; unset L3D_LOCAL_DEVICE_BUFFERS ;;
+  esac
   timeout 300 "$L3D" train --config "$tmp/z3.json" --steps 3 --save "$tmp/ck.$d" >"$tmp/a.$d" 2>&1
   check "$d: dp 2 x tp 2 x pp 2 ZeRO-3, 3 steps, saved" $? "$tmp/a.$d"
   timeout 300 "$L3D" train --config "$tmp/z3.json" --steps 6 --resume "$tmp/ck.$d" \
@@ -40,9 +46,9 @@ for d in cpu cpu-opaque cpu-async; do
     --out "$tmp/f.$d" >"$tmp/fo.$d" 2>&1
   check "$d: forward" $? "$tmp/fo.$d"
 done
-unset L3D_DEVICE
+unset L3D_DEVICE L3D_LOCAL_DEVICE_BUFFERS
 grep -q "^step      6/6 | loss" "$tmp/b.cpu"; check "the cpu run printed its steps" $? "$tmp/b.cpu"
-for d in cpu-opaque cpu-async; do
+for d in cpu-opaque cpu-async cpu-async-direct; do
   for r in a b; do
     diff <(numbers "$tmp/$r.cpu") <(numbers "$tmp/$r.$d") >"$tmp/diff" 2>&1
     check "$d: run $r prints the cpu device's losses, norms and bytes" $? "$tmp/diff"

@@ -46,7 +46,12 @@ static void run_case(const dev_case_t *c, result_t *res) {
     g_grad_dtype = -1;
 }
 
-static const char *k_devices[] = {"cpu-opaque", "cpu-async"};
+// The test devices, and cpu-async again with the local transport taking device buffers as
+// NCCL does (L3D_LOCAL_DEVICE_BUFFERS: the core's direct path, tests/test_comm_device.c),
+// for the layouts with more than one rank.
+static const char *k_devices[] = {"cpu-opaque", "cpu-async", "cpu-async"};
+static const int k_direct[] = {0, 0, 1};
+enum { NDEV = 3 };
 
 static void same_as_cpu(const dev_case_t *c) {
     make_data();
@@ -55,16 +60,19 @@ static void same_as_cpu(const dev_case_t *c) {
     run_case(c, &ref);
     const layout_t *last = c->to.dp ? &c->to : &c->L;
     int n = last->dp * last->tp * last->pp;
-    for (size_t d = 0; d < 2; d++) {
+    for (size_t d = 0; d < NDEV; d++) {
+        if (k_direct[d] && n * c->L.dp * c->L.tp * c->L.pp == 1) continue;
         result_t got = {0};
         g_device = k_devices[d];
+        setenv("L3D_LOCAL_DEVICE_BUFFERS", k_direct[d] ? "1" : "0", 1);
         run_case(c, &got);
+        const char *how = k_direct[d] ? ", device buffers to the transport" : "";
         for (int s = c->to.dp ? STEPS / 2 : 0; s < STEPS; s++) {
             cr_assert(!memcmp(&got.loss[s], &ref.loss[s], sizeof(double)),
-                      "%s: step %d loss %.17g, cpu %.17g", k_devices[d], s + 1, got.loss[s],
-                      ref.loss[s]);
+                      "%s%s: step %d loss %.17g, cpu %.17g", k_devices[d], how, s + 1,
+                      got.loss[s], ref.loss[s]);
             cr_assert(!memcmp(&got.gnorm[s], &ref.gnorm[s], sizeof(double)),
-                      "%s: step %d grad norm %.17g, cpu %.17g", k_devices[d], s + 1,
+                      "%s%s: step %d grad norm %.17g, cpu %.17g", k_devices[d], how, s + 1,
                       got.gnorm[s], ref.gnorm[s]);
         }
         for (int r = 0; r < n; r++) {
@@ -73,11 +81,12 @@ static void same_as_cpu(const dev_case_t *c) {
             for (int i = 0; i < ref.nt[r]; i++) np += ref.tensors[r][i].numel;
             for (size_t i = 0; i < np; i++)
                 cr_assert(!memcmp(&got.params[r][i], &ref.params[r][i], sizeof(float)),
-                          "%s: rank %d parameter %zu: %.9g, cpu %.9g", k_devices[d], r, i,
-                          got.params[r][i], ref.params[r][i]);
+                          "%s%s: rank %d parameter %zu: %.9g, cpu %.9g", k_devices[d], how,
+                          r, i, got.params[r][i], ref.params[r][i]);
         }
         free_result(&got);
     }
+    unsetenv("L3D_LOCAL_DEVICE_BUFFERS");
     free_result(&ref);
     g_device = NULL;
 }

@@ -167,7 +167,7 @@ Test(nccl, one_rank_collectives_on_device_memory) {
     cr_log_info("NCCL %d.%d.%d", version / 10000, version / 100 % 100, version % 100);
     cudaStream_t user;
     cr_assert_eq(cudaStreamCreate(&user), cudaSuccess);
-    tp.ops->set_stream(&tp, user);
+    tp.ops->set_stream(&tp, NULL, user);
     enum { N = 4099 };  // (not a multiple of any vector width)
     static unsigned char host[8 * N], back[8 * N];
     void *d_in, *d_out;
@@ -221,7 +221,7 @@ Test(nccl, one_rank_allreduce_in_a_cuda_graph) {
     cr_assert_eq(one_rank(ctx, &tp), L3D_OK, "%s", l3d_ctx_last_error(ctx));
     cudaStream_t user;
     cr_assert_eq(cudaStreamCreateWithFlags(&user, cudaStreamNonBlocking), cudaSuccess);
-    tp.ops->set_stream(&tp, user);
+    tp.ops->set_stream(&tp, NULL, user);
     enum { N = 1 << 16 };
     static float host[N], back[N];
     float *d_in, *d_out;

@@ -24,7 +24,9 @@
 // 2: native collectives became non-blocking (a request completed through test/cancel).
 // 3: device buffers (set_stream, caps.coll_ptr_support, caps.half_sums_per_hop), groups
 //    (group_split, group_free), params.local_rank: what NCCL needs.
-#define L3D_TRANSPORT_ABI_VERSION 3
+// 4: set_stream names the stream's device (the local transport's device buffers reach the
+//    memory through it).
+#define L3D_TRANSPORT_ABI_VERSION 4
 
 #define L3D_PTR_HOST 0x1u
 #define L3D_PTR_DEVICE 0x2u
@@ -51,6 +53,7 @@ typedef struct l3d_transport_caps {
 
 typedef struct l3d_transport_ops l3d_transport_ops_t;
 typedef struct l3d_transport_coll_ops l3d_transport_coll_ops_t;
+struct l3d_device;  // devices/device.h
 
 // Object shape { ops, parent, priv }. `world_rank`/`world_size` are this endpoint's place in
 // the world it was created for.
@@ -151,11 +154,13 @@ struct l3d_transport_ops {
 
     // ---- device buffers (optional: NULL unless caps.ptr_support has L3D_PTR_DEVICE) ---------
     // Orders the device-buffer work posted after this call (isend, irecv, native collectives)
-    // after the work already queued on `stream`, a stream of the communicator's device (the
-    // handle l3d_dev_stream_create gave; NULL: the device's default stream). The transport
-    // may run the work on streams of its own; completion is reported by `test` as always.
-    // Non-blocking, never fails (an error surfaces at the next post).
-    void (*set_stream)(l3d_transport_t *tp, void *stream);
+    // after the work already queued on `stream`, a stream of `dev`, the communicator's device
+    // (the handle l3d_dev_stream_create gave; NULL: the device's default stream). The
+    // transport may run the work on streams of its own; completion is reported by `test` as
+    // always. `dev` is borrowed until the next call (NCCL ignores it: CUDA names the device;
+    // the local transport reaches device memory through its entries). Non-blocking, never
+    // fails (an error surfaces at the next post).
+    void (*set_stream)(l3d_transport_t *tp, struct l3d_device *dev, void *stream);
 
     // ---- groups (optional: NULL when the transport needs nothing per communicator) ---------
     // l3d_comm_split made communicator `child` from `parent` (world ranks in communicator
@@ -258,8 +263,8 @@ static inline l3d_status l3d_tp_progress(l3d_transport_t *t) { return t->ops->pr
 static inline void l3d_tp_cancel(l3d_transport_t *t, l3d_tp_request_t *req) { t->ops->cancel(t, req); }
 static inline void l3d_tp_abort(l3d_transport_t *t) { t->ops->abort(t); }
 static inline const char *l3d_tp_strerror(const l3d_transport_t *t) { return t->ops->strerror(t); }
-static inline void l3d_tp_set_stream(l3d_transport_t *t, void *stream) {
-    if (t->ops->set_stream) t->ops->set_stream(t, stream);
+static inline void l3d_tp_set_stream(l3d_transport_t *t, struct l3d_device *dev, void *stream) {
+    if (t->ops->set_stream) t->ops->set_stream(t, dev, stream);
 }
 // The native collective `op` if the backend has one (NULL otherwise).
 #define L3D_TP_COLL(t, op) ((t)->ops->coll ? (t)->ops->coll->op : NULL)

@@ -160,7 +160,7 @@ void l3d_stage_call_device(l3d_sched_t *s, l3d_comm_t *c, const void **send, siz
 l3d_status l3d_stage_order(l3d_comm_t *c) {
     l3d_device_t *d = c->dev;
     L3D_CHECK(d->ctx, comm_after_compute(d));
-    l3d_tp_set_stream(&c->world->tp, d->comm_stream);
+    l3d_tp_set_stream(&c->world->tp, d, d->comm_stream);
     return L3D_OK;
 }
 

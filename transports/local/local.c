@@ -86,6 +86,8 @@ lreq_t *l3d_local_req_get(local_ep_t *ep, l3d_ctx_t *ctx) {
 }
 
 void l3d_local_req_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r) {
+    if (r->scratch) l3d_free(ctx, r->scratch, r->scratch_len, "comm");
+    r->scratch = NULL;
     if (ep->nfree_reqs >= LOCAL_FREE_REQS) {
         l3d_free(ctx, r, sizeof(*r), "comm");
         return;
@@ -144,6 +146,7 @@ static l3d_status local_init(l3d_transport_t *tp, const l3d_transport_params_t *
     if (!ep) return L3D_ERR_NOMEM;
     ep->hub = h;
     ep->rank = p->rank;
+    ep->devmode = l3d_ctx_settings(tp->ctx)->local_device_buffers;
     atomic_fetch_add(&h->refs, 1);
     tp->priv = ep;
     tp->world_rank = p->rank;
@@ -173,8 +176,12 @@ static void mark_gone(l3d_ctx_t *ctx, local_hub_t *h, int me, int why, int free_
                 }
                 *pp = r->next;
                 int mine = r->send ? r->src == me : r->dst == me;
-                if (free_own && mine) l3d_free(ctx, r, sizeof(*r), "comm");
-                else fail_req(r, me, why);
+                if (free_own && mine) {
+                    if (r->scratch) l3d_free(ctx, r->scratch, r->scratch_len, "comm");
+                    l3d_free(ctx, r, sizeof(*r), "comm");
+                } else {
+                    fail_req(r, me, why);
+                }
             }
         pthread_mutex_unlock(&Q->mu);
     }
@@ -196,7 +203,11 @@ static void local_fini(l3d_transport_t *tp) {
 }
 
 static void local_caps(const l3d_transport_t *tp, l3d_transport_caps_t *c) {
-    *c = (l3d_transport_caps_t){.ptr_support = L3D_PTR_HOST,
+    int dev = ep_of(tp)->devmode;
+    // (device buffers: native collectives take device memory only, so the core mirrors a
+    // host buffer into a device temporary for them, as for NCCL)
+    *c = (l3d_transport_caps_t){.ptr_support = L3D_PTR_HOST | (dev ? L3D_PTR_DEVICE : 0),
+                                .coll_ptr_support = dev ? L3D_PTR_DEVICE : 0,
                                 .needs_mr = 0,
                                 .max_msg = SIZE_MAX,
                                 .max_inflight = 1 << 20,
@@ -221,8 +232,8 @@ static l3d_status local_connect(l3d_transport_t *tp, const void *const *addrs, c
 }
 
 // ---- point-to-point -----------------------------------------------------------------------------
-static l3d_status post(l3d_transport_t *tp, int send, int peer, uint64_t tag, void *buf,
-                       size_t len, l3d_tp_request_t **req_p) {
+l3d_status l3d_local_post(l3d_transport_t *tp, int send, int peer, uint64_t tag, void *buf,
+                          size_t len, l3d_tp_request_t **req_p) {
     local_ep_t *ep = ep_of(tp);
     local_hub_t *h = ep->hub;
     if (peer < 0 || peer >= h->n)
@@ -269,12 +280,16 @@ static l3d_status post(l3d_transport_t *tp, int send, int peer, uint64_t tag, vo
 
 static l3d_status local_isend(l3d_transport_t *tp, int peer, uint64_t tag, const void *buf,
                               size_t len, void *mr, l3d_tp_request_t **req_p) {
-    return post(tp, 1, peer, tag, (void *)buf, len, req_p);
+    if (len && l3d_local_is_dev(ep_of(tp), buf))
+        return l3d_local_dev_p2p(tp, 1, peer, tag, (void *)buf, len, req_p);
+    return l3d_local_post(tp, 1, peer, tag, (void *)buf, len, req_p);
 }
 
 static l3d_status local_irecv(l3d_transport_t *tp, int peer, uint64_t tag, void *buf, size_t len,
                               void *mr, l3d_tp_request_t **req_p) {
-    return post(tp, 0, peer, tag, buf, len, req_p);
+    if (len && l3d_local_is_dev(ep_of(tp), buf))
+        return l3d_local_dev_p2p(tp, 0, peer, tag, buf, len, req_p);
+    return l3d_local_post(tp, 0, peer, tag, buf, len, req_p);
 }
 
 static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done_p, size_t *len_p) {
@@ -294,6 +309,10 @@ static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done
                        r->src, r->dst);
     else if (st < 0)
         st = gone_error(tp, r->why_rank, r->why);
+    else {
+        r->out_len = r->got;
+        st = l3d_local_dev_finish(tp, r);
+    }
     l3d_local_req_put(ep_of(tp), tp->ctx, r);
     return st;
 }
@@ -351,5 +370,6 @@ const l3d_transport_ops_t l3d_local_transport_ops = {
     .abort = local_abort,
     .strerror = local_strerror,
     .waiting_on = local_waiting_on,
+    .set_stream = l3d_local_set_stream,
     .coll = &l3d_local_coll_ops,
 };

@@ -35,6 +35,15 @@ struct l3d_tp_request {
     lrdv_t *rdv;
     int me, phase;
     struct l3d_tp_request *cnext;  // the endpoint's pending collectives
+    // Device buffers (local_device.c): the host copy the call ran on (freed with the
+    // request) and, for a receive, the device memory it goes to when the request is done.
+    void *scratch;
+    size_t scratch_len;
+    struct l3d_device *dev;
+    void *stream;
+    void *dev_out;
+    const void *host_out;
+    size_t out_len;  // (a receive: the bytes received)
 };
 typedef struct l3d_tp_request lreq_t;
 
@@ -62,6 +71,11 @@ typedef struct local_hub {
 typedef struct local_ep {
     local_hub_t *hub;
     int rank;
+    // L3D_LOCAL_DEVICE_BUFFERS: device buffers are taken (caps) and reached through `dev`'s
+    // entries on `stream` (set_stream's)
+    int devmode;
+    struct l3d_device *dev;
+    void *stream;
     char err[160];
     lreq_t *colls;  // pending native collectives of this endpoint
     lreq_t *free_reqs;  // finished request objects kept for the next calls
@@ -86,6 +100,27 @@ int l3d_local_coll_waiting_on(const l3d_transport_t *tp, const lreq_t *r, char *
 void l3d_local_coll_fini(l3d_transport_t *tp);
 // Frees the records left by members that never started their call (hub teardown).
 void l3d_local_coll_hub_free(local_hub_t *h);
+
+// ---- device buffers (local_device.c) ----------------------------------------------------------
+// Nonzero when `p` is memory of the device set_stream named (never in host mode).
+int l3d_local_is_dev(const local_ep_t *ep, const void *p);
+// isend/irecv of a device buffer: through a host copy (`send`: filled from it now; a receive:
+// copied into it when the request is done).
+l3d_status l3d_local_dev_p2p(l3d_transport_t *tp, int send, int peer, uint64_t tag, void *buf,
+                             size_t len, l3d_tp_request_t **req_p);
+// A native collective on device buffers: the same call on host copies (send ranges copied in
+// now, the receive range out when it is done). kind is LC_*.
+l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
+                              l3d_tp_request_t **req_p);
+// A finished request's receive copied into its device buffer, waited for (nothing without one).
+l3d_status l3d_local_dev_finish(l3d_transport_t *tp, lreq_t *r);
+void l3d_local_set_stream(l3d_transport_t *tp, struct l3d_device *dev, void *stream);
+// The native collective entry for kind on host buffers (local_coll.c).
+l3d_status l3d_local_coll_start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
+                                l3d_tp_request_t **req_p);
+// The point-to-point post on host buffers (local.c).
+l3d_status l3d_local_post(l3d_transport_t *tp, int send, int peer, uint64_t tag, void *buf,
+                          size_t len, l3d_tp_request_t **req_p);
 
 // Records the failure in ep->err and the context's last error; returns st.
 l3d_status l3d_local_fail(l3d_transport_t *tp, l3d_status st, const char *fmt, ...)

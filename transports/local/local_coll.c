@@ -241,8 +241,8 @@ static void work(local_ep_t *ep, const lrdv_t *d, int me) {
 }
 
 // ---- start ----------------------------------------------------------------------------------
-static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
-                        l3d_tp_request_t **req_p) {
+l3d_status l3d_local_coll_start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
+                                l3d_tp_request_t **req_p) {
     local_ep_t *ep = ep_of(tp);
     local_hub_t *h = ep->hub;
     int n = a->n;
@@ -305,6 +305,13 @@ static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t 
     ep->colls = r;
     *req_p = r;
     return L3D_OK;
+}
+
+// Device buffers (L3D_LOCAL_DEVICE_BUFFERS) go through local_device.c, which calls back here.
+static l3d_status start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
+                        l3d_tp_request_t **req_p) {
+    if (ep_of(tp)->devmode) return l3d_local_dev_coll(tp, kind, a, req_p);
+    return l3d_local_coll_start(tp, kind, a, req_p);
 }
 
 static l3d_status c_allreduce(l3d_transport_t *tp, const l3d_tp_coll_args_t *a,
@@ -371,8 +378,9 @@ l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
     }
     if (atomic_load(&d->finished) == d->n) {
         *done_p = 1;
+        l3d_status st = l3d_local_dev_finish(tp, r);
         req_drop(tp, r);
-        return L3D_OK;
+        return st;
     }
     char cause[96];
     if (l3d_local_gone_cause(ep, d->ranks, d->n, lc_name[d->kind], cause, sizeof(cause)))

@@ -369,7 +369,8 @@ static const char *nccl_strerror(const l3d_transport_t *tp) {
     return n->err[0] ? n->err : n->host.ops->strerror(&n->host);
 }
 
-static void nccl_set_stream(l3d_transport_t *tp, void *stream) {
+static void nccl_set_stream(l3d_transport_t *tp, struct l3d_device *dev, void *stream) {
+    (void)dev;  // the CUDA stream names its device
     l3d_nccl_priv(tp)->user = (cudaStream_t)stream;
 }
 
