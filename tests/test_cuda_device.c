@@ -513,6 +513,195 @@ Test(cuda, rmsnorm_matches_cpu) {
     }
 }
 
+// ---- RMSNorm of rows split by columns (tensor parallelism 2d) --------------------------------
+// A block of C columns of rows of C_full = 3 C; the other blocks' parts of each row's
+// statistics are fixed host values added to each device's own rowdot (the caller's
+// all-reduce). Bounds, each side's worst case doubled for the two (u = 2^-24), plus ulp16 on a
+// 16-bit output (each side rounds its float32 value once: half an ulp each):
+// - rowdot: C products (a * w rounded, then * b) summed in another order: (C + 2) u of
+//   sum |a w b| each side; a float32 output, no 16-bit rounding.
+// - rstd: its statistic within (C + 1) u relative (positive terms, then the add of the other
+//   blocks' part), halved by the square root, then /C_full, +eps, sqrt, 1/x: ((C + 1) / 2 + 3) u
+//   relative each side, (C + 7) u for the two.
+// - out = x * rstd * w: two products more: (C + 11) u relative.
+// - dx: the dot within (C + 3) u of D = sum |dout w x| + |the other blocks' part|; rstd^3
+//   three times rstd's error; dot rstd^3 / C_full * x five roundings: (5 C / 2 + 19) u of each
+//   term's size (rstd |dout w| and rstd^3 / C_full D |x|), the difference and the += two more
+//   roundings, and u of |dx0|: (5 C + 42) u term + 2 u |dx0| for the two.
+// - dw: N rows' dout x rstd (two products and rstd's error) and dw0 summed in other chunks:
+//   (N + C / 2 + 6) u of |dw0| + sum |dout x rstd| each side.
+typedef struct {
+    l3d_dtype t;
+    int N, C, C_full;
+    const void *x, *w, *dout, *dx0, *dw0;  // the inputs (host, dtype t)
+    const float *odot;                     // the other blocks' part of each dot, or NULL
+} rows_in_t;
+
+// rowdot's bound for row n: 2 (C + 2) u sum |a w b| (w NULL: 1)
+static double rowdot_bound(const rows_in_t *r, const void *a, const void *b, const void *w,
+                           int n) {
+    double mag = 0;
+    for (int c = 0; c < r->C; c++) {
+        size_t i = (size_t)n * r->C + c;
+        mag += fabs((double)val(a, r->t, i) * val(b, r->t, i) * (w ? val(w, r->t, c) : 1.0f));
+    }
+    return 2 * (r->C + 2) * u * mag;
+}
+
+// rstd(N) and out(N,C) of rows_fwd (or rmsnorm_fwd) against the reference's
+static void check_rows_fwd(const rows_in_t *r, const float *rs_want, const float *rs_got,
+                           const void *out_want, const void *out_got, const char *what) {
+    int C = r->C;
+    for (int n = 0; n < r->N; n++) {
+        cr_assert(fabs(rs_got[n] - rs_want[n]) <= (C + 7) * u * rs_want[n],
+                  "%s %s rstd[%d] %.9g vs %.9g", what, l3d_dtype_name(r->t), n, rs_got[n],
+                  rs_want[n]);
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)n * C + c;
+            double wv = val(out_want, r->t, i), g = val(out_got, r->t, i);
+            cr_assert(fabs(g - wv) <= (C + 11) * u * fabs(wv) + ulp16(r->t, wv) + 1e-30,
+                      "%s %s out[%d][%d] %.9g vs %.9g", what, l3d_dtype_name(r->t), n, c, g, wv);
+        }
+    }
+}
+
+// dx(N,C) and dw(C) of rows_bwd (or rmsnorm_bwd) from dx0, dw0 against the reference's; rs
+// the reference's rstd
+static void check_rows_bwd(const rows_in_t *r, const float *rs, const void *dx_want,
+                           const void *dx_got, const void *dw_want, const void *dw_got,
+                           const char *what) {
+    int N = r->N, C = r->C;
+    l3d_dtype t = r->t;
+    for (int n = 0; n < N; n++) {
+        double D = r->odot ? fabs(r->odot[n]) : 0, r3 = pow(rs[n], 3) / r->C_full;
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)n * C + c;
+            D += fabs((double)val(r->dout, t, i) * val(r->w, t, c) * val(r->x, t, i));
+        }
+        for (int c = 0; c < C; c++) {
+            size_t i = (size_t)n * C + c;
+            double term = rs[n] * fabs((double)val(r->dout, t, i) * val(r->w, t, c)) +
+                          r3 * D * fabs(val(r->x, t, i));
+            double wv = val(dx_want, t, i), g = val(dx_got, t, i);
+            double bound = (5.0 * C + 42) * u * term + 2 * u * fabs(val(r->dx0, t, i));
+            cr_assert(fabs(g - wv) <= bound + ulp16(t, wv) + 1e-30, "%s %s dx[%d][%d] %.9g vs %.9g",
+                      what, l3d_dtype_name(t), n, c, g, wv);
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        double mag = fabs(val(r->dw0, t, c));
+        for (int n = 0; n < N; n++)
+            mag += fabs((double)val(r->dout, t, (size_t)n * C + c) *
+                        val(r->x, t, (size_t)n * C + c)) * rs[n];
+        double wv = val(dw_want, t, c), g = val(dw_got, t, c);
+        cr_assert(fabs(g - wv) <= 2 * (N + C / 2.0 + 6) * u * mag + ulp16(t, wv) + 1e-30,
+                  "%s %s dw[%d] %.9g vs %.9g", what, l3d_dtype_name(t), c, g, wv);
+    }
+}
+
+static void rows_case(l3d_dtype t, int N, int C) {
+    int Cf = 3 * C;
+    float eps = 1e-5f;
+    size_t es = l3d_dtype_size(t), nx = (size_t)N * C, nb = nx * es, wb = (size_t)C * es;
+    size_t fb = (size_t)N * 4;
+    void *x = rand_vals(t, nx, -2, 2), *w = rand_vals(t, (size_t)C, 0.5f, 1.5f);
+    void *dout = rand_vals(t, nx, -1, 1), *dx0 = rand_vals(t, nx, -1, 1);
+    void *dw0 = rand_vals(t, (size_t)C, -1, 1);
+    // the other two blocks' parts (2 C squares of values in [-2, 2): about 8 C / 3; the dots
+    // of either sign)
+    float *oss = rand_vals(L3D_FLOAT32, (size_t)N, (float)C, 4.0f * C);
+    float *odot = rand_vals(L3D_FLOAT32, (size_t)N, -0.25f * C, 0.25f * C);
+    float *zero = calloc((size_t)N, 4);
+    pair_t px = pair_of(x, nb), pw = pair_of(w, wb), pd = pair_of(dout, nb);
+    pair_t pdx = pair_of(dx0, nb), pdw = pair_of(dw0, wb), po = pair_of(x, nb);
+    pair_t pss = pair_of(zero, fb), prs = pair_of(zero, fb), pdot = pair_of(zero, fb);
+    pair_t pnw = pair_of(zero, fb);
+    rows_in_t r = {t, N, C, Cf, x, w, dout, dx0, dw0, odot};
+    const char *tn = l3d_dtype_name(t);
+
+    // rowdot(x, x): the block's part of sum x^2; then the other blocks' part added
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, pss.h, px.h, px.h, NULL, N, C, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, pss.g, px.g, px.g, NULL, N, C, t, t), L3D_OK);
+    float *ss_c = pss.h, *ss_g = pair_got(&pss);
+    for (int n = 0; n < N; n++) {
+        cr_assert(fabs(ss_g[n] - ss_c[n]) <= rowdot_bound(&r, x, x, NULL, n),
+                  "%s ss[%d] %.9g vs %.9g", tn, n, ss_g[n], ss_c[n]);
+        ss_c[n] += oss[n], ss_g[n] += oss[n];
+    }
+    cr_assert_eq(l3d_dev_copy(gpu, pss.g, ss_g, fb, L3D_COPY_H2D), L3D_OK);
+    // rows_fwd of the block with the whole row's statistic
+    cr_assert_eq(l3d_dev_rmsnorm_rows_fwd(cpu, po.h, prs.h, px.h, pw.h, pss.h, N, C, Cf, eps, t,
+                                          t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rows_fwd(gpu, po.g, prs.g, px.g, pw.g, pss.g, N, C, Cf, eps, t,
+                                          t), L3D_OK);
+    void *out = pair_got(&po);
+    float *rs_g = pair_got(&prs);
+    check_rows_fwd(&r, prs.h, rs_g, po.h, out, "2d");
+    // rowdot(dout, x, w), the other blocks' part added, into rows_bwd (dx, dw += on dx0, dw0)
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, pdot.h, pd.h, px.h, pw.h, N, C, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, pdot.g, pd.g, px.g, pw.g, N, C, t, t), L3D_OK);
+    float *dot_c = pdot.h, *dot_g = pair_got(&pdot);
+    for (int n = 0; n < N; n++) {
+        cr_assert(fabs(dot_g[n] - dot_c[n]) <= rowdot_bound(&r, dout, x, w, n),
+                  "%s dot[%d] %.9g vs %.9g", tn, n, dot_g[n], dot_c[n]);
+        dot_c[n] += odot[n], dot_g[n] += odot[n];
+    }
+    cr_assert_eq(l3d_dev_copy(gpu, pdot.g, dot_g, fb, L3D_COPY_H2D), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rows_bwd(cpu, pdx.h, pdw.h, pd.h, px.h, pw.h, prs.h, pdot.h, N,
+                                          C, Cf, t, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rows_bwd(gpu, pdx.g, pdw.g, pd.g, px.g, pw.g, prs.g, pdot.g, N,
+                                          C, Cf, t, t, t), L3D_OK);
+    void *dx = pair_got(&pdx), *dw = pair_got(&pdw);
+    check_rows_bwd(&r, prs.h, pdx.h, dx, pdw.h, dw, "2d");
+    // rowdot without w (of terms of either sign)
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, pnw.h, pd.h, px.h, NULL, N, C, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, pnw.g, pd.g, px.g, NULL, N, C, t, t), L3D_OK);
+    float *nw_c = pnw.h, *nw_g = pair_got(&pnw);
+    for (int n = 0; n < N; n++)
+        cr_assert(fabs(nw_g[n] - nw_c[n]) <= rowdot_bound(&r, dout, x, NULL, n),
+                  "%s rowdot without w [%d] %.9g vs %.9g", tn, n, nw_g[n], nw_c[n]);
+
+    // One block holding every column (C_full = C), on the GPU alone: rowdot(x, x) into
+    // rows_fwd is rmsnorm_fwd, rowdot(dout, x, w) into rows_bwd is rmsnorm_bwd (the contract's
+    // same math; here the same kernels' code, asserted within the bounds above).
+    rows_in_t r1 = r;
+    r1.C_full = C, r1.odot = NULL;
+    pair_t o1 = pair_of(x, nb), o2 = pair_of(x, nb), dx1 = pair_of(dx0, nb);
+    pair_t dx2 = pair_of(dx0, nb), dw1 = pair_of(dw0, wb), dw2 = pair_of(dw0, wb);
+    pair_t rs1 = pair_of(zero, fb), rs2 = pair_of(zero, fb), ss1 = pair_of(zero, fb);
+    pair_t dot1 = pair_of(zero, fb);
+    cr_assert_eq(l3d_dev_rmsnorm_fwd(gpu, o1.g, rs1.g, px.g, pw.g, N, C, eps, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, ss1.g, px.g, px.g, NULL, N, C, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rows_fwd(gpu, o2.g, rs2.g, px.g, pw.g, ss1.g, N, C, C, eps, t,
+                                          t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_bwd(gpu, dx1.g, dw1.g, pd.g, px.g, pw.g, rs1.g, N, C, t, t, t),
+                 L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, dot1.g, pd.g, px.g, pw.g, N, C, t, t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rows_bwd(gpu, dx2.g, dw2.g, pd.g, px.g, pw.g, rs2.g, dot1.g, N,
+                                          C, C, t, t, t), L3D_OK);
+    void *oa = pair_got(&o1), *ob = pair_got(&o2), *dxa = pair_got(&dx1), *dxb = pair_got(&dx2);
+    void *dwa = pair_got(&dw1), *dwb = pair_got(&dw2);
+    float *rsa = pair_got(&rs1), *rsb = pair_got(&rs2);
+    check_rows_fwd(&r1, rsa, rsb, oa, ob, "one block");
+    check_rows_bwd(&r1, rsa, dxa, dxb, dwa, dwb, "one block");
+
+    pair_t *pairs[] = {&px, &pw, &pd, &pdx, &pdw, &po, &pss, &prs, &pdot, &pnw,
+                       &o1, &o2, &dx1, &dx2, &dw1, &dw2, &rs1, &rs2, &ss1, &dot1};
+    for (size_t i = 0; i < sizeof(pairs) / sizeof(pairs[0]); i++) pair_free(pairs[i]);
+    void *bufs[] = {x, w, dout, dx0, dw0, oss, odot, zero, ss_g, out, rs_g, dot_g, dx, dw, nw_g,
+                    oa, ob, dxa, dxb, dwa, dwb, rsa, rsb};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
+}
+
+Test(cuda, rmsnorm_rows_match_cpu) {
+    NEED_GPU();
+    // (37 rows: one GPU chunk of dw partials, C < the block's threads; 137 rows of 300: three
+    // chunks, threads taking two columns)
+    int shapes[2][2] = {{37, 96}, {137, 300}};
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 2; k++) rows_case(k_types[k], shapes[s][0], shapes[s][1]);
+}
+
 // RoPE: a * c - b * s per element on both; a contracted product-sum rounds once less: within
 // 2 u (|a| + |b|) of each other, plus a 16-bit ulp. Forward and inverse, pos0 > 0.
 Test(cuda, rope_matches_cpu) {

@@ -156,6 +156,15 @@ l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const
 l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
                                 const void *x, const void *w, const float *rstd, int N, int C,
                                 l3d_dtype at, l3d_dtype wt, l3d_dtype gt);
+l3d_status l3d_cuda_rmsnorm_rowdot(l3d_device_t *dev, float *out, const void *a, const void *b,
+                                   const void *w, int N, int C, l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_cuda_rmsnorm_rows_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                                     const void *w, const float *ss, int N, int C, int C_full,
+                                     float eps, l3d_dtype at, l3d_dtype wt);
+l3d_status l3d_cuda_rmsnorm_rows_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                                     const void *x, const void *w, const float *rstd,
+                                     const float *dot, int N, int C, int C_full, l3d_dtype at,
+                                     l3d_dtype wt, l3d_dtype gt);
 l3d_status l3d_cuda_rope(l3d_device_t *dev, void *x, const float *cos_tab, const float *sin_tab,
                          int B, int T, int NH, int D, int pos0, int inverse, l3d_dtype at);
 l3d_status l3d_cuda_embedding_fwd(l3d_device_t *dev, void *out, const int32_t *tokens,

@@ -353,7 +353,7 @@ extern "C" const l3d_device_ops_t l3d_cuda_device_ops = {
     .sumsq = l3d_cuda_sumsq,
     .sum_f64 = l3d_cuda_sum_f64,
     .adamw = l3d_cuda_adamw,
-    .rmsnorm_rowdot = NULL,  // (optional: tensor parallelism 2d)
-    .rmsnorm_rows_fwd = NULL,
-    .rmsnorm_rows_bwd = NULL,
+    .rmsnorm_rowdot = l3d_cuda_rmsnorm_rowdot,  // (optional: tensor parallelism 2d)
+    .rmsnorm_rows_fwd = l3d_cuda_rmsnorm_rows_fwd,
+    .rmsnorm_rows_bwd = l3d_cuda_rmsnorm_rows_bwd,
 };

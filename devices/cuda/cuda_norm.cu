@@ -1,61 +1,87 @@
-// The CUDA device's RMSNorm (forward and backward), RoPE and embedding entries (one-rank and
-// vocabulary-parallel). Float32 arithmetic, one rounding per 16-bit store, and determinism:
-// row statistics are a fixed tree over a fixed block; the weight gradients of RMSNorm are
-// per-chunk partials added in chunk order; the embedding's scatter-add walks each token's
-// occurrences in order (no atomics).
-// defines: l3d_cuda_rmsnorm_fwd, l3d_cuda_rmsnorm_bwd, l3d_cuda_rope, l3d_cuda_embedding_fwd,
-//          l3d_cuda_embedding_bwd, l3d_cuda_embedding_fwd_vp, l3d_cuda_embedding_bwd_vp
+// The CUDA device's RMSNorm (forward and backward, whole rows and rows split by columns for
+// tensor parallelism 2d), RoPE and embedding entries (one-rank and vocabulary-parallel).
+// Float32 arithmetic, one rounding per 16-bit store, and determinism: row statistics are a
+// fixed tree over a fixed block; the weight gradients of RMSNorm are per-chunk partials added
+// in chunk order; the embedding's scatter-add walks each token's occurrences in order (no
+// atomics).
+// defines: l3d_cuda_rmsnorm_fwd, l3d_cuda_rmsnorm_bwd, l3d_cuda_rmsnorm_rowdot,
+//          l3d_cuda_rmsnorm_rows_fwd, l3d_cuda_rmsnorm_rows_bwd, l3d_cuda_rope,
+//          l3d_cuda_embedding_fwd, l3d_cuda_embedding_bwd, l3d_cuda_embedding_fwd_vp,
+//          l3d_cuda_embedding_bwd_vp
 #include "devices/cuda/cuda.h"
 
 enum { ROW_THREADS = 256, ROWS_PER_CHUNK = 64, COL_THREADS = 256 };
 
 // ---- RMSNorm -----------------------------------------------------------------------------------
-// out(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(mean(x^2) + eps): one block per row.
-__global__ static void k_rmsnorm_fwd(void *out, float *rstd, const void *x, const void *w, int C,
-                                     float eps, int at, int wt) {
+// The whole-row entries are the split-row ones with the row's own statistic (ss / dot NULL)
+// and C_full = C, as on the CPU device: one body each, so rowdot(x, x) into rows_fwd is
+// rmsnorm_fwd's arithmetic, and rowdot(dout, x, w) into rows_bwd is rmsnorm_bwd's.
+
+// sum_c a(row, c) * w(c) * b(row, c) (w NULL: a * b) over the C columns of one row, in float32:
+// thread t adds columns t, t + blockDim, ... in order, then the block's fixed tree (every
+// thread gets the sum; called by every thread of the block).
+__device__ static float row_dot(const void *a, const void *b, const void *w, size_t row, int C,
+                                int at, int wt) {
+    float s = 0.0f;
+    if (w)  // (a * w) first, then * b: the order the CPU device takes dout * w * x in
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            s += l3d_cu_ld(a, at, row + c) * l3d_cu_ld(w, wt, c) * l3d_cu_ld(b, at, row + c);
+    else
+        for (int c = threadIdx.x; c < C; c += blockDim.x)
+            s += l3d_cu_ld(a, at, row + c) * l3d_cu_ld(b, at, row + c);
+    return l3d_cu_block_sum(s);
+}
+
+// out(N) = row_dot of each row of a(N,C), b(N,C), w(C) or NULL: one block per row.
+__global__ static void k_rmsnorm_rowdot(float *out, const void *a, const void *b, const void *w,
+                                        int C, int at, int wt) {
+    float s = row_dot(a, b, w, (size_t)blockIdx.x * (size_t)C, C, at, wt);
+    if (threadIdx.x == 0) out[blockIdx.x] = s;
+}
+
+// out(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(ss / C_full + eps), ss(N) given (the all-reduced
+// rowdot(x, x)) or, when NULL, the row's own sum of x^2: one block per row.
+__global__ static void k_rmsnorm_fwd(void *out, float *rstd, const void *x, const void *w,
+                                     const float *ss_in, int C, int C_full, float eps, int at,
+                                     int wt) {
     size_t row = (size_t)blockIdx.x * (size_t)C;
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float v = l3d_cu_ld(x, at, row + c);
-        ss += v * v;
-    }
-    ss = l3d_cu_block_sum(ss);
-    float rs = 1.0f / sqrtf(ss / (float)C + eps);
+    float ss = ss_in ? ss_in[blockIdx.x] : row_dot(x, x, NULL, row, C, at, wt);
+    float rs = 1.0f / sqrtf(ss / (float)C_full + eps);
     for (int c = threadIdx.x; c < C; c += blockDim.x)
         l3d_cu_st(out, at, row + c, l3d_cu_ld(x, at, row + c) * rs * l3d_cu_ld(w, wt, c));
     if (rstd && threadIdx.x == 0) rstd[blockIdx.x] = rs;
 }
 
-extern "C" l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
-                                           const void *w, int N, int C, float eps, l3d_dtype at,
-                                           l3d_dtype wt) {
-    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_fwd", "x", at));
-    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_fwd", "w", wt));
-    if (N < 0 || C <= 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_fwd: bad shape N %d C %d", N, C);
+static l3d_status rmsnorm_fwd(l3d_device_t *dev, const char *op, void *out, float *rstd,
+                              const void *x, const void *w, const float *ss, int N, int C,
+                              int C_full, float eps, l3d_dtype at, l3d_dtype wt) {
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "x", at));
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "w", wt));
+    if (N < 0 || C <= 0 || C_full < C)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "%s: bad shape N %d C %d (of %d)", op, N,
+                         C, C_full);
     if (!N) return L3D_OK;
-    k_rmsnorm_fwd<<<N, ROW_THREADS, 0, l3d_cuda_stream(dev)>>>(out, rstd, x, w, C, eps, at, wt);
-    L3D_CU_LAUNCHED(dev, "rmsnorm_fwd");
+    k_rmsnorm_fwd<<<N, ROW_THREADS, 0, l3d_cuda_stream(dev)>>>(out, rstd, x, w, ss, C, C_full, eps,
+                                                              at, wt);
+    L3D_CU_LAUNCHED(dev, op);
     return L3D_OK;
 }
 
 // Backward, pass 1: block b takes rows [b*ROWS_PER_CHUNK, ...) one after another; for each,
-// dot = sum_c dout*w*x (a block sum), dx += rstd*(dout*w) - dot*rstd^3/C * x, and thread c's
-// column partial of dw, sum over the chunk's rows of dout*x*rstd in row order, goes to
-// part[b][c] (each thread owns its columns: no race, a fixed order).
+// dot = the given dot(n) (the all-reduced rowdot(dout, x, w)) or, when NULL, the row's own
+// sum_c dout*w*x; dx += rstd*(dout*w) - dot*rstd^3/C_full * x, and thread c's column partial
+// of dw, sum over the chunk's rows of dout*x*rstd in row order, goes to part[b][c] (each
+// thread owns its columns: no race, a fixed order).
 __global__ static void k_rmsnorm_bwd_rows(void *dx, float *part, const void *dout, const void *x,
-                                          const void *w, const float *rstd, int N, int C, int at,
-                                          int wt) {
+                                          const void *w, const float *rstd, const float *dot,
+                                          int N, int C, int C_full, int at, int wt) {
     int n0 = blockIdx.x * ROWS_PER_CHUNK, n1 = min(N, n0 + ROWS_PER_CHUNK);
     float *pb = part + (size_t)blockIdx.x * (size_t)C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) pb[c] = 0.0f;
     for (int n = n0; n < n1; n++) {
         size_t row = (size_t)n * (size_t)C;
-        float rs = rstd[n], d = 0.0f;
-        for (int c = threadIdx.x; c < C; c += blockDim.x)
-            d += l3d_cu_ld(dout, at, row + c) * l3d_cu_ld(w, wt, c) * l3d_cu_ld(x, at, row + c);
-        d = l3d_cu_block_sum(d);
-        float k = d * rs * rs * rs / (float)C;
+        float rs = rstd[n], d = dot ? dot[n] : row_dot(dout, x, w, row, C, at, wt);
+        float k = d * rs * rs * rs / (float)C_full;
         for (int c = threadIdx.x; c < C; c += blockDim.x) {
             float g = l3d_cu_ld(dout, at, row + c), xv = l3d_cu_ld(x, at, row + c);
             float gw = g * l3d_cu_ld(w, wt, c);
@@ -74,26 +100,74 @@ __global__ static void k_rmsnorm_bwd_dw(void *dw, const float *part, int nchunks
     }
 }
 
-extern "C" l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
-                                           const void *x, const void *w, const float *rstd, int N,
-                                           int C, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
-    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_bwd", "x", at));
-    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_bwd", "w", wt));
-    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_bwd", "dw", gt));
-    if (N < 0 || C <= 0)
-        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_bwd: bad shape N %d C %d", N, C);
+static l3d_status rmsnorm_bwd(l3d_device_t *dev, const char *op, void *dx, void *dw,
+                              const void *dout, const void *x, const void *w, const float *rstd,
+                              const float *dot, int N, int C, int C_full, l3d_dtype at,
+                              l3d_dtype wt, l3d_dtype gt) {
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "x", at));
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "w", wt));
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, op, "dw", gt));
+    if (N < 0 || C <= 0 || C_full < C)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "%s: bad shape N %d C %d (of %d)", op, N,
+                         C, C_full);
     if (!N) return L3D_OK;
     int nchunks = (N + ROWS_PER_CHUNK - 1) / ROWS_PER_CHUNK;
     void *part;
     L3D_CHECK(dev->ctx, l3d_cuda_scratch(dev, (size_t)nchunks * (size_t)C * sizeof(float), &part));
     cudaStream_t s = l3d_cuda_stream(dev);
-    k_rmsnorm_bwd_rows<<<nchunks, ROW_THREADS, 0, s>>>(dx, (float *)part, dout, x, w, rstd, N, C,
-                                                       at, wt);
-    L3D_CU_LAUNCHED(dev, "rmsnorm_bwd");
+    k_rmsnorm_bwd_rows<<<nchunks, ROW_THREADS, 0, s>>>(dx, (float *)part, dout, x, w, rstd, dot, N,
+                                                       C, C_full, at, wt);
+    L3D_CU_LAUNCHED(dev, op);
     k_rmsnorm_bwd_dw<<<l3d_cu_blocks((size_t)C, COL_THREADS), COL_THREADS, 0, s>>>(
         dw, (const float *)part, nchunks, C, gt);
-    L3D_CU_LAUNCHED(dev, "rmsnorm_bwd");
+    L3D_CU_LAUNCHED(dev, op);
     return L3D_OK;
+}
+
+extern "C" l3d_status l3d_cuda_rmsnorm_fwd(l3d_device_t *dev, void *out, float *rstd, const void *x,
+                                           const void *w, int N, int C, float eps, l3d_dtype at,
+                                           l3d_dtype wt) {
+    return rmsnorm_fwd(dev, "rmsnorm_fwd", out, rstd, x, w, NULL, N, C, C, eps, at, wt);
+}
+
+extern "C" l3d_status l3d_cuda_rmsnorm_bwd(l3d_device_t *dev, void *dx, void *dw, const void *dout,
+                                           const void *x, const void *w, const float *rstd, int N,
+                                           int C, l3d_dtype at, l3d_dtype wt, l3d_dtype gt) {
+    return rmsnorm_bwd(dev, "rmsnorm_bwd", dx, dw, dout, x, w, rstd, NULL, N, C, C, at, wt, gt);
+}
+
+// out(N) (float32) = sum_c a(N,C) * b(N,C) * (w(C) or 1); w may be NULL (its dtype is checked
+// all the same, as on the CPU device).
+extern "C" l3d_status l3d_cuda_rmsnorm_rowdot(l3d_device_t *dev, float *out, const void *a,
+                                              const void *b, const void *w, int N, int C,
+                                              l3d_dtype at, l3d_dtype wt) {
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_rowdot", "a", at));
+    L3D_CHECK(dev->ctx, l3d_cuda_dtype_check(dev, "rmsnorm_rowdot", "w", wt));
+    if (N < 0 || C <= 0)
+        return l3d_error(dev->ctx, L3D_ERR_INVALID_ARG, "rmsnorm_rowdot: bad shape N %d C %d", N,
+                         C);
+    if (!N) return L3D_OK;
+    k_rmsnorm_rowdot<<<N, ROW_THREADS, 0, l3d_cuda_stream(dev)>>>(out, a, b, w, C, at, wt);
+    L3D_CU_LAUNCHED(dev, "rmsnorm_rowdot");
+    return L3D_OK;
+}
+
+// out(N,C) = x * rstd * w, rstd(N) = 1 / sqrt(ss(N) / C_full + eps); rstd may be NULL.
+extern "C" l3d_status l3d_cuda_rmsnorm_rows_fwd(l3d_device_t *dev, void *out, float *rstd,
+                                                const void *x, const void *w, const float *ss,
+                                                int N, int C, int C_full, float eps,
+                                                l3d_dtype at, l3d_dtype wt) {
+    return rmsnorm_fwd(dev, "rmsnorm_rows_fwd", out, rstd, x, w, ss, N, C, C_full, eps, at, wt);
+}
+
+// dx(N,C) += rstd*(dout*w) - rstd^3/C_full * x * dot, dw(C) += sum_n dout*x*rstd.
+extern "C" l3d_status l3d_cuda_rmsnorm_rows_bwd(l3d_device_t *dev, void *dx, void *dw,
+                                                const void *dout, const void *x, const void *w,
+                                                const float *rstd, const float *dot, int N, int C,
+                                                int C_full, l3d_dtype at, l3d_dtype wt,
+                                                l3d_dtype gt) {
+    return rmsnorm_bwd(dev, "rmsnorm_rows_bwd", dx, dw, dout, x, w, rstd, dot, N, C, C_full, at,
+                       wt, gt);
 }
 
 // ---- RoPE --------------------------------------------------------------------------------------
