@@ -86,8 +86,7 @@ lreq_t *l3d_local_req_get(local_ep_t *ep, l3d_ctx_t *ctx) {
 }
 
 void l3d_local_req_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r) {
-    if (r->scratch) l3d_free(ctx, r->scratch, r->scratch_len, "comm");
-    r->scratch = NULL;
+    l3d_local_scratch_put(ep, ctx, r);
     if (ep->nfree_reqs >= LOCAL_FREE_REQS) {
         l3d_free(ctx, r, sizeof(*r), "comm");
         return;
@@ -177,7 +176,8 @@ static void mark_gone(l3d_ctx_t *ctx, local_hub_t *h, int me, int why, int free_
                 *pp = r->next;
                 int mine = r->send ? r->src == me : r->dst == me;
                 if (free_own && mine) {
-                    if (r->scratch) l3d_free(ctx, r->scratch, r->scratch_len, "comm");
+                    if (r->scratch && !r->scratch_slot)  // (cached ones: scratch_fini)
+                        l3d_free(ctx, r->scratch, r->scratch_len, "comm");
                     l3d_free(ctx, r, sizeof(*r), "comm");
                 } else {
                     fail_req(r, me, why);
@@ -193,6 +193,7 @@ static void local_fini(l3d_transport_t *tp) {
     local_hub_t *h = ep->hub;
     l3d_local_coll_fini(tp);
     mark_gone(tp->ctx, h, ep->rank, GONE_LEFT, 1);
+    l3d_local_scratch_fini(ep, tp->ctx);
     for (lreq_t *r = ep->free_reqs, *next; r; r = next) {
         next = r->next;
         l3d_free(tp->ctx, r, sizeof(*r), "comm");

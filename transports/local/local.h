@@ -39,6 +39,7 @@ struct l3d_tp_request {
     // request) and, for a receive, the device memory it goes to when the request is done.
     void *scratch;
     size_t scratch_len;
+    int scratch_slot;  // 1 + its index in the endpoint's hcache, 0: its own allocation
     struct l3d_device *dev;
     void *stream;
     void *dev_out;
@@ -76,6 +77,13 @@ typedef struct local_ep {
     int devmode;
     struct l3d_device *dev;
     void *stream;
+    // host copies kept for the next calls: a fresh block costs a page fault per 4 KiB
+    // (64 MiB allreduces took 5x the staged path's time with a new block each)
+    struct {
+        void *p;
+        size_t n;
+        int busy;
+    } hcache[4];
     char err[160];
     lreq_t *colls;  // pending native collectives of this endpoint
     lreq_t *free_reqs;  // finished request objects kept for the next calls
@@ -112,6 +120,10 @@ l3d_status l3d_local_dev_p2p(l3d_transport_t *tp, int send, int peer, uint64_t t
 // now, the receive range out when it is done). kind is LC_*.
 l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
                               l3d_tp_request_t **req_p);
+// Gives back a request's host copy (kept in the endpoint's cache, or freed).
+void l3d_local_scratch_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r);
+// Frees the endpoint's cached host copies (fini, after every request is gone).
+void l3d_local_scratch_fini(local_ep_t *ep, l3d_ctx_t *ctx);
 // A finished request's receive copied into its device buffer, waited for (nothing without one).
 l3d_status l3d_local_dev_finish(l3d_transport_t *tp, lreq_t *r);
 void l3d_local_set_stream(l3d_transport_t *tp, struct l3d_device *dev, void *stream);

@@ -14,7 +14,7 @@
 // it. The host copies are what the host-memory paths of local.c and local_coll.c then run on,
 // so a call on device memory reduces exactly as the same call on host memory.
 // defines: l3d_local_is_dev, l3d_local_dev_p2p, l3d_local_dev_coll, l3d_local_dev_finish,
-//          l3d_local_set_stream
+//          l3d_local_set_stream, l3d_local_scratch_put, l3d_local_scratch_fini
 #include <stdio.h>
 #include <string.h>
 
@@ -44,12 +44,59 @@ static l3d_status copy_on(l3d_device_t *dev, void *stream, void *dst, const void
     return st;
 }
 
+// ---- host copies -------------------------------------------------------------------------------
+// A host block of len bytes: a free cached one large enough, else a new one that replaces a
+// free cached one (or fills an empty slot), else one of its own (*slot 0).
+static void *scratch_get(l3d_transport_t *tp, size_t len, int *slot) {
+    local_ep_t *ep = ep_of(tp);
+    int n = (int)L3D_ARRAY_LEN(ep->hcache), spare = -1;
+    for (int i = 0; i < n; i++) {
+        if (ep->hcache[i].busy) continue;
+        if (ep->hcache[i].p && ep->hcache[i].n >= len) {
+            ep->hcache[i].busy = 1;
+            *slot = i + 1;
+            return ep->hcache[i].p;
+        }
+        if (spare < 0 || !ep->hcache[i].p) spare = i;
+    }
+    void *p = l3d_malloc(tp->ctx, len, "comm");
+    *slot = 0;
+    if (!p || spare < 0) return p;
+    if (ep->hcache[spare].p) l3d_free(tp->ctx, ep->hcache[spare].p, ep->hcache[spare].n, "comm");
+    ep->hcache[spare].p = p;
+    ep->hcache[spare].n = len;
+    ep->hcache[spare].busy = 1;
+    *slot = spare + 1;
+    return p;
+}
+
+static void scratch_drop(l3d_transport_t *tp, void *p, size_t len, int slot) {
+    lreq_t r = {.scratch = p, .scratch_len = len, .scratch_slot = slot};
+    l3d_local_scratch_put(ep_of(tp), tp->ctx, &r);
+}
+
+void l3d_local_scratch_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r) {
+    if (!r->scratch) return;
+    if (r->scratch_slot) ep->hcache[r->scratch_slot - 1].busy = 0;
+    else l3d_free(ctx, r->scratch, r->scratch_len, "comm");
+    r->scratch = NULL;
+    r->scratch_slot = 0;
+}
+
+void l3d_local_scratch_fini(local_ep_t *ep, l3d_ctx_t *ctx) {
+    for (size_t i = 0; i < L3D_ARRAY_LEN(ep->hcache); i++) {
+        if (ep->hcache[i].p) l3d_free(ctx, ep->hcache[i].p, ep->hcache[i].n, "comm");
+        ep->hcache[i].p = NULL;
+    }
+}
+
 // Records where a finished receive goes: the host copy `h` into device memory `d`.
-static void keep(l3d_transport_t *tp, lreq_t *r, void *scratch, size_t len, void *d,
+static void keep(l3d_transport_t *tp, lreq_t *r, void *scratch, size_t len, int slot, void *d,
                  const void *h, size_t out_len) {
     local_ep_t *ep = ep_of(tp);
     r->scratch = scratch;
     r->scratch_len = len;
+    r->scratch_slot = slot;
     r->dev = ep->dev;
     r->stream = ep->stream;
     r->dev_out = d;
@@ -60,19 +107,20 @@ static void keep(l3d_transport_t *tp, lreq_t *r, void *scratch, size_t len, void
 l3d_status l3d_local_dev_p2p(l3d_transport_t *tp, int send, int peer, uint64_t tag, void *buf,
                              size_t len, l3d_tp_request_t **req_p) {
     local_ep_t *ep = ep_of(tp);
-    void *h = l3d_malloc(tp->ctx, len, "comm");
+    int slot;
+    void *h = scratch_get(tp, len, &slot);
     if (!h) return L3D_ERR_NOMEM;
     l3d_status st = send ? copy_on(ep->dev, ep->stream, h, buf, len, L3D_COPY_D2H) : L3D_OK;
     if (st < 0) {
-        l3d_free(tp->ctx, h, len, "comm");
+        scratch_drop(tp, h, len, slot);
         return l3d_local_fail(tp, st, "local send of %zu bytes of device memory: copying it "
                               "out failed: %s", len, l3d_ctx_last_error(tp->ctx));
     }
     if ((st = l3d_local_post(tp, send, peer, tag, h, len, req_p)) < 0) {
-        l3d_free(tp->ctx, h, len, "comm");
+        scratch_drop(tp, h, len, slot);
         return st;
     }
-    keep(tp, *req_p, h, len, send ? NULL : buf, h, len);
+    keep(tp, *req_p, h, len, slot, send ? NULL : buf, h, len);
     return L3D_OK;
 }
 
@@ -101,13 +149,14 @@ l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_a
     int overlap = sb && sp < rp + rb && rp < sp + sb;
     uintptr_t lo = overlap ? L3D_MIN(sp, rp) : rp;
     size_t len = overlap ? (size_t)(L3D_MAX(sp + sb, rp + rb) - lo) : rb + sb;
-    char *h = l3d_malloc(tp->ctx, len, "comm");
+    int slot;
+    char *h = scratch_get(tp, len, &slot);
     if (!h) return L3D_ERR_NOMEM;
     char *hr = h + (rp - lo);
     char *hs = !sb ? NULL : overlap ? h + (sp - lo) : h + rb;
     l3d_status st = sb ? copy_on(ep->dev, ep->stream, hs, s, sb, L3D_COPY_D2H) : L3D_OK;
     if (st < 0) {
-        l3d_free(tp->ctx, h, len, "comm");
+        scratch_drop(tp, h, len, slot);
         return l3d_local_fail(tp, st, "local %s with device buffers: copying the send buffer "
                               "out failed: %s", what[kind], l3d_ctx_last_error(tp->ctx));
     }
@@ -115,10 +164,10 @@ l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_a
     ha.sendbuf = hs;
     ha.recvbuf = hr;
     if ((st = l3d_local_coll_start(tp, kind, &ha, req_p)) < 0) {
-        l3d_free(tp->ctx, h, len, "comm");
+        scratch_drop(tp, h, len, slot);
         return st;
     }
-    keep(tp, *req_p, h, len, rv, hr, rb);
+    keep(tp, *req_p, h, len, slot, rv, hr, rb);
     return L3D_OK;
 }
 
