@@ -548,6 +548,26 @@ static double rowdot_bound(const rows_in_t *r, const void *a, const void *b, con
     return 2 * (r->C + 2) * u * mag;
 }
 
+// rowdot(a, b, w) (w NULL: none) into p on both devices, each row within rowdot_bound of the
+// CPU's; then `other` (the other blocks' part, the all-reduce's stand-in; NULL: none) added on
+// both sides and the GPU's sum written back. Returns the GPU's result (host memory).
+static float *rowdot_both(const rows_in_t *r, pair_t *p, const pair_t *a, const pair_t *b,
+                          const pair_t *w, const float *other, const char *what) {
+    l3d_dtype t = r->t;
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, p->h, a->h, b->h, w ? w->h : NULL, r->N, r->C, t,
+                                        t), L3D_OK);
+    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, p->g, a->g, b->g, w ? w->g : NULL, r->N, r->C, t,
+                                        t), L3D_OK);
+    float *want = p->h, *got = pair_got(p);
+    for (int n = 0; n < r->N; n++) {
+        cr_assert(fabs(got[n] - want[n]) <= rowdot_bound(r, a->h, b->h, w ? w->h : NULL, n),
+                  "%s %s[%d] %.9g vs %.9g", l3d_dtype_name(t), what, n, got[n], want[n]);
+        if (other) want[n] += other[n], got[n] += other[n];
+    }
+    if (other) cr_assert_eq(l3d_dev_copy(gpu, p->g, got, p->bytes, L3D_COPY_H2D), L3D_OK);
+    return got;
+}
+
 // rstd(N) and out(N,C) of rows_fwd (or rmsnorm_fwd) against the reference's
 static void check_rows_fwd(const rows_in_t *r, const float *rs_want, const float *rs_got,
                            const void *out_want, const void *out_got, const char *what) {
@@ -617,18 +637,9 @@ static void rows_case(l3d_dtype t, int N, int C) {
     pair_t pss = pair_of(zero, fb), prs = pair_of(zero, fb), pdot = pair_of(zero, fb);
     pair_t pnw = pair_of(zero, fb);
     rows_in_t r = {t, N, C, Cf, x, w, dout, dx0, dw0, odot};
-    const char *tn = l3d_dtype_name(t);
 
     // rowdot(x, x): the block's part of sum x^2; then the other blocks' part added
-    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, pss.h, px.h, px.h, NULL, N, C, t, t), L3D_OK);
-    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, pss.g, px.g, px.g, NULL, N, C, t, t), L3D_OK);
-    float *ss_c = pss.h, *ss_g = pair_got(&pss);
-    for (int n = 0; n < N; n++) {
-        cr_assert(fabs(ss_g[n] - ss_c[n]) <= rowdot_bound(&r, x, x, NULL, n),
-                  "%s ss[%d] %.9g vs %.9g", tn, n, ss_g[n], ss_c[n]);
-        ss_c[n] += oss[n], ss_g[n] += oss[n];
-    }
-    cr_assert_eq(l3d_dev_copy(gpu, pss.g, ss_g, fb, L3D_COPY_H2D), L3D_OK);
+    float *ss_g = rowdot_both(&r, &pss, &px, &px, NULL, oss, "ss");
     // rows_fwd of the block with the whole row's statistic
     cr_assert_eq(l3d_dev_rmsnorm_rows_fwd(cpu, po.h, prs.h, px.h, pw.h, pss.h, N, C, Cf, eps, t,
                                           t), L3D_OK);
@@ -638,15 +649,7 @@ static void rows_case(l3d_dtype t, int N, int C) {
     float *rs_g = pair_got(&prs);
     check_rows_fwd(&r, prs.h, rs_g, po.h, out, "2d");
     // rowdot(dout, x, w), the other blocks' part added, into rows_bwd (dx, dw += on dx0, dw0)
-    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, pdot.h, pd.h, px.h, pw.h, N, C, t, t), L3D_OK);
-    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, pdot.g, pd.g, px.g, pw.g, N, C, t, t), L3D_OK);
-    float *dot_c = pdot.h, *dot_g = pair_got(&pdot);
-    for (int n = 0; n < N; n++) {
-        cr_assert(fabs(dot_g[n] - dot_c[n]) <= rowdot_bound(&r, dout, x, w, n),
-                  "%s dot[%d] %.9g vs %.9g", tn, n, dot_g[n], dot_c[n]);
-        dot_c[n] += odot[n], dot_g[n] += odot[n];
-    }
-    cr_assert_eq(l3d_dev_copy(gpu, pdot.g, dot_g, fb, L3D_COPY_H2D), L3D_OK);
+    float *dot_g = rowdot_both(&r, &pdot, &pd, &px, &pw, odot, "dot");
     cr_assert_eq(l3d_dev_rmsnorm_rows_bwd(cpu, pdx.h, pdw.h, pd.h, px.h, pw.h, prs.h, pdot.h, N,
                                           C, Cf, t, t, t), L3D_OK);
     cr_assert_eq(l3d_dev_rmsnorm_rows_bwd(gpu, pdx.g, pdw.g, pd.g, px.g, pw.g, prs.g, pdot.g, N,
@@ -654,12 +657,7 @@ static void rows_case(l3d_dtype t, int N, int C) {
     void *dx = pair_got(&pdx), *dw = pair_got(&pdw);
     check_rows_bwd(&r, prs.h, pdx.h, dx, pdw.h, dw, "2d");
     // rowdot without w (of terms of either sign)
-    cr_assert_eq(l3d_dev_rmsnorm_rowdot(cpu, pnw.h, pd.h, px.h, NULL, N, C, t, t), L3D_OK);
-    cr_assert_eq(l3d_dev_rmsnorm_rowdot(gpu, pnw.g, pd.g, px.g, NULL, N, C, t, t), L3D_OK);
-    float *nw_c = pnw.h, *nw_g = pair_got(&pnw);
-    for (int n = 0; n < N; n++)
-        cr_assert(fabs(nw_g[n] - nw_c[n]) <= rowdot_bound(&r, dout, x, NULL, n),
-                  "%s rowdot without w [%d] %.9g vs %.9g", tn, n, nw_g[n], nw_c[n]);
+    float *nw_g = rowdot_both(&r, &pnw, &pd, &px, NULL, NULL, "rowdot without w");
 
     // One block holding every column (C_full = C), on the GPU alone: rowdot(x, x) into
     // rows_fwd is rmsnorm_fwd, rowdot(dout, x, w) into rows_bwd is rmsnorm_bwd (the contract's

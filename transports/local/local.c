@@ -86,7 +86,7 @@ lreq_t *l3d_local_req_get(local_ep_t *ep, l3d_ctx_t *ctx) {
 }
 
 void l3d_local_req_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r) {
-    l3d_local_scratch_put(ep, ctx, r);
+    if (r->scratch) l3d_local_scratch_put(ep, ctx, r->scratch, r->scratch_len, r->scratch_slot);
     if (ep->nfree_reqs >= LOCAL_FREE_REQS) {
         l3d_free(ctx, r, sizeof(*r), "comm");
         return;
@@ -281,14 +281,14 @@ l3d_status l3d_local_post(l3d_transport_t *tp, int send, int peer, uint64_t tag,
 
 static l3d_status local_isend(l3d_transport_t *tp, int peer, uint64_t tag, const void *buf,
                               size_t len, void *mr, l3d_tp_request_t **req_p) {
-    if (len && l3d_local_is_dev(ep_of(tp), buf))
+    if (ep_of(tp)->devmode && len && l3d_local_is_dev(ep_of(tp), buf))
         return l3d_local_dev_p2p(tp, 1, peer, tag, (void *)buf, len, req_p);
     return l3d_local_post(tp, 1, peer, tag, (void *)buf, len, req_p);
 }
 
 static l3d_status local_irecv(l3d_transport_t *tp, int peer, uint64_t tag, void *buf, size_t len,
                               void *mr, l3d_tp_request_t **req_p) {
-    if (len && l3d_local_is_dev(ep_of(tp), buf))
+    if (ep_of(tp)->devmode && len && l3d_local_is_dev(ep_of(tp), buf))
         return l3d_local_dev_p2p(tp, 0, peer, tag, buf, len, req_p);
     return l3d_local_post(tp, 0, peer, tag, buf, len, req_p);
 }
@@ -310,10 +310,8 @@ static l3d_status local_test(l3d_transport_t *tp, l3d_tp_request_t *r, int *done
                        r->src, r->dst);
     else if (st < 0)
         st = gone_error(tp, r->why_rank, r->why);
-    else {
-        r->out_len = r->got;
-        st = l3d_local_dev_finish(tp, r);
-    }
+    else if (r->dev_out)
+        st = l3d_local_dev_finish(tp, r, r->got);
     l3d_local_req_put(ep_of(tp), tp->ctx, r);
     return st;
 }

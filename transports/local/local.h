@@ -42,9 +42,9 @@ struct l3d_tp_request {
     int scratch_slot;  // 1 + its index in the endpoint's hcache, 0: its own allocation
     struct l3d_device *dev;
     void *stream;
-    void *dev_out;
+    void *dev_out;  // NULL: nothing to copy in when done
     const void *host_out;
-    size_t out_len;  // (a receive: the bytes received)
+    size_t out_len;  // a collective's receive range (a message's length is `got`)
 };
 typedef struct l3d_tp_request lreq_t;
 
@@ -110,7 +110,7 @@ void l3d_local_coll_fini(l3d_transport_t *tp);
 void l3d_local_coll_hub_free(local_hub_t *h);
 
 // ---- device buffers (local_device.c) ----------------------------------------------------------
-// Nonzero when `p` is memory of the device set_stream named (never in host mode).
+// In device mode (ep->devmode): nonzero when `p` is memory of the device set_stream named.
 int l3d_local_is_dev(const local_ep_t *ep, const void *p);
 // isend/irecv of a device buffer: through a host copy (`send`: filled from it now; a receive:
 // copied into it when the request is done).
@@ -120,12 +120,13 @@ l3d_status l3d_local_dev_p2p(l3d_transport_t *tp, int send, int peer, uint64_t t
 // now, the receive range out when it is done). kind is LC_*.
 l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,
                               l3d_tp_request_t **req_p);
-// Gives back a request's host copy (kept in the endpoint's cache, or freed).
-void l3d_local_scratch_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r);
+// Gives back host copy p of len bytes from scratch slot `slot` (kept in the endpoint's cache;
+// slot 0: freed).
+void l3d_local_scratch_put(local_ep_t *ep, l3d_ctx_t *ctx, void *p, size_t len, int slot);
 // Frees the endpoint's cached host copies (fini, after every request is gone).
 void l3d_local_scratch_fini(local_ep_t *ep, l3d_ctx_t *ctx);
-// A finished request's receive copied into its device buffer, waited for (nothing without one).
-l3d_status l3d_local_dev_finish(l3d_transport_t *tp, lreq_t *r);
+// A finished request's `bytes` received copied into its device buffer r->dev_out, waited for.
+l3d_status l3d_local_dev_finish(l3d_transport_t *tp, lreq_t *r, size_t bytes);
 void l3d_local_set_stream(l3d_transport_t *tp, struct l3d_device *dev, void *stream);
 // The native collective entry for kind on host buffers (local_coll.c).
 l3d_status l3d_local_coll_start(l3d_transport_t *tp, int kind, const l3d_tp_coll_args_t *a,

@@ -378,7 +378,7 @@ l3d_status l3d_local_coll_test(l3d_transport_t *tp, lreq_t *r, int *done_p) {
     }
     if (atomic_load(&d->finished) == d->n) {
         *done_p = 1;
-        l3d_status st = l3d_local_dev_finish(tp, r);
+        l3d_status st = r->dev_out ? l3d_local_dev_finish(tp, r, r->out_len) : L3D_OK;
         req_drop(tp, r);
         return st;
     }

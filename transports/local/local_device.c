@@ -30,7 +30,7 @@ void l3d_local_set_stream(l3d_transport_t *tp, struct l3d_device *dev, void *str
 }
 
 int l3d_local_is_dev(const local_ep_t *ep, const void *p) {
-    return ep->devmode && ep->dev && p && l3d_dev_is_device_ptr(ep->dev, p);
+    return ep->dev && p && l3d_dev_is_device_ptr(ep->dev, p);
 }
 
 // A copy between device memory and host memory on `stream` of `dev`, waited for.
@@ -70,17 +70,12 @@ static void *scratch_get(l3d_transport_t *tp, size_t len, int *slot) {
     return p;
 }
 
-static void scratch_drop(l3d_transport_t *tp, void *p, size_t len, int slot) {
-    lreq_t r = {.scratch = p, .scratch_len = len, .scratch_slot = slot};
-    l3d_local_scratch_put(ep_of(tp), tp->ctx, &r);
+void l3d_local_scratch_put(local_ep_t *ep, l3d_ctx_t *ctx, void *p, size_t len, int slot) {
+    if (slot) ep->hcache[slot - 1].busy = 0;
+    else l3d_free(ctx, p, len, "comm");
 }
-
-void l3d_local_scratch_put(local_ep_t *ep, l3d_ctx_t *ctx, lreq_t *r) {
-    if (!r->scratch) return;
-    if (r->scratch_slot) ep->hcache[r->scratch_slot - 1].busy = 0;
-    else l3d_free(ctx, r->scratch, r->scratch_len, "comm");
-    r->scratch = NULL;
-    r->scratch_slot = 0;
+static void scratch_drop(l3d_transport_t *tp, void *p, size_t len, int slot) {
+    l3d_local_scratch_put(ep_of(tp), tp->ctx, p, len, slot);
 }
 
 void l3d_local_scratch_fini(local_ep_t *ep, l3d_ctx_t *ctx) {
@@ -137,11 +132,12 @@ l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_a
     char *rv = a->recvbuf;
     // caps.coll_ptr_support is device memory alone: the core mirrors a host buffer into a
     // device temporary, and one that reaches here is the core's mistake
-    if ((sb && !l3d_local_is_dev(ep, s)) || !l3d_local_is_dev(ep, rv))
+    int bad_send = sb && !l3d_local_is_dev(ep, s);
+    if (bad_send || !l3d_local_is_dev(ep, rv))
         return l3d_local_fail(tp, L3D_ERR_INTERNAL, "local %s with device buffers: the %s "
                               "buffer %p is not memory of the communicator's device%s",
-                              what[kind], sb && !l3d_local_is_dev(ep, s) ? "send" : "receive",
-                              sb && !l3d_local_is_dev(ep, s) ? (const void *)s : (void *)rv,
+                              what[kind], bad_send ? "send" : "receive",
+                              bad_send ? (const void *)s : (void *)rv,
                               ep->dev ? "" : " (no set_stream named the device)");
     // One host block: the union of the two ranges when they overlap (in place, or an
     // allgather's own block inside its output), so the host call sees the same aliasing.
@@ -171,12 +167,11 @@ l3d_status l3d_local_dev_coll(l3d_transport_t *tp, int kind, const l3d_tp_coll_a
     return L3D_OK;
 }
 
-l3d_status l3d_local_dev_finish(l3d_transport_t *tp, lreq_t *r) {
-    if (!r->dev_out || !r->out_len) return L3D_OK;
-    l3d_status st = copy_on(r->dev, r->stream, r->dev_out, r->host_out, r->out_len,
-                            L3D_COPY_H2D);
+l3d_status l3d_local_dev_finish(l3d_transport_t *tp, lreq_t *r, size_t bytes) {
+    if (!bytes) return L3D_OK;
+    l3d_status st = copy_on(r->dev, r->stream, r->dev_out, r->host_out, bytes, L3D_COPY_H2D);
     if (st < 0)
         return l3d_local_fail(tp, st, "local transport: copying %zu received bytes into device "
-                              "memory failed: %s", r->out_len, l3d_ctx_last_error(tp->ctx));
+                              "memory failed: %s", bytes, l3d_ctx_last_error(tp->ctx));
     return L3D_OK;
 }
