@@ -23,9 +23,9 @@
 //   gathered alone.
 // The pool is a FIFO ring: a pass asks for groups in order and releases each before asking for
 // the next, so the gathered groups are always the one in use and a contiguous run after it. Its
-// size is the largest group plus the prefetch, at most max_live (never below the largest group)
-// and at most all the non-persistent groups together. Every dp rank of a stage makes the same
-// decisions, so the collectives are issued in the same order everywhere.
+// size is the most that run ever holds under the keys (pool_peak; never below the largest
+// group). Every dp rank of a stage makes the same decisions, so the collectives are issued in
+// the same order everywhere.
 //
 // Each pass starts with an empty pool: a rank runs one pass at a time (pipeline chunks too),
 // releases every group it asked for, and never gathers ahead past its own chunk.
@@ -83,26 +83,70 @@ static int persistent(const l3d_train_config_t *cfg, size_t n) {
     return (double)n < cfg->stage3_param_persistence_threshold;
 }
 
+// The i-th group a pass over a chunk reads (core/model/model_fwdbwd.c), -1 past its end:
+// forward, the embedding (first chunk of the first stage), the chunk's layers, the final norm
+// and the head (last chunk of the last stage); backward, the head, the final norm and the
+// layers from the last (the embedding's backward is a scatter-add that reads no parameter).
+static int pass_group(const l3d_model_t *m, int chunk, int backward, int i) {
+    int l_first = m->chunk_start[chunk], L = m->chunk_start[chunk + 1] - l_first;
+    int embed = m->has_embed && chunk == 0, head = m->has_head && chunk == m->nchunks - 1;
+    int gn = l3d_model_group_norm(m), gh = l3d_model_group_head(m);
+    if (backward) {
+        if (head && i < 2) return i == 0 ? gh : gn;
+        i -= 2 * head;
+        return i < L ? l3d_model_group_layer(m, l_first + L - 1 - i) : -1;
+    }
+    if (embed && i == 0) return 0;
+    i -= embed;
+    if (i < L) return l3d_model_group_layer(m, l_first + i);
+    i -= L;
+    return head && i < 2 ? (i == 0 ? gn : gh) : -1;
+}
+
+static size_t group_len(const l3d_model_t *m, int g, size_t n, size_t *raw) {
+    size_t lo, gn;
+    l3d_model_grad_group(m, g, &lo, &gn, NULL);
+    if (raw) *raw = gn;
+    return (gn + n - 1) / n * n;
+}
+
+// The most elements the pool holds at once: a group in use and the run after it in its pass
+// that prefetch() gathers ahead (the groups that fit stage3_prefetch_bucket_size and
+// stage3_max_live_parameters together, up to the first that does not), over both passes of
+// every chunk; never below the largest group, which is all a pass needs. (The run is what the
+// keys allow: a layer longer than the prefetch bucket is never gathered ahead, and no pool is
+// kept for it.) Where the ring's wrapping leaves no contiguous room, prefetch() gathers that
+// group when it is asked for instead: the same collectives, later.
+static size_t pool_peak(const l3d_model_t *m, const l3d_train_config_t *cfg, size_t n) {
+    size_t peak = 0, raw;
+    for (int c = 0; c < m->nchunks; c++)
+        for (int bwd = 0; bwd < 2; bwd++)
+            for (int p = 0, g; (g = pass_group(m, c, bwd, p)) >= 0; p++) {
+                size_t cur = group_len(m, g, n, &raw), ahead = 0;
+                if (persistent(cfg, raw)) continue;
+                for (int i = p + 1, h; (h = pass_group(m, c, bwd, i)) >= 0; i++) {
+                    size_t len = group_len(m, h, n, &raw);
+                    if (persistent(cfg, raw) || h == g) continue;
+                    if ((double)(ahead + len) > cfg->stage3_prefetch_bucket_size ||
+                        (double)(cur + ahead + len) > cfg->stage3_max_live_parameters)
+                        break;
+                    ahead += len;
+                }
+                peak = max_sz(peak, cur + ahead);
+            }
+    return peak;
+}
+
 size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int dp,
                        size_t *shard, size_t *persist, size_t *pool) {
-    size_t sh = 0, pers = 0, maxg = 0, sum_np = 0, n = (size_t)dp;
+    size_t sh = 0, pers = 0, maxg = 0, n = (size_t)dp;
     for (int i = 0; i < l3d_model_grad_groups(m); i++) {
-        size_t lo, gn;
-        l3d_model_grad_group(m, i, &lo, &gn, NULL);
-        size_t len = (gn + n - 1) / n * n;
+        size_t gn, len = group_len(m, i, n, &gn);
         sh += len / n;
-        if (persistent(cfg, gn)) {
-            pers += len;
-        } else {
-            maxg = max_sz(maxg, len);
-            sum_np += len;
-        }
+        if (persistent(cfg, gn)) pers += len;
+        else maxg = max_sz(maxg, len);
     }
-    // the largest group plus what is gathered ahead, within max_live but never below the
-    // largest group, and no more than all of them
-    double want = (double)maxg + cfg->stage3_prefetch_bucket_size;
-    if (want > cfg->stage3_max_live_parameters) want = cfg->stage3_max_live_parameters;
-    size_t pl = min_sz(want < (double)maxg ? maxg : (size_t)want, sum_np);
+    size_t pl = maxg ? max_sz(maxg, pool_peak(m, cfg, n)) : 0;
     if (shard) *shard = sh;
     if (persist) *persist = pers;
     if (pool) *pool = pl;
@@ -243,23 +287,10 @@ static int bucket_of(const l3d_dp_t *d, size_t lo, size_t hi) {
     return -1;
 }
 
-// The groups a pass over a's chunk reads, in order (core/model/model_fwdbwd.c): forward, the
-// embedding (first chunk of the first stage), the chunk's layers, the final norm and the head
-// (last chunk of the last stage); backward, the head, the final norm and the layers from the
-// last (the embedding's backward is a scatter-add that reads no parameter).
+// The groups a pass over a's chunk reads, in order (pass_group).
 static int pass_groups(const l3d_model_t *m, int chunk, int backward, int *seq) {
-    int l_first = m->chunk_start[chunk], L = m->chunk_start[chunk + 1] - l_first;
-    int n = 0, gl0 = l3d_model_group_layer(m, l_first), gn = l3d_model_group_norm(m);
-    int gh = l3d_model_group_head(m);
-    int embed = m->has_embed && chunk == 0, head = m->has_head && chunk == m->nchunks - 1;
-    if (!backward) {
-        if (embed) seq[n++] = 0;
-        for (int l = 0; l < L; l++) seq[n++] = gl0 + l;
-        if (head) seq[n++] = gn, seq[n++] = gh;
-    } else {
-        if (head) seq[n++] = gh, seq[n++] = gn;
-        for (int l = L - 1; l >= 0; l--) seq[n++] = gl0 + l;
-    }
+    int n = 0;
+    for (int g; (g = pass_group(m, chunk, backward, n)) >= 0;) seq[n++] = g;
     return n;
 }
 
