@@ -138,10 +138,11 @@ Test(parallel, resume_across_pipeline_layouts, .timeout = 240) {
     resume_case(&one, &z3);       // (1,1,1) -> ZeRO-3 (2,2,2)
 }
 
-// ZeRO-2 holds the gradient as a 1/dp shard plus two windows of the longest bucket instead of
-// the whole arena (and, with a tied head on the embedding's stage, which fills the embedding's
-// bucket from the start of the backward, a window of that bucket's size): the allocations say
-// so, and the estimate printed before training agrees.
+// ZeRO-2 holds the gradient as a 1/dp shard plus a ring of windows as long as the longest bucket
+// instead of the whole arena (and, with a tied head on the embedding's stage, which fills the
+// embedding's bucket from the start of the backward, a window of that bucket's size): the
+// allocations say so, and the estimate printed before training agrees. Untied, the head's
+// window and the final norm's are asked for together and the ring holds both.
 Test(parallel, zero2_memory) {
     make_data();
     layout_t z1 = {4, 1, 1, 1, 0, 8, 3000, 0.25f, 0, 0}, z2 = z1;
@@ -159,7 +160,7 @@ Test(parallel, zero2_memory) {
                      r, r2.grads_in_use[r], r2.mem[r].grads);
         size_t shard = r2.mem[r].optim / 2 / f;
         cr_assert_leq(shard, P / 4 + 4 * 8, "rank %d: shard %zu of %zu", r, shard, P);
-        cr_assert_eq(r2.mem[r].grads, (shard + 2 * layer + embed) * f, "rank %d: %zu", r,
+        cr_assert_eq(r2.mem[r].grads, (shard + layer + embed) * f, "rank %d: %zu", r,
                      r2.mem[r].grads);
     }
     cr_assert_eq(r2.estimate.grads, r2.mem[0].grads);
@@ -176,14 +177,27 @@ Test(parallel, zero2_memory) {
     cfg.zero_stage = 1;
     l3d_train_config_memory(&cfg, &e1);
     cr_assert_lt(2 * e2.grads, e1.grads, "ZeRO-2 %zu vs ZeRO-1 %zu bytes", e2.grads, e1.grads);
-    // One bucket holding every layer (DeepSpeed's 5e8 default on a small model) overlaps with
-    // nothing and needs one window, not two: shard + the layers' bucket + the embedding's.
+    // Untied, with a vocabulary long enough that the head is the longest bucket: the ring holds
+    // the head's bucket and the final norm's at once (64 floats: a run of L3D_RING_ALIGN).
+    l3d_model_config_t tied = cfg.model;
+    cfg.zero_stage = 2;
+    cfg.model.tie_word_embeddings = 0;
+    cfg.model.vocab_size = 1024;
+    l3d_mem_breakdown_t eu;
+    l3d_train_config_memory(&cfg, &eu);
+    size_t shard_u = eu.optim / 2 / f, head = 1024 * 64;
+    cr_assert_eq(eu.grads, (shard_u + head + L3D_RING_ALIGN) * f, "untied: %zu bytes, shard %zu floats",
+                 eu.grads, shard_u);
+    cfg.model = tied;
+    // One bucket holding every layer (DeepSpeed's 5e8 default on a small model) needs a ring of
+    // its length: shard + the layers' bucket + the embedding's (each padded to dp and rounded
+    // up to L3D_RING_ALIGN elements).
     cfg.zero_stage = 2;
     cfg.reduce_bucket_size = 5e8;
     l3d_mem_breakdown_t e3;
     l3d_train_config_memory(&cfg, &e3);
     size_t P16 = e3.params / f, shard16 = e3.optim / 2 / f;
-    cr_assert_leq(e3.grads, (shard16 + P16 + 2 * 4) * f, "one bucket: %zu bytes, P %zu floats",
+    cr_assert_leq(e3.grads, (shard16 + P16 + 2 * L3D_RING_ALIGN) * f, "one bucket: %zu bytes, P %zu floats",
                   e3.grads, P16);
     l3d_ctx_destroy(ctx);
     free_result(&r1);

@@ -369,16 +369,15 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     // ZeRO-2's longest piece: the offload staging's floats, and 16-bit windows' widened piece
     size_t piece = z2 ? l3d_zero2_max_piece(&m, l3d_zero_bucket_size(cfg), (int)n) : 0;
     if (z2) {
-        size_t wlen[L3D_ZERO2_MAX_WIN];
-        int nwin, nshared, reserved;
+        size_t ring, own;
+        int reserved, pair;
         double rbs = l3d_zero_bucket_size(cfg);
         l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
-        size_t all = l3d_zero2_windows(&m, rbs, (int)n, wlen, &nwin, &nshared, &reserved);
-        // the float32 shard, the windows in gt, and (16-bit windows) the widened piece
+        size_t all = l3d_zero2_windows(&m, rbs, (int)n, &ring, &own, &reserved, &pair);
+        // the float32 shard, the windows in gt, and (16-bit windows) the widened chunk
         mem->grads = shard * sizeof(float) + (all - shard) * ge;
-        if (gt != L3D_FLOAT32) mem->grads += piece * sizeof(float);
-        longest = 0;
-        for (int w = 0; w < nwin; w++) longest = L3D_MAX(longest, wlen[w]);
+        if (gt != L3D_FLOAT32) mem->grads += l3d_zero2_pscratch_len(piece) * sizeof(float);
+        longest = L3D_MAX(ring, own);
     }
     l3d_dtype cdt = l3d_dp_comm_dtype(cfg);
     if (n > 1 && cdt != gt)
@@ -421,8 +420,8 @@ void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {
     size_t c = d->cscratch ? d->cscratch_len : 0;  // c: 16-bit scratch elements
     size_t g = d->zero2 ? 0 : d->Ppad, f = 0;     // g: elements in gt; f: floats
     if (d->zero2) {
-        f = d->shard_len + (d->pscratch ? d->stage_len : 0);
-        for (int w = 0; w < d->nwin; w++) g += d->win_len[w];
+        f = d->shard_len + (d->pscratch ? d->pscratch_len : 0);
+        g += d->ring_len + d->own_len;
     }
     mem->grads = g * l3d_dtype_size(d->gt) + f * sizeof(float) + c * l3d_dtype_size(d->cdt);
     mem->optim = 2 * t->dp.shard_len * sizeof(float);

@@ -66,7 +66,7 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
         b->off = end - b->len;
         b->end = end;
         b->q = b->len / n;
-        b->win = -1;
+        b->win = L3D_WIN_NONE;
         end = b->off;
     }
     // Shard offsets in arena order (the last bucket is first in the arena).
@@ -77,6 +77,25 @@ l3d_status l3d_dp_init(l3d_trainer_t *t, l3d_comm_t *comm) {
     }
     d->shard_len = d->sharded ? sh : d->P;
     return l3d_dp_cscratch_alloc(t, S);
+}
+
+int l3d_ring_fit(size_t ring_len, int n, size_t first, size_t last_at, size_t last_len,
+                 size_t len, size_t *at) {
+    if (n == 0) {
+        *at = 0;
+        return len <= ring_len;
+    }
+    size_t end = last_at + last_len;
+    if (last_at >= first) {  // not wrapped: [end, ring end), else [0, first)
+        if (end + len <= ring_len) {
+            *at = end;
+            return 1;
+        }
+        *at = 0;
+        return len <= first;
+    }
+    *at = end;  // wrapped: [end, first)
+    return end + len <= first;
 }
 
 #define CONV_CHUNK ((size_t)1 << 20)

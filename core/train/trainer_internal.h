@@ -24,10 +24,27 @@
 typedef struct l3d_dp_bucket {
     size_t off, end, len, q, sh;
     l3d_request_t *req;
-    int win;  // ZeRO-2: the window holding this micro-batch's gradient (-1: none)
+    // ZeRO-2: the bucket's window (trainer_zero2.c): L3D_WIN_NONE, L3D_WIN_FILL (the backward
+    // accumulates this micro-batch's gradient there) or L3D_WIN_BUSY (its reduce-scatter, or
+    // after the update its all-gather, is in flight); at: its offset in the ring
+    int win;
+    size_t at;
 } l3d_dp_bucket_t;
 
-#define L3D_ZERO2_MAX_WIN 3
+enum { L3D_WIN_NONE, L3D_WIN_FILL, L3D_WIN_BUSY };
+
+// Runs of the rings start at multiples of L3D_RING_ALIGN elements (256 bytes and more), as a
+// separate allocation would: a GEMM reads and writes tensors at their offsets in a run, and
+// cuBLASLt's algorithms assume 256-byte aligned operands unless told otherwise.
+#define L3D_RING_ALIGN ((size_t)128)
+static inline size_t l3d_ring_run(size_t len) {
+    return (len + L3D_RING_ALIGN - 1) / L3D_RING_ALIGN * L3D_RING_ALIGN;
+}
+// A free run of len elements in a FIFO ring of ring_len elements holding n runs, the oldest
+// at `first`, the newest [last_at, last_at + last_len): after the newest, else from the
+// ring's start up to the oldest. 1 and *at when there is one (ZeRO-2's windows, ZeRO-3's pool).
+int l3d_ring_fit(size_t ring_len, int n, size_t first, size_t last_at, size_t last_len,
+                 size_t len, size_t *at);
 
 typedef struct l3d_dp {
     l3d_comm_t *comm;  // the dp group (NULL: dp 1)
@@ -48,22 +65,25 @@ typedef struct l3d_dp {
     size_t norm_len;
     int zero2;
     float *gshard;
-    void *win[L3D_ZERO2_MAX_WIN];  // gt elements
-    int win_bucket[L3D_ZERO2_MAX_WIN];  // -1: free
-    unsigned win_started[L3D_ZERO2_MAX_WIN];  // 0: filling; else the order it was started in
-    unsigned win_seq;
-    int nwin, nshared;  // windows 0..nshared-1 are shared; window nshared (if nwin > nshared)
-                        // is the reserved bucket's
-    size_t win_len[L3D_ZERO2_MAX_WIN];  // elements of each window
-    int win_reserved;  // a bucket with a window of its own (the embedding that a tied head on
-                       // the same stage writes first and completes last; -1: none)
+    // Windows (trainer_zero2.c): the buckets take runs of the ring (ring_len elements of gt) in
+    // backward order and give them back in the same order once reduced; ring_q lists the
+    // buckets in it, oldest first (ring_n of them). The reserved bucket (the embedding that a
+    // tied head on the same stage writes first and completes last; -1: none) has a window of
+    // its own, own (own_len elements). pair: the bucket whose window the backward asks for
+    // together with the next one's (the head's and the final norm's; -1: none).
+    void *ring, *own;
+    size_t ring_len, own_len;
+    int *ring_q, ring_n;
+    int reserved, pair;
     // offload_optimizer: gshard is host memory; each reduced piece is copied through stage
     // (stage_len floats, the longest piece) and added on the host (NULL: no offload)
     float *stage;
     size_t stage_len;
-    // 16-bit windows (gt): this rank's reduced piece widened into pscratch (the longest piece,
-    // stage_len floats on the device) before it is added to gshard (NULL: float32 windows)
+    // 16-bit windows (gt): this rank's reduced piece widened into pscratch (pscratch_len floats
+    // on the device: l3d_zero2_pscratch_len) a chunk at a time before it is added to gshard
+    // (NULL: float32 windows)
     float *pscratch;
+    size_t pscratch_len;
     // ZeRO-3 (core/train/trainer_zero3.c; stage 3 with dp > 1, zero2 set too): the parameters are
     // sharded like the gradients, one bucket per gradient group.
     int zero3;
@@ -221,12 +241,14 @@ l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shar
 // (<= l3d_model_grad_groups(m)).
 int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
                       l3d_dp_bucket_t *b, size_t *shard_len);
-// The windows m's buckets need: *nwin windows of win_len[w] floats, the first *nshared shared
-// by the buckets in turn; *reserved the bucket with the window after them (-1: none). Returns
-// the total floats of gradient memory (shard + windows).
+// The windows m's buckets need: the ring's elements (*ring_len), the reserved bucket
+// (*reserved, -1: none) and its own window's (*own_len), the bucket asked for together with
+// the next (*pair, -1: none). Returns the elements of gradient memory (shard + ring + own).
 size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
-                         size_t win_len[L3D_ZERO2_MAX_WIN], int *nwin, int *nshared,
-                         int *reserved);
+                         size_t *ring_len, size_t *own_len, int *reserved, int *pair);
+// The floats of the scratch a 16-bit window's reduced piece is widened through, a chunk at a
+// time, for pieces of at most `piece` floats.
+size_t l3d_zero2_pscratch_len(size_t piece);
 // The longest piece (bucket length / dp) of m's buckets.
 size_t l3d_zero2_max_piece(const l3d_model_t *m, double reduce_bucket_size, int dp);
 l3d_status l3d_zero2_init(l3d_trainer_t *t);

@@ -5,7 +5,7 @@
 // gradient shard gshard. The optimizer then works on the shard exactly as ZeRO-1 does, and
 // the updated pieces are all-gathered back through the windows.
 //
-//   memory per rank: shard (P / dp) + two windows (l3d_zero2_windows), instead of P
+//   memory per rank: shard (P / dp) + the windows' ring (l3d_zero2_windows), instead of P
 //   communication: the reduce-scatter happens for every micro-batch (DeepSpeed stage 2 with
 //   gradient accumulation does the same), A x the bytes of ZeRO-1's once-per-step reduction.
 //
@@ -15,14 +15,20 @@
 // Each bucket is padded to a multiple of dp: piece r = [off + r*q, off + (r+1)*q) clipped to
 // the bucket's end; the window's pad floats are zero and reduce to zero.
 //
-// Windows: a bucket takes a free window when the backward first asks for one of its groups
+// Windows: a bucket takes a window when the backward first asks for one of its groups
 // (zeroed), is started (reduce-scatter) when grad_ready says it is complete, and gives the
-// window back once the reduction finished and its piece was added. Two windows, one as long
-// as the longest bucket and one as long as the longest shorter member of two neighbours (which
-// may fill at once), let one bucket reduce while the next fills (one window when a single
-// bucket holds the whole stage); a tied head on a single stage writes the embedding's bucket
-// at the start of the backward and it completes last, so that case keeps one more, of the
-// embedding's size.
+// window back once the reduction finished and its piece was added. The windows are runs of one
+// ring, taken in backward order and given back in the same order (the order the reductions
+// were started): a bucket that finds no room waits for the oldest reductions. The ring is as
+// long as the longest bucket, so the backward's gradient memory is its largest group's
+// (DeepSpeed's ZeRO-3 estimate counts the same: 2 bytes a parameter of the largest layer in
+// 16 bits), and shorter buckets reduce while the next ones fill as far as the ring holds
+// them (Llama 3 8B: two layers beside each other in the embedding's length). The head's and
+// the final norm's windows are asked for together (core/model/model_fwdbwd.c) and take one
+// run, which the ring's length includes; every other bucket is complete before the next
+// one's window is asked for. A tied head on a single stage writes the embedding's bucket at
+// the start of the backward and it completes last: that bucket keeps a window of its own, of
+// its size, outside the ring. Runs start at multiples of L3D_RING_ALIGN elements.
 //
 // communication_data_type bf16/fp16: a window is rounded into 16 bits in place when it starts
 // (its first half then holds the 16-bit bucket) and reduce-scattered there; this rank's piece
@@ -32,9 +38,9 @@
 //
 // data_types.grad_accum_dtype bf16/fp16 (dp.gt): the windows themselves are 16-bit, the
 // backward's ops round once into them, and they are reduced as they are (the reduction's
-// dtype is theirs); this rank's piece is widened into pscratch (the longest piece, float32)
-// and added to the float32 shard. Where each window element receives one op's result (no tied
-// head beside the embedding, no tensor-parallel sum of replicated gradients) that is the
+// dtype is theirs); this rank's piece is widened into pscratch (float32) a chunk at a time
+// and added to the float32 shard. Where each window element receives one op's result (no
+// tied head beside the embedding, no tensor-parallel sum of replicated gradients) that is the
 // rounding communication_data_type does, so the two give the same bits.
 #include <string.h>
 
@@ -79,7 +85,7 @@ typedef struct fill_arg {
 } fill_arg_t;
 static void fill_bucket(void *arg, int k, size_t lo, size_t hi, size_t len) {
     fill_arg_t *f = arg;
-    if (f->b) f->b[k] = (l3d_dp_bucket_t){lo, hi, len, len / f->n, 0, NULL, -1};
+    if (f->b) f->b[k] = (l3d_dp_bucket_t){lo, hi, len, len / f->n, 0, NULL, L3D_WIN_NONE, 0};
     f->sum += len / f->n;
 }
 
@@ -102,42 +108,34 @@ static void piece_max(void *arg, int k, size_t lo, size_t hi, size_t len) {
     if (len > mx[0]) mx[0] = len;
 }
 
+// A 16-bit piece is widened 64K floats at a time (256 KiB of scratch; the piece of Llama 3 8B's
+// embedding on 8 ranks is 66M floats).
+size_t l3d_zero2_pscratch_len(size_t piece) { return min_sz(piece, (size_t)1 << 16); }
+
 size_t l3d_zero2_max_piece(const l3d_model_t *m, double reduce_bucket_size, int dp) {
     size_t mx = 0;
     scan_buckets(m, reduce_bucket_size, dp, piece_max, &mx);
     return mx / (size_t)dp;
 }
 
-// The lengths the shared windows need, from the buckets in backward order (scan order: the
-// arena's end first). Buckets fill in that order and one completes before the one after the
-// next starts (the head's and the final norm's fill together; then a layer at a time), so at
-// most two neighbours fill at once: one window as long as the longest bucket and one as long
-// as the longest shorter member of a neighbouring pair serve every pair. (The two longest
-// buckets, an untied embedding and head, are the backward's first and last: they never fill
-// together, and a second window of their length would hold nothing it needs to.)
+// The bucket lengths in backward order (scan order: the arena's end first).
 typedef struct len_arg {
-    size_t longest, pair;  // over the folded buckets
-    size_t prev, last;     // the last folded bucket; the latest seen (folded once known not to
-                           // be the reserved last one)
-    int folded, seen;
+    size_t longest, first, second, last;  // over the ring's buckets; the first two; the latest
+    int nb;
 } len_arg_t;
-static void fold(len_arg_t *a, size_t len) {
-    if (a->folded && L3D_MIN(a->prev, len) > a->pair) a->pair = L3D_MIN(a->prev, len);
-    if (len > a->longest) a->longest = len;
-    a->prev = len;
-    a->folded++;
-}
 static void bucket_lens(void *arg, int k, size_t lo, size_t hi, size_t len) {
     len_arg_t *a = arg;
     (void)k, (void)lo, (void)hi;
-    if (a->seen) fold(a, a->last);  // all but the last (the arena's start) for now
+    len = l3d_ring_run(len);  // (the reserved window takes the rounded length too)
+    if (a->nb) a->longest = L3D_MAX(a->longest, a->last);  // (the last may be reserved)
+    if (a->nb == 0) a->first = len;
+    if (a->nb == 1) a->second = len;
     a->last = len;
-    a->seen = 1;
+    a->nb++;
 }
 
 size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
-                         size_t win_len[L3D_ZERO2_MAX_WIN], int *nwin, int *nshared,
-                         int *reserved) {
+                         size_t *ring_len, size_t *own_len, int *reserved, int *pair) {
     size_t shard = 0;
     int nb = l3d_zero2_buckets(m, reduce_bucket_size, dp, NULL, &shard);
     len_arg_t a = {0};
@@ -145,18 +143,13 @@ size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp
     // The tied head on the embedding's stage writes the embedding's bucket (the last one, at
     // offset 0) first, and it completes last: it keeps a window of its own, of its size.
     int tied = m->cfg.tie_word_embeddings && m->has_embed && m->has_head;
-    if (!tied) fold(&a, a.last);
-    // One shared bucket overlaps with nothing: one window.
-    int ns = nb - tied >= 2 ? 2 : 1;
-    size_t total = shard;
-    win_len[0] = a.longest;
-    if (ns == 2) win_len[1] = a.pair;
-    for (int w = 0; w < ns; w++) total += win_len[w];
-    if (tied) total += win_len[ns] = a.last;
-    *nshared = ns;
-    *nwin = ns + tied;
+    if (!tied) a.longest = L3D_MAX(a.longest, a.last);
     *reserved = tied ? nb - 1 : -1;
-    return total;
+    *own_len = tied ? a.last : 0;
+    // The head's bucket (0) and the next fill at once, in one run of the ring.
+    *pair = m->has_head && !tied && nb >= 2 ? 0 : -1;
+    *ring_len = *pair == 0 ? L3D_MAX(a.longest, a.first + a.second) : a.longest;
+    return shard + *ring_len + *own_len;
 }
 
 l3d_status l3d_zero2_init(l3d_trainer_t *t) {
@@ -164,25 +157,23 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
     l3d_model_t *m = t->model;
     int G = l3d_model_grad_groups(m);
     d->b = l3d_calloc(t->ctx, (size_t)G, sizeof(*d->b), "other");
-    if (!d->b) return L3D_ERR_NOMEM;
+    d->ring_q = l3d_calloc(t->ctx, (size_t)G, sizeof(int), "other");
+    if (!d->b || !d->ring_q) return L3D_ERR_NOMEM;
     double rbs = l3d_zero_bucket_size(&t->cfg);
     d->nb = l3d_zero2_buckets(m, rbs, d->n, d->b, &d->shard_len);
-    (void)l3d_zero2_windows(m, rbs, d->n, d->win_len, &d->nwin,
-                            &d->nshared, &d->win_reserved);
+    (void)l3d_zero2_windows(m, rbs, d->n, &d->ring_len, &d->own_len, &d->reserved, &d->pair);
     // The full-arena views (checkpoints' optimizer gather) reach the last bucket's padding.
     d->Ppad = d->b[0].off + d->b[0].len;
-    size_t longest = 0;  // (a tied embedding's own window may be the longest)
-    for (int w = 0; w < d->nwin; w++) {
-        d->win_bucket[w] = -1;
-        longest = L3D_MAX(longest, d->win_len[w]);
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->win_len[w] * l3d_dtype_size(d->gt), "grads",
-                                        &d->win[w]));
-    }
-    L3D_CHECK(t->ctx, l3d_dp_cscratch_alloc(t, longest));
+    size_t es = l3d_dtype_size(d->gt);
+    L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->ring_len * es, "grads", &d->ring));
+    if (d->own_len) L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->own_len * es, "grads", &d->own));
+    L3D_CHECK(t->ctx, l3d_dp_cscratch_alloc(t, L3D_MAX(d->ring_len, d->own_len)));
     d->stage_len = l3d_zero2_max_piece(m, rbs, d->n);
-    if (d->gt != L3D_FLOAT32)
-        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->stage_len * sizeof(float), "grads",
+    if (d->gt != L3D_FLOAT32) {
+        d->pscratch_len = l3d_zero2_pscratch_len(d->stage_len);
+        L3D_CHECK(t->ctx, l3d_dev_alloc(t->dev, d->pscratch_len * sizeof(float), "grads",
                                         (void **)&d->pscratch));
+    }
     if (!t->cfg.offload_optimizer)
         return l3d_dev_alloc(t->dev, d->shard_len * sizeof(float), "grads", (void **)&d->gshard);
     // Offloaded optimizer: the shard accumulates in host memory, each reduced piece copied
@@ -197,11 +188,13 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
 
 void l3d_zero2_fini(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
-    for (int w = 0; w < d->nwin; w++) {
-        l3d_dev_free(t->dev, d->win[w], d->win_len[w] * l3d_dtype_size(d->gt), "grads");
-        d->win[w] = NULL;
-    }
-    if (d->pscratch) l3d_dev_free(t->dev, d->pscratch, d->stage_len * sizeof(float), "grads");
+    size_t es = l3d_dtype_size(d->gt);
+    l3d_dev_free(t->dev, d->ring, d->ring_len * es, "grads");
+    if (d->own) l3d_dev_free(t->dev, d->own, d->own_len * es, "grads");
+    d->ring = d->own = NULL;
+    l3d_free(t->ctx, d->ring_q, (size_t)l3d_model_grad_groups(t->model) * sizeof(int), "other");
+    d->ring_q = NULL;
+    if (d->pscratch) l3d_dev_free(t->dev, d->pscratch, d->pscratch_len * sizeof(float), "grads");
     d->pscratch = NULL;
     if (t->cfg.offload_optimizer) {
         int pin = t->cfg.offload_optimizer_pin;
@@ -219,73 +212,105 @@ static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
                      l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
 }
 
-// Waits for window w's reduction and adds this rank's piece to the shard; frees w.
-static l3d_status win_complete(l3d_trainer_t *t, int w) {
-    l3d_dp_t *d = &t->dp;
-    l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
-    l3d_status st = l3d_request_wait(b->req);
-    b->req = NULL;
-    b->win = -1;
-    d->win_bucket[w] = -1;
-    d->win_started[w] = 0;
-    if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
-    float *piece = (float *)d->win[w] + (size_t)d->rank * b->q, *g = d->gshard + b->sh;
-    if (d->pscratch) {  // 16-bit windows: the piece widened into the scratch
-        piece = d->pscratch;
-        L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, piece, L3D_FLOAT32,
-                                          l3d_elem(d->win[w], d->gt, (size_t)d->rank * b->q),
-                                          d->gt, b->q));
-    } else if (d->cscratch) {  // reduced in cdt: this rank's piece widened back to float32
-        L3D_CHECK(t->ctx, l3d_dp_widen(t, d->win[w], (size_t)d->rank * b->q, b->q));
-    }
-    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
-    // offloaded: the piece goes to the host and is added there
-    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
-    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-    return l3d_dev_add(t->off.hdev, g, g, d->stage, b->q, L3D_FLOAT32);
+// ---- the windows -----------------------------------------------------------------------------
+// Bucket k's window: its own for the reserved bucket, else its run of the ring.
+static void *win_of(const l3d_dp_t *d, int k) {
+    return k == d->reserved ? d->own : l3d_elem(d->ring, d->gt, d->b[k].at);
 }
 
-// Starts window w's reduce-scatter (in place: piece r lands at its offset in the window).
-static l3d_status win_start(l3d_trainer_t *t, int w) {
+// Bucket k gives its window back (its run of the ring, unless k is reserved).
+static void win_drop(l3d_dp_t *d, int k) {
+    d->b[k].win = L3D_WIN_NONE;
+    for (int i = 0; k != d->reserved && i < d->ring_n; i++) {
+        if (d->ring_q[i] != k) continue;
+        memmove(d->ring_q + i, d->ring_q + i + 1, (size_t)(d->ring_n - i - 1) * sizeof(int));
+        d->ring_n--;
+        break;
+    }
+}
+
+typedef l3d_status (*win_done_fn)(l3d_trainer_t *t, int k);
+
+// A run of the ring for bucket k (with room for the next bucket after it when k is the pair's
+// first): the oldest busy buckets completed by done until there is one.
+static l3d_status ring_take(l3d_trainer_t *t, int k, win_done_fn done) {
     l3d_dp_t *d = &t->dp;
-    l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
-    void *buf = d->win[w];
+    size_t len = l3d_ring_run(d->b[k].len), at;
+    if (k == d->pair) len += l3d_ring_run(d->b[k + 1].len);
+    for (;;) {
+        const l3d_dp_bucket_t *last = d->ring_n ? &d->b[d->ring_q[d->ring_n - 1]] : NULL;
+        if (l3d_ring_fit(d->ring_len, d->ring_n, d->ring_n ? d->b[d->ring_q[0]].at : 0,
+                         last ? last->at : 0, last ? l3d_ring_run(last->len) : 0, len, &at))
+            break;
+        if (d->ring_n == 0 || d->b[d->ring_q[0]].win != L3D_WIN_BUSY)
+            return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: no room for a window of %zu "
+                             "elements in the %zu-element ring (%d windows, the oldest "
+                             "filling)", len, d->ring_len, d->ring_n);
+        L3D_CHECK(t->ctx, done(t, d->ring_q[0]));
+    }
+    d->b[k].at = at;
+    d->ring_q[d->ring_n++] = k;
+    return L3D_OK;
+}
+
+// Adds n floats of this rank's reduced piece at piece (device memory) to the shard at g: on the
+// device, or copied to the host and added there (offloaded optimizer).
+static l3d_status add_piece(l3d_trainer_t *t, float *g, const float *piece, size_t n) {
+    l3d_dp_t *d = &t->dp;
+    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, n, L3D_FLOAT32);
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, n * sizeof(float), L3D_COPY_D2H));
+    L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
+    return l3d_dev_add(t->off.hdev, g, g, d->stage, n, L3D_FLOAT32);
+}
+
+// Waits for bucket k's reduction and adds this rank's piece to the shard; frees its window.
+static l3d_status win_complete(l3d_trainer_t *t, int k) {
+    l3d_dp_t *d = &t->dp;
+    l3d_dp_bucket_t *b = &d->b[k];
+    l3d_status st = l3d_request_wait(b->req);
+    b->req = NULL;
+    void *win = win_of(d, k);
+    win_drop(d, k);  // (its elements are read below, before any other bucket takes them)
+    if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
+    float *g = d->gshard + b->sh;
+    if (d->pscratch) {  // 16-bit windows: the piece widened a chunk at a time
+        for (size_t o = 0; o < b->q; o += d->pscratch_len) {
+            size_t n = min_sz(d->pscratch_len, b->q - o);
+            L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, d->pscratch, L3D_FLOAT32,
+                                              l3d_elem(win, d->gt, (size_t)d->rank * b->q + o),
+                                              d->gt, n));
+            L3D_CHECK(t->ctx, add_piece(t, g + o, d->pscratch, n));
+        }
+        return L3D_OK;
+    }
+    if (d->cscratch)  // reduced in cdt: this rank's piece widened back to float32
+        L3D_CHECK(t->ctx, l3d_dp_widen(t, win, (size_t)d->rank * b->q, b->q));
+    return add_piece(t, g, (float *)win + (size_t)d->rank * b->q, b->q);
+}
+
+// Starts bucket k's reduce-scatter (in place: piece r lands at its offset in the window).
+static l3d_status win_start(l3d_trainer_t *t, int k) {
+    l3d_dp_t *d = &t->dp;
+    l3d_dp_bucket_t *b = &d->b[k];
+    void *buf = win_of(d, k);
     size_t es = l3d_dtype_size(d->cdt);  // (cdt is gt unless cscratch converts)
     if (d->cscratch) {  // communication_data_type: the window rounded in place
         L3D_CHECK(t->ctx, l3d_dp_narrow(t, buf, b->len));
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     }
-    d->win_started[w] = ++d->win_seq;
+    b->win = L3D_WIN_BUSY;
     l3d_status st = l3d_comm_ireduce_scatter(d->comm, buf,
                                              (char *)buf + (size_t)d->rank * b->q * es,
                                              b->q, d->cdt, L3D_SUM, &b->req);
     return st < 0 ? comm_fail(t, st, "gradient reduce-scatter") : L3D_OK;
 }
 
-// A shared window of at least len floats: the shortest one not filling, completed if it was
-// reducing (with every reduction started before it: they complete in order). Best fit
-// matters: the windows are as long as the longest bucket and the longest shorter member of a
-// neighbouring pair (l3d_zero2_windows), so of two neighbours filling at once the shorter
-// never takes the only window the longer fits.
-static l3d_status win_take(l3d_trainer_t *t, size_t len, int *w_p) {
+// Completes bucket k's reduction, with every ring bucket started before it (they complete in
+// the order they were started).
+static l3d_status win_settle(l3d_trainer_t *t, int k) {
     l3d_dp_t *d = &t->dp;
-    int best = -1;
-    for (int w = 0; w < d->nshared; w++)
-        if (d->win_len[w] >= len && (d->win_bucket[w] < 0 || d->win_started[w]) &&
-            (best < 0 || d->win_len[w] < d->win_len[best]))
-            best = w;
-    if (best < 0)
-        return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: no gradient window for a bucket "
-                         "of %zu floats: every one that fits is filling", len);
-    while (d->win_bucket[best] >= 0) {
-        int oldest = best;
-        for (int w = 0; w < d->nwin; w++)
-            if (d->win_bucket[w] >= 0 && d->win_started[w] &&
-                d->win_started[w] < d->win_started[oldest])
-                oldest = w;
-        L3D_CHECK(t->ctx, win_complete(t, oldest));
-    }
-    *w_p = best;
+    if (k == d->reserved) return win_complete(t, k);
+    while (d->b[k].win != L3D_WIN_NONE) L3D_CHECK(t->ctx, win_complete(t, d->ring_q[0]));
     return L3D_OK;
 }
 
@@ -299,35 +324,28 @@ static l3d_status zero2_window(void *arg, size_t lo, size_t hi, void **g) {
         return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: gradient range [%zu, %zu) is in "
                          "no bucket", lo, hi);
     l3d_dp_bucket_t *b = &d->b[k];
-    if (b->win >= 0 && d->win_started[b->win]) L3D_CHECK(t->ctx, win_complete(t, b->win));
-    if (b->win < 0) {
-        int w = d->nshared;  // the reserved bucket's own window is free here (completed above)
-        if (k != d->win_reserved) L3D_CHECK(t->ctx, win_take(t, b->len, &w));
-        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, d->win[w], 0,
+    // (the previous micro-batch's reduction of this bucket first)
+    if (b->win == L3D_WIN_BUSY) L3D_CHECK(t->ctx, win_settle(t, k));
+    if (b->win == L3D_WIN_NONE) {
+        if (k != d->reserved) L3D_CHECK(t->ctx, ring_take(t, k, win_complete));
+        L3D_CHECK(t->ctx, l3d_dev_memset(t->dev, win_of(d, k), 0,
                                          b->len * l3d_dtype_size(d->gt)));
-        d->win_bucket[w] = k;
-        d->win_started[w] = 0;
-        b->win = w;
+        b->win = L3D_WIN_FILL;
     }
-    *g = l3d_elem(d->win[b->win], d->gt, lo - b->off);
+    *g = l3d_elem(win_of(d, k), d->gt, lo - b->off);
     return L3D_OK;
 }
 
 // Starts, in bucket order, every filling window whose bucket lies in [final_from, ...).
 static l3d_status start_ready(l3d_trainer_t *t, size_t final_from) {
     l3d_dp_t *d = &t->dp;
-    for (;;) {
-        int best = -1;
-        for (int w = 0; w < d->nwin; w++)
-            if (d->win_bucket[w] >= 0 && !d->win_started[w] &&
-                d->b[d->win_bucket[w]].off >= final_from &&
-                (best < 0 || d->win_bucket[w] < d->win_bucket[best]))
-                best = w;
-        if (best < 0) return L3D_OK;
+    for (int k = 0; k < d->nb; k++) {
+        if (d->b[k].win != L3D_WIN_FILL || d->b[k].off < final_from) continue;
         // the device finishes the gradients before a host-side transport reads them
         L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-        L3D_CHECK(t->ctx, win_start(t, best));
+        L3D_CHECK(t->ctx, win_start(t, k));
     }
+    return L3D_OK;
 }
 
 static l3d_status zero2_ready(void *arg, size_t final_from) { return start_ready(arg, final_from); }
@@ -344,12 +362,12 @@ l3d_status l3d_zero2_finish(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     L3D_CHECK(t->ctx, start_ready(t, 0));
     l3d_status st = L3D_OK;
-    for (;;) {  // in the order started
-        int w = -1;
-        for (int i = 0; i < d->nwin; i++)
-            if (d->win_bucket[i] >= 0 && (w < 0 || d->win_started[i] < d->win_started[w])) w = i;
-        if (w < 0) break;
-        l3d_status s = win_complete(t, w);
+    while (d->ring_n > 0) {  // in the order started, the reserved bucket (the embedding) last
+        l3d_status s = win_complete(t, d->ring_q[0]);
+        if (s < 0 && st >= 0) st = s;
+    }
+    if (d->reserved >= 0 && d->b[d->reserved].win != L3D_WIN_NONE) {
+        l3d_status s = win_complete(t, d->reserved);
         if (s < 0 && st >= 0) st = s;
     }
     L3D_CHECK(t->ctx, st);
@@ -372,75 +390,62 @@ l3d_status l3d_zero2_finish(l3d_trainer_t *t) {
     return L3D_OK;
 }
 
-// Waits for window w's all-gather and copies its bucket into the parameters.
-static l3d_status gather_complete(l3d_trainer_t *t, int w) {
+// Waits for bucket k's all-gather and copies it into the parameters; frees its window.
+static l3d_status gather_complete(l3d_trainer_t *t, int k) {
     l3d_dp_t *d = &t->dp;
-    l3d_dp_bucket_t *b = &d->b[d->win_bucket[w]];
+    l3d_dp_bucket_t *b = &d->b[k];
     l3d_status st = l3d_request_wait(b->req);
     b->req = NULL;
-    d->win_bucket[w] = -1;
+    const void *win = win_of(d, k);
+    win_drop(d, k);
     if (st < 0) return comm_fail(t, st, "parameter all-gather");
     l3d_model_t *m = t->model;
     if (d->master16)  // (the 16-bit parameters: trainer_master.c)
-        return l3d_dev_copy(t->dev, l3d_elem(m->wp, m->wt, b->off), d->win[w],
+        return l3d_dev_copy(t->dev, l3d_elem(m->wp, m->wt, b->off), win,
                             (b->end - b->off) * l3d_dtype_size(m->wt), L3D_COPY_D2D);
-    return l3d_dev_copy(t->dev, m->params + b->off, d->win[w],
-                        (b->end - b->off) * sizeof(float), L3D_COPY_D2D);
-}
-
-// The window bucket k gathers through: the reserved bucket's own, else a shared one that
-// fits, free or, completed, the one holding the earliest bucket (buckets go out in order).
-static l3d_status gather_window(l3d_trainer_t *t, int k, int *w_p) {
-    l3d_dp_t *d = &t->dp;
-    int w = -1;
-    if (k == d->win_reserved) {
-        w = d->nshared;
-    } else {
-        for (int i = 0; i < d->nshared; i++) {
-            if (d->win_len[i] < d->b[k].len) continue;
-            if (d->win_bucket[i] < 0) {
-                w = i;
-                break;
-            }
-            if (w < 0 || d->win_bucket[i] < d->win_bucket[w]) w = i;
-        }
-    }
-    if (d->win_bucket[w] >= 0) L3D_CHECK(t->ctx, gather_complete(t, w));
-    *w_p = w;
-    return L3D_OK;
+    return l3d_dev_copy(t->dev, m->params + b->off, win, (b->end - b->off) * sizeof(float),
+                        L3D_COPY_D2D);
 }
 
 // Bucket k's window: this rank's updated piece in, every piece out, then into the parameters;
-// the shared windows alternate so that one bucket travels while the next is prepared.
+// the buckets go out in order through the ring, so one travels while the next is prepared.
 l3d_status l3d_zero2_gather_params(l3d_trainer_t *t) {
     l3d_dp_t *d = &t->dp;
     l3d_model_t *m = t->model;
     l3d_status st = L3D_OK;
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     for (int k = 0; k < d->nb && st >= 0; k++) {
-        int w;
-        L3D_CHECK(t->ctx, gather_window(t, k, &w));
         l3d_dp_bucket_t *b = &d->b[k];
+        if (k == d->reserved && b->win != L3D_WIN_NONE)
+            L3D_CHECK(t->ctx, gather_complete(t, k));
+        if (k != d->reserved) L3D_CHECK(t->ctx, ring_take(t, k, gather_complete));
+        b->win = L3D_WIN_BUSY;
         size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
         // (under 16-bit weights the master's piece, rounded: trainer_master.c)
         l3d_dtype gt = d->master16 ? m->wt : L3D_FLOAT32;
-        void *mine = l3d_elem(d->win[w], gt, (size_t)d->rank * b->q);
+        void *win = win_of(d, k), *mine = l3d_elem(win, gt, (size_t)d->rank * b->q);
         if (d->master16)
-            L3D_CHECK(t->ctx, l3d_master_piece16(t, k, mine));
+            st = l3d_master_piece16(t, k, mine);
         else if (hi > lo)
-            L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, mine, m->params + lo,
-                                           (hi - lo) * sizeof(float), L3D_COPY_D2D));
-        L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-        d->win_bucket[w] = k;
-        st = l3d_comm_iallgather(d->comm, mine, d->win[w], b->q, gt, &b->req);
+            st = l3d_dev_copy(t->dev, mine, m->params + lo, (hi - lo) * sizeof(float),
+                              L3D_COPY_D2D);
+        if (st >= 0) st = l3d_dev_sync(t->dev);
         if (st < 0) {
-            d->win_bucket[w] = -1;
+            win_drop(d, k);  // (nothing in flight: the window given back as it is)
+            return st;
+        }
+        st = l3d_comm_iallgather(d->comm, mine, win, b->q, gt, &b->req);
+        if (st < 0) {
+            win_drop(d, k);
             return comm_fail(t, st, "parameter all-gather");
         }
     }
-    for (int w = 0; w < d->nwin; w++) {
-        if (d->win_bucket[w] < 0) continue;
-        l3d_status s2 = gather_complete(t, w);
+    while (d->ring_n > 0) {
+        l3d_status s2 = gather_complete(t, d->ring_q[0]);
+        if (s2 < 0 && st >= 0) st = s2;
+    }
+    if (d->reserved >= 0 && d->b[d->reserved].win != L3D_WIN_NONE) {
+        l3d_status s2 = gather_complete(t, d->reserved);
         if (s2 < 0 && st >= 0) st = s2;
     }
     return st;

@@ -122,7 +122,7 @@ static size_t pool_peak(const l3d_model_t *m, const l3d_train_config_t *cfg, siz
     for (int c = 0; c < m->nchunks; c++)
         for (int bwd = 0; bwd < 2; bwd++)
             for (int p = 0, g; (g = pass_group(m, c, bwd, p)) >= 0; p++) {
-                size_t cur = group_len(m, g, n, &raw), ahead = 0;
+                size_t cur = group_len(m, g, n, &raw), ahead = 0, runs = l3d_ring_run(cur);
                 if (persistent(cfg, raw)) continue;
                 for (int i = p + 1, h; (h = pass_group(m, c, bwd, i)) >= 0; i++) {
                     size_t len = group_len(m, h, n, &raw);
@@ -131,8 +131,9 @@ static size_t pool_peak(const l3d_model_t *m, const l3d_train_config_t *cfg, siz
                         (double)(cur + ahead + len) > cfg->stage3_max_live_parameters)
                         break;
                     ahead += len;
+                    runs += l3d_ring_run(len);  // (the ring's runs start aligned)
                 }
-                peak = max_sz(peak, cur + ahead);
+                peak = max_sz(peak, runs);
             }
     return peak;
 }
@@ -146,7 +147,7 @@ size_t l3d_zero3_sizes(const l3d_model_t *m, const l3d_train_config_t *cfg, int 
         if (persistent(cfg, gn)) pers += len;
         else maxg = max_sz(maxg, len);
     }
-    size_t pl = maxg ? max_sz(maxg, pool_peak(m, cfg, n)) : 0;
+    size_t pl = maxg ? max_sz(l3d_ring_run(maxg), pool_peak(m, cfg, n)) : 0;
     if (shard) *shard = sh;
     if (persist) *persist = pers;
     if (pool) *pool = pl;
@@ -177,28 +178,12 @@ static l3d_status comm_fail(l3d_trainer_t *t, l3d_status st, const char *what) {
                      l3d_ctx_last_error(l3d_comm_ctx(t->dp.comm)));
 }
 
-// A free run of len floats in the ring after the newest live bucket, wrapping to the start
-// when the end is too short; 0 when there is none. Live buckets sit in FIFO order around the
-// ring, so the free space is [newest end, pool end) + [0, oldest) or, once wrapped,
-// [newest end, oldest).
+// A free run of len elements in the ring (live buckets sit in FIFO order around it).
 static int ring_alloc(const l3d_zero3_t *z, size_t len, size_t *at) {
-    if (z->nlive == 0) {
-        *at = 0;
-        return len <= z->pool_len;
-    }
-    size_t first = z->live[0].at;
-    const live_t *last = &z->live[z->nlive - 1];
-    size_t end = last->at + last->len;
-    if (last->at >= first) {  // not wrapped
-        if (end + len <= z->pool_len) {
-            *at = end;
-            return 1;
-        }
-        *at = 0;
-        return len <= first;
-    }
-    *at = end;
-    return end + len <= first;
+    const live_t *last = z->nlive ? &z->live[z->nlive - 1] : NULL;
+    return l3d_ring_fit(z->pool_len, z->nlive, z->nlive ? z->live[0].at : 0,
+                        last ? last->at : 0, last ? l3d_ring_run(last->len) : 0,
+                        l3d_ring_run(len), at);
 }
 
 static int live_find(const l3d_zero3_t *z, int k) {
