@@ -72,9 +72,10 @@ for model in llama3-8b llama3-70b; do
             if (off == "optimizer") { gpu = 2 * P; cpu = P * (4 * gpus > 16 ? 4 * gpus : 16) * 1.5 }
             else { gpu = 4 * P + int(16 * P / gpus); cpu = P * 4 * 8 * 1.5 }
           }
-          printf "%.1f %.1f", gpu / 2^30, cpu / 8 / 2^30 }')
-        read -r dsg dsc <<<"$ds"
-        ratio=$(awk -v a="$dev" -v c="$dev16" -v b="$dsg" 'BEGIN { printf "%.2f / %.2f", a / 1024 / b, c / 1024 / b }')
+          printf "%.1f %.1f %.6f", gpu / 2^30, cpu / 8 / 2^30, gpu / 2^20 }')
+        # (the ratio against DeepSpeed's exact figure, not the GiB printed)
+        read -r dsg dsc dsm <<<"$ds"
+        ratio=$(awk -v a="$dev" -v c="$dev16" -v b="$dsm" 'BEGIN { printf "%.2f / %.2f", a / b, c / b }')
         printf "| %s | %d | %d | %s | %s / %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
           "$(gib "$dev")" "$(gib "$dev16")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
       done
