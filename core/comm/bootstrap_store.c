@@ -472,6 +472,14 @@ static void server_accept(bs_server_t *s) {
     }
 }
 
+// Bytes wait on fd now. A connection past its hello deadline with its hello already there
+// (the server thread ran late: a loaded machine) is read, not dropped; it is judged again
+// once its bytes are consumed, so a peer trickling bytes gains nothing.
+static int has_input(int fd) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+}
+
 static void *server_main(void *arg) {
     bs_server_t *s = arg;
     struct pollfd *pf = NULL;
@@ -482,7 +490,8 @@ static void *server_main(void *arg) {
         size_t keep = 0;
         for (size_t i = 0; i < s->nconns; i++) {
             bs_conn_t *c = s->conns[i];
-            if (c->fd >= 0 && c->rank < 0 && now >= c->hello_deadline) {
+            if (c->fd >= 0 && c->rank < 0 && now >= c->hello_deadline &&
+                (c->closing || !has_input(c->fd))) {
                 if (c->closing) conn_close(s, c);  // refused, and it does not read the reason
                 else conn_drop(s, c, "no hello within %g s", L3D_MIN(s->timeout_s, BS_HELLO_S));
             }
