@@ -138,7 +138,9 @@ l3d_status l3d_pp_bind(l3d_trainer_t *t, int slot) {
     for (int l = 0; l < a->L; l++) {
         int b = p->free_blk[--p->nfree];
         p->held[(size_t)slot * (size_t)p->maxL + (size_t)l] = b;
-        l3d_acts_bind(t->model, a, l, (char *)p->pool + (size_t)b * p->block_bytes);
+        // (blocks of 0 bytes, where recomputation keeps nothing per layer: no pool)
+        l3d_acts_bind(t->model, a, l, p->pool ? (char *)p->pool + (size_t)b * p->block_bytes
+                                              : NULL);
     }
     return L3D_OK;
 }
