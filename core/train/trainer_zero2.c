@@ -310,7 +310,12 @@ static l3d_status win_start(l3d_trainer_t *t, int k) {
 static l3d_status win_settle(l3d_trainer_t *t, int k) {
     l3d_dp_t *d = &t->dp;
     if (k == d->reserved) return win_complete(t, k);
-    while (d->b[k].win != L3D_WIN_NONE) L3D_CHECK(t->ctx, win_complete(t, d->ring_q[0]));
+    while (d->b[k].win != L3D_WIN_NONE) {
+        if (d->b[d->ring_q[0]].win != L3D_WIN_BUSY)  // (started buckets never pass a filling one)
+            return l3d_error(t->ctx, L3D_ERR_INTERNAL, "ZeRO-2: bucket %d is reducing behind "
+                             "bucket %d, which is still filling", k, d->ring_q[0]);
+        L3D_CHECK(t->ctx, win_complete(t, d->ring_q[0]));
+    }
     return L3D_OK;
 }
 
