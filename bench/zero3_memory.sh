@@ -17,7 +17,11 @@
 # the GPU and partition the fp32 master and both moments (stage 3: the parameters and
 # gradients too); llama3d partitions the same and keeps float16 parameters; it accumulates the
 # weight gradients in float32 by default and in float16 under data_types.grad_accum_dtype
-# "fp16" (DeepSpeed's fp16 gradients): both are printed, the ratio for each. Nothing is
+# "fp16" (DeepSpeed's fp16 gradients): both are printed, the ratio for each, with
+# overlap_comm false (the gradient windows' ring as long as the longest bucket: what the
+# formulas count), and then fp16 gradients with overlap_comm true (the seed file's, and
+# DeepSpeed's stage-3 default: room for two neighbouring buckets, so that each reduces while
+# the next fills; DeepSpeed's formulas leave its own double buckets out). Nothing is
 # allocated; the table takes a few seconds.
 set -u
 case ${1:-} in -h | --help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;; esac
@@ -31,7 +35,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/l3d-z3mem.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
 gib() { awk -v m="$1" 'BEGIN { printf "%.1f", m / 1024 }'; }
-echo "| model | ranks | stage | offload | l3d device GiB (params + grads + optim), fp32 / fp16 gradients | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed, fp32 / fp16 gradients |"
+echo "| model | ranks | stage | offload | l3d device GiB (params + grads + optim), fp32 / fp16 gradients / fp16 overlap_comm | l3d host GiB | DeepSpeed GPU GiB | DeepSpeed CPU GiB per GPU | device l3d / DeepSpeed, fp32 / fp16 / fp16 overlap_comm |"
 echo "|---|---|---|---|---|---|---|---|---|"
 for model in llama3-8b llama3-70b; do
   # total parameters and DeepSpeed's largest layer (the embedding: vocabulary x hidden)
@@ -49,18 +53,22 @@ for model in llama3-8b llama3-70b; do
         esac
         z3=''
         [ "$stage" = 3 ] && z3=', "stage3_prefetch_bucket_size": 1e8, "stage3_param_persistence_threshold": 1e4, "stage3_max_live_parameters": 1e9'
-        for g in fp32 fp16; do
+        for v in fp32:false fp16:false fp16:true; do
+          g=${v%:*} ov=${v#*:}
           printf '%s\n' "{\"train_batch_size\": $n, \"train_micro_batch_size_per_gpu\": 1, \"gradient_accumulation_steps\": 1," \
             " \"fp16\": {\"enabled\": true}, \"data_types\": {\"grad_accum_dtype\": \"$g\"}," \
-            " \"zero_optimization\": {\"stage\": $stage, $o \"overlap_comm\": true, \"reduce_bucket_size\": 1e8$z3}}" >"$tmp/c.json"
+            " \"zero_optimization\": {\"stage\": $stage, $o \"overlap_comm\": $ov, \"reduce_bucket_size\": 1e8$z3}}" >"$tmp/c.json"
           line=$("$L3D" train --config "$tmp/c.json" --model "$model" --world "$n" --dry-run 2>&1 | grep '^memory')
           [ -n "$line" ] || { echo "zero3_memory.sh: $model on $n ranks, stage $stage: dry run failed" >&2; exit 1; }
           d=$(echo "$line" | sed -nE 's/^memory[^:]*: parameters ([0-9.]+) MiB, gradients ([0-9.]+) MiB, optimizer ([0-9.]+) MiB,.*/\1 \2 \3/p' |
             awk '{ print $1 + $2 + $3 }')
-          if [ $g = fp32 ]; then
-            dev=$d
-            host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p')
-          else dev16=$d; fi
+          case $v in
+            fp32:false)
+              dev=$d
+              host=$(echo "$line" | sed -nE 's/.*host memory \(offload\): .* total ([0-9.]+) MiB.*/\1/p') ;;
+            fp16:false) dev16=$d ;;
+            *) devov=$d ;;
+          esac
         done
         ds=$(awk -v pm="$pm" -v h="$hidden" -v v="$vocab" -v n="$n" -v off="$off" -v st="$stage" 'BEGIN {
           P = pm * 1e6; big = h * v; nodes = n / 8; gpus = n
@@ -75,9 +83,9 @@ for model in llama3-8b llama3-70b; do
           printf "%.1f %.1f %.6f", gpu / 2^30, cpu / 8 / 2^30, gpu / 2^20 }')
         # (the ratio against DeepSpeed's exact figure, not the GiB printed)
         read -r dsg dsc dsm <<<"$ds"
-        ratio=$(awk -v a="$dev" -v c="$dev16" -v b="$dsm" 'BEGIN { printf "%.2f / %.2f", a / b, c / b }')
-        printf "| %s | %d | %d | %s | %s / %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
-          "$(gib "$dev")" "$(gib "$dev16")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
+        ratio=$(awk -v a="$dev" -v c="$dev16" -v e="$devov" -v b="$dsm" 'BEGIN { printf "%.2f / %.2f / %.2f", a / b, c / b, e / b }')
+        printf "| %s | %d | %d | %s | %s / %s / %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
+          "$(gib "$dev")" "$(gib "$dev16")" "$(gib "$devov")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio"
       done
     done
   done

@@ -166,6 +166,22 @@ Test(parallel, zero2_memory) {
     cr_assert_eq(r2.estimate.grads, r2.mem[0].grads);
     cr_assert_eq(r2.estimate.optim, r2.mem[0].optim);
     cr_assert_eq(r1.estimate.grads, r1.mem[0].grads);
+    // overlap_comm: the ring holds two layers, so each layer reduces while the next fills; the
+    // same reductions in the same order, so the same bits.
+    result_t r3 = {0};
+    g_overlap = 1;
+    run_layout(&z2, &r3);
+    g_overlap = 0;
+    for (int r = 0; r < 4; r++) {
+        size_t shard = r3.mem[r].optim / 2 / f;
+        cr_assert_eq(r3.grads_in_use[r], r3.mem[r].grads);
+        cr_assert_eq(r3.mem[r].grads, (shard + 2 * layer + embed) * f, "overlap, rank %d: %zu",
+                     r, r3.mem[r].grads);
+    }
+    cr_assert_eq(r3.estimate.grads, r3.mem[0].grads);
+    cr_assert(!memcmp(r3.loss, r2.loss, sizeof(r2.loss)) &&
+              !memcmp(r3.gnorm, r2.gnorm, sizeof(r2.gnorm)), "overlap_comm changed a bit");
+    free_result(&r3);
     // Three layers are mostly windows; at 16 layers the shard and windows are < 1/2 of P.
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);

@@ -373,7 +373,8 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         int reserved, pair;
         double rbs = l3d_zero_bucket_size(cfg);
         l3d_zero2_buckets(&m, rbs, (int)n, NULL, &shard);
-        size_t all = l3d_zero2_windows(&m, rbs, (int)n, &ring, &own, &reserved, &pair);
+        size_t all = l3d_zero2_windows(&m, rbs, (int)n, cfg->overlap_comm, &ring, &own,
+                                       &reserved, &pair);
         // the float32 shard, the windows in gt, and (16-bit windows) the widened chunk
         mem->grads = shard * sizeof(float) + (all - shard) * ge;
         if (gt != L3D_FLOAT32) mem->grads += l3d_zero2_pscratch_len(piece) * sizeof(float);

@@ -241,10 +241,11 @@ l3d_status l3d_dp_optim_scatter(l3d_trainer_t *t, const float *full, float *shar
 // (<= l3d_model_grad_groups(m)).
 int l3d_zero2_buckets(const l3d_model_t *m, double reduce_bucket_size, int dp,
                       l3d_dp_bucket_t *b, size_t *shard_len);
-// The windows m's buckets need: the ring's elements (*ring_len), the reserved bucket
-// (*reserved, -1: none) and its own window's (*own_len), the bucket asked for together with
-// the next (*pair, -1: none). Returns the elements of gradient memory (shard + ring + own).
-size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
+// The windows m's buckets need: the ring's elements (*ring_len; with overlap, room for any two
+// neighbouring buckets at once), the reserved bucket (*reserved, -1: none) and its own
+// window's (*own_len), the bucket asked for together with the next (*pair, -1: none). Returns
+// the elements of gradient memory (shard + ring + own).
+size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp, int overlap,
                          size_t *ring_len, size_t *own_len, int *reserved, int *pair);
 // The floats of the scratch a 16-bit window's reduced piece is widened through, a chunk at a
 // time, for pieces of at most `piece` floats.

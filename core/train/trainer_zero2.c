@@ -29,6 +29,8 @@
 // one's window is asked for. A tied head on a single stage writes the embedding's bucket at
 // the start of the backward and it completes last: that bucket keeps a window of its own, of
 // its size, outside the ring. Runs start at multiples of L3D_RING_ALIGN elements.
+// overlap_comm (DeepSpeed's key) lengthens the ring to hold any two neighbouring buckets, so
+// that every reduction overlaps the next bucket's backward whatever the lengths.
 //
 // communication_data_type bf16/fp16: a window is rounded into 16 bits in place when it starts
 // (its first half then holds the 16-bit bucket) and reduce-scattered there; this rank's piece
@@ -121,6 +123,8 @@ size_t l3d_zero2_max_piece(const l3d_model_t *m, double reduce_bucket_size, int 
 // The bucket lengths in backward order (scan order: the arena's end first).
 typedef struct len_arg {
     size_t longest, first, second, last;  // over the ring's buckets; the first two; the latest
+    size_t neighbours, prev2;  // the longest two neighbours together (but the last bucket,
+                               // which may be reserved); the one before the latest
     int nb;
 } len_arg_t;
 static void bucket_lens(void *arg, int k, size_t lo, size_t hi, size_t len) {
@@ -128,13 +132,15 @@ static void bucket_lens(void *arg, int k, size_t lo, size_t hi, size_t len) {
     (void)k, (void)lo, (void)hi;
     len = l3d_ring_run(len);  // (the reserved window takes the rounded length too)
     if (a->nb) a->longest = L3D_MAX(a->longest, a->last);  // (the last may be reserved)
+    if (a->nb >= 2) a->neighbours = L3D_MAX(a->neighbours, a->prev2 + a->last);
     if (a->nb == 0) a->first = len;
     if (a->nb == 1) a->second = len;
+    a->prev2 = a->last;
     a->last = len;
     a->nb++;
 }
 
-size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp,
+size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp, int overlap,
                          size_t *ring_len, size_t *own_len, int *reserved, int *pair) {
     size_t shard = 0;
     int nb = l3d_zero2_buckets(m, reduce_bucket_size, dp, NULL, &shard);
@@ -143,12 +149,18 @@ size_t l3d_zero2_windows(const l3d_model_t *m, double reduce_bucket_size, int dp
     // The tied head on the embedding's stage writes the embedding's bucket (the last one, at
     // offset 0) first, and it completes last: it keeps a window of its own, of its size.
     int tied = m->cfg.tie_word_embeddings && m->has_embed && m->has_head;
-    if (!tied) a.longest = L3D_MAX(a.longest, a.last);
+    if (!tied) {
+        a.longest = L3D_MAX(a.longest, a.last);
+        if (a.nb >= 2) a.neighbours = L3D_MAX(a.neighbours, a.prev2 + a.last);
+    }
     *reserved = tied ? nb - 1 : -1;
     *own_len = tied ? a.last : 0;
     // The head's bucket (0) and the next fill at once, in one run of the ring.
     *pair = m->has_head && !tied && nb >= 2 ? 0 : -1;
     *ring_len = *pair == 0 ? L3D_MAX(a.longest, a.first + a.second) : a.longest;
+    // overlap_comm: room for any two neighbours, so that each bucket reduces while the next
+    // fills (DeepSpeed's double reduction buckets), whatever the lengths
+    if (overlap) *ring_len = L3D_MAX(*ring_len, a.neighbours);
     return shard + *ring_len + *own_len;
 }
 
@@ -161,7 +173,8 @@ l3d_status l3d_zero2_init(l3d_trainer_t *t) {
     if (!d->b || !d->ring_q) return L3D_ERR_NOMEM;
     double rbs = l3d_zero_bucket_size(&t->cfg);
     d->nb = l3d_zero2_buckets(m, rbs, d->n, d->b, &d->shard_len);
-    (void)l3d_zero2_windows(m, rbs, d->n, &d->ring_len, &d->own_len, &d->reserved, &d->pair);
+    (void)l3d_zero2_windows(m, rbs, d->n, t->cfg.overlap_comm, &d->ring_len, &d->own_len,
+                            &d->reserved, &d->pair);
     // The full-arena views (checkpoints' optimizer gather) reach the last bucket's padding.
     d->Ppad = d->b[0].off + d->b[0].len;
     size_t es = l3d_dtype_size(d->gt);

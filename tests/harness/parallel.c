@@ -18,6 +18,7 @@ char g_data[64];
 const int *g_lps;  // parallel.layers_per_stage for the layouts run while it is set
 int g_comm_dtype = -1;
 int g_grad_dtype = -1;
+int g_overlap;
 int g_bf16;
 int g_tp_mode;
 int g_micro;  // train_micro_batch_size_per_gpu while set (else 2)
@@ -62,6 +63,7 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->train_batch_size = cfg->micro_batch_size * L->accum_total;
     cfg->zero_stage = L->zero;
     cfg->reduce_bucket_size = L->bucket;
+    cfg->overlap_comm = g_overlap;
     cfg->activation_checkpointing = L->recompute;
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s",
              L->gpipe >= 2 ? "interleaved" : L->gpipe ? "gpipe" : "1f1b");

@@ -73,6 +73,7 @@ extern int g_layers;            // num_hidden_layers (else 3)
 extern int g_consolidated;      // train.save_consolidated
 extern int g_comm_dtype;        // communication_data_type (an l3d_dtype; -1: unset)
 extern int g_grad_dtype;        // data_types.grad_accum_dtype (an l3d_dtype; -1: unset)
+extern int g_overlap;           // zero_optimization.overlap_comm
 extern int g_bf16;              // bf16.enabled
 extern int g_tp_mode;           // parallel.tp_mode: 0 (1d, the default), 2 ("2d") or 3 ("3d")
 extern int g_micro;             // train_micro_batch_size_per_gpu (0: 2; train_batch_size is
