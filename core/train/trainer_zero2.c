@@ -266,14 +266,11 @@ static l3d_status ring_take(l3d_trainer_t *t, int k, win_done_fn done) {
     return L3D_OK;
 }
 
-// Adds n floats of this rank's reduced piece at piece (device memory) to the shard at g: on the
-// device, or copied to the host and added there (offloaded optimizer).
-static l3d_status add_piece(l3d_trainer_t *t, float *g, const float *piece, size_t n) {
-    l3d_dp_t *d = &t->dp;
-    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, n, L3D_FLOAT32);
-    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, n * sizeof(float), L3D_COPY_D2H));
+// Adds the n floats the host staging holds to the shard at g, on the host, once the device's
+// copies into it are done (offloaded optimizer).
+static l3d_status add_staged(l3d_trainer_t *t, float *g, size_t n) {
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
-    return l3d_dev_add(t->off.hdev, g, g, d->stage, n, L3D_FLOAT32);
+    return l3d_dev_add(t->off.hdev, g, g, t->dp.stage, n, L3D_FLOAT32);
 }
 
 // Waits for bucket k's reduction and adds this rank's piece to the shard; frees its window.
@@ -286,19 +283,26 @@ static l3d_status win_complete(l3d_trainer_t *t, int k) {
     win_drop(d, k);  // (its elements are read below, before any other bucket takes them)
     if (st < 0) return comm_fail(t, st, "gradient reduce-scatter");
     float *g = d->gshard + b->sh;
-    if (d->pscratch) {  // 16-bit windows: the piece widened a chunk at a time
+    if (d->pscratch) {  // 16-bit windows: the piece widened a chunk at a time, then added on
+                        // the device, or gathered in the host staging (one wait for the lot)
         for (size_t o = 0; o < b->q; o += d->pscratch_len) {
             size_t n = min_sz(d->pscratch_len, b->q - o);
             L3D_CHECK(t->ctx, l3d_dev_convert(t->dev, d->pscratch, L3D_FLOAT32,
                                               l3d_elem(win, d->gt, (size_t)d->rank * b->q + o),
                                               d->gt, n));
-            L3D_CHECK(t->ctx, add_piece(t, g + o, d->pscratch, n));
+            L3D_CHECK(t->ctx, d->stage ? l3d_dev_copy(t->dev, d->stage + o, d->pscratch,
+                                                      n * sizeof(float), L3D_COPY_D2H)
+                                       : l3d_dev_add(t->dev, g + o, g + o, d->pscratch, n,
+                                                     L3D_FLOAT32));
         }
-        return L3D_OK;
+        return d->stage ? add_staged(t, g, b->q) : L3D_OK;
     }
     if (d->cscratch)  // reduced in cdt: this rank's piece widened back to float32
         L3D_CHECK(t->ctx, l3d_dp_widen(t, win, (size_t)d->rank * b->q, b->q));
-    return add_piece(t, g, (float *)win + (size_t)d->rank * b->q, b->q);
+    const float *piece = (const float *)win + (size_t)d->rank * b->q;
+    if (!d->stage) return l3d_dev_add(t->dev, g, g, piece, b->q, L3D_FLOAT32);
+    L3D_CHECK(t->ctx, l3d_dev_copy(t->dev, d->stage, piece, b->q * sizeof(float), L3D_COPY_D2H));
+    return add_staged(t, g, b->q);
 }
 
 // Starts bucket k's reduce-scatter (in place: piece r lands at its offset in the window).
@@ -434,8 +438,7 @@ l3d_status l3d_zero2_gather_params(l3d_trainer_t *t) {
     L3D_CHECK(t->ctx, l3d_dev_sync(t->dev));
     for (int k = 0; k < d->nb && st >= 0; k++) {
         l3d_dp_bucket_t *b = &d->b[k];
-        if (k == d->reserved && b->win != L3D_WIN_NONE)
-            L3D_CHECK(t->ctx, gather_complete(t, k));
+        // (every window is free here: l3d_zero2_finish completed the reductions)
         if (k != d->reserved) L3D_CHECK(t->ctx, ring_take(t, k, gather_complete));
         b->win = L3D_WIN_BUSY;
         size_t lo = b->off + (size_t)d->rank * b->q, hi = min_sz(lo + b->q, b->end);
