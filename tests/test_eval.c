@@ -178,6 +178,7 @@ static void make_data(void) {
 
 typedef struct layout {
     int dp, tp, pp, v, sp, shuffle, layers;
+    const int *lps;  // parallel.layers_per_stage (pp x v entries), NULL: balanced
 } layout_t;
 
 static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
@@ -200,6 +201,8 @@ static void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", L->v > 1 ? "interleaved" : "1f1b");
     cfg->virtual_stages = L->v > 1 ? L->v : 0;
     cfg->sequence_parallel = L->sp;
+    for (int u = 0; L->lps && u < L->pp * (L->v > 1 ? L->v : 1); u++)
+        cfg->layers_per_stage[cfg->n_layers_per_stage++] = L->lps[u];
     cfg->lr = 3e-3f;
     cfg->num_threads = 1;
     cfg->seed = 7;
@@ -327,7 +330,7 @@ Test(eval, matches_independent_forward, .timeout = 120) {
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
     l3d_train_config_t cfg;
-    layout_t one = {1, 1, 1, 0, 0, 0, 0};
+    layout_t one = {1, 1, 1, 0, 0, 0, 0, NULL};
     config(ctx, &one, &cfg);
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_OK, "%s", l3d_ctx_last_error(ctx));
     l3d_trainer_t *t;
@@ -358,13 +361,16 @@ Test(eval, matches_independent_forward, .timeout = 120) {
     l3d_ctx_destroy(ctx);
 }
 
+// (the last: the embedding alone in the first virtual stage, the head alone in the last)
+static const int k_ends[] = {0, 2, 2, 0};
 static const layout_t k_layouts[] = {
-    {2, 1, 1, 0, 0, 0, 0}, {1, 2, 1, 0, 0, 0, 0}, {1, 1, 2, 0, 0, 0, 0}, {1, 1, 2, 2, 0, 0, 0},
-    {2, 2, 1, 0, 1, 0, 0}, {2, 1, 2, 0, 0, 0, 0}, {1, 2, 2, 0, 0, 0, 0}, {2, 2, 2, 0, 0, 0, 0},
+    {2, 1, 1, 0, 0, 0, 0, NULL}, {1, 2, 1, 0, 0, 0, 0, NULL}, {1, 1, 2, 0, 0, 0, 0, NULL},
+    {1, 1, 2, 2, 0, 0, 0, NULL}, {2, 2, 1, 0, 1, 0, 0, NULL}, {2, 1, 2, 0, 0, 0, 0, NULL},
+    {1, 2, 2, 0, 0, 0, 0, NULL}, {2, 2, 2, 0, 0, 0, 0, NULL}, {1, 1, 2, 2, 0, 0, 0, k_ends},
 };
 
 static void compare_layouts(int shuffle) {
-    layout_t one = {1, 1, 1, 0, 0, shuffle, 0}, other = one;
+    layout_t one = {1, 1, 1, 0, 0, shuffle, 0, NULL}, other = one;
     other.shuffle = !shuffle;
     result_t ref, alt, got;
     run(&one, STEPS, NULL, NULL, &ref);
@@ -422,7 +428,7 @@ static void resume_case(const layout_t *L) {
 }
 
 Test(shuffle, resume_is_bit_identical, .timeout = 300) {
-    const layout_t one = {1, 1, 1, 0, 0, 1, 0}, dp2pp2 = {2, 1, 2, 0, 0, 1, 0};
+    const layout_t one = {1, 1, 1, 0, 0, 1, 0, NULL}, dp2pp2 = {2, 1, 2, 0, 0, 1, 0, NULL};
     resume_case(&one);
     resume_case(&dp2pp2);
 }
@@ -479,7 +485,7 @@ Test(eval, fraction_too_small_or_no_stream) {
     l3d_ctx_t *ctx;
     cr_assert_eq(l3d_ctx_create(NULL, &ctx), L3D_OK);
     l3d_train_config_t cfg;
-    layout_t one = {1, 1, 1, 0, 0, 0, 0};
+    layout_t one = {1, 1, 1, 0, 0, 0, 0, NULL};
     config(ctx, &one, &cfg);
     cfg.eval_fraction = 0.001;  // 20 tokens: not one sequence of 33
     l3d_trainer_t *t = NULL;

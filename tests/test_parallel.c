@@ -497,8 +497,8 @@ Test(parallel, pipeline_preconditions) {
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "parallel.schedule 'interleaved'"), "%s",
               l3d_ctx_last_error(ctx));
-    // interleaved 1F1B: A a multiple of pp, virtual stages only with it, not with a
-    // layers_per_stage list, and pp x virtual stages within the layers
+    // interleaved 1F1B: A a multiple of pp, virtual stages only with it, a layers_per_stage
+    // list of one count per virtual stage, and pp x virtual stages within the layers
     config(ctx, &L, &cfg);
     cfg.pp = 2;
     cfg.grad_accum_steps = 3;
@@ -518,7 +518,8 @@ Test(parallel, pipeline_preconditions) {
     cfg.layers_per_stage[0] = 1;
     cfg.layers_per_stage[1] = 2;
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
-    cr_assert(strstr(l3d_ctx_last_error(ctx), "layers_per_stage cannot be combined"), "%s",
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "layers_per_stage has 2 entries summing to 3; it "
+                                              "needs pp x virtual_stages = 4 entries"), "%s",
               l3d_ctx_last_error(ctx));
     // 4 stages for 3 layers: finalize (what --dry-run runs) and every rank at creation (a
     // 4-rank in-process world) refuse with the same message.
@@ -568,8 +569,62 @@ Test(parallel, layers_per_stage, .timeout = 120) {
     cfg.layers_per_stage[0] = 2;
     cfg.layers_per_stage[1] = 2;
     cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
-    cr_assert(strstr(l3d_ctx_last_error(ctx), "2 entries summing to 4; it needs pp = 2 entries "
-                                              "summing to num_hidden_layers 3"), "%s",
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "2 entries summing to 4; it needs pp x "
+                                              "virtual_stages = 2 entries (one per virtual "
+                                              "stage, in model order) summing to "
+                                              "num_hidden_layers 3"), "%s",
+              l3d_ctx_last_error(ctx));
+    // a stage between the first and the last with no layer would only relay
+    cfg.pp = 3;
+    cfg.grad_accum_steps = 3;
+    cfg.train_batch_size = 3 * cfg.micro_batch_size;
+    cfg.n_layers_per_stage = 3;
+    cfg.layers_per_stage[0] = 2;
+    cfg.layers_per_stage[1] = 0;
+    cfg.layers_per_stage[2] = 1;
+    cr_assert_eq(l3d_train_config_finalize(ctx, &cfg), L3D_ERR_CONFIG);
+    cr_assert(strstr(l3d_ctx_last_error(ctx), "layers_per_stage[1] is 0: only the first entry "
+                                              "(the embedding alone) and the last (the head "
+                                              "alone) may hold no layer"), "%s",
               l3d_ctx_last_error(ctx));
     l3d_ctx_destroy(ctx);
+}
+
+// Llama 3's balancing (Dubey et al. 2024, section 3.3.2): the first virtual stage holds the
+// embedding alone, the last the head alone, with and without interleaving, through tensor,
+// sequence and data parallelism, ZeRO-1 and ZeRO-3; every run matches the single rank, and
+// its checkpoint resumes on a single rank and the single rank's on it.
+Test(parallel, layers_per_virtual_stage, .timeout = 240) {
+    static const int e3[] = {0, 3}, h3[] = {3, 0}, e4[] = {0, 2, 1, 1}, h4[] = {1, 1, 2, 0};
+    static const int eh4[] = {0, 2, 2, 0};
+    static const struct {
+        int layers;
+        const int *lps;
+        layout_t L;
+    } cases[] = {
+        {3, e3, {1, 1, 2, 0, 0, 8, 0, 0.25f, 0, 0}},
+        {3, h3, {2, 2, 2, 1, 0, 8, 0, 0.25f, 0, 1}},
+        {4, e4, {1, 1, 2, 0, 0, 8, 0, 0.25f, 2, 0}},
+        {4, h4, {2, 2, 2, 1, 1, 8, 0, 0.25f, 2, 1}},
+        {4, eh4, {2, 1, 2, 3, 0, 8, 0, 0.25f, 2, 0}},
+    };
+    make_data();
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        g_layers = cases[i].layers;
+        result_t ref = {0};
+        layout_t one = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+        reference_run(&one, &ref);
+        g_lps = cases[i].lps;
+        compare_to(&cases[i].L, &ref);
+        g_lps = NULL;
+        if (cases[i].lps == eh4) {
+            layout_t one_rank = {1, 1, 1, 0, 0, 8, 0, 0.25f, 0, 0};
+            g_lps = eh4;  // (the side with one stage reads no list)
+            resume_case_to(&cases[i].L, &one_rank, &ref);
+            resume_case_to(&one_rank, &cases[i].L, &ref);
+            g_lps = NULL;
+        }
+        free_result(&ref);
+    }
+    g_layers = 0;
 }

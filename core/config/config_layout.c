@@ -141,6 +141,29 @@ static l3d_status check_grid_cube(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
     return d == 3 ? l3d_tp3d_check(ctx, &cfg->model, q) : l3d_tp2d_check(ctx, &cfg->model, q);
 }
 
+// parallel.layers_per_stage: one count per virtual stage in model order (u = chunk * pp +
+// stage; v = 1: one per stage) summing to the model's layers. The first may be 0 (its chunk
+// holds the embedding alone) and so may the last (the final norm and the head alone): Llama 3's
+// balancing (Dubey et al. 2024, section 3.3.2), Megatron's account_for_embedding_in_pipeline_split
+// and account_for_loss_in_pipeline_split. A chunk between them with no layer would only relay.
+static l3d_status check_lps(l3d_ctx_t *ctx, const l3d_train_config_t *cfg, const char *origin,
+                            int v) {
+    int n = cfg->n_layers_per_stage, U = cfg->pp * v, sum = 0;
+    if (!n) return L3D_OK;
+    for (int i = 0; i < n; i++) sum += cfg->layers_per_stage[i];
+    if (n != U || sum != cfg->model.num_hidden_layers)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage has %d entries "
+                         "summing to %d; it needs pp x virtual_stages = %d entries (one per "
+                         "virtual stage, in model order) summing to num_hidden_layers %d",
+                         origin, n, sum, U, cfg->model.num_hidden_layers);
+    for (int u = 1; u + 1 < U; u++)
+        if (!cfg->layers_per_stage[u])
+            return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage[%d] is 0: only "
+                             "the first entry (the embedding alone) and the last (the head "
+                             "alone) may hold no layer", origin, u);
+    return L3D_OK;
+}
+
 l3d_status l3d_train_config_check_layout(l3d_ctx_t *ctx, l3d_train_config_t *cfg,
                                          const char *origin) {
     return l3d_train_config_check_layout_ex(ctx, cfg, origin, 0);
@@ -156,28 +179,17 @@ l3d_status l3d_train_config_check_layout_ex(l3d_ctx_t *ctx, l3d_train_config_t *
                          "parallel.tp_mode \"%dd\": its products sum partial gradients in "
                          "float32; use fp32 or tp_mode \"1d\"", origin,
                          cfg->grad_dtype == L3D_BFLOAT16 ? "bf16" : "fp16", cfg->tp_mode);
-    if (cfg->n_layers_per_stage) {
-        int sum = 0;
-        for (int i = 0; i < cfg->n_layers_per_stage; i++) sum += cfg->layers_per_stage[i];
-        if (cfg->n_layers_per_stage != cfg->pp || sum != cfg->model.num_hidden_layers)
-            return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage has %d entries "
-                             "summing to %d; it needs pp = %d entries summing to "
-                             "num_hidden_layers %d", origin, cfg->n_layers_per_stage, sum,
-                             cfg->pp, cfg->model.num_hidden_layers);
-    }
     L3D_CHECK(ctx, resolve_batch(ctx, origin, cfg));
     l3d_pp_kind kind;
     L3D_CHECK(ctx, l3d_pp_kind_parse(ctx, cfg->pp_schedule, &kind));
     int v = cfg->virtual_stages > 0 ? cfg->virtual_stages : kind == L3D_PP_INTERLEAVED ? 2 : 1;
-    if (v > 1 && cfg->n_layers_per_stage)
-        return l3d_error(ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage cannot be combined "
-                         "with parallel.schedule 'interleaved' (its chunks are balanced)", origin);
+    L3D_CHECK(ctx, check_lps(ctx, cfg, origin, v));
     L3D_CHECK(ctx, l3d_pp_check(ctx, kind, cfg->pp, v, cfg->grad_accum_steps));
     if (cfg->pp > cfg->model.num_hidden_layers)
         return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d is more stages than "
                          "num_hidden_layers %d; lower parallel.pp", cfg->pp,
                          cfg->model.num_hidden_layers);
-    if ((long)cfg->pp * v > cfg->model.num_hidden_layers)
+    if ((long)cfg->pp * v > cfg->model.num_hidden_layers && !cfg->n_layers_per_stage)
         return l3d_error(ctx, L3D_ERR_CONFIG, "parallel.pp %d x parallel.virtual_stages %d is "
                          "more virtual stages than num_hidden_layers %d; lower one of them",
                          cfg->pp, v, cfg->model.num_hidden_layers);

@@ -292,14 +292,15 @@ static l3d_status parse_llama3d(const l3d_dsparser_t *p, json_t *root) {
             size_t n = json_is_array(lps) ? json_array_size(lps) : 0;
             if (!json_is_array(lps) || n < 1 || n > L3D_ARRAY_LEN(cfg->layers_per_stage))
                 return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage must be "
-                                 "an array of 1..%zu layer counts, one per pipeline stage",
+                                 "an array of 1..%zu layer counts, one per virtual pipeline "
+                                 "stage",
                                  j->origin, L3D_ARRAY_LEN(cfg->layers_per_stage));
             for (size_t i = 0; i < n; i++) {
                 json_t *v = json_array_get(lps, i);
-                if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+                if (!json_is_integer(v) || json_integer_value(v) < 0 ||
                     json_integer_value(v) > 1 << 20)
                     return l3d_error(j->ctx, L3D_ERR_CONFIG, "%s: parallel.layers_per_stage[%zu] "
-                                     "must be an integer >= 1", j->origin, i);
+                                     "must be an integer >= 0", j->origin, i);
                 cfg->layers_per_stage[i] = (int)json_integer_value(v);
             }
             cfg->n_layers_per_stage = (int)n;

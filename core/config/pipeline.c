@@ -69,6 +69,26 @@ int l3d_pp_layer_peak(l3d_pp_kind kind, int pp, int v, int stage, int A, const i
     return peak;
 }
 
+int l3d_pp_peaks(l3d_pp_kind kind, int pp, int v, int stage, int A, const int *chunk_layers,
+                 int *slots) {
+    int live = 0, peak = 0, n = 2 * A * v, cl[64] = {0};  // (v <= 64: the config's bound)
+    if (kind != L3D_PP_INTERLEAVED || v > 64) {
+        for (int c = 0; c < v; c++) slots[c] = l3d_pp_slots(kind, pp, v, stage, A, c);
+        return l3d_pp_layer_peak(kind, pp, v, stage, A, chunk_layers);
+    }
+    for (int c = 0; c < v; c++) slots[c] = 0;
+    for (int i = 0; i < n; i++) {
+        l3d_pp_op_t o = interleaved_at(pp, v, stage, A, i);
+        int d = o.backward ? -1 : 1;
+        live += d * chunk_layers[o.chunk];
+        peak = L3D_MAX(peak, live);
+        cl[o.chunk] += d;
+        slots[o.chunk] = L3D_MAX(slots[o.chunk], cl[o.chunk]);
+    }
+    for (int c = 0; c < v; c++) slots[c] = L3D_MAX(slots[c], 1);
+    return peak;
+}
+
 l3d_status l3d_pp_kind_parse(l3d_ctx_t *ctx, const char *name, l3d_pp_kind *kind) {
     if (!name || !name[0] || !strcmp(name, "1f1b")) *kind = L3D_PP_1F1B;
     else if (!strcmp(name, "gpipe")) *kind = L3D_PP_GPIPE;

@@ -1,6 +1,7 @@
 // Pipeline schedules: the order in which a stage runs the forward (F) and backward (B) of the
 // micro-batches of one step, built ahead of time and checked to complete.
-// defines: l3d_pp_kind, l3d_pp_op_t, l3d_pp_schedule, l3d_pp_slots, l3d_pp_validate
+// defines: l3d_pp_kind, l3d_pp_op_t, l3d_pp_schedule, l3d_pp_slots, l3d_pp_peaks,
+//          l3d_pp_validate
 //
 // A stage holds v model chunks (1 unless interleaved): chunk c of stage s is virtual stage
 // u = c * pp + s of U = pp * v, and micro-batch j flows through u = 0 .. U-1. Messages:
@@ -47,6 +48,10 @@ int l3d_pp_slots(l3d_pp_kind kind, int pp, int v, int stage, int A, int chunk);
 // layer activations shared by the chunks needs (Korthikanti's L (1 + (p-1)/(pv)) on stage 0
 // when the chunks are even, where per-chunk peaks summed give more).
 int l3d_pp_layer_peak(l3d_pp_kind kind, int pp, int v, int stage, int A, const int *chunk_layers);
+// Both in one pass over the schedule (a plan asks for them per layout and stage): slots[c] =
+// l3d_pp_slots of chunk c for each of the v chunks; returns l3d_pp_layer_peak.
+int l3d_pp_peaks(l3d_pp_kind kind, int pp, int v, int stage, int A, const int *chunk_layers,
+                 int *slots);
 // The schedule's preconditions (interleaved: pp >= 2, v >= 2, A % pp == 0; others: v == 1):
 // L3D_ERR_CONFIG naming the knob to change.
 l3d_status l3d_pp_check(l3d_ctx_t *ctx, l3d_pp_kind kind, int pp, int v, int A);

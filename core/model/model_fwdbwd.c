@@ -221,7 +221,8 @@ static void layout_acts(arena_t *ar, arena_t *wk, l3d_acts_t *a, const l3d_model
     a->vp_stats = take(wk, 2 * N * f);
     a->sw = take(wk, N * F * es);
     void *sp_tmp = take(wk, N * C * es);  // sequence parallelism's (N,C) partial sums
-    for (int l = 0; a->layers && l < L; l++) a->layers[l].sp_tmp = sp_tmp;
+    // (a chunk of no layers has layers[0] for it too: its embedding or head passes read it)
+    for (int l = 0; a->layers && l < (L ? L : 1); l++) a->layers[l].sp_tmp = sp_tmp;
     a->dln = take(wk, N * C * es);
     a->datt = take(wk, N * HD * es);
     a->dq = take(wk, N * HD * es);
@@ -554,7 +555,7 @@ static l3d_status params_done(l3d_model_t *m, l3d_acts_t *a, int i) {
 
 // ---- a micro-batch -----------------------------------------------------------------------
 // A pipeline stage runs its part: the first stage embeds a->tokens, the others start from the
-// activations received into a->layers[0].x_in; the last stage ends with the loss, the others
+// activations received into l3d_acts_input(a); the last stage ends with the loss, the others
 // with a->x_final to send on. The backward mirrors it: the last stage starts from the loss,
 // the others from dL/dx_final received into a->dres, and all but the first leave dL/dx_in of
 // their first layer in a->dres to send back.
@@ -575,9 +576,9 @@ l3d_status l3d_model_stage_forward(l3d_model_t *m, l3d_acts_t *a, float grad_sca
         L3D_CHECK(ctx, params_get(m, a, 0, 0, &w));
         if (sp) {  // each rank's vocabulary rows, summed onto this rank's tokens
             L3D_CHECK(ctx, l3d_tp_embedding_fwd_partial(m, sp_tmp, w, a->tokens, N, at, wt));
-            L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, a->layers[0].x_in, rows, at));
+            L3D_CHECK(ctx, l3d_tp_scatter_rows(m, sp_tmp, l3d_acts_input(a), rows, at));
         } else {
-            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, a->layers[0].x_in, w, a->tokens, N, at, wt));
+            L3D_CHECK(ctx, l3d_tp_embedding_fwd(m, l3d_acts_input(a), w, a->tokens, N, at, wt));
         }
         L3D_CHECK(ctx, params_done(m, a, 0));
     }

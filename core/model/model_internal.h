@@ -218,6 +218,13 @@ typedef struct l3d_acts {
     void *param_arg;
 } l3d_acts_t;
 
+// Where a pass of a's chunk starts: its first layer's input, or, in a chunk of no layers
+// (parallel.layers_per_stage 0: the embedding alone, or the head alone), x_final, which the
+// embedding writes and the final norm reads. The pipeline receives activations there.
+static inline void *l3d_acts_input(const l3d_acts_t *a) {
+    return a->L ? a->layers[0].x_in : a->x_final;
+}
+
 #define L3D_MAX_CHUNKS 64  // parallel.virtual_stages at most
 
 struct l3d_model {
@@ -333,10 +340,11 @@ l3d_status l3d_model_create_3d(l3d_ctx_t *ctx, l3d_device_t *dev, const l3d_mode
                                l3d_comm_t *tp_comm, int pp, int v, int stage,
                                const int *layers_per_stage, l3d_model_t **model_p);
 // Restricts m to pipeline stage `stage` of `pp` with v model chunks (virtual stages; 1: no
-// interleaving): layers_per_stage[stage] layers (v 1 only: pp entries summing to the model's,
-// checked by the config), or balanced over the pp * v virtual stages when NULL (the first
-// L % (pp v) get one layer more); chunk c of stage s is virtual stage c * pp + s. The
-// embedding is on stage 0 (chunk 0), the norm and head on stage pp-1 (its last chunk).
+// interleaving): chunk c of stage s is virtual stage u = c * pp + s and holds
+// layers_per_stage[u] layers (pp * v entries summing to the model's, checked by the config;
+// the first and the last may be 0), or the layers are balanced over the pp * v virtual stages
+// when NULL (the first L % (pp v) get one layer more). The embedding is on stage 0 (chunk 0),
+// the norm and head on stage pp-1 (its last chunk).
 // set_dims_tp sets stage 0 of 1.
 void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *layers_per_stage);
 // Global index of local layer l.

@@ -57,7 +57,7 @@ static int64_t weight_rows_div(const l3d_model_t *m) { return m->tp.mode == 3 ? 
 
 void l3d_model_layout(l3d_model_t *m) {
     size_t off = 0;
-    char name[64];
+    char name[64] = "";
     m->n_tensors = 0;
     const l3d_model_config_t *c = &m->cfg;
     int tp = m->tp.size, r = m->tp.rank, D = m->D;
@@ -105,8 +105,12 @@ void l3d_model_layout(l3d_model_t *m) {
         add_param(m, &off, "model.embed_tokens.weight", m->Vemb, C, 1, &m->embed, vocab);
     for (int l = 0; l < m->L; l++) {
         l3d_layer_params_t scratch, *lp = m->layer ? &m->layer[l] : &scratch;
-#define LP(suffix, rr, cc, decay, slot, sl)                                        \
-    snprintf(name, sizeof(name), "model.layers.%d.%s", l3d_model_layer_index(m, l), suffix); \
+// (names only where tensors are listed: counting, as the memory estimates do per layout of a
+// plan, formats none)
+#define LP(suffix, rr, cc, decay, slot, sl)                                                  \
+    if (m->tensors)                                                                          \
+        snprintf(name, sizeof(name), "model.layers.%d.%s", l3d_model_layer_index(m, l),      \
+                 suffix);                                                                    \
     add_param(m, &off, name, rr, cc, decay, slot, sl)
         LP("input_layernorm.weight", C, 0, 0, &lp->ln1, norm);
         LP("self_attn.q_proj.weight", HD / wr, C, 1, &lp->wq, q);
@@ -260,10 +264,14 @@ void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *la
         m->chunk_g0[c] = q * u + (u < rem ? u : rem);
         m->L += q + (u < rem);
     }
-    if (layers_per_stage && pp > 1 && v == 1) {
-        m->chunk_g0[0] = 0;
-        for (int s = 0; s < stage; s++) m->chunk_g0[0] += layers_per_stage[s];
-        m->L = layers_per_stage[stage];
+    if (layers_per_stage && pp > 1) {  // pp x v counts, virtual stage u = c * pp + stage
+        m->L = 0;
+        for (int c = 0, g0 = 0, u = 0; c < v; c++) {
+            for (; u < c * pp + stage; u++) g0 += layers_per_stage[u];
+            m->chunk_start[c] = m->L;
+            m->chunk_g0[c] = g0;
+            m->L += layers_per_stage[c * pp + stage];
+        }
     }
     m->chunk_start[v] = m->L;
     m->l0 = m->chunk_g0[0];

@@ -349,13 +349,14 @@ static size_t param_bytes(const l3d_model_t *m, const l3d_train_config_t *cfg, i
 // exp_avg and exp_avg_sq for 1/dp of it (the sum of the buckets' pieces is Ppad / dp);
 // ZeRO-2 keeps the gradient as that shard plus its windows; a 16-bit communication_data_type
 // adds the scratch that converts the buckets in place.
-void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
+void l3d_train_config_memory_stage(const l3d_train_config_t *cfg, int stage,
+                                    l3d_mem_breakdown_t *mem) {
     // tp rank 0 holds the largest vocabulary block: its figures bound every rank's.
     l3d_model_t m;
     memset(&m, 0, sizeof(m));
     l3d_model_set_dims_mode(&m, &cfg->model, cfg->tp, cfg->tp_mode, 0);
     int v = l3d_train_config_v(cfg);
-    l3d_model_set_stage(&m, cfg->pp, v, 0, l3d_train_config_lps(cfg));
+    l3d_model_set_stage(&m, cfg->pp, v, stage, l3d_train_config_lps(cfg));
     l3d_model_layout(&m);
     size_t P = m.n_params;
     size_t n = (size_t)(cfg->dp > 0 ? cfg->dp : 1);
@@ -385,10 +386,10 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
         mem->grads += l3d_dp_cscratch_len(longest) * l3d_dtype_size(cdt);
     mem->optim = 2 * shard * sizeof(float);
     mem->params = param_bytes(&m, cfg, (int)n, n > 1 && cfg->zero_stage >= 3, shard);
-    size_t stage = cfg->offload_optimizer ? piece : 0;
+    size_t staging = cfg->offload_optimizer ? piece : 0;
     l3d_offload_memory(cfg, z2, n > 1 && cfg->zero_stage >= 3, l3d_master16(cfg, (int)n), shard,
-                       stage, mem);
-    // Pipeline: stage 0 keeps up to its schedule's number of activation sets, per chunk, one
+                       staging, mem);
+    // Pipeline: the stage keeps up to its schedule's number of activation sets, per chunk, one
     // working set that they share (model_internal.h, l3d_acts_t.work), and the pool of layer
     // blocks its schedule's peak of live layers needs (trainer_pp.c).
     l3d_pp_kind kind = L3D_PP_1F1B;
@@ -396,23 +397,28 @@ void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t 
     if (cfg->pp == 1) kind = L3D_PP_1F1B;
     mem->acts = mem->host_acts = 0;
     size_t work = 0, block = 0;  // (the same for every chunk)
-    int A = cfg->grad_accum_steps, chunk_layers[L3D_MAX_CHUNKS];
+    int A = cfg->grad_accum_steps, chunk_layers[L3D_MAX_CHUNKS], slots[L3D_MAX_CHUNKS];
+    for (int c = 0; c < v; c++) chunk_layers[c] = m.chunk_start[c + 1] - m.chunk_start[c];
+    int peak = l3d_pp_peaks(kind, cfg->pp, v, stage, A, chunk_layers, slots);
+    if (cfg->pp == 1) slots[0] = 1;
     for (int c = 0; c < v; c++) {
-        int slots = cfg->pp > 1 ? l3d_pp_slots(kind, cfg->pp, v, 0, A, c) : 1;
         size_t host = 0;
-        mem->acts += (size_t)slots * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode,
-                                                         cfg->pp, v, 0,
-                                                         l3d_train_config_lps(cfg), c,
-                                                         cfg->micro_batch_size, cfg->seq_len,
-                                                         l3d_train_config_ckpt(cfg),
-                                                         cfg->sequence_parallel,
-                                                         l3d_train_config_act_dtype(cfg),
-                                                         l3d_train_config_weight_dtype(cfg), 1,
-                                                         &block, &work, &host);
-        mem->host_acts += (size_t)slots * host;
-        chunk_layers[c] = m.chunk_start[c + 1] - m.chunk_start[c];
+        mem->acts += (size_t)slots[c] * l3d_acts_bytes_part(&cfg->model, cfg->tp, cfg->tp_mode,
+                                                            cfg->pp, v, stage,
+                                                            l3d_train_config_lps(cfg), c,
+                                                            cfg->micro_batch_size, cfg->seq_len,
+                                                            l3d_train_config_ckpt(cfg),
+                                                            cfg->sequence_parallel,
+                                                            l3d_train_config_act_dtype(cfg),
+                                                            l3d_train_config_weight_dtype(cfg), 1,
+                                                            &block, &work, &host);
+        mem->host_acts += (size_t)slots[c] * host;
     }
-    mem->acts += work + (size_t)l3d_pp_layer_peak(kind, cfg->pp, v, 0, A, chunk_layers) * block;
+    mem->acts += work + (size_t)peak * block;
+}
+
+void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem) {
+    l3d_train_config_memory_stage(cfg, 0, mem);
 }
 
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem) {

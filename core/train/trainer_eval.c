@@ -111,7 +111,7 @@ static l3d_status eval_batch(l3d_trainer_t *t, int64_t b, double *sum) {
                 st = l3d_dev_copy(t->dev, a->targets, t->h_targets + ot, nl * sizeof(int32_t),
                                   L3D_COPY_H2D);
             if (st >= 0 && u > 0 &&
-                (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at, down)) < 0)
+                (st = l3d_comm_recv(p->comm, l3d_acts_input(a), nc, a->at, down)) < 0)
                 st = eval_err(t, p->comm, st, "receive of activations");
             double s = 0.0;
             // grad_scale 0: the fused cross-entropy's logit gradient is not used.

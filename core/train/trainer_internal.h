@@ -192,9 +192,12 @@ static inline int l3d_train_config_ckpt(const l3d_train_config_t *cfg) {
            (cfg->cpu_checkpointing ? L3D_CKPT_CPU : 0);
 }
 
-// parallel.layers_per_stage when given for this pp, else NULL (balanced stages).
+// parallel.layers_per_stage when given for this pp and v (pp x v entries, virtual stage u =
+// chunk * pp + stage), else NULL (balanced virtual stages).
 static inline const int *l3d_train_config_lps(const l3d_train_config_t *cfg) {
-    return cfg->pp > 1 && cfg->n_layers_per_stage == cfg->pp ? cfg->layers_per_stage : NULL;
+    return cfg->pp > 1 && cfg->n_layers_per_stage == cfg->pp * l3d_train_config_v(cfg)
+               ? cfg->layers_per_stage
+               : NULL;
 }
 
 // core/train/trainer_dp.c: data parallelism and ZeRO-1.

@@ -7,7 +7,8 @@
 // stage" below are the neighbours in that virtual order (stage 0's chunk c > 0 receives from
 // the last stage's chunk c-1):
 //   F(j)  first stage: embed the tokens; others: receive (N,C) from stage-1 into the first
-//         layer's input. Run this stage's layers. Last stage: loss; others: isend x_final.
+//         layer's input (l3d_acts_input). Run this stage's layers. Last stage: loss; others:
+//         isend x_final.
 //   B(j)  last stage: from the loss; others: receive dL/dx_final (N,C) from stage+1 into dres.
 //         Backward through this stage's layers; first stage: embedding; others: isend dres.
 // What a stage sends comes from the working set's ring (L3D_PP_RING buffers per direction):
@@ -201,8 +202,7 @@ l3d_status l3d_pp_run(l3d_trainer_t *t, float grad_scale, double *loss_sum) {
             if (u < U - 1) L3D_CHECK(t->ctx, l3d_pp_take_x(t, a, &send));
             L3D_CHECK(t->ctx, l3d_pp_bind(t, slot));
             L3D_CHECK(t->ctx, load_micro(t, a, o.micro));
-            if (u > 0 && (st = l3d_comm_recv(p->comm, a->layers[0].x_in, nc, a->at,
-                                             down)) < 0)
+            if (u > 0 && (st = l3d_comm_recv(p->comm, l3d_acts_input(a), nc, a->at, down)) < 0)
                 return comm_err(t, p->comm, st, "receive of activations");
             double s = 0.0;
             L3D_CHECK(t->ctx, l3d_model_stage_forward(m, a, grad_scale, &s));

@@ -203,8 +203,9 @@ typedef struct l3d_train_config {
     int tp_mode;                 // parallel.tp_mode: 0/1 "1d" (Megatron), 2 "2d" (SUMMA on a
                                  // sqrt(tp) x sqrt(tp) grid), 3 "3d" (the cbrt(tp) cube of
                                  // Agarwal / Bian et al.; docs/parallel.md)
-    int n_layers_per_stage;      // parallel.layers_per_stage: pp entries (0 = balanced)
-    int layers_per_stage[64];
+    int n_layers_per_stage;      // parallel.layers_per_stage: pp x virtual_stages entries,
+                                 // one per virtual stage in model order (0 = balanced)
+    int layers_per_stage[512];
     char device[32];             // train.device ("cpu")
     int allow_tf32;              // train.allow_tf32: float32 GEMMs on TF32 tensor cores (CUDA;
                                  // torch's allow_tf32; off by default, as torch's matmul is)

@@ -90,8 +90,12 @@ l3d_status l3d_trainer_resume(l3d_trainer_t *t, const char *dir);
 // them.
 l3d_model_t *l3d_trainer_model(l3d_trainer_t *t);
 // The memory a trainer for `cfg` allocates, computed without allocating (for any preset,
-// however large). Equals l3d_trainer_memory of a trainer created from the same config.
+// however large): world rank 0's, or (_stage) the first rank of pipeline stage `stage` (its
+// tp and dp rank 0, whose figures bound the stage's other ranks). Equals l3d_trainer_memory
+// of that rank's trainer created from the same config.
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem);
+void l3d_train_config_memory_stage(const l3d_train_config_t *cfg, int stage,
+                                   l3d_mem_breakdown_t *mem);
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem);
 // The communication one step of `cfg` costs world rank 0, per group ([0] tp, [1] dp, [2] pp),
 // from the analytic formulas of docs/parallel.md: equal to what l3d_trainer_step counts.

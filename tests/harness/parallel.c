@@ -70,9 +70,9 @@ void config(l3d_ctx_t *ctx, const layout_t *L, l3d_train_config_t *cfg) {
     cfg->virtual_stages = L->gpipe >= 2 ? L->gpipe : 0;
     cfg->sequence_parallel = L->sp;
     cfg->tp_mode = g_tp_mode;
-    if (g_lps && L->pp > 1) {
-        cfg->n_layers_per_stage = L->pp;
-        memcpy(cfg->layers_per_stage, g_lps, (size_t)L->pp * sizeof(int));
+    if (g_lps && L->pp > 1) {  // one count per virtual stage
+        cfg->n_layers_per_stage = L->pp * (L->gpipe >= 2 ? L->gpipe : 1);
+        memcpy(cfg->layers_per_stage, g_lps, (size_t)cfg->n_layers_per_stage * sizeof(int));
     }
     cfg->stage3_param_persistence_threshold = g_z3 ? g_z3->persist : 0;
     if (g_z3 && g_z3->prefetch)
@@ -175,6 +175,11 @@ static void *rank_main(void *p) {
         a->res->grads_in_use[a->r] = l3d_ctx_mem_in_use(ctx, "grads");
         l3d_trainer_memory(t, &a->res->mem[a->r]);
         if (a->r == 0) l3d_train_config_memory(&cfg, &a->res->estimate);
+        const int *co = t->mesh ? t->mesh->coord : NULL;
+        if (co && co[L3D_MESH_TP] == 0 && co[L3D_MESH_DP] == 0) {
+            l3d_train_config_memory_stage(&cfg, co[L3D_MESH_PP], &a->res->stage_estimate[a->r]);
+            a->res->has_stage_estimate[a->r] = 1;
+        }
     }
     if (st != L3D_OK) {
         snprintf(a->err, sizeof(a->err), "%s", l3d_ctx_last_error(ctx));
@@ -435,6 +440,20 @@ void check_plan_memory(const char *name, const result_t *got) {
     cr_expect_eq(got->estimate.optim, got->mem[0].optim, "%s: optim", name);
     cr_expect_eq(got->estimate.acts, got->mem[0].acts, "%s: acts %zu, estimated %zu", name,
                  got->mem[0].acts, got->estimate.acts);
+    // and every stage's first rank (l3d train --dry-run and l3d plan report the largest)
+    for (int r = 0; r < MAXR; r++) {
+        if (!got->has_stage_estimate[r]) continue;
+        const l3d_mem_breakdown_t *e = &got->stage_estimate[r], *m = &got->mem[r];
+        cr_expect(e->params == m->params && e->grads == m->grads && e->optim == m->optim &&
+                  e->acts == m->acts && e->host_params == m->host_params &&
+                  e->host_grads == m->host_grads && e->host_optim == m->host_optim &&
+                  e->host_acts == m->host_acts,
+                  "%s: rank %d allocated params %zu grads %zu optim %zu acts %zu (host %zu %zu "
+                  "%zu %zu), its stage's estimate %zu %zu %zu %zu (%zu %zu %zu %zu)", name, r,
+                  m->params, m->grads, m->optim, m->acts, m->host_params, m->host_grads,
+                  m->host_optim, m->host_acts, e->params, e->grads, e->optim, e->acts,
+                  e->host_params, e->host_grads, e->host_optim, e->host_acts);
+    }
 }
 
 void compare(const layout_t *L) {

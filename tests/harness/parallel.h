@@ -59,6 +59,9 @@ typedef struct result {
     size_t optim_in_use[MAXR], host_in_use[MAXR][3];  // "optim"; "host_params/grads/optim"
     size_t acts_in_use[MAXR], host_acts_in_use[MAXR];  // "acts", "host_acts"
     l3d_mem_breakdown_t mem[MAXR], estimate;     // l3d_trainer_memory; rank 0's prediction
+    // the first rank of each pipeline stage (tp and dp rank 0): its stage's prediction
+    l3d_mem_breakdown_t stage_estimate[MAXR];
+    int has_stage_estimate[MAXR];
     // single-rank references only (reference_run): the float64 trajectory's final weights in
     // params[0]'s layout, losses and gradient norms, and the spread of float32 runs around it
     double *w64, loss64[STEPS], gnorm64[STEPS];
@@ -68,7 +71,7 @@ typedef struct result {
 
 // Knobs for the layouts run while set (NULL / 0: unset).
 extern char g_data[64];
-extern const int *g_lps;        // parallel.layers_per_stage
+extern const int *g_lps;        // parallel.layers_per_stage (pp x virtual stages entries)
 extern int g_layers;            // num_hidden_layers (else 3)
 extern int g_consolidated;      // train.save_consolidated
 extern int g_comm_dtype;        // communication_data_type (an l3d_dtype; -1: unset)
