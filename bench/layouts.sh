@@ -172,7 +172,8 @@ for lay in "${LAYOUTS[@]}"; do
   [ "$5" = 3d ] && mb=4
   run "$tmp/plan.json" "$L3D" plan --config "$c" --gpus "$n" --gpu measured --gpu-threads 1 \
     --intra "$links" --seq 64 --global-batch 8 \
-    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=$mb,zero=$z,recompute=none,sp=0,tp_mode=$mode" \
+    --layout "dp=$dp,tp=$tp,pp=$pp,cp=1,v=$v,mb=$mb,zero=$z,recompute=none,sp=0,ends=0,\
+tp_mode=$mode" \
     --top 1 --json
   plan[$lay]=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1]))[0]; b=r["comm_bytes"]
 print(b["tp"], b["dp"], b["pp"], r["step_time_s"])' "$tmp/plan.json" 2>/dev/null)

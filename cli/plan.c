@@ -36,7 +36,7 @@ static l3d_status load_model(l3d_ctx_t *ctx, const char *v, l3d_model_config_t *
 // not skipped or silently won by the last (tp=8,tp=4 would plan tp 4).
 static int parse_layout(const char *spec, l3d_plan_layout_t *f) {
     static const char *const keys[] = {"dp", "tp", "pp", "cp", "v", "mb", "zero", "sp",
-                                       "recompute", "tp_mode"};
+                                       "ends", "recompute", "tp_mode"};
     char buf[512];
     if (strlen(spec) >= sizeof(buf)) {
         fprintf(stderr, "l3d plan: --layout: longer than %zu characters\n", sizeof(buf) - 1);
@@ -64,7 +64,7 @@ static int parse_layout(const char *spec, l3d_plan_layout_t *f) {
         while (ki < (int)(sizeof(keys) / sizeof(keys[0])) && strcmp(k, keys[ki])) ki++;
         if (ki == (int)(sizeof(keys) / sizeof(keys[0]))) {
             fprintf(stderr, "l3d plan: --layout: unknown key '%s' (keys: dp, tp, pp, cp, v, mb, "
-                    "zero, recompute, sp, tp_mode)\n", k);
+                    "zero, recompute, sp, ends, tp_mode)\n", k);
             return -1;
         }
         if (seen[ki]++) {
@@ -74,9 +74,9 @@ static int parse_layout(const char *spec, l3d_plan_layout_t *f) {
         }
         long long x = 0;
         int *ints[] = {&f->dp, &f->tp, &f->pp, &f->cp, &f->v, &f->micro_batch, &f->zero_stage,
-                       &f->sp};
-        const long long hi[] = {1 << 24, 4096, 4096, 4096, 64, 1 << 20, 3, 1};
-        if (ki < 8) {
+                       &f->sp, &f->ends};
+        const long long hi[] = {1 << 24, 4096, 4096, 4096, 64, 1 << 20, 3, 1, 1};
+        if (ki < 9) {
             char flag[32];
             snprintf(flag, sizeof(flag), "--layout %s", keys[ki]);
             if (l3d_cli_int("plan", flag, v, ki >= 6 ? 0 : 1, hi[ki], &x)) return -1;
@@ -152,10 +152,10 @@ static json_t *result_json(const l3d_plan_result_t *r) {
     const l3d_plan_layout_t *l = &r->layout;
     char mode[8];
     snprintf(mode, sizeof(mode), "%dd", l->tp_mode);
-    json_t *lay = json_pack("{s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:b}", "dp", l->dp,
-                            "tp", l->tp, "pp", l->pp, "cp", l->cp, "tp_mode", mode, "v", l->v,
-                            "mb", l->micro_batch, "zero", l->zero_stage, "recompute",
-                            k_rc[l->recompute], "sp", l->sp);
+    json_t *lay = json_pack("{s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:b, s:b}", "dp",
+                            l->dp, "tp", l->tp, "pp", l->pp, "cp", l->cp, "tp_mode", mode, "v",
+                            l->v, "mb", l->micro_batch, "zero", l->zero_stage, "recompute",
+                            k_rc[l->recompute], "sp", l->sp, "ends", l->ends == 1);
     json_t *bytes = json_object(), *secs = json_object();
     for (int g = 0; g < L3D_PLAN_GROUPS; g++) {
         json_object_set_new(bytes, k_groups[g], json_integer((json_int_t)r->comm_bytes[g]));
@@ -179,10 +179,10 @@ static void print_table(const l3d_plan_result_t *res, int n) {
         const l3d_plan_result_t *r = &res[i];
         const l3d_plan_layout_t *l = &r->layout;
         char lay[160];
-        snprintf(lay, sizeof(lay), "dp=%d tp=%d%s pp=%d cp=%d v=%d mb=%d zero=%d rc=%s sp=%d",
+        snprintf(lay, sizeof(lay), "dp=%d tp=%d%s pp=%d cp=%d v=%d mb=%d zero=%d rc=%s sp=%d%s",
                  l->dp, l->tp, l->tp_mode == 2 ? "(2d)" : l->tp_mode == 3 ? "(3d)" : "", l->pp,
-                 l->cp, l->v,
-                 l->micro_batch, l->zero_stage, k_rc[l->recompute], l->sp);
+                 l->cp, l->v, l->micro_batch, l->zero_stage, k_rc[l->recompute], l->sp,
+                 l->ends == 1 ? " ends" : "");
         printf("%-4d %-54s %8.2f %4s %9.3f %5.1f%% %9.0f %8.3f %8.3f %8.3f %8.3f  %.3f, %.3f\n",
                i + 1, lay, r->mem_bytes / GiB, r->fits ? "yes" : "no", r->step_time_s,
                100 * r->mfu, r->tokens_per_s_per_gpu, r->compute_s, r->bubble_s, r->comm_s[0],
@@ -219,11 +219,11 @@ static int published(l3d_ctx_t *ctx, int as_json) {
     for (int i = 0; i < n; i++) {
         const l3d_plan_layout_t *l = &rows[i].plan.layout;
         printf("%-20s %-18s %-6s %10.3f %10.3f %+7.1f%%  dp=%d tp=%d pp=%d cp=%d v=%d mb=%d "
-               "zero=%d rc=%s sp=%d%s\n",
+               "zero=%d rc=%s sp=%d%s%s\n",
                rows[i].source, rows[i].name, rows[i].calibration ? "yes" : "no",
                rows[i].published_s, rows[i].predicted_s, 100 * rows[i].error, l->dp, l->tp,
                l->pp, l->cp, l->v, l->micro_batch, l->zero_stage, k_rc[l->recompute], l->sp,
-               rows[i].plan.fits ? "" : " (does not fit)");
+               l->ends == 1 ? " ends" : "", rows[i].plan.fits ? "" : " (does not fit)");
     }
     printf("calibration rows: mean |error| %.1f%%, max %.1f%%; held-out rows: mean %.1f%%, "
            "max %.1f%%\n", 100 * cm, 100 * cx, 100 * hm, 100 * hx);
@@ -251,8 +251,8 @@ int l3d_cmd_plan(int argc, char **argv) {
          "bench files", &inter, 0},
         {"--seq", "T", "tokens per sequence", &seq, 0},
         {"--global-batch", "B", "sequences per optimizer step", &batch, 0},
-        {"--layout", "K=V,...", "fix keys (dp, tp, pp, cp, v, mb, zero, recompute, sp, tp_mode); "
-         "the rest are searched", &layout, 0},
+        {"--layout", "K=V,...", "fix keys (dp, tp, pp, cp, v, mb, zero, recompute, sp, ends, "
+         "tp_mode); the rest are searched", &layout, 0},
         {"--top", "K", "layouts to print (default 5)", &top, 0},
         {"--json", NULL, "a JSON list instead of the table", &as_json, 1},
         {"--published", NULL, "plan the published runs and print the model's error on them",

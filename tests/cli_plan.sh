@@ -64,6 +64,17 @@ assert times == sorted(times), times
 EOF
 then ok "json"; else fail "json" "$tmp/p.json" "$tmp/err"; fi
 
+# ends=1 (the embedding and the head as layers of the pipeline split) stays fixed and is
+# reported; ends takes 0 or 1
+"$L3D" plan "${base[@]}" --layout pp=2,ends=1 --top 2 --json >"$tmp/e.json" 2>"$tmp/err"
+if python3 - "$tmp/e.json" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+assert rows and all(r["layout"]["ends"] is True and r["layout"]["pp"] == 2 for r in rows), rows
+EOF
+then ok "ends"; else fail "ends" "$tmp/e.json" "$tmp/err"; fi
+usage "ends value" "--layout ends" "${base[@]}" --layout ends=2
+
 # --published: the calibration summary (the goals are asserted in tests/test_plan.c)
 "$L3D" plan --published >"$tmp/out" 2>"$tmp/err"
 if [ $? -eq 0 ] && grep -qE "^calibration rows: mean \|error\| [0-9.]+%, max [0-9.]+%" "$tmp/out" &&

@@ -24,7 +24,7 @@ static void plan_equals_run(layout_t L, int v) {
     req.seq_len = cfg->seq_len;
     req.global_batch = cfg->train_batch_size;
     l3d_plan_layout_t lay = {L.dp, L.tp, L.pp, 1, 1, v, cfg->micro_batch_size, L.zero,
-                             L.recompute ? L3D_RECOMPUTE_FULL : L3D_RECOMPUTE_NONE, L.sp};
+                             L.recompute ? L3D_RECOMPUTE_FULL : L3D_RECOMPUTE_NONE, L.sp, 0};
     l3d_plan_result_t pr;
     l3d_status st = l3d_plan_evaluate(ctx, &req, &lay, &pr);
     cr_assert(st == L3D_OK, "evaluate: %s", l3d_ctx_last_error(ctx));

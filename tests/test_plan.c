@@ -46,7 +46,7 @@ Test(plan, flops_reproduce_published_mfu) {
         req.seq_len = 2048;
         req.global_batch = k[i].batch;
         // the count alone: evaluate any valid layout and read its FLOPs back from its MFU
-        l3d_plan_layout_t lay = {1, 8, k[i].gpus / 8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_FULL, 0};
+        l3d_plan_layout_t lay = {1, 8, k[i].gpus / 8, 1, 1, 1, 1, 0, L3D_RECOMPUTE_FULL, 0, 0};
         if (k[i].batch == 4) lay.micro_batch = 4;
         l3d_plan_result_t r;
         cr_assert(l3d_plan_evaluate(ctx, &req, &lay, &r) == L3D_OK, "%s", l3d_ctx_last_error(ctx));
@@ -184,12 +184,12 @@ Test(plan, search_contract) {
     cr_assert(l3d_plan_search(ctx, &req, res, 1, &n, NULL) == L3D_ERR_INVALID_ARG);
     req.fixed.tp_mode = 1;
     req.fixed.tp = 8;
-    l3d_plan_layout_t bad = {3, 8, 1, 1, 1, 1, 1, 1, 0, 0};
+    l3d_plan_layout_t bad = {3, 8, 1, 1, 1, 1, 1, 1, 0, 0, 0};
     cr_assert(l3d_plan_evaluate(ctx, &req, &bad, res) == L3D_ERR_INVALID_ARG);
     cr_assert(strstr(l3d_ctx_last_error(ctx), "does not make 64 GPUs"), "%s",
               l3d_ctx_last_error(ctx));
     // tp 3 does not divide the 64 heads: the trainer's own check says so
-    l3d_plan_layout_t tp3 = {1, 3, 1, 1, 1, 1, 1, 0, 0, 0};
+    l3d_plan_layout_t tp3 = {1, 3, 1, 1, 1, 1, 1, 0, 0, 0, 0};
     req.gpus = 3;
     cr_assert(l3d_plan_evaluate(ctx, &req, &tp3, res) == L3D_ERR_CONFIG);
 }

@@ -17,10 +17,11 @@
 
 const char *l3d_plan_layout_str(const l3d_plan_layout_t *l, char *buf, size_t cap) {
     static const char *const rc[] = {"none", "selective", "full"};
-    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,v=%d,mb=%d,zero=%d,recompute=%s,sp=%d%s", l->dp,
-             l->tp, l->pp, l->cp, l->v, l->micro_batch, l->zero_stage,
+    snprintf(buf, cap, "dp=%d,tp=%d,pp=%d,cp=%d,v=%d,mb=%d,zero=%d,recompute=%s,sp=%d%s%s",
+             l->dp, l->tp, l->pp, l->cp, l->v, l->micro_batch, l->zero_stage,
              rc[l->recompute >= 0 && l->recompute <= 2 ? l->recompute : 0], l->sp,
-             l->tp_mode == 2 ? ",tp_mode=2d" : l->tp_mode == 3 ? ",tp_mode=3d" : "");
+             l->tp_mode == 2 ? ",tp_mode=2d" : l->tp_mode == 3 ? ",tp_mode=3d" : "",
+             l->ends == 1 ? ",ends=1" : "");
     return buf;
 }
 
@@ -159,6 +160,17 @@ static l3d_status layout_config(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     cfg->tp_mode = l->tp_mode;
     cfg->virtual_stages = l->v;
     cfg->n_layers_per_stage = 0;  // balanced stages
+    if (l->ends == 1 && l->pp > 1) {
+        // The embedding and the head count as a layer each: L + 2 places over U virtual
+        // stages (the first (L + 2) % U one more), the first and the last one less.
+        int U = l->pp * l->v, places = r->model.num_hidden_layers + 2;
+        if (U > places || U > (int)L3D_ARRAY_LEN(cfg->layers_per_stage))
+            return l3d_error(ctx, L3D_ERR_CONFIG, "plan: %d virtual stages for %d layers, the "
+                             "embedding and the head", U, places - 2);
+        for (int u = 0; u < U; u++)
+            cfg->layers_per_stage[u] = places / U + (u < places % U) - (u == 0) - (u == U - 1);
+        cfg->n_layers_per_stage = U;
+    }
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", l->v > 1 ? "interleaved" : "1f1b");
     if (r->global_batch % (l->dp * l->micro_batch))
         return l3d_error(ctx, L3D_ERR_CONFIG, "plan: global batch %d is not a multiple of dp %d "
@@ -176,7 +188,8 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     char ls[160];
     if (l->dp < 1 || l->tp < 1 || l->pp < 1 || l->cp < 1 || l->v < 1 || l->micro_batch < 1 ||
         l->zero_stage < 0 || l->zero_stage > 3 || l->recompute < 0 || l->recompute > 2 ||
-        l->sp < 0 || l->sp > 1 || (long)l->dp * l->tp * l->pp * l->cp != r->gpus)
+        l->sp < 0 || l->sp > 1 || l->ends < 0 || l->ends > 1 ||
+        (long)l->dp * l->tp * l->pp * l->cp != r->gpus)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "plan: layout %s does not make %d GPUs",
                          l3d_plan_layout_str(l, ls, sizeof(ls)), r->gpus);
     if (l->tp_mode < 1 || l->tp_mode > 3)
@@ -186,26 +199,38 @@ l3d_status l3d_plan_evaluate_in(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     memset(res, 0, sizeof(*res));
     res->layout = *l;
 
-    l3d_mem_breakdown_t mem;
-    l3d_train_config_memory(cfg, &mem);
-    res->mem_params = (double)mem.params, res->mem_grads = (double)mem.grads;
-    res->mem_optim = (double)mem.optim, res->mem_acts = (double)mem.acts;
-    res->mem_bytes = res->mem_params + res->mem_grads + res->mem_optim + res->mem_acts;
+    // Memory: the stage that needs the most. Stage 0 has the embedding, the last the head and
+    // its logits; between them a stage holds no more layers (the split gives the first ones
+    // more; ends takes one from stage 0 alone) and no more micro-batches in flight (the
+    // warm-up shrinks with the stage) than stage 1, so stages 0, 1 and pp - 1 decide.
+    int cand[3] = {0, 1, l->pp - 1};
+    for (int i = 0; i < (l->pp < 3 ? l->pp : 3); i++) {
+        int s = cand[i];
+        l3d_mem_breakdown_t mem;
+        l3d_train_config_memory_stage(cfg, s, &mem);
+        double total = (double)mem.params + (double)mem.grads + (double)mem.optim +
+                       (double)mem.acts;
+        if (s && total <= res->mem_bytes) continue;
+        res->mem_params = (double)mem.params, res->mem_grads = (double)mem.grads;
+        res->mem_optim = (double)mem.optim, res->mem_acts = (double)mem.acts;
+        res->mem_bytes = total;
+    }
     res->fits = res->mem_bytes <= r->gpu.mem_bytes - r->mem_reserve;
 
     // Compute of one micro-batch on a stage: its layers (an uneven split gives the first
     // stages one more), the last stage adds the head. The busiest stage sets the pace.
-    l3d_model_t m0 = {0}, ml = {0};
-    l3d_model_set_dims_tp(&m0, &r->model, l->tp, 0);
-    l3d_model_set_stage(&m0, l->pp, l->v, 0, l3d_train_config_lps(cfg));
-    l3d_model_set_dims_tp(&ml, &r->model, l->tp, 0);
-    l3d_model_set_stage(&ml, l->pp, l->v, l->pp - 1, l3d_train_config_lps(cfg));
-    int Ls = m0.L;
     double es = (double)l3d_dtype_size(l3d_train_config_act_dtype(cfg));
     layer_time_t lt = layer_time(r, l, es);
-    double per_layer = lt.fwd + lt.bwd + lt.rc;
-    double c_first = Ls * per_layer, c_last = ml.L * per_layer + head_time(r, l);
-    double c_max = fmax(c_first, c_last);
+    double per_layer = lt.fwd + lt.bwd + lt.rc, c_first = 0, c_max = 0;
+    int Ls = 0;
+    for (int s = 0; s < l->pp; s++) {
+        l3d_model_t ms = {0};
+        l3d_model_set_dims_tp(&ms, &r->model, l->tp, 0);
+        l3d_model_set_stage(&ms, l->pp, l->v, s, l3d_train_config_lps(cfg));
+        double c = ms.L * per_layer + (s == l->pp - 1 ? head_time(r, l) : 0);
+        if (!s) c_first = ms.L * per_layer, Ls = ms.L;
+        c_max = fmax(c_max, c);
+    }
     // the average stage: L layers over pp, and the head once
     double c_stage = (r->model.num_hidden_layers * per_layer + head_time(r, l)) / l->pp;
 

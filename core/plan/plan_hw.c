@@ -224,5 +224,5 @@ void l3d_plan_request_default(l3d_plan_request_t *req) {
     l3d_plan_runtime_default(&req->runtime);
     req->gpus_per_node = 8;
     req->mem_reserve = 2 * GiB;
-    req->fixed.zero_stage = req->fixed.recompute = req->fixed.sp = -1;
+    req->fixed.zero_stage = req->fixed.recompute = req->fixed.sp = req->fixed.ends = -1;
 }

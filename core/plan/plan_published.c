@@ -131,8 +131,10 @@ l3d_status l3d_plan_published(l3d_ctx_t *ctx, const l3d_plan_runtime_t *rt,
         req.gpus = p->dp * p->tp * p->pp * p->cp;
         req.seq_len = p->seq;
         req.global_batch = p->batch;
-        req.fixed = (l3d_plan_layout_t){p->dp, p->tp, p->pp, p->cp, 1, p->v, p->mb, cal ? 0 : -1,
-                                        p->recompute, p->sp};
+        // Llama 3 counts the embedding and the head as layers of its pipeline split (its
+        // section 3.3.2); Megatron-LM 2021-22 split the layers alone.
+        req.fixed = (l3d_plan_layout_t){p->dp, p->tp, p->pp, p->cp, 1,          p->v,
+                                        p->mb, cal ? 0 : -1, p->recompute, p->sp, !cal};
         l3d_plan_published_t *row = &rows[n];
         memset(row, 0, sizeof(*row));
         row->source = p->source;

@@ -68,11 +68,12 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
     int div[MAXD], nd = divisors(req->gpus, div, MAXD);
     int mbc[] = {1, 2, 4, 8, 16, 32}, vc[] = {1, 2, 3, 4, 6, 8}, zc[] = {0, 1, 2, 3};
     int rcc[] = {L3D_RECOMPUTE_NONE, L3D_RECOMPUTE_FULL, L3D_RECOMPUTE_SELECTIVE}, spc[] = {0, 1};
-    int mbs[8], vs[8], zs[4], rcs[3], sps[2];
+    int mbs[8], vs[8], zs[4], rcs[3], sps[2], ec[] = {0, 1}, es[2];
     int nmb = values(f->micro_batch, 0, mbc, 6, mbs), nv = values(f->v, 0, vc, 6, vs);
     int nz = values(f->zero_stage, -1, zc, 4, zs), nsp = values(f->sp, -1, spc, 2, sps);
     // Selective recomputation only recomputes stored scores: with flash attention it is "none".
     int nrc = values(f->recompute, -1, rcc, req->runtime.flash_attention ? 2 : 3, rcs);
+    int ne = values(f->ends, -1, ec, 2, es);
     top_t top = {res, max, 0, req->ignore_fit};
     long searched = 0;
     char why[512] = "";
@@ -97,10 +98,13 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
                     continue;
                 int dp = (int)(req->gpus / tcp);
                 if (f->dp && dp != f->dp) continue;
-                for (int i = 0; i < nv; i++) {
+                for (int i = 0; i < nv * ne; i++) {
                     // chunks may be uneven (l3d_model_set_stage gives the first virtual
-                    // stages one more layer); the trainer's checks refuse what it cannot run
-                    if (vs[i] > 1 && (pp == 1 || pp * vs[i] > req->model.num_hidden_layers))
+                    // stages one more layer); the trainer's checks refuse what it cannot run.
+                    // The embedding and the head as layers (ends): a pipeline's choice.
+                    int v = vs[i % nv], ends = es[i / nv];
+                    if ((v > 1 && pp == 1) || (ends && pp == 1) ||
+                        pp * v > req->model.num_hidden_layers + 2 * ends)
                         continue;
                     for (int j = 0; j < nmb; j++) {
                         if (req->global_batch % (dp * mbs[j])) continue;
@@ -109,9 +113,9 @@ l3d_status l3d_plan_search(l3d_ctx_t *ctx, const l3d_plan_request_t *req, l3d_pl
                             for (int k = 0; k < nrc; k++)
                                 for (int s = 0; s < nsp; s++) {
                                     if (sps[s] && (tp == 1 || mode >= 2) && f->sp < 0) continue;
-                                    l3d_plan_layout_t l = {dp,     tp,       pp,     cp,
-                                                           mode,   vs[i],    mbs[j], zs[z],
-                                                           rcs[k], sps[s] && tp > 1};
+                                    l3d_plan_layout_t l = {dp,     tp,     pp,     cp,
+                                                           mode,   v,      mbs[j], zs[z],
+                                                           rcs[k], sps[s] && tp > 1, ends};
                                     l3d_plan_result_t r;
                                     if (l3d_plan_evaluate_in(ctx, req, &l, sc, &r) < 0) {
                                         if (!why[0])

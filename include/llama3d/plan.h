@@ -69,7 +69,8 @@ typedef struct l3d_plan_runtime {
 
 enum { L3D_RECOMPUTE_NONE = 0, L3D_RECOMPUTE_SELECTIVE = 1, L3D_RECOMPUTE_FULL = 2 };
 
-// One layout. In a request's `fixed`, 0 (-1 for zero_stage, recompute, sp) means "search".
+// One layout. In a request's `fixed`, 0 (-1 for zero_stage, recompute, sp, ends) means
+// "search".
 typedef struct l3d_plan_layout {
     int dp, tp, pp, cp;  // data, tensor, pipeline, context parallel sizes
     int tp_mode;         // 1 ("1d", Megatron), 2 ("2d" SUMMA grid), 3 ("3d" cube); a
@@ -79,6 +80,9 @@ typedef struct l3d_plan_layout {
     int zero_stage;      // 0..3
     int recompute;       // L3D_RECOMPUTE_*
     int sp;              // sequence parallelism (tp > 1)
+    int ends;            // pp > 1: 1 = the embedding and the head each take a layer's place in
+                         // the split over the pp x v virtual stages (parallel.layers_per_stage;
+                         // Llama 3's balancing), 0 = the layers split evenly
 } l3d_plan_layout_t;
 
 typedef struct l3d_plan_request {
