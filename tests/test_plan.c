@@ -77,6 +77,15 @@ Test(plan, calibration_error_within_goals) {
     cr_assert(cal == 19 && held == 3, "rows: %d calibration, %d held out", cal, held);
     cr_assert(cm <= 0.05 && cx <= 0.10, "calibration: mean |error| %.2f%%, max %.2f%%", 100 * cm,
               100 * cx);
+    // The held-out Llama 3 rows (never fitted on; issue 27's goal: each within 10% once Meta's
+    // layouts fit), the 8K ones without recomputation as the paper ran them.
+    cr_assert(hx <= 0.10, "held out: max |error| %.2f%% (mean %.2f%%)", 100 * hx, 100 * hm);
+    for (int i = 0; i < n; i++)
+        if (!rows[i].calibration && !strstr(rows[i].name, "128K"))
+            cr_assert(rows[i].plan.layout.recompute == L3D_RECOMPUTE_NONE &&
+                      rows[i].plan.layout.ends == 1, "%s: planned with recomputation %d, "
+                      "ends %d", rows[i].name, rows[i].plan.layout.recompute,
+                      rows[i].plan.layout.ends);
     // Narayanan et al. 2021 Table 1, 1T row: 96 B s l h^2 (1 + s/6h + V/16lh) at 163 TFLOP/s
     // on 3072 GPUs is the time the row is compared with.
     double B = 3072, s = 2048, l = 128, h = 25600, V = 51200;

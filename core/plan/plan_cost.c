@@ -39,10 +39,14 @@ double l3d_plan_model_flops_per_token(const l3d_model_config_t *mc, int seq_len)
 
 // ---- compute -----------------------------------------------------------------------------
 
-// A (m,k) x (k,n) product: 2mnk FLOPs at gemm_eff of the peak. (An efficiency rising with
-// the smallest dimension, x / (x + x0), was fitted too: the published runs put x0 at 0.)
+// A GPU's kernel share over the A100's (l3d_plan_gpu_t; 0: 1).
+static double rel(double x) { return x > 0 ? x : 1; }
+
+// A (m,k) x (k,n) product: 2mnk FLOPs at gemm_eff of the peak, scaled to the GPU. (An
+// efficiency rising with the smallest dimension, x / (x + x0), was fitted too: the published
+// runs put x0 at 0.)
 static double gemm_s(const l3d_plan_request_t *r, double m, double n, double k) {
-    return 2 * m * n * k / (r->gpu.peak_flops * r->runtime.gemm_eff);
+    return 2 * m * n * k / (r->gpu.peak_flops * r->runtime.gemm_eff * rel(r->gpu.gemm_rel));
 }
 
 // One layer, one micro-batch, one tensor-parallel rank, seconds.
@@ -67,7 +71,7 @@ static layer_time_t layer_time(const l3d_plan_request_t *r, const l3d_plan_layou
     double af = 4 * n * T * (H / t) * D, attn, attn_bwd;
     int flash = r->runtime.flash_attention;
     if (flash) {
-        attn = 0.5 * af / (r->gpu.peak_flops * r->runtime.attn_eff);
+        attn = 0.5 * af / (r->gpu.peak_flops * r->runtime.attn_eff * rel(r->gpu.attn_rel));
         attn_bwd = 2.5 * attn;  // the backward recomputes the scores: 2.5x the forward's FLOPs
     } else {
         attn = gemm_s(r, n * H / t, T, D) * 2;  // QK^T and AV: af in all

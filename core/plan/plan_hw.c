@@ -15,12 +15,25 @@
 
 // NVIDIA's data sheets: dense bf16 tensor-core peak (half the "with sparsity" figure), memory
 // and its bandwidth (SXM parts).
+// The share of that peak kernels reach is lower on Hopper than on the A100 the runtime
+// constants were fitted on (l3d_plan_runtime_default), so each GPU scales them:
+// - GEMM: the maximum achievable matmul FLOPS of bf16 matmuls over a search of shapes
+//   (S. Bekman, "Machine Learning Engineering", compute/accelerator, MAMF table, CUDA 12):
+//   A100 SXM 85.9% of peak, H100 SXM 80.1%, GH200 83.0%; H200 (the same GH100 die at the same
+//   700 W, no row there) as the H100.
+// - Attention: FlashAttention-2's best forward utilisation, 73% on the A100 (Dao 2023,
+//   arXiv 2307.08691) and 35% on the H100 (Shah et al. 2024, FlashAttention-3, arXiv
+//   2407.08608: FlashAttention-2 "achieving only 35% utilization on the H100"); every Hopper
+//   part as the H100. (The runtime's attn_eff is FlashAttention-2 on the A100.)
+#define H100_GEMM (80.1 / 85.9)
+#define GH200_GEMM (83.0 / 85.9)
+#define HOPPER_ATTN (35.0 / 73.0)
 static const l3d_plan_gpu_t k_gpus[] = {
-    {"h100-sxm", 989.4e12, 80 * GiB, 3.35e12},
-    {"h200-sxm", 989.4e12, 141e9, 4.8e12},
-    {"a100-80gb", 312e12, 80 * GiB, 2.039e12},
-    {"a100-40gb", 312e12, 40 * GiB, 1.555e12},
-    {"gh200", 989.4e12, 96 * GiB, 4.0e12},
+    {"h100-sxm", 989.4e12, 80 * GiB, 3.35e12, H100_GEMM, HOPPER_ATTN},
+    {"h200-sxm", 989.4e12, 141e9, 4.8e12, H100_GEMM, HOPPER_ATTN},
+    {"a100-80gb", 312e12, 80 * GiB, 2.039e12, 1, 1},
+    {"a100-40gb", 312e12, 40 * GiB, 1.555e12, 1, 1},
+    {"gh200", 989.4e12, 96 * GiB, 4.0e12, GH200_GEMM, HOPPER_ATTN},
 };
 static const char *const k_gpu_names[] = {"h100-sxm", "a100-80gb", "a100-40gb", "h200-sxm",
                                           "gh200", NULL};

@@ -21,12 +21,17 @@
 extern "C" {
 #endif
 
-// One accelerator: dense 16-bit peak, memory and its bandwidth.
+// One accelerator: dense 16-bit peak, memory and its bandwidth, and how close kernels come to
+// that peak on it compared with the A100 that l3d_plan_runtime_t's efficiencies were fitted
+// on (published measurements, core/plan/plan_hw.c; 0 means 1, as on an A100 or a measured
+// peak).
 typedef struct l3d_plan_gpu {
     char name[32];
     double peak_flops;  // FLOP/s, bf16/fp16 dense (the MFU roof)
     double mem_bytes;   // device memory, bytes
     double mem_bw;      // device memory bandwidth, bytes/s
+    double gemm_rel;    // a GEMM's best share of peak_flops over the A100's
+    double attn_rel;    // flash attention's best share of peak_flops over the A100's
 } l3d_plan_gpu_t;
 
 // The operations a link is measured or modelled for (l3d_plan_link_t.alpha/beta index).
