@@ -148,7 +148,7 @@ static l3d_status get_link(l3d_ctx_t *ctx, const char *v, l3d_plan_link_t *link)
 
 // ---- output ------------------------------------------------------------------------------
 
-static json_t *result_json(const l3d_plan_result_t *r) {
+static json_t *result_json(const l3d_model_config_t *mc, const l3d_plan_result_t *r) {
     const l3d_plan_layout_t *l = &r->layout;
     char mode[8];
     snprintf(mode, sizeof(mode), "%dd", l->tp_mode);
@@ -156,6 +156,13 @@ static json_t *result_json(const l3d_plan_result_t *r) {
                             l->dp, "tp", l->tp, "pp", l->pp, "cp", l->cp, "tp_mode", mode, "v",
                             l->v, "mb", l->micro_batch, "zero", l->zero_stage, "recompute",
                             k_rc[l->recompute], "sp", l->sp, "ends", l->ends == 1);
+    // the config key that trains it (ds_config's "parallel": {"layers_per_stage": [...]})
+    int lps[512], n = l3d_plan_layers_per_stage(mc, l, lps, 512);
+    if (n > 0) {
+        json_t *arr = json_array();
+        for (int i = 0; i < n; i++) json_array_append_new(arr, json_integer(lps[i]));
+        json_object_set_new(lay, "layers_per_stage", arr);
+    }
     json_t *bytes = json_object(), *secs = json_object();
     for (int g = 0; g < L3D_PLAN_GROUPS; g++) {
         json_object_set_new(bytes, k_groups[g], json_integer((json_int_t)r->comm_bytes[g]));
@@ -199,7 +206,7 @@ static int published(l3d_ctx_t *ctx, int as_json) {
     if (as_json) {
         json_t *arr = json_array();
         for (int i = 0; i < n; i++) {
-            json_t *o = result_json(&rows[i].plan);
+            json_t *o = result_json(&rows[i].model, &rows[i].plan);
             json_object_set_new(o, "source", json_string(rows[i].source));
             json_object_set_new(o, "run", json_string(rows[i].name));
             json_object_set_new(o, "calibration", json_boolean(rows[i].calibration));
@@ -342,7 +349,7 @@ int l3d_cmd_plan(int argc, char **argv) {
     if ((st = l3d_plan_search(ctx, &req, res, (int)ntop, &n, &searched)) < 0) goto fail;
     if (as_json) {
         json_t *arr = json_array();
-        for (int i = 0; i < n; i++) json_array_append_new(arr, result_json(&res[i]));
+        for (int i = 0; i < n; i++) json_array_append_new(arr, result_json(&req.model, &res[i]));
         char *s = json_dumps(arr, JSON_INDENT(1));
         json_decref(arr);
         if (s) printf("%s\n", s);

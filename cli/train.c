@@ -63,6 +63,22 @@ void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown
     fflush(stdout);
 }
 
+void l3d_train_print_largest_stage(const l3d_train_config_t *c, const l3d_mem_breakdown_t *m0) {
+    double MiB = 1024.0 * 1024.0, top = (double)m0->params + m0->grads + m0->optim + m0->acts;
+    int best = 0;
+    l3d_mem_breakdown_t e, b = *m0;
+    for (int s = 1; s < c->pp; s++) {
+        l3d_train_config_memory_stage(c, s, &e);
+        double t = (double)e.params + e.grads + e.optim + e.acts;
+        if (t > top) top = t, best = s, b = e;
+    }
+    if (!best) return;  // (rank 0's stage needs the most: the line above says it)
+    printf("memory of pipeline stage %d, the largest: parameters %.2f MiB, gradients %.2f MiB, "
+           "optimizer %.2f MiB, activations %.2f MiB, total %.2f MiB on device %s\n", best,
+           b.params / MiB, b.grads / MiB, b.optim / MiB, b.acts / MiB, top / MiB, c->device);
+    fflush(stdout);
+}
+
 void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads) {
     const l3d_model_config_t *m = &c->model;
     double np = (double)l3d_model_config_num_params(m);
@@ -348,10 +364,19 @@ int l3d_cmd_train(int argc, char **argv) {
         cfg->num_threads = nthreads;
     }
     if (dry) {
+        // A launched rank prints its own stage's; otherwise rank 0's and the largest stage's.
+        int stage = 0, many = launched || world;
+        if (many && cfg->pp > 1) {
+            int perm[3], size[3] = {cfg->tp, cfg->dp, cfg->pp}, coord[3];
+            if ((st = l3d_mesh_order_parse(ctx, cfg->parallel_order, perm)) < 0) goto fail;
+            l3d_mesh_coords(rank, size, perm, coord);
+            stage = coord[L3D_MESH_PP];
+        }
         l3d_mem_breakdown_t mem;
-        l3d_train_config_memory(cfg, &mem);
+        l3d_train_config_memory_stage(cfg, stage, &mem);
         if (rank == 0) l3d_train_print_config(cfg, NULL, nthreads);
-        l3d_train_print_memory(cfg, &mem, 1, rank, launched || world ? nworld : 1);
+        l3d_train_print_memory(cfg, &mem, 1, rank, many ? nworld : 1);
+        if (!launched && cfg->pp > 1) l3d_train_print_largest_stage(cfg, &mem);
         rc = L3D_EXIT_OK;
         goto out;
     }

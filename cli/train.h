@@ -35,6 +35,8 @@ l3d_status l3d_train_resolve_peak(l3d_ctx_t *ctx, l3d_train_config_t *cfg, int t
 
 void l3d_train_print_config(const l3d_train_config_t *c, l3d_trainer_t *t, int threads);
 // One rank's memory line; `world` > 1 names the rank.
+// With a pipeline: the stage needing the most memory, when it is not stage 0 (m0).
+void l3d_train_print_largest_stage(const l3d_train_config_t *c, const l3d_mem_breakdown_t *m0);
 void l3d_train_print_memory(const l3d_train_config_t *c, const l3d_mem_breakdown_t *mem,
                             int estimate, int rank, int world);
 

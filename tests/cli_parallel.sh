@@ -192,6 +192,33 @@ else
   fail "interleaved precondition (exit $rc)" "$tmp/out"
 fi
 
+# Llama 3's balancing from a config file: 2 stages x 2 chunks over 4 layers as 0 (the
+# embedding alone), 1, 1, 2 (and the head). As threads, the single-rank losses; --dry-run
+# names the stage that needs the most memory (stage 1: three layers, the head, its logits).
+sed 's/"schedule": "interleaved"/"schedule": "interleaved", "layers_per_stage": [0, 1, 1, 2]/' \
+  "$tmp/il.json" >"$tmp/il.ends.json"
+"$L3D" train --config "$tmp/il.ends.json" --metrics "$tmp/ends.jsonl" >"$tmp/out" 2>&1
+if [ $? -eq 0 ] && same_losses "$tmp/ends.jsonl" "$tmp/ref.jsonl"; then
+  ok "layers_per_stage 0,1,1,2 interleaved reproduces the single rank"
+else
+  fail "layers_per_stage 0,1,1,2" "$tmp/out"
+fi
+"$L3D" train --config "$tmp/il.ends.json" --dry-run >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "^memory of pipeline stage 1, the largest: " "$tmp/out"; then
+  ok "dry run names the largest stage"
+else
+  fail "dry run largest stage (exit $rc)" "$tmp/out"
+fi
+sed 's/\[0, 1, 1, 2\]/[1, 0, 1, 2]/' "$tmp/il.ends.json" >"$tmp/il.mid0.json"
+"$L3D" train --config "$tmp/il.mid0.json" --dry-run >"$tmp/out" 2>&1
+rc=$?
+if [ $rc -eq 2 ] && grep -q "layers_per_stage\[1\] is 0" "$tmp/out"; then
+  ok "an empty middle virtual stage is refused"
+else
+  fail "empty middle virtual stage (exit $rc)" "$tmp/out"
+fi
+
 # --dry-run on one rank: dp 4 with ZeRO-1 prints a quarter of the optimizer state.
 "$L3D" train --config "$tmp/z1.json" --dp 4 --dry-run >"$tmp/out" 2>&1
 rc=$?

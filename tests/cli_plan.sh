@@ -65,12 +65,19 @@ EOF
 then ok "json"; else fail "json" "$tmp/p.json" "$tmp/err"; fi
 
 # ends=1 (the embedding and the head as layers of the pipeline split) stays fixed and is
-# reported; ends takes 0 or 1
+# reported with the layers_per_stage that trains it: pp x v counts of llama3-8b's 32 layers,
+# 34 places over the virtual stages, the first and the last one fewer; ends takes 0 or 1
 "$L3D" plan "${base[@]}" --layout pp=2,ends=1 --top 2 --json >"$tmp/e.json" 2>"$tmp/err"
 if python3 - "$tmp/e.json" <<'EOF'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 assert rows and all(r["layout"]["ends"] is True and r["layout"]["pp"] == 2 for r in rows), rows
+for r in rows:
+    l = r["layout"]
+    lps, U = l["layers_per_stage"], l["pp"] * l["v"]
+    assert len(lps) == U and sum(lps) == 32, lps
+    even = [34 // U + (u < 34 % U) for u in range(U)]
+    assert lps == [even[0] - 1] + even[1:-1] + [even[-1] - 1], lps
 EOF
 then ok "ends"; else fail "ends" "$tmp/e.json" "$tmp/err"; fi
 usage "ends value" "--layout ends" "${base[@]}" --layout ends=2

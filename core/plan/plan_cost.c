@@ -122,6 +122,19 @@ static double term_s(const l3d_plan_link_t *link, const l3d_comm_term_t *t, int 
 
 // ---- the layout as a trainer configuration -----------------------------------------------
 
+int l3d_plan_layers_per_stage(const l3d_model_config_t *mc, const l3d_plan_layout_t *l,
+                              int *lps, int max) {
+    if (l->ends != 1 || l->pp < 2) return 0;
+    // The embedding and the head count as a layer each: L + 2 places over U virtual stages
+    // (the first (L + 2) % U one more, as l3d_model_set_stage balances), the first and the
+    // last one less.
+    int U = l->pp * l->v, places = mc->num_hidden_layers + 2;
+    if (U > places || U > max) return -1;
+    for (int u = 0; u < U; u++)
+        lps[u] = places / U + (u < places % U) - (u == 0) - (u == U - 1);
+    return U;
+}
+
 // The schedule's simulation, once per (pp, v, A) in a scratch.
 static l3d_status schedule_ok(l3d_ctx_t *ctx, l3d_plan_scratch_t *sc, int pp, int v, int A) {
     if (pp == 1) return L3D_OK;
@@ -163,18 +176,11 @@ static l3d_status layout_config(l3d_ctx_t *ctx, const l3d_plan_request_t *r,
     cfg->sequence_parallel = l->sp;
     cfg->tp_mode = l->tp_mode;
     cfg->virtual_stages = l->v;
-    cfg->n_layers_per_stage = 0;  // balanced stages
-    if (l->ends == 1 && l->pp > 1) {
-        // The embedding and the head count as a layer each: L + 2 places over U virtual
-        // stages (the first (L + 2) % U one more), the first and the last one less.
-        int U = l->pp * l->v, places = r->model.num_hidden_layers + 2;
-        if (U > places || U > (int)L3D_ARRAY_LEN(cfg->layers_per_stage))
-            return l3d_error(ctx, L3D_ERR_CONFIG, "plan: %d virtual stages for %d layers, the "
-                             "embedding and the head", U, places - 2);
-        for (int u = 0; u < U; u++)
-            cfg->layers_per_stage[u] = places / U + (u < places % U) - (u == 0) - (u == U - 1);
-        cfg->n_layers_per_stage = U;
-    }
+    cfg->n_layers_per_stage = l3d_plan_layers_per_stage(&r->model, l, cfg->layers_per_stage,
+                                                        (int)L3D_ARRAY_LEN(cfg->layers_per_stage));
+    if (cfg->n_layers_per_stage < 0)
+        return l3d_error(ctx, L3D_ERR_CONFIG, "plan: %d virtual stages for %d layers, the "
+                         "embedding and the head", l->pp * l->v, r->model.num_hidden_layers);
     snprintf(cfg->pp_schedule, sizeof(cfg->pp_schedule), "%s", l->v > 1 ? "interleaved" : "1f1b");
     if (r->global_batch % (l->dp * l->micro_batch))
         return l3d_error(ctx, L3D_ERR_CONFIG, "plan: global batch %d is not a multiple of dp %d "

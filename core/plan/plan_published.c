@@ -142,6 +142,7 @@ l3d_status l3d_plan_published(l3d_ctx_t *ctx, const l3d_plan_runtime_t *rt,
         row->source = p->source;
         row->name = p->name;
         row->calibration = cal;
+        row->model = req.model;
         int got = 0;
         L3D_CHECK(ctx, l3d_plan_search(ctx, &req, &row->plan, 1, &got, NULL));
         row->published_s = row_time(p, &req.model, req.gpus);

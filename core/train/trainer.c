@@ -35,14 +35,38 @@ static void mib_or_gib(char *out, size_t cap, uint64_t b) {
 // (device_index 0), so they count together; every rank checks before the mesh is built,
 // which no rank passes until all have checked, so no rank has allocated when another one
 // compares.
+static uint64_t mem_dev(const l3d_mem_breakdown_t *m) {
+    return (uint64_t)m->params + m->grads + m->optim + m->acts;
+}
+static uint64_t mem_host(const l3d_mem_breakdown_t *m) {
+    return (uint64_t)m->host_params + m->host_grads + m->host_optim + m->host_acts;
+}
+
 static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                                      l3d_comm_t *world, const l3d_device_t *dev) {
-    l3d_mem_breakdown_t m;
-    l3d_train_config_memory(cfg, &m);
-    uint64_t on_dev = (uint64_t)m.params + m.grads + m.optim + m.acts;
-    uint64_t on_host = (uint64_t)m.host_params + m.host_grads + m.host_optim + m.host_acts;
     int threads = world && !strcmp(l3d_comm_transport_name(world), "local") ? l3d_comm_size(world)
                                                                             : 1;
+    // This rank's pipeline stage (its mesh coordinate; stages differ in layers, embedding and
+    // head, and in the micro-batches they keep).
+    int stage = 0;
+    if (world && threads == 1 && cfg->pp > 1) {
+        int perm[3], size[3] = {cfg->tp, cfg->dp, cfg->pp}, coord[3];
+        L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
+        l3d_mesh_coords(l3d_comm_rank(world), size, perm, coord);
+        stage = coord[L3D_MESH_PP];
+    }
+    l3d_mem_breakdown_t m;
+    l3d_train_config_memory_stage(cfg, stage, &m);
+    uint64_t on_dev = mem_dev(&m) * (uint64_t)threads, on_host = mem_host(&m) * (uint64_t)threads;
+    if (threads > 1 && cfg->pp > 1) {  // every stage's tp x dp ranks are threads here
+        on_dev = on_host = 0;
+        for (int s = 0; s < cfg->pp; s++) {
+            l3d_mem_breakdown_t e;
+            l3d_train_config_memory_stage(cfg, s, &e);
+            on_dev += mem_dev(&e) * (uint64_t)(cfg->tp * cfg->dp);
+            on_host += mem_host(&e) * (uint64_t)(cfg->tp * cfg->dp);
+        }
+    }
     char p[32], g[32], o[32], a[32], what[320];
     mib_or_gib(p, sizeof(p), m.params);
     mib_or_gib(g, sizeof(g), m.grads);
@@ -51,20 +75,22 @@ static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *c
     int n = snprintf(what, sizeof(what), "training %s", cfg->model_source[0] ? cfg->model_source
                                                                               : cfg->model.name);
     if (threads > 1)
-        n += snprintf(what + n, sizeof(what) - (size_t)n, " as %d ranks in this process, each",
-                      threads);
+        n += snprintf(what + n, sizeof(what) - (size_t)n, " as %d ranks in this process, %s",
+                      threads, cfg->pp > 1 ? "rank 0" : "each");
+    else if (stage)
+        n += snprintf(what + n, sizeof(what) - (size_t)n, ", pipeline stage %d", stage);
     snprintf(what + n, sizeof(what) - (size_t)n, " (parameters %s, gradients %s, optimizer %s, "
              "activations %s)", p, g, o, a);
     uint64_t free_b, total_b;
     if (l3d_dev_mem_info(dev, &free_b, &total_b) < 0)
-        return l3d_mem_check(ctx, (on_dev + on_host) * (uint64_t)threads, what);
+        return l3d_mem_check(ctx, on_dev + on_host, what);
     char src[96];
     snprintf(src, sizeof(src), "free memory of device %s", dev->ops->name);
-    L3D_CHECK(ctx, l3d_mem_check_with(ctx, on_dev * (uint64_t)threads, free_b, src, what));
+    L3D_CHECK(ctx, l3d_mem_check_with(ctx, on_dev, free_b, src, what));
     if (!on_host) return L3D_OK;
     snprintf(what, sizeof(what), "its offloaded part (host memory)%s",
              threads > 1 ? ", for every rank in this process" : "");
-    return l3d_mem_check(ctx, on_host * (uint64_t)threads, what);
+    return l3d_mem_check(ctx, on_host, what);
 }
 
 l3d_status l3d_trainer_create(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,

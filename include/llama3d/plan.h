@@ -148,6 +148,11 @@ void l3d_plan_request_default(l3d_plan_request_t *req);
 // L3D_ERR_CONFIG with the trainer's message.
 l3d_status l3d_plan_evaluate(l3d_ctx_t *ctx, const l3d_plan_request_t *req,
                              const l3d_plan_layout_t *layout, l3d_plan_result_t *res);
+// The parallel.layers_per_stage a layout trains with: with ends (and pp > 1) its pp x v counts
+// into lps[0 ..) and their number; 0 for an even split (no list); -1 when they would not fit
+// in max entries or the virtual stages outnumber the layers, the embedding and the head.
+int l3d_plan_layers_per_stage(const l3d_model_config_t *mc, const l3d_plan_layout_t *layout,
+                              int *lps, int max);
 // Searches every layout the request leaves open and writes the best `max` (fitting layouts
 // by step time, then the rest by memory) to res; *n_p: how many were written, *searched_p
 // (may be NULL): how many valid layouts were evaluated. None valid: L3D_ERR_CONFIG saying why.
@@ -165,6 +170,7 @@ typedef struct l3d_plan_published {
     double predicted_s;
     double error;          // predicted / published - 1
     l3d_plan_result_t plan;
+    l3d_model_config_t model;  // the model planned (a GPT run's as a Llama shape)
 } l3d_plan_published_t;
 // Plans every published run with `rt` (NULL: the default runtime) and fills up to max rows;
 // *n_p: rows written. Mean and max |error| of the calibration rows in *cal_mean, *cal_max,
