@@ -179,7 +179,7 @@ static json_t *result_json(const l3d_model_config_t *mc, const l3d_plan_result_t
 }
 
 static void print_table(const l3d_plan_result_t *res, int n) {
-    printf("%-4s %-54s %8s %4s %9s %6s %9s %8s %8s %8s %8s  %s\n", "#", "layout", "mem GiB",
+    printf("%-4s %-58s %8s %4s %9s %6s %9s %8s %8s %8s %8s  %s\n", "#", "layout", "mem GiB",
            "fits", "step s", "MFU", "tok/s/GPU", "compute", "bubble", "tp s", "dp s",
            "pp s, cp s");
     for (int i = 0; i < n; i++) {
@@ -190,7 +190,7 @@ static void print_table(const l3d_plan_result_t *res, int n) {
                  l->dp, l->tp, l->tp_mode == 2 ? "(2d)" : l->tp_mode == 3 ? "(3d)" : "", l->pp,
                  l->cp, l->v, l->micro_batch, l->zero_stage, k_rc[l->recompute], l->sp,
                  l->ends == 1 ? " ends" : "");
-        printf("%-4d %-54s %8.2f %4s %9.3f %5.1f%% %9.0f %8.3f %8.3f %8.3f %8.3f  %.3f, %.3f\n",
+        printf("%-4d %-58s %8.2f %4s %9.3f %5.1f%% %9.0f %8.3f %8.3f %8.3f %8.3f  %.3f, %.3f\n",
                i + 1, lay, r->mem_bytes / GiB, r->fits ? "yes" : "no", r->step_time_s,
                100 * r->mfu, r->tokens_per_s_per_gpu, r->compute_s, r->bubble_s, r->comm_s[0],
                r->comm_s[1], r->comm_s[2], r->comm_s[3]);

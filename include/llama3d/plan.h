@@ -112,7 +112,7 @@ enum { L3D_PLAN_GROUPS = 4 };
 
 typedef struct l3d_plan_result {
     l3d_plan_layout_t layout;
-    double mem_bytes;          // per GPU (the largest: world rank 0's)
+    double mem_bytes;          // per GPU: the pipeline stage needing the most (its tp rank 0)
     double mem_params, mem_grads, mem_optim, mem_acts;
     int fits;                  // mem_bytes <= gpu.mem_bytes - mem_reserve
     double step_time_s;
