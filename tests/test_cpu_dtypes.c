@@ -302,6 +302,54 @@ Test(cpu_dtypes, gemv_reads_bfloat16_weights_as_stored) {
         }
 }
 
+// The matrix-vector kernel's bits are its documented order, whichever form the CPU runs (four
+// rows of 16-lane vectors with AVX-512, one row in two 8-lane halves otherwise, and every
+// compiler clone): per output, 16 partials p[k] += a_i b_i over i = k (mod 16) in order, folded
+// p[k] += p[k + w] for w = 8, 4, 2, 1, then the tail's products in order, then alpha and beta.
+// A scalar loop written here is the reference, so a machine with the other form would fail
+// the same assertion if the two forms ever disagreed.
+static float dot_order(const float *a, const float *b, int K) {
+    float p[16] = {0};
+    int i = 0;
+    for (; i + 16 <= K; i += 16)
+        for (int k = 0; k < 16; k++) p[k] += a[i + k] * b[i + k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) p[k] += p[k + w];
+    float s = p[0];
+    for (; i < K; i++) s += a[i] * b[i];
+    return s;
+}
+Test(cpu_dtypes, gemv_bits_follow_the_documented_order) {
+    const int Ks[] = {1, 17, 384, 1001}, Ms[] = {1, 3, 16}, N = 37;
+    for (int ki = 0; ki < 4; ki++)
+        for (int mi = 0; mi < 3; mi++)
+            for (int bt = 0; bt < 2; bt++) {
+                int K = Ks[ki], M = Ms[mi], ldb = K + 5;
+                l3d_dtype t = bt ? L3D_BFLOAT16 : L3D_FLOAT32;
+                size_t nb = (size_t)N * ldb;
+                double *vb = malloc(sizeof(double) * nb), *va = malloc(sizeof(double) * M * K);
+                void *B = operand(t, nb, vb);
+                float *A = operand(L3D_FLOAT32, (size_t)M * K, va), *C = malloc(4 * M * N);
+                float *Bf = malloc(nb * 4), beta = ki % 2 ? 0.5f : 0.0f;
+                cr_assert_eq(l3d_dev_convert(dev, Bf, L3D_FLOAT32, B, t, nb), L3D_OK);
+                for (int i = 0; i < M * N; i++) C[i] = (float)i * 0.25f;
+                l3d_gemm_t g = {.trans_b = 1, .M = M, .N = N, .K = K, .alpha = 0.75f,
+                                .beta = beta, .A = A, .lda = K, .B = B, .ldb = ldb, .C = C,
+                                .ldc = N, .b_type = t};
+                cr_assert_eq(l3d_dev_gemm(dev, &g), L3D_OK);
+                for (int m = 0; m < M; m++)
+                    for (int j = 0; j < N; j++) {
+                        float d = dot_order(A + (size_t)m * K, Bf + (size_t)j * ldb, K);
+                        float c0 = (float)(m * N + j) * 0.25f;
+                        float want = beta == 0.0f ? 0.75f * d : 0.75f * d + beta * c0;
+                        cr_assert(memcmp(&want, &C[m * N + j], sizeof(float)) == 0,
+                                  "K %d M %d %s: C[%d][%d] = %.9g, the order gives %.9g", K, M,
+                                  l3d_dtype_name(t), m, j, C[m * N + j], want);
+                    }
+                free(vb), free(va), free(B), free(Bf), free(A), free(C);
+            }
+}
+
 // Float32 activations against 16-bit weights past the matrix-vector shape (a prompt on a
 // bfloat16 checkpoint): each task widens its columns of B, so no whole weight is held in
 // float32, and the bits are those of the float32 product on the widened weights (the same

@@ -25,7 +25,7 @@ typedef struct {
 // Four weight rows at a time (l3d_cpu_dotf4: the same bits as one row at a time); a last group
 // of fewer repeats its last row and stores only its own. B float32, or bfloat16 read as stored
 // (widened in registers).
-L3D_CPU_SIMD static void rows(const l3d_gemm_t *g, int j0, int j1) {
+L3D_CPU_SIMD static void rows4(const l3d_gemm_t *g, int j0, int j1) {
     const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
     const float *A = g->A;
     size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
@@ -44,6 +44,73 @@ L3D_CPU_SIMD static void rows(const l3d_gemm_t *g, int j0, int j1) {
                 c[r] = g->beta == 0.0f ? g->alpha * d[r] : g->alpha * d[r] + g->beta * c[r];
         }
     }
+}
+// One weight row at a time in 8-lane halves (l3d_cpu_dot_halves): the same bits.
+L3D_CPU_SIMD static void rows1(const l3d_gemm_t *g, int j0, int j1) {
+    const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
+    const float *A = g->A;
+    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int j = j0; j < j1; j++) {
+        const void *w = (const char *)g->B + (size_t)j * (size_t)g->ldb * es;
+        for (int m = 0; m < M; m++) {
+            const float *a = A + (size_t)m * (size_t)g->lda;
+            float d = bf16 ? l3d_cpu_dot_halves(a, w, 1, K) : l3d_cpu_dot_halves(a, w, 0, K);
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
+        }
+    }
+}
+#if defined(__x86_64__)
+#include <immintrin.h>
+// l3d_cpu_dot_halves of a bfloat16 row on AVX2, where vpmovzxwd widens eight weights straight
+// from memory: GCC lowered the vector extension's conversion to four instructions (two
+// 128-bit widenings and an insert), and decode in bfloat16 ran ~10% slower on Zen for it.
+// The same arithmetic: lo and hi partials, each product then its sum (no FMA in this target),
+// the same fold and tail.
+__attribute__((target("avx2"))) static float dot_bf16_avx2(const float *a, const uint16_t *b,
+                                                            int n) {
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + i)));
+        __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + i + 8)));
+        __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16));
+        __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16));
+        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + i), w0));
+        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + i + 8), w1));
+    }
+    __m256 h8 = _mm256_add_ps(lo, hi);  // acc[k] += acc[k + 8]
+    __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+    float f[4];
+    _mm_storeu_ps(f, h4);
+    float s = (f[0] + f[2]) + (f[1] + f[3]);
+    for (; i < n; i++) s += a[i] * l3d_cpu_elem(b, 1, i);
+    return s;
+}
+// rows1 with dot_bf16_avx2 for bfloat16 rows.
+__attribute__((target("avx2"))) static void rows1_avx2(const l3d_gemm_t *g, int j0, int j1) {
+    const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
+    const float *A = g->A;
+    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int j = j0; j < j1; j++) {
+        const void *w = (const char *)g->B + (size_t)j * (size_t)g->ldb * es;
+        for (int m = 0; m < M; m++) {
+            const float *a = A + (size_t)m * (size_t)g->lda;
+            float d = bf16 ? dot_bf16_avx2(a, w, K) : l3d_cpu_dot_halves(a, w, 0, K);
+            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
+        }
+    }
+}
+#endif
+// Four rows of one 16-lane vector each where AVX-512 holds such a vector in a register (the
+// Intel figures of bench/README.md), one row in two halves elsewhere.
+static void rows(const l3d_gemm_t *g, int j0, int j1) {
+    if (__builtin_cpu_supports("avx512f")) rows4(g, j0, j1);
+#if defined(__x86_64__)
+    else if (__builtin_cpu_supports("avx2")) rows1_avx2(g, j0, j1);
+#endif
+    else rows1(g, j0, j1);
 }
 #else
 L3D_CPU_SIMD static void rows(const l3d_gemm_t *g, int j0, int j1) {
