@@ -45,8 +45,10 @@ L3D_CPU_SIMD static void rows4(const l3d_gemm_t *g, int j0, int j1) {
         }
     }
 }
-// One weight row at a time in 8-lane halves (l3d_cpu_dot_halves): the same bits.
-L3D_CPU_SIMD static void rows1(const l3d_gemm_t *g, int j0, int j1) {
+// One weight row at a time in 8-lane halves (l3d_cpu_dot_halves; bfloat16 rows through
+// dot_bf16 where given, a constant at each call): the same bits.
+typedef float (*dot_bf16_fn)(const float *a, const uint16_t *b, int n);
+L3D_CPU_INLINE void rows1_with(const l3d_gemm_t *g, int j0, int j1, dot_bf16_fn dot_bf16) {
     const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
     const float *A = g->A;
     size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
@@ -54,12 +56,15 @@ L3D_CPU_SIMD static void rows1(const l3d_gemm_t *g, int j0, int j1) {
         const void *w = (const char *)g->B + (size_t)j * (size_t)g->ldb * es;
         for (int m = 0; m < M; m++) {
             const float *a = A + (size_t)m * (size_t)g->lda;
-            float d = bf16 ? l3d_cpu_dot_halves(a, w, 1, K) : l3d_cpu_dot_halves(a, w, 0, K);
+            float d = !bf16     ? l3d_cpu_dot_halves(a, w, 0, K)
+                      : dot_bf16 ? dot_bf16(a, w, K)
+                                 : l3d_cpu_dot_halves(a, w, 1, K);
             float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
             *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
         }
     }
 }
+L3D_CPU_SIMD static void rows1(const l3d_gemm_t *g, int j0, int j1) { rows1_with(g, j0, j1, NULL); }
 #if defined(__x86_64__)
 #include <immintrin.h>
 // l3d_cpu_dot_halves of a bfloat16 row on AVX2, where vpmovzxwd widens eight weights straight
@@ -87,20 +92,8 @@ __attribute__((target("avx2"))) static float dot_bf16_avx2(const float *a, const
     for (; i < n; i++) s += a[i] * l3d_cpu_elem(b, 1, i);
     return s;
 }
-// rows1 with dot_bf16_avx2 for bfloat16 rows.
 __attribute__((target("avx2"))) static void rows1_avx2(const l3d_gemm_t *g, int j0, int j1) {
-    const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
-    const float *A = g->A;
-    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
-    for (int j = j0; j < j1; j++) {
-        const void *w = (const char *)g->B + (size_t)j * (size_t)g->ldb * es;
-        for (int m = 0; m < M; m++) {
-            const float *a = A + (size_t)m * (size_t)g->lda;
-            float d = bf16 ? dot_bf16_avx2(a, w, K) : l3d_cpu_dot_halves(a, w, 0, K);
-            float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
-            *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
-        }
-    }
+    rows1_with(g, j0, j1, dot_bf16_avx2);
 }
 #endif
 // Four rows of one 16-lane vector each where AVX-512 holds such a vector in a register (the
