@@ -366,12 +366,7 @@ int l3d_cmd_train(int argc, char **argv) {
     if (dry) {
         // A launched rank prints its own stage's; otherwise rank 0's and the largest stage's.
         int stage = 0, many = launched || world;
-        if (many && cfg->pp > 1) {
-            int perm[3], size[3] = {cfg->tp, cfg->dp, cfg->pp}, coord[3];
-            if ((st = l3d_mesh_order_parse(ctx, cfg->parallel_order, perm)) < 0) goto fail;
-            l3d_mesh_coords(rank, size, perm, coord);
-            stage = coord[L3D_MESH_PP];
-        }
+        if (many && (st = l3d_train_config_rank_stage(ctx, cfg, rank, &stage)) < 0) goto fail;
         l3d_mem_breakdown_t mem;
         l3d_train_config_memory_stage(cfg, stage, &mem);
         if (rank == 0) l3d_train_print_config(cfg, NULL, nthreads);

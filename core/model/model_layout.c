@@ -256,22 +256,16 @@ int l3d_model_target_first(const l3d_model_t *m, int mb) {
 
 void l3d_model_set_stage(l3d_model_t *m, int pp, int v, int stage, const int *layers_per_stage) {
     int L = m->cfg.num_hidden_layers, U = pp * v, q = L / U, rem = L % U;
+    const int *lps = pp > 1 ? layers_per_stage : NULL;
     m->L = 0;
     m->nchunks = v;
-    for (int c = 0; c < v; c++) {
-        int u = c * pp + stage;  // the virtual stage
+    // chunk c is virtual stage c * pp + stage; its first global layer is the sum of the
+    // virtual stages' counts before it
+    for (int c = 0, g0 = 0, u = 0; c < v; c++) {
+        for (; u < c * pp + stage; u++) g0 += lps ? lps[u] : q + (u < rem);
         m->chunk_start[c] = m->L;
-        m->chunk_g0[c] = q * u + (u < rem ? u : rem);
-        m->L += q + (u < rem);
-    }
-    if (layers_per_stage && pp > 1) {  // pp x v counts, virtual stage u = c * pp + stage
-        m->L = 0;
-        for (int c = 0, g0 = 0, u = 0; c < v; c++) {
-            for (; u < c * pp + stage; u++) g0 += layers_per_stage[u];
-            m->chunk_start[c] = m->L;
-            m->chunk_g0[c] = g0;
-            m->L += layers_per_stage[c * pp + stage];
-        }
+        m->chunk_g0[c] = g0;
+        m->L += lps ? lps[u] : q + (u < rem);
     }
     m->chunk_start[v] = m->L;
     m->l0 = m->chunk_g0[0];

@@ -42,29 +42,34 @@ static uint64_t mem_host(const l3d_mem_breakdown_t *m) {
     return (uint64_t)m->host_params + m->host_grads + m->host_optim + m->host_acts;
 }
 
+l3d_status l3d_train_config_rank_stage(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                                       int rank, int *stage) {
+    int perm[3], size[3] = {cfg->tp, cfg->dp, cfg->pp}, coord[3];
+    L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
+    l3d_mesh_coords(rank, size, perm, coord);
+    *stage = coord[L3D_MESH_PP];
+    return L3D_OK;
+}
+
 static l3d_status check_train_memory(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
                                      l3d_comm_t *world, const l3d_device_t *dev) {
     int threads = world && !strcmp(l3d_comm_transport_name(world), "local") ? l3d_comm_size(world)
                                                                             : 1;
-    // This rank's pipeline stage (its mesh coordinate; stages differ in layers, embedding and
-    // head, and in the micro-batches they keep).
+    // This rank's pipeline stage: stages differ in layers, embedding and head, and in the
+    // micro-batches they keep. Ranks as threads: every stage's tp x dp ranks, together.
     int stage = 0;
-    if (world && threads == 1 && cfg->pp > 1) {
-        int perm[3], size[3] = {cfg->tp, cfg->dp, cfg->pp}, coord[3];
-        L3D_CHECK(ctx, l3d_mesh_order_parse(ctx, cfg->parallel_order, perm));
-        l3d_mesh_coords(l3d_comm_rank(world), size, perm, coord);
-        stage = coord[L3D_MESH_PP];
-    }
+    if (world && threads == 1)
+        L3D_CHECK(ctx, l3d_train_config_rank_stage(ctx, cfg, l3d_comm_rank(world), &stage));
     l3d_mem_breakdown_t m;
     l3d_train_config_memory_stage(cfg, stage, &m);
-    uint64_t on_dev = mem_dev(&m) * (uint64_t)threads, on_host = mem_host(&m) * (uint64_t)threads;
-    if (threads > 1 && cfg->pp > 1) {  // every stage's tp x dp ranks are threads here
-        on_dev = on_host = 0;
-        for (int s = 0; s < cfg->pp; s++) {
+    uint64_t on_dev = mem_dev(&m), on_host = mem_host(&m);
+    if (threads > 1) {  // (m is stage 0's)
+        uint64_t per = (uint64_t)cfg->tp * (uint64_t)cfg->dp;
+        on_dev *= per, on_host *= per;
+        for (int s = 1; s < cfg->pp; s++) {
             l3d_mem_breakdown_t e;
             l3d_train_config_memory_stage(cfg, s, &e);
-            on_dev += mem_dev(&e) * (uint64_t)(cfg->tp * cfg->dp);
-            on_host += mem_host(&e) * (uint64_t)(cfg->tp * cfg->dp);
+            on_dev += mem_dev(&e) * per, on_host += mem_host(&e) * per;
         }
     }
     char p[32], g[32], o[32], a[32], what[320];

@@ -41,20 +41,21 @@ l3d_status l3d_pp_init(l3d_trainer_t *t) {
     if (pp == 1) kind = L3D_PP_1F1B;
     p->kind = kind;
     p->v = t->model->nchunks;
-    p->nslots = 0;
-    for (int c = 0; c < p->v; c++) {
-        p->slot0[c] = p->nslots;
-        p->nslots += pp > 1 ? l3d_pp_slots(kind, pp, p->v, stage, A, c) : 1;
-    }
-    p->slot0[p->v] = p->nslots;
     size_t nops = 2 * (size_t)A * (size_t)p->v;
-    int chunk_layers[L3D_MAX_CHUNKS];
+    int chunk_layers[L3D_MAX_CHUNKS], slots[L3D_MAX_CHUNKS];
     p->maxL = 1;
     for (int c = 0; c < p->v; c++) {
         chunk_layers[c] = t->model->chunk_start[c + 1] - t->model->chunk_start[c];
         p->maxL = L3D_MAX(p->maxL, chunk_layers[c]);
     }
-    p->nblocks = l3d_pp_layer_peak(kind, pp, p->v, stage, A, chunk_layers);
+    // (the schedule's peaks, as l3d_train_config_memory_stage counts them)
+    p->nblocks = l3d_pp_peaks(kind, pp, p->v, stage, A, chunk_layers, slots);
+    p->nslots = 0;
+    for (int c = 0; c < p->v; c++) {
+        p->slot0[c] = p->nslots;
+        p->nslots += pp > 1 ? slots[c] : 1;
+    }
+    p->slot0[p->v] = p->nslots;
     p->slots = l3d_calloc(t->ctx, (size_t)p->nslots, sizeof(*p->slots), "other");
     p->ops = l3d_calloc(t->ctx, nops, sizeof(*p->ops), "other");
     p->free_blk = l3d_calloc(t->ctx, (size_t)p->nblocks + 1, sizeof(int), "other");

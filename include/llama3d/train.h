@@ -96,6 +96,10 @@ l3d_model_t *l3d_trainer_model(l3d_trainer_t *t);
 void l3d_train_config_memory(const l3d_train_config_t *cfg, l3d_mem_breakdown_t *mem);
 void l3d_train_config_memory_stage(const l3d_train_config_t *cfg, int stage,
                                    l3d_mem_breakdown_t *mem);
+// The pipeline stage world rank `rank` holds under cfg's layout and parallel.order. A bad
+// order: L3D_ERR_CONFIG naming it.
+l3d_status l3d_train_config_rank_stage(l3d_ctx_t *ctx, const l3d_train_config_t *cfg,
+                                       int rank, int *stage);
 void l3d_trainer_memory(const l3d_trainer_t *t, l3d_mem_breakdown_t *mem);
 // The communication one step of `cfg` costs world rank 0, per group ([0] tp, [1] dp, [2] pp),
 // from the analytic formulas of docs/parallel.md: equal to what l3d_trainer_step counts.
