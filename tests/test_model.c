@@ -414,3 +414,76 @@ Test(model, batched_decode_matches_one_sequence_at_a_time) {
     free(want);
     close_model(&f);
 }
+
+// Mixed spans (prompt chunks and generated tokens of several sequences in one call) give,
+// span for span, the logits of feeding each sequence the same tokens alone; a call longer
+// than the cache's rows per pass (here the capacity, 40) is cut into passes, one span across
+// the cut. The bound is the batched decode's (same math, sums in another order).
+Test(model, mixed_spans_match_each_sequence_alone) {
+    l3d_model_config_t cfg = small_config(1);
+    cfg.hidden_size = 128;
+    cfg.intermediate_size = 256;
+    cfg.head_dim = 32;
+    cfg.vocab_size = 300;
+    cfg.initializer_range = 0.05f;
+    fixture_t f = open_wide(cfg, 12);
+    enum { S = 5, CAP = 40 };
+    const int V = f.m->V;
+    int32_t tok[S][CAP];
+    for (int s = 0; s < S; s++) fill_tokens(tok[s], CAP, V, 200 + s);
+    l3d_kv_cache_t *all = NULL, *alone[S];
+    cr_assert_eq(l3d_kv_cache_create_seqs(f.m, S, CAP, &all), L3D_OK);
+    for (int s = 0; s < S; s++) cr_assert_eq(l3d_kv_cache_create(f.m, CAP, &alone[s]), L3D_OK);
+    float *got = malloc(sizeof(float) * S * V), *want = malloc(sizeof(float) * V);
+    double *tol = malloc(sizeof(double) * V);
+    head_tolerance(f.m, CAP, tol);
+    // Step 1: 25 + 12 + 7 = 44 tokens, sequence 2's span cut after 3 of them; sequence 1's
+    // prompt goes on in step 2, so it asks no logits. Step 2: generated tokens beside the rest
+    // of a prompt and a new one (the spans in another order than the sequences).
+    const l3d_decode_span_t step1[] = {{0, 25, 1}, {1, 12, 0}, {2, 7, 1}};
+    const l3d_decode_span_t step2[] = {{3, 30, 1}, {0, 1, 1}, {1, 5, 1}, {2, 1, 1}, {4, 2, 0}};
+    const l3d_decode_span_t *steps[2] = {step1, step2};
+    const int n_spans[2] = {3, 5};
+    double worst = 0.0;
+    for (int st = 0; st < 2; st++) {
+        int32_t t[CAP * S], nt = 0;
+        const l3d_decode_span_t *sp = steps[st];
+        for (int j = 0; j < n_spans[st]; j++) {
+            int pos = l3d_kv_cache_seq_len(all, sp[j].seq);
+            memcpy(t + nt, tok[sp[j].seq] + pos, sizeof(int32_t) * (size_t)sp[j].n);
+            nt += sp[j].n;
+        }
+        cr_assert_eq(l3d_model_decode_spans(f.m, all, sp, n_spans[st], t, got), L3D_OK, "%s",
+                     l3d_ctx_last_error(f.ctx));
+        for (int j = 0, t0 = 0, row = 0; j < n_spans[st]; t0 += sp[j++].n) {
+            cr_assert_eq(l3d_model_decode(f.m, alone[sp[j].seq], t + t0, sp[j].n, want), L3D_OK);
+            cr_assert_eq(l3d_kv_cache_seq_len(all, sp[j].seq),
+                         l3d_kv_cache_len(alone[sp[j].seq]));
+            if (!sp[j].logits) continue;
+            for (int v = 0; v < V; v++) {
+                double d = fabs((double)got[(size_t)row * V + v] - want[v]);
+                worst = fmax(worst, d / tol[v]);
+                cr_assert_leq(d, tol[v], "step %d span %d logit %d: mixed %.9g, alone %.9g",
+                              st + 1, j, v, got[(size_t)row * V + v], want[v]);
+            }
+            row++;
+        }
+    }
+    cr_log_info("largest difference: %.3g of the bound", worst);
+    // Misuse is a status, and feeds nothing.
+    int32_t two[2] = {0, 0};
+    const l3d_decode_span_t empty = {0, 0, 1}, dup[2] = {{1, 1, 1}, {1, 1, 1}},
+                            over = {0, CAP, 1}, out = {S, 1, 1};
+    cr_assert_eq(l3d_model_decode_spans(f.m, all, &empty, 1, two, got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_model_decode_spans(f.m, all, dup, 2, two, got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_model_decode_spans(f.m, all, &over, 1, tok[0], got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_model_decode_spans(f.m, all, &out, 1, two, got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_model_decode_spans(f.m, all, step1, 0, two, got), L3D_ERR_INVALID_ARG);
+    cr_assert_eq(l3d_kv_cache_seq_len(all, 0), 26);
+    for (int s = 0; s < S; s++) l3d_kv_cache_destroy(alone[s]);
+    l3d_kv_cache_destroy(all);
+    free(tol);
+    free(got);
+    free(want);
+    close_model(&f);
+}

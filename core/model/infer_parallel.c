@@ -149,31 +149,37 @@ l3d_status l3d_infer_decode_seq(l3d_infer_t *g, int seq, const int32_t *tokens, 
     return L3D_OK;
 }
 
-l3d_status l3d_infer_decode_batch(l3d_infer_t *g, const int *seqs, const int32_t *tokens, int n,
-                                  float *logits) {
-    if (!g || !seqs || !tokens || !logits || n < 1 || n > g->n_seq)
-        return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: NULL "
-                         "argument, or %d rows for %d sequences", n, g ? g->n_seq : 0);
-    L3D_CHECK(g->ctx, l3d_kv_check_batch(g->c, seqs, tokens, n, "l3d_infer_decode_batch"));
+l3d_status l3d_infer_decode_spans(l3d_infer_t *g, const l3d_decode_span_t *spans, int ns,
+                                  const int32_t *tokens, float *logits) {
+    if (!g || !spans || !tokens || !logits)
+        return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode_spans: NULL "
+                         "argument");
+    int n_tok, n_lg;
+    L3D_CHECK(g->ctx, l3d_kv_check_spans(g->c, spans, ns, tokens, "l3d_infer_decode_spans",
+                                         &n_tok, &n_lg));
     l3d_model_t *m = g->m;
     int V = m->cfg.vocab_size, C = m->C, last = g->stage == g->pp - 1;
     l3d_comm_t *ppc = g->mesh->group[L3D_MESH_PP], *tpc = g->mesh->group[L3D_MESH_TP];
-    size_t nv = (size_t)n * (size_t)V;
+    size_t nv = (size_t)n_lg * (size_t)V;
+    l3d_decode_span_t *pass = l3d_kv_cache_spans(g->c, 1);
     l3d_status st;
     // (under tp each rank writes its vocabulary slice of each row; the sum assembles them)
     if (last && g->tp > 1) memset(g->rows, 0, nv * sizeof(float));
-    int step = l3d_kv_cache_rows(g->c);
-    for (int r0 = 0; r0 < n; r0 += step) {
-        int k = L3D_MIN(step, n - r0);
+    int i = 0, off = 0, k, t0 = 0, r0 = 0;
+    while (i < ns) {  // the same passes on every stage: the same spans and rows everywhere
+        int np = l3d_kv_spans_next(spans, ns, &i, &off, l3d_kv_cache_rows(g->c), pass, &k);
         size_t count = (size_t)k * C;
         if (g->stage > 0 && (st = l3d_comm_recv(ppc, g->x, count, L3D_FLOAT32, g->stage - 1)) < 0)
             return comm_error(g, ppc, st, "receiving the previous stage's rows");
-        L3D_CHECK(g->ctx, l3d_kv_pass_batch(g->c, seqs + r0, tokens + r0, k,
+        L3D_CHECK(g->ctx, l3d_kv_pass_spans(g->c, pass, np, tokens + t0,
                                             g->rows + (size_t)r0 * V + m->tp.v0, (size_t)V, g->x,
                                             g->x));
         if (!last && (st = l3d_comm_send(ppc, g->x, count, L3D_FLOAT32, g->stage + 1)) < 0)
             return comm_error(g, ppc, st, "sending rows to the next stage");
+        for (int j = 0; j < np; j++) r0 += pass[j].logits != 0;
+        t0 += k;
     }
+    if (!nv) return L3D_OK;
     if (last && tpc && (st = l3d_comm_allreduce(tpc, g->rows, g->rows, nv, L3D_FLOAT32,
                                                 L3D_SUM)) < 0)
         return comm_error(g, tpc, st, "assembling the logits over tp");
@@ -181,6 +187,16 @@ l3d_status l3d_infer_decode_batch(l3d_infer_t *g, const int *seqs, const int32_t
         return comm_error(g, ppc, st, "sending the logits to every stage");
     memcpy(logits, g->rows, nv * sizeof(float));
     return L3D_OK;
+}
+
+l3d_status l3d_infer_decode_batch(l3d_infer_t *g, const int *seqs, const int32_t *tokens, int n,
+                                  float *logits) {
+    if (!g || !seqs || n < 1 || n > g->n_seq)
+        return l3d_error(g ? g->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_infer_decode_batch: NULL "
+                         "argument, or %d rows for %d sequences", n, g ? g->n_seq : 0);
+    l3d_decode_span_t *sp = l3d_kv_cache_spans(g->c, 0);
+    for (int i = 0; i < n; i++) sp[i] = (l3d_decode_span_t){seqs[i], 1, 1};
+    return l3d_infer_decode_spans(g, sp, n, tokens, logits);
 }
 
 l3d_status l3d_infer_truncate(l3d_infer_t *g, int seq, int keep) {

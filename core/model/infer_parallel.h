@@ -3,7 +3,8 @@
 // cache; a decode runs the stages in turn and gives every rank the same full logits, so every
 // rank samples the same token from the same seed and no token is sent.
 // defines: l3d_infer_t, l3d_infer_create, l3d_infer_create_seqs, l3d_infer_decode,
-//          l3d_infer_decode_seq, l3d_infer_decode_batch, l3d_infer_truncate, l3d_infer_destroy,
+//          l3d_infer_decode_seq, l3d_infer_decode_batch, l3d_infer_decode_spans,
+//          l3d_infer_truncate, l3d_infer_destroy,
 //          l3d_infer_config, l3d_infer_model, l3d_infer_round_products
 #ifndef L3D_INFER_PARALLEL_H
 #define L3D_INFER_PARALLEL_H
@@ -49,6 +50,10 @@ l3d_status l3d_infer_decode_seq(l3d_infer_t *inf, int seq, const int32_t *tokens
                                 float *logits);
 l3d_status l3d_infer_decode_batch(l3d_infer_t *inf, const int *seqs, const int32_t *tokens,
                                   int n, float *logits);
+// Spans of several sequences in one set of passes, as l3d_model_decode_spans on one rank:
+// the logits of each span asking for them, in span order, on every rank.
+l3d_status l3d_infer_decode_spans(l3d_infer_t *inf, const l3d_decode_span_t *spans, int n_spans,
+                                  const int32_t *tokens, float *logits);
 l3d_status l3d_infer_truncate(l3d_infer_t *inf, int seq, int keep);
 
 #endif

@@ -1,8 +1,8 @@
 // Inference with a KV cache: the prompt in as few passes as the scratch bound allows, then one
 // token at a time. The layer math is l3d_layer_forward (core/model/model_fwdbwd.c) with k/v rows
 // written straight into the cache at the current position. A cache may hold several
-// sequences; l3d_model_decode_batch advances several of them by one token in one pass (the
-// weight GEMMs batched, attention per sequence at its own position).
+// sequences; l3d_model_decode_spans advances several of them, each by its own number of tokens,
+// in one pass (the weight GEMMs batched, attention per sequence at its own positions).
 #include <string.h>
 
 #include "core/model/model_internal.h"
@@ -22,6 +22,7 @@ struct l3d_kv_cache {
     int cap;
     int n_seq, cur;  // cur: the sequence l3d_kv_pass works on
     int *lens;       // (n_seq) positions of each sequence
+    l3d_decode_span_t *spans[2];  // (n_seq) each: a batch's spans, a pass's spans
     int rows, logit_rows;  // rows per pass, logit rows per head GEMM
     float *k, *v;  // (n_seq, L, cap, KVH*D)
     float *kt, *vt;  // (rows, KVH*D): a batch's new key/value rows before they are placed
@@ -91,8 +92,10 @@ l3d_status l3d_kv_cache_create_seqs(l3d_model_t *m, int n_seq, int capacity,
     c->kv_bytes = (size_t)n_seq * (size_t)m->L * (size_t)capacity * (size_t)(m->KVH * m->D) *
                   sizeof(float);
     c->lens = l3d_calloc(ctx, (size_t)n_seq, sizeof(int), "acts");
-    if (!c->lens) {
-        l3d_free(ctx, c, sizeof(*c), "acts");
+    for (int i = 0; i < 2; i++)
+        c->spans[i] = l3d_calloc(ctx, (size_t)n_seq, sizeof(l3d_decode_span_t), "acts");
+    if (!c->lens || !c->spans[0] || !c->spans[1]) {
+        l3d_kv_cache_destroy(c);
         return L3D_ERR_NOMEM;
     }
     c->logit_rows = L3D_MIN(capacity, INFER_LOGIT_ROWS);
@@ -122,6 +125,8 @@ void l3d_kv_cache_destroy(l3d_kv_cache_t *c) {
     l3d_dev_free(dev, c->scratch, c->scratch_bytes, "acts");
     l3d_dev_free(dev, c->v, c->kv_bytes, "acts");
     l3d_dev_free(dev, c->k, c->kv_bytes, "acts");
+    for (int i = 0; i < 2; i++)
+        l3d_free(c->m->ctx, c->spans[i], (size_t)c->n_seq * sizeof(l3d_decode_span_t), "acts");
     l3d_free(c->m->ctx, c->lens, (size_t)c->n_seq * sizeof(int), "acts");
     l3d_free(c->m->ctx, c, sizeof(*c), "acts");
 }
@@ -197,6 +202,7 @@ l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int firs
 }
 
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c) { return c->rows; }
+l3d_decode_span_t *l3d_kv_cache_spans(l3d_kv_cache_t *c, int which) { return c->spans[which]; }
 void l3d_kv_cache_select(l3d_kv_cache_t *c, int seq) { c->cur = seq; }
 int l3d_kv_cache_capacity(const l3d_kv_cache_t *c) { return c->cap; }
 
@@ -264,12 +270,13 @@ l3d_status l3d_kv_cache_seq_truncate(l3d_kv_cache_t *c, int seq, int keep) {
     return L3D_OK;
 }
 
-// One layer over n rows, row i a new token of sequence seqs[i] at position lens[seqs[i]]: the
-// norms and weight GEMMs over all rows at once (each weight read once for the batch), rope,
-// the cache write and attention per row. The same math as l3d_layer_forward (no sequence
-// parallelism; tp collectives as there).
-static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, const float *x,
-                              float *y) {
+// One layer over the pass's n rows, span j's n_j rows the new tokens of sequence seq_j at
+// positions lens[seq_j] ..: the norms and weight GEMMs over all rows at once (each weight read
+// once for the pass), rope, the cache write and attention per span (its rows attend causally
+// to its cache). The same math as l3d_layer_forward (no sequence parallelism; tp collectives
+// as there).
+static l3d_status spans_layer(l3d_kv_cache_t *c, int l, const l3d_decode_span_t *sp, int ns,
+                              int n, const float *x, float *y) {
     l3d_model_t *m = c->m;
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
@@ -290,20 +297,21 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
     GEMM(a->q, HD, a->ln1, l3d_model_infer_w(m, lp->wq), C, HD, 0.0f);
     GEMM(c->kt, KD, a->ln1, l3d_model_infer_w(m, lp->wk), C, KD, 0.0f);
     GEMM(c->vt, KD, a->ln1, l3d_model_infer_w(m, lp->wv), C, KD, 0.0f);
-    for (int i = 0; i < n; i++) {
-        int s = seqs[i], pos = c->lens[s];
+    for (int j = 0, r = 0; j < ns; r += sp[j++].n) {
+        int s = sp[j].seq, t = sp[j].n, pos = c->lens[s];
         size_t base = ((size_t)s * (size_t)m->L + (size_t)l) * (size_t)c->cap * (size_t)KD;
-        float *q = (float *)a->q + (size_t)i * HD, *kc = c->k + base, *vc = c->v + base;
-        L3D_CHECK(ctx, l3d_dev_rope(dev, q, m->cos_tab, m->sin_tab, 1, 1, m->H, m->D, pos, 0,
+        float *q = (float *)a->q + (size_t)r * HD, *kc = c->k + base, *vc = c->v + base;
+        float *kn = c->kt + (size_t)r * KD, *vn = c->vt + (size_t)r * KD;
+        L3D_CHECK(ctx, l3d_dev_rope(dev, q, m->cos_tab, m->sin_tab, 1, t, m->H, m->D, pos, 0,
                                     L3D_FLOAT32));
-        L3D_CHECK(ctx, l3d_dev_rope(dev, c->kt + (size_t)i * KD, m->cos_tab, m->sin_tab, 1, 1,
-                                    m->KVH, m->D, pos, 0, L3D_FLOAT32));
-        L3D_CHECK(ctx, l3d_dev_copy(dev, kc + (size_t)pos * KD, c->kt + (size_t)i * KD,
-                                    (size_t)KD * sizeof(float), L3D_COPY_D2D));
-        L3D_CHECK(ctx, l3d_dev_copy(dev, vc + (size_t)pos * KD, c->vt + (size_t)i * KD,
-                                    (size_t)KD * sizeof(float), L3D_COPY_D2D));
-        l3d_attn_dims_t dims = {1, 1, pos + 1, m->H, m->KVH, m->D, 0};
-        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, (float *)a->att + (size_t)i * HD, NULL, q, kc, vc,
+        L3D_CHECK(ctx, l3d_dev_rope(dev, kn, m->cos_tab, m->sin_tab, 1, t, m->KVH, m->D, pos, 0,
+                                    L3D_FLOAT32));
+        L3D_CHECK(ctx, l3d_dev_copy(dev, kc + (size_t)pos * KD, kn, (size_t)t * KD * sizeof(float),
+                                    L3D_COPY_D2D));
+        L3D_CHECK(ctx, l3d_dev_copy(dev, vc + (size_t)pos * KD, vn, (size_t)t * KD * sizeof(float),
+                                    L3D_COPY_D2D));
+        l3d_attn_dims_t dims = {1, t, pos + t, m->H, m->KVH, m->D, 0};
+        L3D_CHECK(ctx, l3d_dev_attention_fwd(dev, (float *)a->att + (size_t)r * HD, NULL, q, kc, vc,
                                              &dims, L3D_FLOAT32));
     }
     // h = x + att Wo^T, x_out = h + swiglu(ln2 Wg^T, ln2 Wu^T) Wd^T (row-parallel under tp:
@@ -322,50 +330,91 @@ static l3d_status batch_layer(l3d_kv_cache_t *c, int l, const int *seqs, int n, 
     return l3d_tp_allreduce(m, y, (size_t)n * C, L3D_FLOAT32);
 }
 
-l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *seqs,
-                                  const int32_t *tokens, int n, float *logits) {
-    if (!m || !c || !seqs || !tokens || !logits || n < 1)
-        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_decode_batch: NULL "
-                         "argument or n %d < 1", n);
-    L3D_CHECK(m->ctx, check_cache(m, c, "l3d_model_decode_batch"));
-    L3D_CHECK(m->ctx, l3d_kv_check_batch(c, seqs, tokens, n, "l3d_model_decode_batch"));
-    l3d_ctx_t *ctx = m->ctx;
-    int V = m->V;
-    for (int r0 = 0; r0 < n; r0 += c->rows)  // at most `rows` sequences per pass
-        L3D_CHECK(ctx, l3d_kv_pass_batch(c, seqs + r0, tokens + r0, L3D_MIN(c->rows, n - r0),
-                                         logits + (size_t)r0 * V, (size_t)V, NULL, NULL));
-    return L3D_OK;
-}
-
-l3d_status l3d_kv_check_batch(const l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens,
-                              int n, const char *what) {
-    l3d_ctx_t *ctx = c->m->ctx;
-    int V = c->m->cfg.vocab_size;
-    for (int i = 0; i < n; i++) {
-        int s = seqs[i];
-        if (s < 0 || s >= c->n_seq)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d of a cache of %d", what,
-                             s, c->n_seq);
-        for (int j = 0; j < i; j++)
-            if (seqs[j] == s)
-                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d appears twice (one "
-                                 "new token per sequence)", what, s);
-        if (c->lens[s] + 1 > c->cap)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d is full (%d positions)",
-                             what, s, c->cap);
-        if (tokens[i] < 0 || tokens[i] >= V)
-            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside the "
-                             "vocabulary [0, %d)", tokens[i], s, V);
+l3d_status l3d_model_decode_spans(l3d_model_t *m, l3d_kv_cache_t *c,
+                                  const l3d_decode_span_t *spans, int ns, const int32_t *tokens,
+                                  float *logits) {
+    if (!m || !c || !spans || !tokens || !logits || ns < 1)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_decode_spans: NULL "
+                         "argument or %d spans < 1", ns);
+    L3D_CHECK(m->ctx, check_cache(m, c, "l3d_model_decode_spans"));
+    int n_tok, n_lg;
+    L3D_CHECK(m->ctx, l3d_kv_check_spans(c, spans, ns, tokens, "l3d_model_decode_spans", &n_tok,
+                                         &n_lg));
+    int i = 0, off = 0, k, t0 = 0, r0 = 0;
+    while (i < ns) {  // passes of at most `rows` tokens, a span cut where one ends
+        int np = l3d_kv_spans_next(spans, ns, &i, &off, c->rows, c->spans[1], &k);
+        L3D_CHECK(m->ctx, l3d_kv_pass_spans(c, c->spans[1], np, tokens + t0,
+                                            logits + (size_t)r0 * m->V, (size_t)m->V, NULL, NULL));
+        for (int j = 0; j < np; j++) r0 += c->spans[1][j].logits != 0;
+        t0 += k;
     }
     return L3D_OK;
 }
 
-l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens, int k,
-                             float *out, size_t ldo, const float *x_prev, float *x_next) {
+l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *seqs,
+                                  const int32_t *tokens, int n, float *logits) {
+    if (!m || !c || !seqs || n < 1 || n > c->n_seq)
+        return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_model_decode_batch: NULL "
+                         "argument, or %d rows for %d sequences", n, c ? c->n_seq : 0);
+    for (int i = 0; i < n; i++) c->spans[0][i] = (l3d_decode_span_t){seqs[i], 1, 1};
+    return l3d_model_decode_spans(m, c, c->spans[0], n, tokens, logits);
+}
+
+l3d_status l3d_kv_check_spans(const l3d_kv_cache_t *c, const l3d_decode_span_t *sp, int ns,
+                              const int32_t *tokens, const char *what, int *n_tokens_p,
+                              int *n_logits_p) {
+    l3d_ctx_t *ctx = c->m->ctx;
+    int V = c->m->cfg.vocab_size, t0 = 0, lg = 0;
+    if (ns < 1 || ns > c->n_seq)
+        return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: %d spans for %d sequences", what, ns,
+                         c->n_seq);
+    for (int j = 0; j < ns; j++) {
+        int s = sp[j].seq;
+        if (s < 0 || s >= c->n_seq)
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d of a cache of %d", what,
+                             s, c->n_seq);
+        for (int i = 0; i < j; i++)
+            if (sp[i].seq == s)
+                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d appears twice (one "
+                                 "span per sequence)", what, s);
+        if (sp[j].n < 1 || sp[j].n > c->cap - c->lens[s])
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: %d tokens for sequence %d at "
+                             "position %d (capacity %d)", what, sp[j].n, s, c->lens[s], c->cap);
+        for (int i = 0; tokens && i < sp[j].n; i++)
+            if (tokens[t0 + i] < 0 || tokens[t0 + i] >= V)
+                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "token %d of sequence %d is outside "
+                                 "the vocabulary [0, %d)", tokens[t0 + i], s, V);
+        t0 += sp[j].n;
+        lg += sp[j].logits != 0;
+    }
+    *n_tokens_p = t0;
+    *n_logits_p = lg;
+    return L3D_OK;
+}
+
+int l3d_kv_spans_next(const l3d_decode_span_t *sp, int ns, int *span_i, int *off, int rows,
+                      l3d_decode_span_t *out, int *k_p) {
+    int np = 0, k = 0;
+    while (*span_i < ns && k < rows) {
+        const l3d_decode_span_t *s = &sp[*span_i];
+        int take = L3D_MIN(s->n - *off, rows - k);
+        out[np++] = (l3d_decode_span_t){s->seq, take, *off + take == s->n && s->logits};
+        k += take;
+        *off += take;
+        if (*off == s->n) ++*span_i, *off = 0;
+    }
+    *k_p = k;
+    return np;
+}
+
+l3d_status l3d_kv_pass_spans(l3d_kv_cache_t *c, const l3d_decode_span_t *sp, int ns,
+                             const int32_t *tokens, float *out, size_t ldo, const float *x_prev,
+                             float *x_next) {
     l3d_model_t *m = c->m;
     l3d_device_t *dev = m->dev;
     l3d_ctx_t *ctx = m->ctx;
-    int C = m->C, V = m->V;
+    int C = m->C, V = m->V, k = 0;
+    for (int j = 0; j < ns; j++) k += sp[j].n;
     if (m->has_embed) {
         L3D_CHECK(ctx, l3d_dev_copy(dev, c->tok, tokens, (size_t)k * sizeof(int32_t),
                                     L3D_COPY_H2D));
@@ -377,7 +426,7 @@ l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *
     }
     float *x = c->xa, *y = c->xb;
     for (int l = 0; l < m->L; l++) {
-        L3D_CHECK(ctx, batch_layer(c, l, seqs, k, x, y));
+        L3D_CHECK(ctx, spans_layer(c, l, sp, ns, k, x, y));
         float *t = x;
         x = y;
         y = t;
@@ -385,26 +434,36 @@ l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *
     if (!m->has_head) {  // the rows go on to the next stage
         L3D_CHECK(ctx, l3d_dev_copy(dev, x_next, x, (size_t)k * C * sizeof(float), L3D_COPY_D2D));
     } else {
-        // under tp this rank's vocabulary slice (V columns) of each row, at out + row * ldo
-        for (int h0 = 0; h0 < k; h0 += c->logit_rows) {
-            int rows = L3D_MIN(c->logit_rows, k - h0);
-            L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf, c->rstdf, x + (size_t)h0 * C,
-                                               l3d_model_infer_w(m, m->norm), rows, C,
-                                               m->cfg.rms_norm_eps, L3D_FLOAT32,
-                                               l3d_model_infer_wt(m)));
+        // The head over the last row of each span asking for logits, logit_rows at a time
+        // (their final norms gathered into lnf); under tp this rank's vocabulary slice (V
+        // columns) of each, at out + j * ldo.
+        const float *nw = l3d_model_infer_w(m, m->norm);
+        int j = 0, r = 0, done = 0;
+        while (j < ns) {
+            int rows = 0;
+            for (; j < ns && rows < c->logit_rows; r += sp[j++].n) {
+                if (!sp[j].logits) continue;
+                L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf + (size_t)rows * C, c->rstdf + rows,
+                                                   x + (size_t)(r + sp[j].n - 1) * C, nw, 1, C,
+                                                   m->cfg.rms_norm_eps, L3D_FLOAT32,
+                                                   l3d_model_infer_wt(m)));
+                rows++;
+            }
+            if (!rows) continue;
             l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
                             .beta = 0.0f, .A = c->lnf, .lda = C,
                             .B = l3d_model_infer_w(m, m->head), .ldb = C, .C = c->logits,
                             .ldc = V, .b_type = l3d_model_infer_wt(m), .round_a = m->round_a16};
             L3D_CHECK(ctx, l3d_dev_gemm(dev, &g));
-            for (int r = 0; r < rows; r++)
-                L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(h0 + r) * ldo,
-                                            c->logits + (size_t)r * V, (size_t)V * sizeof(float),
+            for (int i = 0; i < rows; i++)
+                L3D_CHECK(ctx, l3d_dev_copy(dev, out + (size_t)(done + i) * ldo,
+                                            c->logits + (size_t)i * V, (size_t)V * sizeof(float),
                                             L3D_COPY_D2H));
+            done += rows;
         }
     }
     L3D_CHECK(ctx, l3d_dev_sync(dev));
-    for (int i = 0; i < k; i++) c->lens[seqs[i]]++;
+    for (int j = 0; j < ns; j++) c->lens[sp[j].seq] += sp[j].n;
     return L3D_OK;
 }
 

@@ -42,16 +42,28 @@ typedef struct l3d_param {
 typedef struct l3d_kv_cache l3d_kv_cache_t;
 l3d_status l3d_kv_pass(l3d_kv_cache_t *c, const int32_t *tokens, int n, int first_row,
                        float *out, size_t ldo, const float *x_prev, float *x_next);
-// One pass of k <= l3d_kv_cache_rows tokens, tokens[i] appended to sequence seqs[i] (distinct,
-// checked by the caller): as l3d_kv_pass, the first stage embeds, a later one takes x_prev; a
-// stage without the head writes its rows to x_next, the last writes row i's logits (its
-// vocabulary slice under tp) at out + i * ldo.
-l3d_status l3d_kv_pass_batch(l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens, int k,
-                             float *out, size_t ldo, const float *x_prev, float *x_next);
-// A batch's arguments, as l3d_model_decode_batch takes them: each sequence in range, once, not
-// full, each token in the vocabulary; L3D_ERR_INVALID_ARG naming `what` otherwise.
-l3d_status l3d_kv_check_batch(const l3d_kv_cache_t *c, const int *seqs, const int32_t *tokens,
-                              int n, const char *what);
+// One pass of spans[0..ns) (their tokens, k <= l3d_kv_cache_rows in all, laid out span
+// after span; sequences distinct, checked by the caller): as l3d_kv_pass, the first stage
+// embeds, a later one takes the (k, C) rows x_prev; a stage without the head writes its rows
+// to x_next, the last writes the logits of each span asking for them (its vocabulary slice
+// under tp) at out + j * ldo, j counting those spans.
+l3d_status l3d_kv_pass_spans(l3d_kv_cache_t *c, const l3d_decode_span_t *spans, int ns,
+                             const int32_t *tokens, float *out, size_t ldo, const float *x_prev,
+                             float *x_next);
+// A spans call's arguments, as l3d_model_decode_spans takes them: each sequence in range,
+// once, n >= 1 tokens that fit, each token in the vocabulary (NULL tokens: not checked, for a
+// stage without the embedding); L3D_ERR_INVALID_ARG naming `what` otherwise. *n_tokens_p and
+// *n_logits_p: the tokens in all and the spans asking for logits.
+l3d_status l3d_kv_check_spans(const l3d_kv_cache_t *c, const l3d_decode_span_t *spans, int ns,
+                              const int32_t *tokens, const char *what, int *n_tokens_p,
+                              int *n_logits_p);
+// The next pass of a spans call: from the cursor (*span_i, *off: the span and the tokens of
+// it already fed), at most `rows` tokens, written as spans to out (a span cut at the pass's
+// end asks no logits) whose count is returned, *k_p their tokens; the cursor moves past them.
+int l3d_kv_spans_next(const l3d_decode_span_t *spans, int ns, int *span_i, int *off, int rows,
+                      l3d_decode_span_t *out, int *k_p);
+// The cache's spans buffers (n_seq entries each): a batch's spans and a pass's.
+l3d_decode_span_t *l3d_kv_cache_spans(l3d_kv_cache_t *c, int which);
 int l3d_kv_cache_rows(const l3d_kv_cache_t *c);
 // The sequence l3d_kv_pass appends to (0 unless set; < the cache's sequences).
 void l3d_kv_cache_select(l3d_kv_cache_t *c, int seq);

@@ -85,6 +85,20 @@ l3d_status l3d_model_decode_seq(l3d_model_t *model, l3d_kv_cache_t *cache, int s
 // that token alone gives, up to float32 rounding of the batched GEMMs.
 l3d_status l3d_model_decode_batch(l3d_model_t *model, l3d_kv_cache_t *cache, const int *seqs,
                                   const int32_t *tokens, int n, float *logits);
+// Mixed decode (llama.cpp's batch of several sequences, vLLM's chunked prefill): span j
+// appends its n tokens to sequence seq (distinct sequences; tokens laid out span after span)
+// in as few passes as the scratch allows, the weight GEMMs over every span's rows at once and
+// attention per span at its own positions. A span with `logits` set writes the logits of its
+// last token as the next row of `logits` (rows in span order, vocab_size floats each, host).
+// So a step feeds prompt chunks and generated tokens together and reads each weight once.
+// Each row equals what l3d_model_decode_seq of that span alone gives, up to float32 rounding
+// of the batched GEMMs (l3d_model_decode_batch's bound).
+typedef struct l3d_decode_span {
+    int seq, n, logits;
+} l3d_decode_span_t;
+l3d_status l3d_model_decode_spans(l3d_model_t *model, l3d_kv_cache_t *cache,
+                                  const l3d_decode_span_t *spans, int n_spans,
+                                  const int32_t *tokens, float *logits);
 
 // Sampling (l3d_sampler_*) is include/llama3d/sampler.h.
 
