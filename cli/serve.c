@@ -27,41 +27,42 @@
 #include "platform/platform.h"
 
 // ---- the layout's decoding, led by rank 0 -------------------------------------------------------
-enum { OP_QUIT = 0, OP_SEQ = 1, OP_BATCH = 2, OP_TRUNCATE = 3, OP_ALIVE = 4 };
+enum { OP_QUIT = 0, OP_SPANS = 1, OP_TRUNCATE = 3, OP_ALIVE = 4 };
 
-// What rank 0's engine decodes with, and what the other ranks follow: an op header (op, seq,
-// n, keep) and, for the decodes, the tokens (and the sequences) broadcast over the world.
+// What rank 0's engine decodes with, and what the other ranks follow: an op header (op, seq or
+// spans, tokens, keep) and, for a decode, its spans (seq, n, logits each) then its tokens,
+// broadcast over the world.
 typedef struct lead {
     l3d_infer_t *inf;
     l3d_comm_t *world;  // NULL: one rank
     int32_t *buf;       // the broadcast payload (cap int32)
-    size_t cap;
+    size_t cap, slots;
 } lead_t;
 
-static l3d_status lead_send(lead_t *L, int op, int seq, int n, int keep, const int *seqs,
-                            const int32_t *tokens) {
+static l3d_status lead_send(lead_t *L, int op, int seq, int n, int keep,
+                            const l3d_decode_span_t *sp, const int32_t *tokens) {
     if (!L->world) return L3D_OK;
     int32_t h[4] = {op, seq, n, keep};
     L3D_CHECK(l3d_comm_ctx(L->world), l3d_comm_broadcast(L->world, h, h, 4, L3D_INT32, 0));
     size_t k = 0;
-    if (op == OP_SEQ || op == OP_BATCH) {
+    if (op == OP_SPANS) {  // (seq: the spans, n: the tokens)
+        for (int j = 0; j < seq; j++) {
+            L->buf[k++] = sp[j].seq;
+            L->buf[k++] = sp[j].n;
+            L->buf[k++] = sp[j].logits;
+        }
         for (int i = 0; i < n; i++) L->buf[k++] = tokens[i];
-        if (op == OP_BATCH)
-            for (int i = 0; i < n; i++) L->buf[k++] = seqs[i];
     }
     return k ? l3d_comm_broadcast(L->world, L->buf, L->buf, k, L3D_INT32, 0) : L3D_OK;
 }
-static l3d_status lead_seq(void *arg, int seq, const int32_t *t, int n, float *lg) {
+static l3d_status lead_spans(void *arg, const l3d_decode_span_t *sp, int ns, const int32_t *t,
+                             float *lg) {
     lead_t *L = arg;
-    if ((size_t)n > L->cap) return L3D_ERR_INVALID_ARG;
-    L3D_CHECK(NULL, lead_send(L, OP_SEQ, seq, n, 0, NULL, t));
-    return l3d_infer_decode_seq(L->inf, seq, t, n, lg);
-}
-static l3d_status lead_batch(void *arg, const int *seqs, const int32_t *t, int n, float *lg) {
-    lead_t *L = arg;
-    if (2 * (size_t)n > L->cap) return L3D_ERR_INVALID_ARG;
-    L3D_CHECK(NULL, lead_send(L, OP_BATCH, 0, n, 0, seqs, t));
-    return l3d_infer_decode_batch(L->inf, seqs, t, n, lg);
+    int n = 0;
+    for (int j = 0; j < ns; j++) n += sp[j].n;
+    if (ns < 1 || 3 * (size_t)ns + (size_t)n > L->cap) return L3D_ERR_INVALID_ARG;
+    L3D_CHECK(NULL, lead_send(L, OP_SPANS, ns, n, 0, sp, t));
+    return l3d_infer_decode_spans(L->inf, sp, ns, t, lg);
 }
 static l3d_status lead_truncate(void *arg, int seq, int keep) {
     lead_t *L = arg;
@@ -75,32 +76,31 @@ static l3d_status lead_alive(void *arg) {
 
 // A rank other than 0: its part of the layout, following rank 0's ops until OP_QUIT.
 static l3d_status follow(lead_t *L, int V) {
-    float *logits = malloc(L->cap * (size_t)V * sizeof(float));
-    int *seqs = malloc(L->cap * sizeof(int));
-    l3d_status st = logits && seqs ? L3D_OK : L3D_ERR_NOMEM;
+    float *logits = malloc(L->slots * (size_t)V * sizeof(float));
+    l3d_decode_span_t *sp = malloc(L->slots * sizeof(l3d_decode_span_t));
+    l3d_status st = logits && sp ? L3D_OK : L3D_ERR_NOMEM;
     while (st >= 0) {
         int32_t h[4];
         st = l3d_comm_broadcast(L->world, h, h, 4, L3D_INT32, 0);
         if (st < 0 || h[0] == OP_QUIT) break;
         int op = h[0], seq = h[1], n = h[2], keep = h[3];
-        size_t k = op == OP_SEQ ? (size_t)n : op == OP_BATCH ? 2 * (size_t)n : 0;
-        if (k > L->cap || n < 0) {
+        size_t k = op == OP_SPANS ? 3 * (size_t)seq + (size_t)n : 0;
+        if (k > L->cap || n < 0 || seq < 0 || (op == OP_SPANS && (size_t)seq > L->slots)) {
             st = L3D_ERR_PEER_FAILED;
             break;
         }
         if (k) st = l3d_comm_broadcast(L->world, L->buf, L->buf, k, L3D_INT32, 0);
         if (st < 0) break;
-        if (op == OP_SEQ) {
-            st = l3d_infer_decode_seq(L->inf, seq, L->buf, n, logits);
-        } else if (op == OP_BATCH) {
-            for (int i = 0; i < n; i++) seqs[i] = L->buf[n + i];
-            st = l3d_infer_decode_batch(L->inf, seqs, L->buf, n, logits);
+        if (op == OP_SPANS) {
+            for (int j = 0; j < seq; j++)
+                sp[j] = (l3d_decode_span_t){L->buf[3 * j], L->buf[3 * j + 1], L->buf[3 * j + 2]};
+            st = l3d_infer_decode_spans(L->inf, sp, seq, L->buf + 3 * (size_t)seq, logits);
         } else if (op == OP_TRUNCATE) {
             st = l3d_infer_truncate(L->inf, seq, keep);
         }  // (OP_ALIVE: nothing)
     }
     free(logits);
-    free(seqs);
+    free(sp);
     return st;
 }
 
@@ -167,9 +167,10 @@ static l3d_status slot_size(l3d_ctx_t *ctx, const serve_job_t *job, const l3d_mo
     return L3D_OK;
 }
 
-// The payload the ops broadcast: a prompt chunk, or a batch's tokens and sequences.
+// The payload the ops broadcast: a step's spans (3 ints each, one per slot at most) and tokens
+// (one per generating slot and a prompt chunk).
 static size_t payload_cap(const serve_job_t *job) {
-    return (size_t)(job->pchunk > 2 * job->slots ? job->pchunk : 2 * job->slots);
+    return (size_t)(4 * job->slots + job->pchunk);
 }
 
 // Ranks other than 0: their part of the layout, following rank 0.
@@ -181,7 +182,7 @@ static void follower(l3d_cli_rank_t *r, l3d_ctx_t *ctx, const serve_job_t *job) 
         signal(SIGTERM, SIG_IGN);
     }
     l3d_device_t *dev = NULL;
-    lead_t L = {.world = r->comm, .cap = payload_cap(job)};
+    lead_t L = {.world = r->comm, .cap = payload_cap(job), .slots = (size_t)job->slots};
     l3d_model_config_t cfg;
     char path[1200];
     int ctx_size = 0;
@@ -225,7 +226,7 @@ static void serve_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     pthread_mutex_init(&s.tok_mu, NULL);
     snprintf(s.model_name, sizeof(s.model_name), "%s",
              job->name ? job->name : base_name(job->ckpt, (char[256]){0}, 256));
-    lead_t L = {.world = r->comm, .cap = payload_cap(job)};
+    lead_t L = {.world = r->comm, .cap = payload_cap(job), .slots = (size_t)job->slots};
     l3d_device_t *dev = NULL;
     pthread_t th;
     int started = 0, bound = 0;
@@ -259,7 +260,7 @@ static void serve_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
         st = L3D_ERR_NOMEM;
         goto fail;
     }
-    l3d_engine_backend_t be = {lead_seq, lead_batch, lead_truncate, lead_alive,
+    l3d_engine_backend_t be = {lead_spans, lead_truncate, lead_alive,
                                s.cfg.vocab_size, s.cfg.max_position_embeddings};
     l3d_engine_params_t ep = {.slots = (int)job->slots, .ctx_size = s.ctx_size,
                               .queue_max = (int)job->qmax, .prefill_chunk = (int)job->pchunk};

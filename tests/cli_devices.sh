@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The issue-27 job on the test devices, through the CLI: a dp 2 x tp 2 x pp 2 ZeRO-3 run as
-# threads, saved at step 3, resumed to step 6, then generation with tp 2 x pp 2 from it, and
-# `l3d forward`; and a dp 2 job launched as processes over each network transport. On
-# cpu-opaque (memory the host cannot read) and cpu-async (ops that finish at the next wait)
-# every printed loss, gradient norm and byte count, every saved shard, the generated text and
-# the logits are the cpu device's, byte for byte; on cpu-async also with the local transport
-# taking the device buffers as they are (L3D_LOCAL_DEVICE_BUFFERS=1, NCCL's path).
+# threads, saved at step 3, resumed to step 6, then generation and serving with tp 2 x pp 2
+# from it, and `l3d forward`; and a dp 2 job launched as processes over each network
+# transport. On cpu-opaque (memory the host cannot read) and cpu-async (ops that finish at the
+# next wait) every printed loss, gradient norm and byte count, every saved shard, the generated
+# and the served text and the logits are the cpu device's, byte for byte; on cpu-async also
+# with the local transport taking the device buffers as they are (L3D_LOCAL_DEVICE_BUFFERS=1,
+# NCCL's path).
 # Usage: cli_devices.sh /path/to/l3d
 set -u
 L3D=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -80,6 +81,50 @@ for c in "generate --prompt x" "forward --tokens 1 --out $tmp/f.bad"; do
   [ $rc -eq 2 ] && grep -q "'gpu' is not built in" "$tmp/bad"
   check "${c%% *} --device gpu: exit 2 naming the built devices (rc $rc)" $? "$tmp/bad"
 done
+
+# l3d serve --tp 2 x pp 2 on each device from the cpu device's checkpoint: a request alone
+# (prompt chunks of 4 tokens, then its tokens) gives the cpu device's text; then four at once,
+# whose steps feed generated tokens and prompt chunks in one pass, are all answered.
+serve_on() {  # serve_on DEVICE: the server's port in $port, its pid in $spid
+  "$L3D" serve --device "$1" --checkpoint "$tmp/ck.cpu" --tp 2 --pp 2 --parallel 4 --port 0 \
+    --threads 1 --prefill-chunk 4 >"$tmp/s.$1.out" 2>"$tmp/s.$1.err" &
+  spid=$!
+  port=
+  for _ in $(seq 1 300); do
+    port=$(sed -n 's|^listening on http://127.0.0.1:\([0-9]*\)$|\1|p' "$tmp/s.$1.out")
+    [ -n "$port" ] && return 0
+    kill -0 "$spid" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+answer() {  # answer FILE: the completion's text and token count
+  /usr/bin/python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print(repr(d["choices"][0]["text"]), d["usage"]["completion_tokens"])' "$1" 2>&1
+}
+if command -v curl >/dev/null && ! "$L3D" serve --help 2>&1 | grep -q "no HTTP server"; then
+  for d in cpu cpu-opaque cpu-async; do
+    serve_on "$d"; check "$d: serve --tp 2 --pp 2 starts" $? "$tmp/s.$d.err"
+    curl -s "http://127.0.0.1:$port/v1/completions" -o "$tmp/s.$d.alone" \
+      -d '{"prompt":"The GNU General","max_tokens":12,"temperature":0}'
+    cpids=()
+    for i in 1 2 3 4; do
+      curl -s "http://127.0.0.1:$port/v1/completions" -o "$tmp/s.$d.$i" \
+        -d "{\"prompt\":\"Device number $i says\",\"max_tokens\":12,\"temperature\":0}" &
+      cpids+=($!)
+    done
+    wait "${cpids[@]}"
+    ok=0
+    for i in 1 2 3 4; do answer "$tmp/s.$d.$i" | grep -q " 12$" && ok=$((ok + 1)); done
+    [ $ok -eq 4 ]; check "$d: four requests at once all answered ($ok)" $? "$tmp/s.$d.err"
+    kill -TERM "$spid"; wait "$spid"; check "$d: serve exits 0 on SIGTERM" $? "$tmp/s.$d.err"
+  done
+  for d in cpu-opaque cpu-async; do
+    [ "$(answer "$tmp/s.cpu.alone")" = "$(answer "$tmp/s.$d.alone")" ] &&
+      answer "$tmp/s.cpu.alone" | grep -q " 12$"
+    check "$d: serve's text is the cpu device's" $? "$tmp/s.$d.alone"
+  done
+fi
 
 # Processes over the network transports: their buffers are host memory, the device's are
 # staged (docs/comm.md).

@@ -193,6 +193,79 @@ Test(engine, batched_streams_equal_alone) {
     l3d_engine_destroy(e);
 }
 
+// A backend over the model that records what each call feeds.
+typedef struct rec {
+    l3d_kv_cache_t *c;
+    int calls, spans[64], toks[64], logits[64];
+} rec_t;
+static l3d_status rec_spans(void *arg, const l3d_decode_span_t *sp, int ns, const int32_t *t,
+                            float *lg) {
+    rec_t *r = arg;
+    cr_assert_lt(r->calls, 64);
+    r->spans[r->calls] = ns;
+    for (int j = 0; j < ns; j++) {
+        r->toks[r->calls] += sp[j].n;
+        r->logits[r->calls] += sp[j].logits != 0;
+    }
+    r->calls++;
+    return l3d_model_decode_spans(m, r->c, sp, ns, t, lg);
+}
+static l3d_status rec_truncate(void *arg, int seq, int keep) {
+    return l3d_kv_cache_seq_truncate(((rec_t *)arg)->c, seq, keep);
+}
+
+// A step is one pass over the weights: the generated tokens and a chunk of prompt tokens go
+// to the backend in one call. Prompts of 5, 20 and 3 tokens with a chunk of 8, each request
+// in its own slot: step 1 feeds 5 + 3 (the first prompt ends: one logits row), steps 2 and 3
+// the first request's token and 8 more of the second prompt, step 4 the token, the second
+// prompt's last one and the third prompt (three rows), then the three streams' tokens. The
+// tokens are those each request gives alone.
+Test(engine, a_step_is_one_pass) {
+    rec_t rec;
+    memset(&rec, 0, sizeof(rec));
+    l3d_engine_params_t p = {.slots = 4, .ctx_size = 64, .queue_max = 0, .prefill_chunk = 8};
+    cr_assert_eq(l3d_kv_cache_create_seqs(m, p.slots, p.ctx_size, &rec.c), L3D_OK);
+    l3d_engine_backend_t be = {rec_spans, rec_truncate, NULL, m->cfg.vocab_size,
+                               m->cfg.max_position_embeddings};
+    l3d_engine_t *e = NULL;
+    cr_assert_eq(l3d_engine_create_backend(ctx, &be, &rec, &p, &e), L3D_OK, "%s",
+                 l3d_ctx_last_error(ctx));
+    enum { R = 3, MAXNEW = 6 };
+    const int np[R] = {5, 20, 3};
+    int32_t prompt[R][20];
+    seen_t seen[R];
+    memset(seen, 0, sizeof(seen));
+    for (int r = 0; r < R; r++) {
+        fill(prompt[r], np[r], 70 + (uint32_t)r);
+        l3d_gen_request_t q = greedy(prompt[r], np[r], MAXNEW, &seen[r]);
+        char why[200];
+        cr_assert_eq(l3d_engine_submit(e, &q, NULL, why, sizeof(why)), L3D_OK, "%s", why);
+    }
+    int steps = 0, busy = 1;
+    while (busy) {
+        cr_assert_eq(l3d_engine_step(e, &busy), L3D_OK, "%s", l3d_ctx_last_error(ctx));
+        cr_assert_eq(rec.calls, ++steps, "step %d made %d calls", steps, rec.calls);
+    }
+    const int want_spans[5] = {2, 2, 2, 3, 3}, want_toks[5] = {8, 9, 9, 5, 3},
+              want_logits[5] = {1, 1, 1, 3, 3};
+    for (int k = 0; k < 5; k++)
+        cr_assert(rec.spans[k] == want_spans[k] && rec.toks[k] == want_toks[k] &&
+                  rec.logits[k] == want_logits[k], "step %d: %d spans, %d tokens, %d logits rows; "
+                  "want %d, %d, %d", k + 1, rec.spans[k], rec.toks[k], rec.logits[k],
+                  want_spans[k], want_toks[k], want_logits[k]);
+    int fed = 0;
+    for (int k = 0; k < rec.calls; k++) fed += rec.toks[k];
+    // (each request's last token is delivered, never fed)
+    cr_assert_eq(fed, 5 + 20 + 3 + R * (MAXNEW - 1));
+    double tol = head_tol(64);
+    for (int r = 0; r < R; r++) {
+        cr_assert_eq(seen[r].n, MAXNEW);
+        check_alone(prompt[r], np[r], seen[r].tok, seen[r].n, tol);
+    }
+    l3d_engine_destroy(e);
+    l3d_kv_cache_destroy(rec.c);
+}
+
 // A conversation's second turn (its first prompt, the answer, and a new message) takes the
 // slot holding the first turn and computes only what is new; its answer is what the whole
 // prompt gives alone. Another slot that holds nothing of it is not chosen.

@@ -1,13 +1,15 @@
 // The serving engine (include/llama3d/serve.h): continuous batching over one model's KV cache.
 //
 // A step, on the engine's thread: (1) under the lock, the cancelled and the late leave the
-// queue and the slots, and queued requests take free slots; (2) at most one chunk of prompt
-// tokens is fed, over the prefilling slots in turn (round robin), so a long prompt costs the
-// running streams one chunk's time per token, not the whole prompt, and short prompts that
-// arrive together start together; (3) every slot holding a sampled token feeds it in one
-// l3d_model_decode_batch, and each samples its next token from its row of logits. Events go
-// out without the lock held. Only the engine's thread touches the cache, the slots' tokens and
-// the samplers; other threads queue, cancel and read counters under the lock.
+// queue and the slots, and queued requests take free slots; (2) one pass over the weights
+// (l3d_model_decode_spans) feeds every slot holding a sampled token that token, and at most
+// one chunk of prompt tokens over the prefilling slots in turn (round robin), so a long prompt
+// costs the running streams one chunk's time per token, not the whole prompt, and short
+// prompts that arrive together start together (vLLM's chunked prefill, llama-server's mixed
+// batch); (3) each generating slot, and each whose prompt is now in, samples its next token
+// from its row of logits. Events go out without the lock held. Only the engine's thread
+// touches the cache, the slots' tokens and the samplers; other threads queue, cancel and read
+// counters under the lock.
 //
 // Prefix reuse (llama-server's prompt cache): a free slot keeps the tokens its cache holds, and
 // a new request takes the free slot sharing the longest prefix with its prompt, truncates the
@@ -65,8 +67,8 @@ struct l3d_engine {
     int nq, running, stopping, stop_cancel, prefill_next;
     uint64_t next_id, clock;
     float *logits;    // (n_slots, V)
-    int *seqs;        // a decode batch's slots
-    int32_t *batch;   // and their tokens
+    l3d_decode_span_t *spans;  // (n_slots) a step's spans: the slots and their token counts
+    int32_t *batch;   // (n_slots + chunk) and their tokens
     int32_t top_ids[L3D_GEN_TOP_MAX];
     float top_lp[L3D_GEN_TOP_MAX];
     l3d_engine_stats_t st;  // counters (under the lock)
@@ -98,14 +100,10 @@ static void req_free(l3d_engine_t *e, req_t *r) {
 
 // ---- lifetime ----------------------------------------------------------------------------------
 // The backend of l3d_engine_create: the whole model and the engine's own cache.
-static l3d_status model_decode_seq(void *arg, int seq, const int32_t *t, int n, float *lg) {
+static l3d_status model_decode_spans(void *arg, const l3d_decode_span_t *sp, int n,
+                                     const int32_t *t, float *lg) {
     l3d_engine_t *e = arg;
-    return l3d_model_decode_seq(e->m, e->cache, seq, t, n, lg);
-}
-static l3d_status model_decode_batch(void *arg, const int *seqs, const int32_t *t, int n,
-                                     float *lg) {
-    l3d_engine_t *e = arg;
-    return l3d_model_decode_batch(e->m, e->cache, seqs, t, n, lg);
+    return l3d_model_decode_spans(e->m, e->cache, sp, n, t, lg);
 }
 static l3d_status model_truncate(void *arg, int seq, int keep) {
     l3d_engine_t *e = arg;
@@ -117,7 +115,7 @@ l3d_status l3d_engine_create(l3d_model_t *m, const l3d_engine_params_t *p, l3d_e
         return l3d_error(m ? m->ctx : NULL, L3D_ERR_INVALID_ARG, "l3d_engine_create: NULL %s",
                          !m ? "model" : !p ? "params" : "engine_p");
     const l3d_model_config_t *cfg = l3d_model_config(m);
-    l3d_engine_backend_t be = {model_decode_seq, model_decode_batch, model_truncate, NULL,
+    l3d_engine_backend_t be = {model_decode_spans, model_truncate, NULL,
                                cfg->vocab_size, cfg->max_position_embeddings};
     L3D_CHECK(m->ctx, l3d_engine_create_backend(m->ctx, &be, NULL, p, e_p));
     l3d_engine_t *e = *e_p;
@@ -133,7 +131,7 @@ l3d_status l3d_engine_create(l3d_model_t *m, const l3d_engine_params_t *p, l3d_e
 
 l3d_status l3d_engine_create_backend(l3d_ctx_t *ctx, const l3d_engine_backend_t *be, void *arg,
                                      const l3d_engine_params_t *p, l3d_engine_t **e_p) {
-    if (!ctx || !be || !p || !e_p || !be->decode_seq || !be->decode_batch || !be->truncate ||
+    if (!ctx || !be || !p || !e_p || !be->decode_spans || !be->truncate ||
         be->vocab_size < 1)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "l3d_engine_create: NULL argument or an "
                          "incomplete backend");
@@ -160,9 +158,9 @@ l3d_status l3d_engine_create_backend(l3d_ctx_t *ctx, const l3d_engine_backend_t 
     e->st.kv_capacity = (int64_t)e->n_slots * e->ctx_size;
     e->slots = l3d_calloc(ctx, (size_t)e->n_slots, sizeof(slot_t), "other");
     e->logits = l3d_malloc(ctx, (size_t)e->n_slots * (size_t)e->V * sizeof(float), "other");
-    e->seqs = l3d_malloc(ctx, (size_t)e->n_slots * sizeof(int), "other");
-    e->batch = l3d_malloc(ctx, (size_t)e->n_slots * sizeof(int32_t), "other");
-    l3d_status st = e->slots && e->logits && e->seqs && e->batch ? L3D_OK : L3D_ERR_NOMEM;
+    e->spans = l3d_malloc(ctx, (size_t)e->n_slots * sizeof(l3d_decode_span_t), "other");
+    e->batch = l3d_malloc(ctx, (size_t)(e->n_slots + e->chunk) * sizeof(int32_t), "other");
+    l3d_status st = e->slots && e->logits && e->spans && e->batch ? L3D_OK : L3D_ERR_NOMEM;
     for (int i = 0; st >= 0 && i < e->n_slots; i++) {
         e->slots[i].next = -1;
         e->slots[i].toks = l3d_malloc(ctx, (size_t)e->ctx_size * sizeof(int32_t), "other");
@@ -187,8 +185,9 @@ void l3d_engine_destroy(l3d_engine_t *e) {
             l3d_free(ctx, e->slots[i].toks, (size_t)e->ctx_size * sizeof(int32_t), "other");
     if (e->slots) l3d_free(ctx, e->slots, (size_t)e->n_slots * sizeof(slot_t), "other");
     if (e->logits) l3d_free(ctx, e->logits, (size_t)e->n_slots * (size_t)e->V * sizeof(float), "other");
-    if (e->seqs) l3d_free(ctx, e->seqs, (size_t)e->n_slots * sizeof(int), "other");
-    if (e->batch) l3d_free(ctx, e->batch, (size_t)e->n_slots * sizeof(int32_t), "other");
+    if (e->spans) l3d_free(ctx, e->spans, (size_t)e->n_slots * sizeof(l3d_decode_span_t), "other");
+    if (e->batch)
+        l3d_free(ctx, e->batch, (size_t)(e->n_slots + e->chunk) * sizeof(int32_t), "other");
     l3d_kv_cache_destroy(e->cache);
     pthread_cond_destroy(&e->cv);
     pthread_mutex_destroy(&e->mu);
@@ -540,15 +539,18 @@ l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p) {
     for (int j = 0; j < n_end; j++)
         if (e->slots[end_at[j]].r) finish_slot(e, &e->slots[end_at[j]], slot_end[j], 0);
 
-    // the generating slots' tokens, fed below after one prompt chunk
-    int nb = 0;
+    // One pass: the generating slots' tokens, then up to one chunk of prompt tokens over the
+    // prefilling slots in turn (short prompts arriving together share a step; a long one takes
+    // the whole chunk). Only a span that ends its prompt asks for logits.
+    int ns = 0, nt = 0;
     for (int i = 0; i < e->n_slots; i++)
-        if (e->slots[i].r && e->slots[i].next >= 0) e->seqs[nb] = i, e->batch[nb++] = e->slots[i].next;
-    // up to one chunk of prompt tokens, over the prefilling slots in turn (short prompts
-    // arriving together share a step; a long one takes the whole chunk)
-    int budget = e->chunk;
-    for (int k = 0; k < e->n_slots && st >= 0 && budget > 0; k++) {
-        int i = (e->prefill_next + k) % e->n_slots;
+        if (e->slots[i].r && e->slots[i].next >= 0) {
+            e->spans[ns++] = (l3d_decode_span_t){i, 1, 1};
+            e->batch[nt++] = e->slots[i].next;
+        }
+    int budget = e->chunk, first = e->prefill_next;
+    for (int k = 0; k < e->n_slots && budget > 0; k++) {
+        int i = (first + k) % e->n_slots;
         slot_t *s = &e->slots[i];
         if (!s->r || s->fed >= s->r->n_prompt) continue;
         int n = s->r->n_prompt - s->fed;
@@ -556,22 +558,20 @@ l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p) {
         budget -= n;
         // (the next step starts after this slot, or with it while its prompt is not done)
         e->prefill_next = s->fed + n < s->r->n_prompt ? i : (i + 1) % e->n_slots;
-        float *row = e->logits + (size_t)i * e->V;
-        st = e->be.decode_seq(e->be_arg, i, s->r->prompt + s->fed, n, row);
-        if (st < 0) break;
-        memcpy(s->toks + s->n_toks, s->r->prompt + s->fed, (size_t)n * sizeof(int32_t));
-        s->fed += n;
-        s->n_toks += n;
-        if (s->fed == s->r->n_prompt) st = take_token(e, s, row);
+        e->spans[ns++] = (l3d_decode_span_t){i, n, s->fed + n == s->r->n_prompt};
+        memcpy(e->batch + nt, s->r->prompt + s->fed, (size_t)n * sizeof(int32_t));
+        nt += n;
     }
-    if (st >= 0 && nb > 0) {
-        st = e->be.decode_batch(e->be_arg, e->seqs, e->batch, nb, e->logits);
-        for (int j = 0; j < nb && st >= 0; j++) {
-            slot_t *s = &e->slots[e->seqs[j]];
-            s->toks[s->n_toks++] = s->next;
+    if (st >= 0 && ns > 0) st = e->be.decode_spans(e->be_arg, e->spans, ns, e->batch, e->logits);
+    for (int j = 0, t = 0, row = 0; j < ns && st >= 0; t += e->spans[j++].n) {
+        slot_t *s = &e->slots[e->spans[j].seq];
+        memcpy(s->toks + s->n_toks, e->batch + t, (size_t)e->spans[j].n * sizeof(int32_t));
+        s->n_toks += e->spans[j].n;
+        if (s->next >= 0)
             s->next = -1;
-            st = take_token(e, s, e->logits + (size_t)j * e->V);
-        }
+        else
+            s->fed += e->spans[j].n;
+        if (e->spans[j].logits) st = take_token(e, s, e->logits + (size_t)row++ * e->V);
     }
     if (st < 0) end_all(e, L3D_GEN_ERROR);
     if (busy_p) {

@@ -108,12 +108,11 @@ l3d_status l3d_engine_create(l3d_model_t *model, const l3d_engine_params_t *para
 // 0 .. slots-1, each holding up to ctx_size positions; every entry is called from the engine's
 // thread only, blocks until its result is in host memory, and returns a failure as a status.
 typedef struct l3d_engine_backend {
-    // Appends tokens[0..n) to sequence `seq`; writes the logits of the last one (vocab floats).
-    l3d_status (*decode_seq)(void *arg, int seq, const int32_t *tokens, int n, float *logits);
-    // Appends tokens[i] to seqs[i] (distinct) for i < n; writes logits (n, vocab), row i for
-    // seqs[i] (l3d_model_decode_batch's contract).
-    l3d_status (*decode_batch)(void *arg, const int *seqs, const int32_t *tokens, int n,
-                               float *logits);
+    // Appends each span's tokens to its sequence (distinct; tokens laid out span after span)
+    // and writes the logits of the last token of each span asking for them, rows in span
+    // order (vocab floats each): l3d_model_decode_spans's contract. A step calls it once.
+    l3d_status (*decode_spans)(void *arg, const l3d_decode_span_t *spans, int n_spans,
+                               const int32_t *tokens, float *logits);
     // Keeps the first `keep` positions of sequence `seq`.
     l3d_status (*truncate)(void *arg, int seq, int keep);
     // Optional (NULL: none): called about once a second while l3d_engine_run waits with
@@ -141,9 +140,9 @@ l3d_status l3d_engine_submit(l3d_engine_t *e, const l3d_gen_request_t *req, uint
 // engine's next step. An unknown or finished id is L3D_ERR_NOT_FOUND.
 l3d_status l3d_engine_cancel(l3d_engine_t *e, uint64_t id);
 // One scheduling step on the calling thread: admits queued requests to free slots, ends the
-// cancelled and the late, feeds up to prefill_chunk prompt tokens (over the prefilling requests
-// in turn), then one token for every generating request
-// (one batched decode), delivering their events. *busy_p (may be NULL): whether anything is
+// cancelled and the late, feeds one token for every generating request and up to prefill_chunk
+// prompt tokens (over the prefilling requests in turn) in one decode_spans call, delivering
+// their events. *busy_p (may be NULL): whether anything is
 // queued or running afterwards. A failure of the model ends the running requests with
 // L3D_GEN_ERROR and is returned.
 l3d_status l3d_engine_step(l3d_engine_t *e, int *busy_p);
