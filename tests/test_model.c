@@ -330,6 +330,17 @@ Test(model, rope_llama3_scaling_bands) {
     }
 }
 
+// The model of the several-sequence decode tests.
+static l3d_model_config_t decode_config(void) {
+    l3d_model_config_t cfg = small_config(1);
+    cfg.hidden_size = 128;
+    cfg.intermediate_size = 256;
+    cfg.head_dim = 32;
+    cfg.vocab_size = 300;
+    cfg.initializer_range = 0.05f;
+    return cfg;
+}
+
 // Several sequences in one cache: sequences at different positions advanced together by
 // l3d_model_decode_batch give, row for row, the logits of decoding each alone in a cache of
 // its own. Both take the matrix-vector kernel (up to 16 rows), but the batch's layers are not
@@ -337,12 +348,7 @@ Test(model, rope_llama3_scaling_bands) {
 // sums may differ in order: decode_matches_full_forward_at_width's bound applies (attention
 // over at most T keys, T the longest sequence).
 Test(model, batched_decode_matches_one_sequence_at_a_time) {
-    l3d_model_config_t cfg = small_config(1);
-    cfg.hidden_size = 128;
-    cfg.intermediate_size = 256;
-    cfg.head_dim = 32;
-    cfg.vocab_size = 300;
-    cfg.initializer_range = 0.05f;
+    l3d_model_config_t cfg = decode_config();
     fixture_t f = open_wide(cfg, 11);
     enum { S = 6, CAP = 40, STEPS = 4 };
     const int V = f.m->V;
@@ -420,12 +426,7 @@ Test(model, batched_decode_matches_one_sequence_at_a_time) {
 // than the cache's rows per pass (here the capacity, 40) is cut into passes, one span across
 // the cut. The bound is the batched decode's (same math, sums in another order).
 Test(model, mixed_spans_match_each_sequence_alone) {
-    l3d_model_config_t cfg = small_config(1);
-    cfg.hidden_size = 128;
-    cfg.intermediate_size = 256;
-    cfg.head_dim = 32;
-    cfg.vocab_size = 300;
-    cfg.initializer_range = 0.05f;
+    l3d_model_config_t cfg = decode_config();
     fixture_t f = open_wide(cfg, 12);
     enum { S = 5, CAP = 40 };
     const int V = f.m->V;
