@@ -320,9 +320,9 @@ static float dot_order(const float *a, const float *b, int K) {
     return s;
 }
 Test(cpu_dtypes, gemv_bits_follow_the_documented_order) {
-    const int Ks[] = {1, 17, 384, 1001}, Ms[] = {1, 3, 16}, N = 37;
+    const int Ks[] = {1, 17, 384, 1001}, Ms[] = {1, 3, 7, 16}, N = 37;
     for (int ki = 0; ki < 4; ki++)
-        for (int mi = 0; mi < 3; mi++)
+        for (int mi = 0; mi < 4; mi++)
             for (int bt = 0; bt < 2; bt++) {
                 int K = Ks[ki], M = Ms[mi], ldb = K + 5;
                 l3d_dtype t = bt ? L3D_BFLOAT16 : L3D_FLOAT32;

@@ -45,55 +45,80 @@ L3D_CPU_SIMD static void rows4(const l3d_gemm_t *g, int j0, int j1) {
         }
     }
 }
-// One weight row at a time in 8-lane halves (l3d_cpu_dot_halves; bfloat16 rows through
-// dot_bf16 where given, a constant at each call): the same bits.
-typedef float (*dot_bf16_fn)(const float *a, const uint16_t *b, int n);
-L3D_CPU_INLINE void rows1_with(const l3d_gemm_t *g, int j0, int j1, dot_bf16_fn dot_bf16) {
+// One weight row at a time in 8-lane halves (l3d_cpu_dot_halves): the same bits.
+L3D_CPU_SIMD static void rows1(const l3d_gemm_t *g, int j0, int j1) {
     const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
     const float *A = g->A;
     size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
     for (int j = j0; j < j1; j++) {
         const void *w = (const char *)g->B + (size_t)j * (size_t)g->ldb * es;
         for (int m = 0; m < M; m++) {
-            const float *a = A + (size_t)m * (size_t)g->lda;
-            float d = !bf16     ? l3d_cpu_dot_halves(a, w, 0, K)
-                      : dot_bf16 ? dot_bf16(a, w, K)
-                                 : l3d_cpu_dot_halves(a, w, 1, K);
+            float d = l3d_cpu_dot_halves(A + (size_t)m * (size_t)g->lda, w, bf16, K);
             float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
             *c = g->beta == 0.0f ? g->alpha * d : g->alpha * d + g->beta * *c;
         }
     }
 }
-L3D_CPU_SIMD static void rows1(const l3d_gemm_t *g, int j0, int j1) { rows1_with(g, j0, j1, NULL); }
 #if defined(__x86_64__)
 #include <immintrin.h>
-// l3d_cpu_dot_halves of a bfloat16 row on AVX2, where vpmovzxwd widens eight weights straight
-// from memory: GCC lowered the vector extension's conversion to four instructions (two
-// 128-bit widenings and an insert), and decode in bfloat16 ran ~10% slower on Zen for it.
-// The same arithmetic: lo and hi partials, each product then its sum (no FMA in this target),
-// the same fold and tail.
-__attribute__((target("avx2"))) static float dot_bf16_avx2(const float *a, const uint16_t *b,
-                                                            int n) {
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+// l3d_cpu_dot_halves of one weight row (float32, or bfloat16 widened by vpmovzxwd straight
+// from memory: GCC lowered the vector extension's conversion to four instructions, and decode
+// in bfloat16 ran ~10% slower on Zen for it) with R input rows at once: each 16 weights are
+// loaded and widened once for the R rows (at 16 streams the product was bound by the
+// widening, not by memory: 81% of a step). The same arithmetic for each output: lo and hi
+// partials, each product then its sum (no FMA in this target), the same fold and tail.
+__attribute__((target("avx2"), always_inline)) static inline void dot_rows_avx2(
+    const float *const *a, const void *w, int bf16, int K, float *d, const int R) {
+    __m256 lo[4], hi[4];
+    for (int r = 0; r < R; r++) lo[r] = hi[r] = _mm256_setzero_ps();
     int i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + i)));
-        __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + i + 8)));
-        __m256 w0 = _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16));
-        __m256 w1 = _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16));
-        lo = _mm256_add_ps(lo, _mm256_mul_ps(_mm256_loadu_ps(a + i), w0));
-        hi = _mm256_add_ps(hi, _mm256_mul_ps(_mm256_loadu_ps(a + i + 8), w1));
+    for (; i + 16 <= K; i += 16) {
+        __m256 w0, w1;
+        if (bf16) {
+            const uint16_t *b = (const uint16_t *)w + i;
+            __m256i u0 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)b));
+            __m256i u1 = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 8)));
+            w0 = _mm256_castsi256_ps(_mm256_slli_epi32(u0, 16));
+            w1 = _mm256_castsi256_ps(_mm256_slli_epi32(u1, 16));
+        } else {
+            w0 = _mm256_loadu_ps((const float *)w + i);
+            w1 = _mm256_loadu_ps((const float *)w + i + 8);
+        }
+        for (int r = 0; r < R; r++) {
+            lo[r] = _mm256_add_ps(lo[r], _mm256_mul_ps(_mm256_loadu_ps(a[r] + i), w0));
+            hi[r] = _mm256_add_ps(hi[r], _mm256_mul_ps(_mm256_loadu_ps(a[r] + i + 8), w1));
+        }
     }
-    __m256 h8 = _mm256_add_ps(lo, hi);  // acc[k] += acc[k + 8]
-    __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-    float f[4];
-    _mm_storeu_ps(f, h4);
-    float s = (f[0] + f[2]) + (f[1] + f[3]);
-    for (; i < n; i++) s += a[i] * l3d_cpu_elem(b, 1, i);
-    return s;
+    for (int r = 0; r < R; r++) {
+        __m256 h8 = _mm256_add_ps(lo[r], hi[r]);  // acc[k] += acc[k + 8]
+        __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+        float f[4];
+        _mm_storeu_ps(f, h4);
+        float s = (f[0] + f[2]) + (f[1] + f[3]);
+        for (int t = i; t < K; t++) s += a[r][t] * l3d_cpu_elem(w, bf16, t);
+        d[r] = s;
+    }
 }
+// One weight row at a time, its M input rows four, then two, then one at a time.
 __attribute__((target("avx2"))) static void rows1_avx2(const l3d_gemm_t *g, int j0, int j1) {
-    rows1_with(g, j0, j1, dot_bf16_avx2);
+    const int M = g->M, K = g->K, bf16 = g->b_type == L3D_BFLOAT16;
+    size_t es = bf16 ? sizeof(uint16_t) : sizeof(float);
+    for (int j = j0; j < j1; j++) {
+        const void *w = (const char *)g->B + (size_t)j * (size_t)g->ldb * es;
+        for (int m = 0; m < M;) {
+            const float *a[4];
+            float d[4];
+            int R = M - m >= 4 ? 4 : M - m >= 2 ? 2 : 1;
+            for (int r = 0; r < R; r++) a[r] = (const float *)g->A + (size_t)(m + r) * g->lda;
+            if (R == 4) dot_rows_avx2(a, w, bf16, K, d, 4);
+            else if (R == 2) dot_rows_avx2(a, w, bf16, K, d, 2);
+            else dot_rows_avx2(a, w, bf16, K, d, 1);
+            for (int r = 0; r < R; r++, m++) {
+                float *c = (float *)g->C + (size_t)m * (size_t)g->ldc + j;
+                *c = g->beta == 0.0f ? g->alpha * d[r] : g->alpha * d[r] + g->beta * *c;
+            }
+        }
+    }
 }
 #endif
 // Four rows of one 16-lane vector each where AVX-512 holds such a vector in a register (the
