@@ -33,10 +33,12 @@
 #   speed     bench/device_speed.c: GEMM and attention TFLOP/s at Llama 3.2 1B's shapes, each
 #             memory-bound kernel against a copy (goals in bench/README.md; measured, never
 #             asserted)                                                            (300 s)
+#   step      a Llama 3.2 1B bf16 training step's MFU (batch 4 x 2048) and 1B decode
+#             tokens/s from a random 1B saved on the GPU (measured, never asserted)  (480 s)
 # Exit 0 when every section run passed (SKIP: no GPU, or a tool missing).
 set -u
 cd "$(dirname "$0")/.."
-build="" only="facts,build,ops,nccl,memcheck,train,layouts,ckpt,speed"
+build="" only="facts,build,ops,nccl,memcheck,train,layouts,ckpt,speed,step"
 while [ $# -gt 0 ]; do
   case $1 in
     --build) build=$2; shift 2 ;;
@@ -263,6 +265,38 @@ if want speed; then
   else
     tail -5 "$build/gpu-check-speed.md"
     record speed FAIL "see $build/gpu-check-speed.md"
+  fi
+fi
+
+# A Llama 3.2 1B training step's MFU in bf16 (batch 4 x 2048 tokens; against the device's bf16
+# peak, 989 TFLOP/s on H100 and H200: the "peak_flops" of the metrics) as the median of steps
+# 3-8, and 1B decode tokens/s (128 greedy tokens from a random 1B saved on the GPU). Measured,
+# never asserted; the section fails only when a command does.
+step_median() {  # step_median KEY FILE: the median of KEY over steps >= 3 of a --metrics file
+  grep -o "\"step\": [0-9]*\|\"$1\": [0-9.e+-]*" "$2" | paste -d' ' - - |
+    awk '$2 >= 3 { print $4 }' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'
+}
+if want step; then
+  l3d=$build/l3d
+  if ! has_gpu; then
+    record step SKIP "no GPU"
+  else
+    ok=1 log=$build/gpu-check-1b.log
+    echo '{"bf16": {"enabled": true}, "train_micro_batch_size_per_gpu": 4, "train_batch_size": 4}' \
+      >"$build/gpu-check-1b.json"
+    timeout 240 "$l3d" train --model llama3.2-1b --config "$build/gpu-check-1b.json" \
+      --seq-len 2048 --steps 8 --device cuda --metrics "$build/gpu-check-1b.jsonl" >"$log" 2>&1 ||
+      ok=0
+    mfu=$(step_median mfu "$build/gpu-check-1b.jsonl")
+    tps=$(step_median tokens_per_s "$build/gpu-check-1b.jsonl")
+    rm -rf "$build/gpu-check-1b-ck"
+    timeout 120 "$l3d" train --model llama3.2-1b --steps 0 --device cuda \
+      --save "$build/gpu-check-1b-ck" >>"$log" 2>&1 || ok=0
+    timeout 120 "$l3d" generate --checkpoint "$build/gpu-check-1b-ck" --device cuda --prompt "The" \
+      --max-tokens 128 --temperature 0 >/dev/null 2>>"$log" || ok=0
+    dec=$(grep -o '([0-9.]* tokens/s)' "$log" | tail -1 | tr -dc '0-9.')
+    detail="1B bf16 training MFU ${mfu:-?} (${tps:-?} tokens/s); 1B decode ${dec:-?} tokens/s"
+    [ $ok -eq 1 ] && record step ok "$detail" || record step FAIL "$detail; see $log"
   fi
 fi
 
