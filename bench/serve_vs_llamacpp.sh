@@ -21,7 +21,8 @@
 #    matrices under SVL_DTYPE=bf16) with that vocabulary for llama-server.
 # 2. For each thread count in SVL_THREADS (default "2"): each server in turn, started alone
 #    with SVL_SLOTS (16) slots of SVL_CTX (512) tokens each (llama-server: --parallel 16 and -c
-#    16 x 512, since it splits -c among its slots), warmed up by one request, then for 1, 4 and
+#    16 x 512, since it splits -c among its slots; SVL_L3D_FLAGS adds flags to l3d serve's,
+#    e.g. "--prefill-chunk 1024"), warmed up by one request, then for 1, 4 and
 #    16 clients bench/serve_load.js: SVL_REQS (4) streamed requests per client, each a prompt
 #    of SVL_PROMPT (128) token ids and SVL_GEN (64) generated tokens (temperature 0,
 #    ignore_eos), timing first tokens and the gaps between tokens.
@@ -89,7 +90,7 @@ run() {
       --parallel "$SLOTS" -c $((SLOTS * CTX)) --no-webui >"$tmp/$side.log" 2>&1 &
   else
     L3D_NUM_THREADS=$t "$L3D" serve --checkpoint "$tmp/ck" --port "$port" --threads "$t" \
-      --dtype "${SVL_L3D_DTYPE:-auto}" \
+      --dtype "${SVL_L3D_DTYPE:-auto}" ${SVL_L3D_FLAGS:-} \
       --parallel "$SLOTS" --ctx-size "$CTX" >"$tmp/$side.log" 2>&1 &
   fi
   pid=$!
