@@ -23,6 +23,7 @@ struct l3d_kv_cache {
     int n_seq, cur;  // cur: the sequence l3d_kv_pass works on
     int *lens;       // (n_seq) positions of each sequence
     l3d_decode_span_t *spans[2];  // (n_seq) each: a batch's spans, a pass's spans
+    uint32_t *seen, stamp;  // (n_seq) seen[s] == stamp: sequence s is in the call being checked
     int rows, logit_rows;  // rows per pass, logit rows per head GEMM
     float *k, *v;  // (n_seq, L, cap, KVH*D)
     float *kt, *vt;  // (rows, KVH*D): a batch's new key/value rows before they are placed
@@ -94,7 +95,8 @@ l3d_status l3d_kv_cache_create_seqs(l3d_model_t *m, int n_seq, int capacity,
     c->lens = l3d_calloc(ctx, (size_t)n_seq, sizeof(int), "acts");
     for (int i = 0; i < 2; i++)
         c->spans[i] = l3d_calloc(ctx, (size_t)n_seq, sizeof(l3d_decode_span_t), "acts");
-    if (!c->lens || !c->spans[0] || !c->spans[1]) {
+    c->seen = l3d_calloc(ctx, (size_t)n_seq, sizeof(uint32_t), "acts");
+    if (!c->lens || !c->spans[0] || !c->spans[1] || !c->seen) {
         l3d_kv_cache_destroy(c);
         return L3D_ERR_NOMEM;
     }
@@ -127,6 +129,7 @@ void l3d_kv_cache_destroy(l3d_kv_cache_t *c) {
     l3d_dev_free(dev, c->k, c->kv_bytes, "acts");
     for (int i = 0; i < 2; i++)
         l3d_free(c->m->ctx, c->spans[i], (size_t)c->n_seq * sizeof(l3d_decode_span_t), "acts");
+    l3d_free(c->m->ctx, c->seen, (size_t)c->n_seq * sizeof(uint32_t), "acts");
     l3d_free(c->m->ctx, c->lens, (size_t)c->n_seq * sizeof(int), "acts");
     l3d_free(c->m->ctx, c, sizeof(*c), "acts");
 }
@@ -360,7 +363,7 @@ l3d_status l3d_model_decode_batch(l3d_model_t *m, l3d_kv_cache_t *c, const int *
     return l3d_model_decode_spans(m, c, c->spans[0], n, tokens, logits);
 }
 
-l3d_status l3d_kv_check_spans(const l3d_kv_cache_t *c, const l3d_decode_span_t *sp, int ns,
+l3d_status l3d_kv_check_spans(l3d_kv_cache_t *c, const l3d_decode_span_t *sp, int ns,
                               const int32_t *tokens, const char *what, int *n_tokens_p,
                               int *n_logits_p) {
     l3d_ctx_t *ctx = c->m->ctx;
@@ -368,15 +371,21 @@ l3d_status l3d_kv_check_spans(const l3d_kv_cache_t *c, const l3d_decode_span_t *
     if (ns < 1 || ns > c->n_seq)
         return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: %d spans for %d sequences", what, ns,
                          c->n_seq);
+    // (a stamp per call marks the sequences seen: linear in the spans, where comparing every
+    // pair cost 8M comparisons a step at 4096 slots; at the stamp's wrap every mark is reset)
+    if (++c->stamp == 0) {
+        memset(c->seen, 0, (size_t)c->n_seq * sizeof(uint32_t));
+        c->stamp = 1;
+    }
     for (int j = 0; j < ns; j++) {
         int s = sp[j].seq;
         if (s < 0 || s >= c->n_seq)
             return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d of a cache of %d", what,
                              s, c->n_seq);
-        for (int i = 0; i < j; i++)
-            if (sp[i].seq == s)
-                return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d appears twice (one "
-                                 "span per sequence)", what, s);
+        if (c->seen[s] == c->stamp)
+            return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: sequence %d appears twice (one "
+                             "span per sequence)", what, s);
+        c->seen[s] = c->stamp;
         if (sp[j].n < 1 || sp[j].n > c->cap - c->lens[s])
             return l3d_error(ctx, L3D_ERR_INVALID_ARG, "%s: %d tokens for sequence %d at "
                              "position %d (capacity %d)", what, sp[j].n, s, c->lens[s], c->cap);

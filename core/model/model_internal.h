@@ -54,7 +54,7 @@ l3d_status l3d_kv_pass_spans(l3d_kv_cache_t *c, const l3d_decode_span_t *spans, 
 // once, n >= 1 tokens that fit, each token in the vocabulary (NULL tokens: not checked, for a
 // stage without the embedding); L3D_ERR_INVALID_ARG naming `what` otherwise. *n_tokens_p and
 // *n_logits_p: the tokens in all and the spans asking for logits.
-l3d_status l3d_kv_check_spans(const l3d_kv_cache_t *c, const l3d_decode_span_t *spans, int ns,
+l3d_status l3d_kv_check_spans(l3d_kv_cache_t *c, const l3d_decode_span_t *spans, int ns,
                               const int32_t *tokens, const char *what, int *n_tokens_p,
                               int *n_logits_p);
 // The next pass of a spans call: from the cursor (*span_i, *off: the span and the tokens of
