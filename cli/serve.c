@@ -355,7 +355,7 @@ int l3d_cmd_serve(int argc, char **argv) {
         {"--model-name", "NAME", "the model's id in the API (default: the directory's name)",
          &name, 0},
         {"--body-max", "BYTES", "largest request body (default 8388608)", &bodymax, 0},
-        {"--prefill-chunk", "N", "prompt tokens fed between the running streams' tokens "
+        {"--prefill-chunk", "N", "prompt tokens fed per step beside the running streams' tokens "
          "(default 256)", &chunk, 0},
         {"--grace", "S", "seconds requests in flight get to finish at SIGTERM (default 10)",
          &grace, 0},

@@ -28,7 +28,7 @@ typedef struct l3d_engine_params {
     int slots;          // requests generating at once (>= 1); each gets ctx_size positions
     int ctx_size;       // positions per slot, prompt and answer (<= max_position_embeddings)
     int queue_max;      // requests waiting for a slot; one more is L3D_ERR_BUSY (>= 0)
-    int prefill_chunk;  // prompt tokens fed per step, between the running streams' tokens
+    int prefill_chunk;  // prompt tokens fed per step, in the running streams' pass
                         // (0: 256)
 } l3d_engine_params_t;
 
