@@ -444,21 +444,24 @@ l3d_status l3d_kv_pass_spans(l3d_kv_cache_t *c, const l3d_decode_span_t *sp, int
         L3D_CHECK(ctx, l3d_dev_copy(dev, x_next, x, (size_t)k * C * sizeof(float), L3D_COPY_D2D));
     } else {
         // The head over the last row of each span asking for logits, logit_rows at a time
-        // (their final norms gathered into lnf); under tp this rank's vocabulary slice (V
-        // columns) of each, at out + j * ldo.
+        // (their final norms gathered into lnf, one call per run of adjacent rows: a decode
+        // step's rows are one run); under tp this rank's vocabulary slice (V columns) of
+        // each, at out + j * ldo.
         const float *nw = l3d_model_infer_w(m, m->norm);
-        int j = 0, r = 0, done = 0;
+        int j = 0, r = 0, done = 0, at[INFER_LOGIT_ROWS];
         while (j < ns) {
             int rows = 0;
-            for (; j < ns && rows < c->logit_rows; r += sp[j++].n) {
-                if (!sp[j].logits) continue;
-                L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf + (size_t)rows * C, c->rstdf + rows,
-                                                   x + (size_t)(r + sp[j].n - 1) * C, nw, 1, C,
+            for (; j < ns && rows < c->logit_rows; r += sp[j++].n)
+                if (sp[j].logits) at[rows++] = r + sp[j].n - 1;
+            if (!rows) continue;
+            for (int a = 0, b; a < rows; a = b) {
+                b = a + 1;
+                while (b < rows && at[b] == at[b - 1] + 1) b++;
+                L3D_CHECK(ctx, l3d_dev_rmsnorm_fwd(dev, c->lnf + (size_t)a * C, c->rstdf + a,
+                                                   x + (size_t)at[a] * C, nw, b - a, C,
                                                    m->cfg.rms_norm_eps, L3D_FLOAT32,
                                                    l3d_model_infer_wt(m)));
-                rows++;
             }
-            if (!rows) continue;
             l3d_gemm_t g = {.trans_a = 0, .trans_b = 1, .M = rows, .N = V, .K = C, .alpha = 1.0f,
                             .beta = 0.0f, .A = c->lnf, .lda = C,
                             .B = l3d_model_infer_w(m, m->head), .ldb = C, .C = c->logits,
