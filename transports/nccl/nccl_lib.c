@@ -19,8 +19,12 @@ l3d_status l3d_nccl_lib_open(l3d_ctx_t *ctx, l3d_nccl_lib_t *lib) {
     memset(lib, 0, sizeof(*lib));
     const char *names[] = {"libnccl.so.2", L3D_NCCL_LIBDIR "/libnccl.so.2"};
     char why[256] = "";
+    // RTLD_NODELETE: ncclGetUniqueId starts NCCL's bootstrap root thread, which outlives any
+    // communicator (it waits for ranks that, after an error, never come). Unmapping the
+    // library under it crashed the process in that thread's next step (l3d bench comm
+    // without a GPU, 1 run in 60 under load: SIGSEGV in start_thread's callee after dlclose).
     for (int i = 0; i < 2 && !lib->so; i++) {
-        lib->so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        lib->so = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         if (!lib->so && i == 1) snprintf(why, sizeof(why), "%s", dlerror());
     }
     if (!lib->so)
