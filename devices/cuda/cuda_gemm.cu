@@ -79,7 +79,11 @@ static l3d_status lt_open(l3d_device_t *dev) {
     const char *names[2] = {"libcublasLt.so." L3D_STR(CUBLAS_VER_MAJOR),
                             L3D_CUDA_LIBDIR "/libcublasLt.so." L3D_STR(CUBLAS_VER_MAJOR)};
     void *lib = NULL;
-    for (int i = 0; i < 2 && !lib; i++) lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    // RTLD_NODELETE, as libnccl (transports/nccl/nccl_lib.c): a device closed and created
+    // again in one process (the tests, an application's second model) finds the library
+    // mapped instead of relocating its hundreds of MB once more.
+    for (int i = 0; i < 2 && !lib; i++)
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     if (!lib)
         return l3d_error(dev->ctx, L3D_ERR_UNSUPPORTED,
                          "cuda: cuBLASLt: %s (not in the loader's "
