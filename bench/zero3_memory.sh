@@ -92,13 +92,13 @@ for model in llama3-8b llama3-70b; do
           # (No apostrophes in this awk text: it sits in single quotes.)
           run = gpu
           if (st != 3 && off == "optimizer") run = gpu + 2e8 + 2 * (big > 1e8 ? big : 0)
-          printf "%.1f %.1f %.6f %.1f %.6f", gpu / 2^30, cpu / 8 / 2^30, gpu / 2^20, run / 2^30, run / 2^20 }')
+          printf "%.1f %.1f %.6f %.6f", gpu / 2^30, cpu / 8 / 2^30, gpu / 2^20, run / 2^20 }')
         # (the ratio against DeepSpeed's exact figure, not the GiB printed)
-        read -r dsg dsc dsm dsrg dsrm <<<"$ds"
+        read -r dsg dsc dsm dsrm <<<"$ds"
         ratio=$(awk -v a="$dev" -v c="$dev16" -v e="$devov" -v b="$dsm" 'BEGIN { printf "%.2f / %.2f / %.2f", a / b, c / b, e / b }')
         runr="-"
         [ "$stage" != 3 ] && [ "$off" = optimizer ] &&
-          runr=$(awk -v c="$dev16" -v b="$dsrm" 'BEGIN { printf "%s GiB: %.3f", sprintf("%.1f", b / 1024), c / b }')
+          runr=$(awk -v c="$dev16" -v b="$dsrm" 'BEGIN { printf "%.1f GiB: %.3f", b / 1024, c / b }')
         printf "| %s | %d | %d | %s | %s / %s / %s | %s | %s | %s | %s | %s |\n" "$model" "$n" "$stage" "$off" \
           "$(gib "$dev")" "$(gib "$dev16")" "$(gib "$devov")" "$(gib "${host:-0}")" "$dsg" "$dsc" "$ratio" "$runr"
       done
