@@ -272,8 +272,9 @@ static int on_event(void *user, const l3d_gen_event_t *ev) {
                     lpa = l;
                 }
             }
-            sse_chunk(hr, hr->text + hr->shown, upto > hr->shown ? upto - hr->shown : 0, lpa,
-                      NULL);
+            // (no text yet, before the first piece: hr->text is NULL)
+            sse_chunk(hr, hr->text ? hr->text + hr->shown : "",
+                      upto > hr->shown ? upto - hr->shown : 0, lpa, NULL);
             if (upto > hr->shown) hr->shown = upto;
         }
     }

@@ -11,7 +11,7 @@ build=${1:?usage: run.sh BUILD_DIR SECONDS}
 secs=${2:?usage: run.sh BUILD_DIR SECONDS}
 bin=$build/tests/fuzz
 work=$build/fuzz-work
-for t in fuzz_safetensors fuzz_config fuzz_tokenizer; do
+for t in fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_serve; do
     if [[ ! -x $bin/$t ]]; then
         echo "run.sh: $bin/$t missing (configure with -DL3D_BUILD_FUZZ=ON)" >&2
         exit 2
@@ -20,7 +20,8 @@ done
 rm -rf "$work/seeds-"*
 mkdir -p "$work/seeds-fuzz_safetensors" "$work/seeds-fuzz_config" \
     "$work/corpus-fuzz_safetensors" "$work/corpus-fuzz_config" \
-    "$work/seeds-fuzz_tokenizer" "$work/corpus-fuzz_tokenizer"
+    "$work/seeds-fuzz_tokenizer" "$work/corpus-fuzz_tokenizer" \
+    "$work/seeds-fuzz_serve" "$work/corpus-fuzz_serve"
 
 # ---- safetensors seeds: 8-byte LE header length, the header, NBYTES data bytes ----------
 le64() {
@@ -99,15 +100,36 @@ printf '\000{"model":{"type":"BPE","vocab":{"a":0,"b":1},"merges":["a b"],"ignor
     >"$k/json"
 printf '\200abc abab  a\n\xff\xfe caf\xc3\xa9 \xe4\xb8\x96 1234567 <|eot_id|>' >"$k/text"
 
+# ---- serve seeds: route byte (fuzz_serve.c: 0 chat, 1 completions, 2 tokenize, 3 detokenize,
+# 4 models, 5 metrics; +8 cancels after two steps) + body ----------------------------------
+v=$work/seeds-fuzz_serve
+printf '\000{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0}' >"$v/chat"
+printf '\001{"prompt":"ab","max_tokens":4,"stream":true,"stream_options":{"include_usage":true},'\
+'"logprobs":2,"stop":["a","b c"],"seed":3}' >"$v/completions"
+printf '\002{"content":"abc <|eot_id|>","add_special":true,"parse_special":false}' >"$v/tokenize"
+printf '\003{"tokens":[97,98,256]}' >"$v/detokenize"
+printf '\010{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":'\
+'"text","text":"x"}]}],"stream":true,"logprobs":true,"top_logprobs":3,"top_k":5}' >"$v/cancel"
+printf '\011{"prompt":[1,2,300],"max_completion_tokens":2,"presence_penalty":1.5,'\
+'"frequency_penalty":-1,"repeat_penalty":1.1,"min_p":0.1,"top_p":0.9,"model":"fuzz"}' >"$v/ids"
+printf '\004' >"$v/models"
+printf '\005' >"$v/metrics"
+sdict=$work/serve.dict
+printf '%s\n' '"messages"' '"role"' '"content"' '"user"' '"system"' '"assistant"' \
+    '"developer"' '"prompt"' '"max_tokens"' '"stream"' '"stream_options"' '"include_usage"' \
+    '"stop"' '"logprobs"' '"top_logprobs"' '"temperature"' '"seed"' '"model"' '"type"' \
+    '"text"' '"tokens"' '"ignore_eos"' '"n"' '"<|eot_id|>"' '"\\u0000"' '"\\ud800"' >"$sdict"
+
 # ---- run ---------------------------------------------------------------------------------
 status=0
 # The targets run at once (libFuzzer runs one thread: a machine's cores each take one), each for
 # SECONDS; then each reports, in order.
-targets=(fuzz_safetensors fuzz_config fuzz_tokenizer)
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_serve)
 pids=()
 for t in "${targets[@]}"; do
     extra=()
     [[ $t == fuzz_safetensors ]] && extra=(-dict="$dict")
+    [[ $t == fuzz_serve ]] && extra=(-dict="$sdict")
     "$bin/$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
         -print_final_stats=1 -artifact_prefix="$work/$t-" "${extra[@]}" \
         "$work/corpus-$t" "$work/seeds-$t" 2>"$work/$t.log" &

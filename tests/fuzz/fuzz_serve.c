@@ -1,0 +1,168 @@
+// libFuzzer target: l3d serve's request handling (cli/serve_routes.c, cli/serve_api.c) on a
+// real engine over a tiny random model, without the HTTP socket. The first byte picks the
+// route (low 3 bits: chat, completions, tokenize, detokenize, models, metrics, health, a
+// wrong method or path) and whether an accepted request is cancelled after two steps (bit
+// 3); the rest is the body. Checked for every input (issue 29: "every client mistake is a
+// 4xx ..., never a 500, a crash or a hang"):
+//   - the status is 2xx or 4xx, and a JSON answer parses; a 4xx is OpenAI's error object
+//     {"error": {"message": string, "type": string, ...}};
+//   - an accepted request ends within its context's steps (no hang), and its answer parses:
+//     the whole body, or every server-sent event `data: {json}` up to `data: [DONE]`;
+//   - the engine is idle afterwards (nothing queued or running) and every reference is
+//     dropped (libFuzzer's leak check covers hreq_t and the answers).
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/serve.h"
+#include "core/l3d_core.h"
+#include "llama3d/serve.h"
+
+static void quiet(l3d_log_level level, uint32_t subsys, const char *msg, void *user) {}
+
+// Harness state, not library state: one server over one engine for every input.
+static srv_t srv;
+static l3d_device_t *dev;
+static l3d_model_t *model;
+
+static void setup(void) {
+    l3d_ctx_params_t p;
+    l3d_ctx_params_default(&p);
+    p.read_env = 0;
+    p.log_fn = quiet;
+    if (l3d_ctx_create(&p, &srv.ctx) != L3D_OK) __builtin_trap();
+    // The tokenizer: the 256 bytes (tiktoken format), a few merges and Llama 3's specials
+    // after them, as fuzz_tokenizer's fixed one; it knows Llama 3's chat template.
+    char dir[64], path[128];
+    snprintf(dir, sizeof(dir), "/tmp/l3d_fuzz_serve_%d", (int)getpid());
+    mkdir(dir, 0700);
+    snprintf(path, sizeof(path), "%s/tokenizer.model", dir);
+    static const char b64[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    FILE *f = fopen(path, "wb");
+    if (!f) __builtin_trap();
+    for (int c = 0; c < 256; c++) fprintf(f, "%c%c== %d\n", b64[c >> 2], b64[(c & 3) << 4], c);
+    fprintf(f, "YWI= 256\nYWJj 257\nIGE= 258\n");
+    if (fclose(f)) __builtin_trap();
+    if (l3d_tokenizer_open(srv.ctx, path, &srv.tok) != L3D_OK) __builtin_trap();
+    unlink(path);
+    rmdir(dir);
+    l3d_tokenizer_special_t sp;
+    if (l3d_tokenizer_special_ids(srv.tok, &sp) != L3D_OK) __builtin_trap();
+    // The model: every id of the tokenizer, small enough for a step of microseconds.
+    l3d_model_config_t *c = &srv.cfg;
+    snprintf(c->name, sizeof(c->name), "fuzz");
+    c->hidden_size = 32;
+    c->intermediate_size = 48;
+    c->num_hidden_layers = 1;
+    c->num_attention_heads = 2;
+    c->num_key_value_heads = 1;
+    c->head_dim = 16;
+    c->vocab_size = l3d_tokenizer_vocab_size(srv.tok);
+    c->max_position_embeddings = 64;
+    c->rms_norm_eps = 1e-5f;
+    c->rope_theta = 10000.0f;
+    c->bos_token_id = sp.bos_id;
+    c->eos_token_id = sp.eos_id;
+    c->initializer_range = 0.3f;
+    l3d_device_params_t dp = {.num_threads = 1};
+    if (l3d_device_create(srv.ctx, "cpu", &dp, &dev) != L3D_OK ||
+        l3d_model_create(srv.ctx, dev, c, &model) != L3D_OK ||
+        l3d_model_init_weights(model, 7) != L3D_OK)
+        __builtin_trap();
+    srv.ctx_size = 48;
+    srv.slots = 2;
+    l3d_engine_params_t ep = {.slots = srv.slots, .ctx_size = srv.ctx_size, .queue_max = 2};
+    if (l3d_engine_create(model, &ep, &srv.engine) != L3D_OK) __builtin_trap();
+    l3d_generation_config_default(&srv.gc);
+    for (int i = 0; i < sp.n_stop; i++) srv.stops.ids[srv.stops.n++] = sp.stop_ids[i];
+    snprintf(srv.model_name, sizeof(srv.model_name), "fuzz");
+    srv.body_max = 1 << 20;
+    srv.ready = 1;
+    pthread_mutex_init(&srv.tok_mu, NULL);
+    pthread_mutex_init(&srv.mu, NULL);
+}
+
+// A 4xx answer is OpenAI's error object; any JSON answer parses.
+static void check_answer(int status, const char *out, const char *ctype) {
+    if (status < 200 || status >= 500 || (status >= 300 && status < 400) || !out)
+        __builtin_trap();
+    if (strcmp(ctype, "application/json")) return;  // (/metrics: Prometheus text)
+    json_t *j = json_loads(out, 0, NULL);
+    if (!j) __builtin_trap();
+    if (status >= 400) {
+        json_t *e = json_object_get(j, "error");
+        if (!json_is_string(json_object_get(e, "message")) ||
+            !json_is_string(json_object_get(e, "type")))
+            __builtin_trap();
+    }
+    json_decref(j);
+}
+
+// Every event of a stream is `data: ` and a JSON object or [DONE], the last being [DONE].
+static void check_stream(const char *p, size_t n) {
+    int done = 0;
+    while (n) {
+        const char *end = NULL;
+        for (size_t i = 0; i + 1 < n && !end; i++)
+            if (p[i] == '\n' && p[i + 1] == '\n') end = p + i;
+        if (!end || done || n < 6 || memcmp(p, "data: ", 6)) __builtin_trap();
+        size_t len = (size_t)(end - p) - 6;
+        if (len == 6 && !memcmp(p + 6, "[DONE]", 6)) done = 1;
+        else {
+            json_t *j = json_loadb(p + 6, len, 0, NULL);
+            if (!json_is_object(j)) __builtin_trap();
+            json_decref(j);
+        }
+        n -= (size_t)(end - p) + 2;
+        p = end + 2;
+    }
+    if (!done) __builtin_trap();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    if (!srv.ctx) setup();
+    if (size < 1) return 0;
+    static const char *const routes[8][2] = {
+        {"POST", "/v1/chat/completions"}, {"POST", "/v1/completions"}, {"POST", "/tokenize"},
+        {"POST", "/detokenize"},          {"GET", "/v1/models"},       {"GET", "/metrics"},
+        {"GET", "/health"},               {"GET", "/v1/chat/completions"}};
+    const char *method = routes[data[0] & 7][0], *path = routes[data[0] & 7][1];
+    if ((data[0] & 7) == 7 && (data[0] & 16)) path = "/v1/nowhere";
+    char *out = NULL;
+    const char *ctype = NULL;
+    hreq_t *hr = NULL;
+    int status = l3d_serve_handle(&srv, method, path, (const char *)data + 1, size - 1, -1, &out,
+                                  &ctype, &hr);
+    if (status) check_answer(status, out, ctype);
+    free(out);
+    if (hr) {
+        // Accepted: the engine runs it to its end (at most a context of steps; the prompt in
+        // chunks of 256), or cancels it after two steps.
+        int cancel = data[0] & 8, busy = 1, steps = 0;
+        while (busy) {
+            if (cancel && steps == 2) l3d_engine_cancel(srv.engine, hr->engine_id);
+            if (l3d_engine_step(srv.engine, &busy) < 0 || ++steps > 4 * srv.ctx_size)
+                __builtin_trap();
+        }
+        pthread_mutex_lock(&hr->mu);
+        int finished = hr->finished, fin = hr->finish;
+        pthread_mutex_unlock(&hr->mu);
+        if (!finished || fin == L3D_GEN_ERROR || fin == L3D_GEN_TIMEOUT) __builtin_trap();
+        if (hr->stream) {
+            check_stream(hr->out, hr->olen);
+        } else if (fin != L3D_GEN_CANCELLED) {  // (a cancelled request has no answer)
+            char *body = l3d_serve_finish_body(hr);
+            check_answer(200, body, "application/json");
+            free(body);
+        }
+        l3d_serve_hreq_release(hr);  // (the engine dropped its reference at the last event)
+    }
+    l3d_engine_stats_t st;
+    l3d_engine_get_stats(srv.engine, &st);
+    if (st.queued || st.running) __builtin_trap();
+    return 0;
+}
