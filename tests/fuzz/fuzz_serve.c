@@ -10,6 +10,8 @@
 //     the whole body, or every server-sent event `data: {json}` up to `data: [DONE]`;
 //   - the engine is idle afterwards (nothing queued or running) and every reference is
 //     dropped (libFuzzer's leak check covers hreq_t and the answers).
+// Each input gets a fresh engine and the server a fixed sampling seed, so that an input's
+// answer is the same every run and a failing input repeats (BUILD/tests/fuzz/fuzz_serve FILE).
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -75,8 +77,7 @@ static void setup(void) {
         __builtin_trap();
     srv.ctx_size = 48;
     srv.slots = 2;
-    l3d_engine_params_t ep = {.slots = srv.slots, .ctx_size = srv.ctx_size, .queue_max = 2};
-    if (l3d_engine_create(model, &ep, &srv.engine) != L3D_OK) __builtin_trap();
+    srv.seed = 1;
     l3d_generation_config_default(&srv.gc);
     for (int i = 0; i < sp.n_stop; i++) srv.stops.ids[srv.stops.n++] = sp.stop_ids[i];
     snprintf(srv.model_name, sizeof(srv.model_name), "fuzz");
@@ -86,18 +87,27 @@ static void setup(void) {
     pthread_mutex_init(&srv.mu, NULL);
 }
 
+// Says which check failed and on what, then stops (libFuzzer keeps the input).
+static void fail(const char *why, int status, const char *text, size_t len) {
+    fprintf(stderr, "fuzz_serve: %s (status %d): %.*s\n", why, status,
+            (int)(len < 2000 ? len : 2000), text ? text : "(none)");
+    __builtin_trap();
+}
+
 // A 4xx answer is OpenAI's error object; any JSON answer parses.
 static void check_answer(int status, const char *out, const char *ctype) {
+    size_t n = out ? strlen(out) : 0;
     if (status < 200 || status >= 500 || (status >= 300 && status < 400) || !out)
-        __builtin_trap();
+        fail("not a 2xx or 4xx answer", status, out, n);
     if (strcmp(ctype, "application/json")) return;  // (/metrics: Prometheus text)
-    json_t *j = json_loads(out, 0, NULL);
-    if (!j) __builtin_trap();
+    json_error_t je;
+    json_t *j = json_loads(out, JSON_ALLOW_NUL, &je);  // (a generated 0 byte is "\u0000")
+    if (!j) fail(je.text, status, out, n);
     if (status >= 400) {
         json_t *e = json_object_get(j, "error");
         if (!json_is_string(json_object_get(e, "message")) ||
             !json_is_string(json_object_get(e, "type")))
-            __builtin_trap();
+            fail("a 4xx without OpenAI's error object", status, out, n);
     }
     json_decref(j);
 }
@@ -109,23 +119,28 @@ static void check_stream(const char *p, size_t n) {
         const char *end = NULL;
         for (size_t i = 0; i + 1 < n && !end; i++)
             if (p[i] == '\n' && p[i + 1] == '\n') end = p + i;
-        if (!end || done || n < 6 || memcmp(p, "data: ", 6)) __builtin_trap();
+        if (!end || done || n < 6 || memcmp(p, "data: ", 6))
+            fail("not an event `data: ...` before [DONE]", 200, p, n);
         size_t len = (size_t)(end - p) - 6;
         if (len == 6 && !memcmp(p + 6, "[DONE]", 6)) done = 1;
         else {
-            json_t *j = json_loadb(p + 6, len, 0, NULL);
-            if (!json_is_object(j)) __builtin_trap();
+            json_t *j = json_loadb(p + 6, len, JSON_ALLOW_NUL, NULL);
+            if (!json_is_object(j)) fail("an event that is not a JSON object", 200, p, len + 6);
             json_decref(j);
         }
         n -= (size_t)(end - p) + 2;
         p = end + 2;
     }
-    if (!done) __builtin_trap();
+    if (!done) fail("a stream without data: [DONE]", 200, p, 0);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!srv.ctx) setup();
     if (size < 1) return 0;
+    // A fresh engine each input (no cached prefix from an earlier one): with the fixed seed an
+    // input gives the same answer every time it runs, so a failing one repeats.
+    l3d_engine_params_t ep = {.slots = srv.slots, .ctx_size = srv.ctx_size, .queue_max = 2};
+    if (l3d_engine_create(model, &ep, &srv.engine) != L3D_OK) __builtin_trap();
     static const char *const routes[8][2] = {
         {"POST", "/v1/chat/completions"}, {"POST", "/v1/completions"}, {"POST", "/tokenize"},
         {"POST", "/detokenize"},          {"GET", "/v1/models"},       {"GET", "/metrics"},
@@ -146,12 +161,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         while (busy) {
             if (cancel && steps == 2) l3d_engine_cancel(srv.engine, hr->engine_id);
             if (l3d_engine_step(srv.engine, &busy) < 0 || ++steps > 4 * srv.ctx_size)
-                __builtin_trap();
+                fail("the engine failed or did not finish", 0, l3d_ctx_last_error(srv.ctx), 300);
         }
         pthread_mutex_lock(&hr->mu);
         int finished = hr->finished, fin = hr->finish;
         pthread_mutex_unlock(&hr->mu);
-        if (!finished || fin == L3D_GEN_ERROR || fin == L3D_GEN_TIMEOUT) __builtin_trap();
+        if (!finished || fin == L3D_GEN_ERROR || fin == L3D_GEN_TIMEOUT)
+            fail("a request that did not end well", fin, hr->text, hr->tlen);
         if (hr->stream) {
             check_stream(hr->out, hr->olen);
         } else if (fin != L3D_GEN_CANCELLED) {  // (a cancelled request has no answer)
@@ -163,6 +179,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     l3d_engine_stats_t st;
     l3d_engine_get_stats(srv.engine, &st);
-    if (st.queued || st.running) __builtin_trap();
+    if (st.queued || st.running) fail("the engine is not idle", st.queued + st.running, "", 0);
+    l3d_engine_destroy(srv.engine);
+    srv.engine = NULL;
     return 0;
 }
