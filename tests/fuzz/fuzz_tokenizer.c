@@ -28,6 +28,17 @@ static void put_file(const char *name, const void *data, size_t len) {
     if (!f || (len && fwrite(data, 1, len, f) != len) || fclose(f)) __builtin_trap();
 }
 
+// The directory goes when the fuzzer exits (it wrote only these three).
+static void remove_dir(void) {
+    const char *names[] = {"tokenizer.model", "t.json", "t.model"};
+    char path[128];
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof(path), "%s/%s", dir, names[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 static void setup(void) {
     l3d_ctx_params_t p;
     l3d_ctx_params_default(&p);
@@ -36,6 +47,7 @@ static void setup(void) {
     if (l3d_ctx_create(&p, &ctx) != L3D_OK) __builtin_trap();
     snprintf(dir, sizeof(dir), "/tmp/l3d_fuzz_tok_%d", (int)getpid());
     mkdir(dir, 0700);
+    atexit(remove_dir);
     // The fixed tokenizer: the 256 bytes (tiktoken format), merges "ab", "abc", " a", and
     // Llama 3's specials after them (BOS 259).
     static const char b64[] =
