@@ -9,9 +9,9 @@ if ! command -v node >/dev/null; then echo "SKIP: node is not installed"; exit 7
 serve_setup
 "$L3D" train --steps 20 --save "$tmp/ck" >"$tmp/train.log" 2>&1 || { echo "FAIL training"; exit 1; }
 # One malloc arena: glibc opens one per contended thread, whenever contention first happens,
-# and a late one showed as 1.8 MB of "growth" in the second half once; with two allowed, the
-# second still opened late under a loaded ctest -j2 (2068 kB, 2026-12-07). A leak still grows
-# with the requests (serve_soak.js's check is unchanged).
+# and a late one showed as 1.8 MB of "growth" in the second half once; and with one, every
+# allocation under malloc's mmap threshold, from any thread, is in the brk heap that
+# serve_soak.js holds to 512 bytes a request (a leak of 1 KiB a request failed it: +1812 kB).
 export MALLOC_ARENA_MAX=1
 start soak --checkpoint "$tmp/ck" --parallel 8 --queue 64
 node "$(dirname "$0")/serve_soak.js" "$PORT" "$PID" "${L3D_SOAK_REQUESTS:-4000}" 32
