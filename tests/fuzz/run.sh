@@ -11,7 +11,7 @@ build=${1:?usage: run.sh BUILD_DIR SECONDS}
 secs=${2:?usage: run.sh BUILD_DIR SECONDS}
 bin=$build/tests/fuzz
 work=$build/fuzz-work
-for t in fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_serve; do
+for t in fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_serve fuzz_store; do
     if [[ ! -x $bin/$t ]]; then
         echo "run.sh: $bin/$t missing (configure with -DL3D_BUILD_FUZZ=ON)" >&2
         exit 2
@@ -21,7 +21,8 @@ rm -rf "$work/seeds-"*
 mkdir -p "$work/seeds-fuzz_safetensors" "$work/seeds-fuzz_config" \
     "$work/corpus-fuzz_safetensors" "$work/corpus-fuzz_config" \
     "$work/seeds-fuzz_tokenizer" "$work/corpus-fuzz_tokenizer" \
-    "$work/seeds-fuzz_serve" "$work/corpus-fuzz_serve"
+    "$work/seeds-fuzz_serve" "$work/corpus-fuzz_serve" \
+    "$work/seeds-fuzz_store" "$work/corpus-fuzz_store"
 
 # ---- safetensors seeds: 8-byte LE header length, the header, NBYTES data bytes ----------
 le64() {
@@ -120,11 +121,38 @@ printf '%s\n' '"messages"' '"role"' '"content"' '"user"' '"system"' '"assistant"
     '"stop"' '"logprobs"' '"top_logprobs"' '"temperature"' '"seed"' '"model"' '"type"' \
     '"text"' '"tokens"' '"ignore_eos"' '"n"' '"<|eot_id|>"' '"\\u0000"' '"\\ud800"' >"$sdict"
 
+# ---- store seeds: mode byte (fuzz_store.c: 1 = the harness says HELLO first) + messages of
+# the rendezvous protocol (core/comm/bootstrap_wire.h) -----------------------------------
+u16() { printf "\\$(printf '%03o' $(($1 & 255)))\\$(printf '%03o' $((($1 >> 8) & 255)))"; }
+u32() { u16 $(($1 & 65535)); u16 $((($1 >> 16) & 65535)); }
+bsmsg() {  # TYPE PAYLOAD_FILE: one message
+    printf 'L3DB'; u16 1; u16 "$1"; u32 "$(wc -c <"$2")"; cat "$2"
+}
+p=$work/payload
+hello_to() {  # RANK SIZE TOKEN
+    { u32 "$1"; u32 "$2"; u16 ${#3}; printf '%s' "$3"; } >"$p"; bsmsg 1 "$p"
+}
+key_to() {  # KEY [VALUE]
+    { u16 ${#1}; printf '%s' "$1" "${2:-}"; } >"$p"
+}
+o=$work/seeds-fuzz_store
+world=$((1 << 23))
+{ printf '\000'; hello_to 7 $world fuzz-job; } >"$o/hello"
+{ printf '\000'; hello_to 5 $world xyz; } >"$o/token"
+{ printf '\000'; hello_to 6 4 fuzz-job; } >"$o/size"
+{ printf '\001'; key_to k1 value; bsmsg 3 "$p"; key_to k1; bsmsg 4 "$p"; } >"$o/put-get"
+{ printf '\001'; key_to never; bsmsg 4 "$p"; } >"$o/pending"
+{ printf '\001'; key_to a; bsmsg 4 "$p"; key_to b; bsmsg 4 "$p"; } >"$o/two-gets"
+{ printf '\001'; : >"$p"; bsmsg 6 "$p"; } >"$o/bye"
+{ printf '\001'; printf 'L3DB'; u16 1; u16 3; u32 300000; printf 'ab'; } >"$o/short"
+printf '\000GET / HTTP/1.1\r\nHost: x\r\n\r\n' >"$o/http"
+rm -f "$p"
+
 # ---- run ---------------------------------------------------------------------------------
 status=0
 # The targets run at once (libFuzzer runs one thread: a machine's cores each take one), each for
 # SECONDS; then each reports, in order.
-targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_serve)
+targets=(fuzz_safetensors fuzz_config fuzz_tokenizer fuzz_serve fuzz_store)
 pids=()
 for t in "${targets[@]}"; do
     extra=()
