@@ -22,6 +22,7 @@
 #include "cli/serve.h"
 #include "core/l3d_core.h"
 #include "llama3d/serve.h"
+#include "tests/fuzz/fuzz_fixed_tokenizer.h"
 
 static void quiet(l3d_log_level level, uint32_t subsys, const char *msg, void *user) {}
 
@@ -36,20 +37,14 @@ static void setup(void) {
     p.read_env = 0;
     p.log_fn = quiet;
     if (l3d_ctx_create(&p, &srv.ctx) != L3D_OK) __builtin_trap();
-    // The tokenizer: the 256 bytes (tiktoken format), a few merges and Llama 3's specials
-    // after them, as fuzz_tokenizer's fixed one; it knows Llama 3's chat template.
+    // The tokenizer: the fuzz targets' fixed one (Llama 3's specials and chat template).
     char dir[64], path[128];
     snprintf(dir, sizeof(dir), "/tmp/l3d_fuzz_serve_%d", (int)getpid());
     mkdir(dir, 0700);
     snprintf(path, sizeof(path), "%s/tokenizer.model", dir);
-    static const char b64[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    FILE *f = fopen(path, "wb");
-    if (!f) __builtin_trap();
-    for (int c = 0; c < 256; c++) fprintf(f, "%c%c== %d\n", b64[c >> 2], b64[(c & 3) << 4], c);
-    fprintf(f, "YWI= 256\nYWJj 257\nIGE= 258\n");
-    if (fclose(f)) __builtin_trap();
-    if (l3d_tokenizer_open(srv.ctx, path, &srv.tok) != L3D_OK) __builtin_trap();
+    if (fuzz_fixed_tokenizer_write(path) ||
+        l3d_tokenizer_open(srv.ctx, path, &srv.tok) != L3D_OK)
+        __builtin_trap();
     unlink(path);
     rmdir(dir);
     l3d_tokenizer_special_t sp;

@@ -5,27 +5,23 @@
 // so that the rest reaches PUT and GET; otherwise the rest is sent from the connection's first
 // byte. The harness then closes its sending side and reads until the store closes or says
 // ERROR. Checked:
-//   - the store closes the connection within 5 s of the peer's end (no hang), and everything
-//     it sent is whole replies: the header's magic and version, OK, VALUE or ERROR, a length
-//     within the type's limit, an ERROR's code 1-4 and text (bootstrap_wire.h);
+//   - the store closes the connection within 5 s of the peer's end (no hang), and every reply
+//     it sends has the header's magic and version, is OK, VALUE or ERROR with a length within
+//     the type's limit, an ERROR with code 1-4 (bootstrap_wire.h); a reply cut by the store's
+//     close counts as the end (a reset may discard what was in flight);
 //   - every 16 inputs a well-behaved client (HELLO, PUT, GET) gets its value back: the store
 //     still serves, its table intact;
 //   - ASan and UBSan on the store's thread throughout.
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <pthread.h>
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include "core/comm/bootstrap_wire.h"
 #include "core/l3d_core.h"
+#include "platform/net.h"
 #include "platform/platform.h"
 
 static void quiet(l3d_log_level level, uint32_t subsys, const char *msg, void *user) {
@@ -46,7 +42,6 @@ static void fail(const char *why) {
 }
 
 static void setup(void) {
-    signal(SIGPIPE, SIG_IGN);
     l3d_ctx_params_t p;
     l3d_ctx_params_default(&p);
     p.read_env = 0;
@@ -59,12 +54,11 @@ static void setup(void) {
         fail(l3d_ctx_last_error(ctx));
 }
 
+// A connection to the store (platform/net.h: non-blocking, EINTR-proof, deadline-bounded).
 static int dial(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a))) {
-        fprintf(stderr, "fuzz_store: connect: %s\n", strerror(errno));
+    int fd, rc = l3d_net_connect("127.0.0.1", port, l3d_time_now() + 5.0, &fd, NULL);
+    if (rc) {
+        fprintf(stderr, "fuzz_store: connect: %s\n", strerror(-rc));
         fail("the store refused a connection");
     }
     // Closed with a reset, not into TIME_WAIT: thousands of connections a second would use up
@@ -76,27 +70,16 @@ static int dial(void) {
 
 // Sends what the store reads; 0 where it has closed (it may drop a bad peer mid-send).
 static int say(int fd, const uint8_t *p, size_t n) {
-    while (n) {
-        ssize_t k = send(fd, p, n, MSG_NOSIGNAL);
-        if (k < 0 && errno == EINTR) continue;  // (libFuzzer's alarm)
-        if (k <= 0) return 0;
-        p += k, n -= (size_t)k;
-    }
-    return 1;
+    int rc = l3d_net_send_all(fd, p, n, l3d_time_now() + 5.0);
+    if (rc == -ETIMEDOUT) fail("the store read nothing for 5 s");
+    return rc == 0;
 }
 
-static size_t message(uint8_t *out, unsigned type, const void *a, size_t alen, const void *b,
-                      size_t blen) {
-    bs_put_u32(out, BS_MAGIC);
-    bs_put_u16(out + 4, BS_VERSION);
-    bs_put_u16(out + 6, type);
-    bs_put_u32(out + 8, (uint32_t)(alen + blen));
-    if (alen) memcpy(out + BS_HDR, a, alen);
-    if (blen) memcpy(out + BS_HDR + alen, b, blen);
-    return BS_HDR + alen + blen;
+static size_t message(uint8_t *out, unsigned type, const void *payload, size_t len) {
+    bs_put_hdr(out, type, len);
+    if (len) memcpy(out + BS_HDR, payload, len);
+    return BS_HDR + len;
 }
-
-static unsigned reply(int fd, uint8_t *payload, size_t cap, size_t *len_p);
 
 static size_t hello(uint8_t *out, uint32_t rank) {
     uint8_t p[10 + sizeof(TOKEN)];
@@ -104,45 +87,27 @@ static size_t hello(uint8_t *out, uint32_t rank) {
     bs_put_u32(p + 4, WORLD);
     bs_put_u16(p + 8, sizeof(TOKEN) - 1);
     memcpy(p + 10, TOKEN, sizeof(TOKEN) - 1);
-    return message(out, BS_T_HELLO, p, 10 + sizeof(TOKEN) - 1, NULL, 0);
+    return message(out, BS_T_HELLO, p, 10 + sizeof(TOKEN) - 1);
 }
 
-// Reads one whole reply (header and payload) within 5 s; its type, or 0 at the store's close.
+// Reads one reply within 5 s: its type, or 0 where the store closed the connection first (a
+// reset too: dropping a peer with bytes unread, the kernel may discard what was in flight).
 static unsigned reply(int fd, uint8_t *payload, size_t cap, size_t *len_p) {
     uint8_t h[BS_HDR];
-    size_t got = 0, need = BS_HDR, len = 0;
-    uint8_t *dst = h;
-    for (int phase = 0; phase < 2; phase++) {
-        while (got < need) {
-            // (libFuzzer's -timeout alarm interrupts poll: EINTR waits on, to the same end)
-            struct pollfd pf = {.fd = fd, .events = POLLIN};
-            double until = l3d_time_now() + 5.0, left;
-            int r;
-            while ((r = poll(&pf, 1, (int)((left = until - l3d_time_now()) * 1e3) + 1)) < 0 &&
-                   errno == EINTR && left > 0) {}
-            if (r != 1) fail("the store neither answered nor closed in 5 s");
-            ssize_t k = recv(fd, dst + got, need - got, 0);
-            if (k < 0 && errno == EINTR) continue;
-            // (a reset: the store dropped this peer with its bytes unread; the kernel may
-            // discard what was in flight, so a reset is an end, not a broken reply)
-            if (k < 0) return 0;
-            if (k == 0) {
-                if (phase == 0 && got == 0) return 0;  // closed between replies
-                fail("the store closed inside a reply");
-            }
-            got += (size_t)k;
-        }
-        if (phase == 1) break;
-        unsigned type = bs_get_u16(h + 6);
-        len = bs_get_u32(h + 8);
-        if (bs_get_u32(h) != BS_MAGIC || bs_get_u16(h + 4) != BS_VERSION)
-            fail("a reply with a bad magic or version");
-        if ((type != BS_T_OK && type != BS_T_VALUE && type != BS_T_ERROR) ||
-            len > bs_type_cap(type) || len > cap)
-            fail("a reply of an unknown type or over its limit");
-        dst = payload, got = 0, need = len;
-    }
+    double deadline = l3d_time_now() + 5.0;
+    int rc = l3d_net_recv_all(fd, h, BS_HDR, deadline);
+    if (rc == -ETIMEDOUT) fail("the store neither answered nor closed in 5 s");
+    if (rc) return 0;
     unsigned type = bs_get_u16(h + 6);
+    size_t len = bs_get_u32(h + 8);
+    if (bs_get_u32(h) != BS_MAGIC || bs_get_u16(h + 4) != BS_VERSION)
+        fail("a reply with a bad magic or version");
+    if ((type != BS_T_OK && type != BS_T_VALUE && type != BS_T_ERROR) ||
+        len > bs_type_cap(type) || len > cap)
+        fail("a reply of an unknown type or over its limit");
+    rc = l3d_net_recv_all(fd, payload, len, deadline);
+    if (rc == -ETIMEDOUT) fail("the store neither finished a reply nor closed in 5 s");
+    if (rc) return 0;
     if (type == BS_T_ERROR) {
         unsigned code = len >= 2 ? bs_get_u16(payload) : 0;
         if (code < BS_E_TOKEN || code > BS_E_PROTOCOL) fail("an ERROR without a known code");
@@ -161,7 +126,7 @@ static int join(uint32_t *rank_p) {
         size_t len, n = hello(h, (*rank_p)--);
         unsigned t = say(fd, h, n) ? reply(fd, got, sizeof(got), &len) : 0;
         if (t == BS_T_OK) return fd;
-        close(fd);
+        l3d_net_close(fd);
         if (t != BS_T_ERROR || bs_get_u16(got) != BS_E_RANK) break;
     }
     fail("a valid HELLO was not answered OK");
@@ -183,16 +148,16 @@ static void check_serves(void) {
     memcpy(kv, kh, 2);
     memcpy(kv + 2, key, (size_t)kl);
     memcpy(kv + 2 + kl, val, (size_t)vl);
-    n = message(buf, BS_T_PUT, kv, 2 + (size_t)kl + (size_t)vl, NULL, 0);
+    n = message(buf, BS_T_PUT, kv, 2 + (size_t)kl + (size_t)vl);
     if (!say(fd, buf, n) || reply(fd, got, sizeof(got), &len) != BS_T_OK)
         fail("a valid PUT was not answered OK");
-    n = message(buf, BS_T_GET, kv, 2 + (size_t)kl, NULL, 0);
+    n = message(buf, BS_T_GET, kv, 2 + (size_t)kl);
     if (!say(fd, buf, n) || reply(fd, got, sizeof(got), &len) != BS_T_VALUE ||
         len != (size_t)vl || memcmp(got, val, len))
         fail("a GET did not give back the value just PUT");
-    n = message(buf, BS_T_BYE, NULL, 0, NULL, 0);
+    n = message(buf, BS_T_BYE, NULL, 0);
     say(fd, buf, n);
-    close(fd);
+    l3d_net_close(fd);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -200,12 +165,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static unsigned inputs;
     if (!store) setup();
     if (size < 1) return 0;
-    // libFuzzer's -timeout alarm (SIGALRM, no SA_RESTART) would interrupt connect, send, recv
-    // and poll: it waits until the input is done. Every wait here is bounded (5 s) anyway.
-    sigset_t alarm, old;
-    sigemptyset(&alarm);
-    sigaddset(&alarm, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &alarm, &old);
     int fd = data[0] & 1 ? join(&next_rank) : dial();
     size_t len;
     say(fd, data + 1, size - 1);
@@ -213,8 +172,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     // (after an ERROR the store closes, or, refusing a HELLO, waits for the peer to: a client
     // that has read why hangs up)
     for (unsigned t = 1; t && t != BS_T_ERROR;) t = reply(fd, got, sizeof(got), &len);
-    close(fd);
+    l3d_net_close(fd);
     if (++inputs % 16 == 0) check_serves();
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
     return 0;
 }

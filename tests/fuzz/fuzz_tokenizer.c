@@ -13,6 +13,7 @@
 
 #include "core/l3d_core.h"
 #include "llama3d/tokenizer.h"
+#include "tests/fuzz/fuzz_fixed_tokenizer.h"
 
 static void quiet(l3d_log_level level, uint32_t subsys, const char *msg, void *user) {}
 
@@ -48,18 +49,9 @@ static void setup(void) {
     snprintf(dir, sizeof(dir), "/tmp/l3d_fuzz_tok_%d", (int)getpid());
     mkdir(dir, 0700);
     atexit(remove_dir);
-    // The fixed tokenizer: the 256 bytes (tiktoken format), merges "ab", "abc", " a", and
-    // Llama 3's specials after them (BOS 259).
-    static const char b64[] =
-        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    char *model = malloc(256 * 16 + 64), *o = model;
-    for (int c = 0; c < 256; c++)
-        o += sprintf(o, "%c%c== %d\n", b64[c >> 2], b64[(c & 3) << 4], c);
-    o += sprintf(o, "YWI= 256\nYWJj 257\nIGE= 258\n");
-    put_file("tokenizer.model", model, (size_t)(o - model));
-    free(model);
     char path[128];
     snprintf(path, sizeof(path), "%s/tokenizer.model", dir);
+    if (fuzz_fixed_tokenizer_write(path)) __builtin_trap();
     if (l3d_tokenizer_open(ctx, path, &fixed) != L3D_OK) __builtin_trap();
 }
 

@@ -25,15 +25,15 @@ mkdir -p "$work/seeds-fuzz_safetensors" "$work/seeds-fuzz_config" \
     "$work/seeds-fuzz_store" "$work/corpus-fuzz_store"
 
 # ---- safetensors seeds: 8-byte LE header length, the header, NBYTES data bytes ----------
-le64() {
-    local n=$1 i
-    for i in 0 1 2 3 4 5 6 7; do
+le() {  # BYTES N: N little-endian in BYTES bytes
+    local n=$2 i
+    for ((i = 0; i < $1; i++)); do
         printf "\\$(printf '%03o' $((n & 255)))"
         n=$((n >> 8))
     done
 }
 st_seed() {  # FILE HEADER NBYTES
-    { le64 "${#2}"; printf '%s' "$2"; head -c "$3" /dev/zero | tr '\000' '\074'; } >"$1"
+    { le 8 "${#2}"; printf '%s' "$2"; head -c "$3" /dev/zero | tr '\000' '\074'; } >"$1"
 }
 s=$work/seeds-fuzz_safetensors
 st_seed "$s/f32" '{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}' 16
@@ -123,17 +123,15 @@ printf '%s\n' '"messages"' '"role"' '"content"' '"user"' '"system"' '"assistant"
 
 # ---- store seeds: mode byte (fuzz_store.c: 1 = the harness says HELLO first) + messages of
 # the rendezvous protocol (core/comm/bootstrap_wire.h) -----------------------------------
-u16() { printf "\\$(printf '%03o' $(($1 & 255)))\\$(printf '%03o' $((($1 >> 8) & 255)))"; }
-u32() { u16 $(($1 & 65535)); u16 $((($1 >> 16) & 65535)); }
 bsmsg() {  # TYPE PAYLOAD_FILE: one message
-    printf 'L3DB'; u16 1; u16 "$1"; u32 "$(wc -c <"$2")"; cat "$2"
+    printf 'L3DB'; le 2 1; le 2 "$1"; le 4 "$(wc -c <"$2")"; cat "$2"
 }
 p=$work/payload
 hello_to() {  # RANK SIZE TOKEN
-    { u32 "$1"; u32 "$2"; u16 ${#3}; printf '%s' "$3"; } >"$p"; bsmsg 1 "$p"
+    { le 4 "$1"; le 4 "$2"; le 2 ${#3}; printf '%s' "$3"; } >"$p"; bsmsg 1 "$p"
 }
 key_to() {  # KEY [VALUE]
-    { u16 ${#1}; printf '%s' "$1" "${2:-}"; } >"$p"
+    { le 2 ${#1}; printf '%s' "$1" "${2:-}"; } >"$p"
 }
 o=$work/seeds-fuzz_store
 world=$((1 << 23))
@@ -144,7 +142,7 @@ world=$((1 << 23))
 { printf '\001'; key_to never; bsmsg 4 "$p"; } >"$o/pending"
 { printf '\001'; key_to a; bsmsg 4 "$p"; key_to b; bsmsg 4 "$p"; } >"$o/two-gets"
 { printf '\001'; : >"$p"; bsmsg 6 "$p"; } >"$o/bye"
-{ printf '\001'; printf 'L3DB'; u16 1; u16 3; u32 300000; printf 'ab'; } >"$o/short"
+{ printf '\001'; printf 'L3DB'; le 2 1; le 2 3; le 4 300000; printf 'ab'; } >"$o/short"
 printf '\000GET / HTTP/1.1\r\nHost: x\r\n\r\n' >"$o/http"
 rm -f "$p"
 
