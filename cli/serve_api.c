@@ -29,25 +29,6 @@ void l3d_serve_count_status(srv_t *s, int status) {
     pthread_mutex_unlock(&s->mu);
 }
 
-int l3d_serve_fail(char **out_p, int status, const char *param, const char *code, const char *fmt,
-                   ...) {
-    char msg[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    const char *type = status == 401 ? "authentication_error"
-                       : status == 404 ? "not_found_error"
-                       : status == 408 ? "timeout_error"
-                       : status == 429 ? "rate_limit_error"
-                       : status == 503 ? "unavailable_error"
-                       : status >= 500 ? "server_error"
-                                       : "invalid_request_error";
-    *out_p = l3d_serve_dump(json_pack("{s:{s:s, s:s, s:s?, s:s?}}", "error", "message", msg, "type",
-                                      type, "param", param, "code", code));
-    return status;
-}
-
 // Bytes [0, m) of p[0..n) that end on a whole UTF-8 character (a token may end inside one).
 static size_t utf8_whole(const char *p, size_t n) {
     for (size_t back = 1; back <= 3 && back <= n; back++) {
@@ -92,6 +73,29 @@ static json_t *jstr(const char *p, size_t n) {
     json_t *r = json_stringn(b, o);
     free(b);
     return r ? r : json_string("");
+}
+
+int l3d_serve_fail(char **out_p, int status, const char *param, const char *code, const char *fmt,
+                   ...) {
+    char msg[600];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    const char *type = status == 401 ? "authentication_error"
+                       : status == 404 ? "not_found_error"
+                       : status == 408 ? "timeout_error"
+                       : status == 429 ? "rate_limit_error"
+                       : status == 503 ? "unavailable_error"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    // (the message may quote the request's bytes, cut anywhere by its %.Ns: jstr keeps it
+    // valid UTF-8, which jansson requires; an answer must never be lost to that)
+    *out_p = l3d_serve_dump(json_pack("{s:{s:o, s:s, s:o?, s:o?}}", "error", "message",
+                                      jstr(msg, strlen(msg)), "type", type, "param",
+                                      param ? jstr(param, strlen(param)) : NULL, "code",
+                                      code ? jstr(code, strlen(code)) : NULL));
+    return status;
 }
 
 static int grow(char **p, size_t *cap, size_t need) {

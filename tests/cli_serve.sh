@@ -139,6 +139,8 @@ expect_4xx "a chat without a template" 400 "chat template" POST /v1/chat/complet
 expect_4xx "a prompt longer than the context" 400 "context" POST /v1/completions "{\"prompt\":\"$(head -c 3000 /dev/zero | tr '\0' a)\"}"
 expect_4xx "token ids outside the vocabulary" 400 "token id" POST /v1/completions '{"prompt":[1, 99999]}'
 expect_4xx "invalid UTF-8" 400 "invalid JSON" POST /v1/completions "$(printf '{"prompt":"\xff\xfe"}')"
+# (jansson's message quotes the bad token, cut inside a two-byte character: found by fuzz_serve)
+expect_4xx "a bad escape before non-ASCII" 400 "invalid JSON" POST /tokenize "$(printf '{"content":"\\u0\xc9\xac0"}')"
 expect_4xx "duplicate keys" 400 "invalid JSON" POST /v1/completions '{"prompt":"a","prompt":"b"}'
 expect_4xx "an unknown path" 404 "no route" GET /v1/nothing ''
 expect_4xx "a wrong method" 405 "takes GET" POST /v1/models '{}'
