@@ -401,6 +401,17 @@ int l3d_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "l3d serve: --api-key: empty\n");
         return L3D_EXIT_USAGE;
     }
+    // (the id is a JSON string in every answer: UTF-8, and whole in model_name's bytes)
+    char dflt[256];
+    const char *id = name ? name : base_name(ckpt, dflt, sizeof(dflt));
+    json_t *idj = strlen(id) < sizeof(dflt) ? json_string(id) : NULL;
+    json_decref(idj);
+    if (!*id || !idj) {
+        fprintf(stderr, "l3d serve: %s: the model's id must be 1-255 bytes of UTF-8 text%s\n",
+                name ? "--model-name" : "the checkpoint directory's name",
+                name ? "" : " (name it with --model-name)");
+        return L3D_EXIT_USAGE;
+    }
     serve_job_t job = {.ckpt = ckpt, .host = host, .key = key, .name = name, .device = device,
                        .tokp = tokp, .port = port, .slots = slots, .ctx_size = ctx_size,
                        .qmax = qmax, .tp = tp, .pp = pp, .nthreads = nthreads,

@@ -73,5 +73,9 @@ else
   echo "FAIL could not write a checkpoint:"; cat "$tmp/out"; fails=$((fails + 1))
 fi
 
+# (the id is a JSON string in every answer of l3d serve: checked before anything loads)
+expect_error "serve: a model id not UTF-8" "--model-name: the model's id must be 1-255 bytes of UTF-8" "$L3D" serve --checkpoint "$tmp/ck" --port 0 --model-name "$(printf 'a\xffb')"
+expect_error "serve: an empty model id" "--model-name: the model's id" "$L3D" serve --checkpoint "$tmp/ck" --port 0 --model-name ''
+
 echo "$passes passed, $fails failed"
 [ $fails -eq 0 ]
