@@ -10,6 +10,7 @@
 // it on their parts of the model (core/model/infer_parallel.h) until rank 0 says stop.
 // defines: l3d_cmd_serve
 #include <errno.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,7 +127,7 @@ static const char *base_name(const char *path, char *buf, size_t cap) {
 // What every rank runs, read-only once the ranks start.
 typedef struct serve_job {
     const char *ckpt, *host, *key, *name, *device, *tokp;
-    long long port, slots, ctx_size, qmax, tp, pp, nthreads, body_max, pchunk;
+    long long port, slots, ctx_size, qmax, tp, pp, nthreads, body_max, pchunk, seed;
     double tmo, grace_s;
     int weights, round16;  // --dtype (l3d_infer_open's `weights`, -1 auto; bfloat16 products)
 } serve_job_t;
@@ -221,6 +222,7 @@ static void serve_rank(l3d_cli_rank_t *r, l3d_ctx_t *ctx) {
     s.api_key = job->key;
     s.body_max = (size_t)job->body_max;
     s.timeout_s = job->tmo;
+    s.seed = (uint64_t)job->seed, s.seeded = job->seed >= 0;
     s.slots = (int)job->slots;
     pthread_mutex_init(&s.mu, NULL);
     pthread_mutex_init(&s.tok_mu, NULL);
@@ -338,7 +340,7 @@ int l3d_cmd_serve(int argc, char **argv) {
     const char *ckpt = NULL, *host = "127.0.0.1", *ports = NULL, *par = NULL, *ctxs = NULL,
                *key = NULL, *name = NULL, *tps = NULL, *pps = NULL, *threads = NULL, *queue = NULL,
                *timeout = NULL, *bodymax = NULL, *device = NULL, *dtype = NULL, *tokp = NULL,
-               *chunk = NULL, *grace = NULL, *help = NULL;
+               *chunk = NULL, *grace = NULL, *seeds = NULL, *help = NULL;
     const l3d_cli_flag_t flags[] = {
         {"--checkpoint", "DIR", "checkpoint directory (Hugging Face or sharded layout)", &ckpt, 0},
         {"--host", "ADDR", "address to listen on (default 127.0.0.1: this machine only)", &host, 0},
@@ -359,6 +361,8 @@ int l3d_cmd_serve(int argc, char **argv) {
          "(default 256)", &chunk, 0},
         {"--grace", "S", "seconds requests in flight get to finish at SIGTERM (default 10)",
          &grace, 0},
+        {"--seed", "N", "the sampler's seed of a request that names none: the same request, the "
+         "same answer (default -1: a new seed each request)", &seeds, 0},
         {"--tokenizer", "PATH", "tokenizer.json, tokenizer.model or a directory (default: the "
          "checkpoint's, else bytes)", &tokp, 0},
         {"--tp", "N", "tensor-parallel ranks (default 1)", &tps, 0},
@@ -380,7 +384,7 @@ int l3d_cmd_serve(int argc, char **argv) {
         return L3D_EXIT_USAGE;
     }
     long long port = 8080, slots = 4, ctx_size = 0, qmax = 64, tp = 1, pp = 1, nthreads = 0,
-              body_max = 8 << 20, pchunk = 256;
+              body_max = 8 << 20, pchunk = 256, seed = -1;
     double tmo = 600, grace_s = 10;
     if ((ports && l3d_cli_int("serve", "--port", ports, 0, 65535, &port)) ||
         (par && l3d_cli_int("serve", "--parallel", par, 1, L3D_KV_MAX_SEQS, &slots)) ||
@@ -390,6 +394,7 @@ int l3d_cmd_serve(int argc, char **argv) {
         (grace && l3d_cli_float("serve", "--grace", grace, 0, 1e6, &grace_s)) ||
         (bodymax && l3d_cli_int("serve", "--body-max", bodymax, 1024, 1LL << 32, &body_max)) ||
         (chunk && l3d_cli_int("serve", "--prefill-chunk", chunk, 1, 1 << 20, &pchunk)) ||
+        (seeds && l3d_cli_int("serve", "--seed", seeds, -1, LLONG_MAX, &seed)) ||
         (tps && l3d_cli_int("serve", "--tp", tps, 1, 1024, &tp)) ||
         (pps && l3d_cli_int("serve", "--pp", pps, 1, 1024, &pp)) ||
         (threads && l3d_cli_int("serve", "--threads", threads, 1, 4096, &nthreads)))
@@ -415,7 +420,7 @@ int l3d_cmd_serve(int argc, char **argv) {
     serve_job_t job = {.ckpt = ckpt, .host = host, .key = key, .name = name, .device = device,
                        .tokp = tokp, .port = port, .slots = slots, .ctx_size = ctx_size,
                        .qmax = qmax, .tp = tp, .pp = pp, .nthreads = nthreads,
-                       .body_max = body_max, .pchunk = pchunk, .tmo = tmo, .grace_s = grace_s,
+                       .body_max = body_max, .pchunk = pchunk, .seed = seed, .tmo = tmo, .grace_s = grace_s,
                        .weights = weights, .round16 = round16};
     signal(SIGPIPE, SIG_IGN);  // (a client gone mid-write must not kill the server)
     // The world: a launched job's (its size must be tp x pp), else tp x pp threads.

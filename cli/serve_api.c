@@ -531,7 +531,8 @@ int l3d_serve_generate(srv_t *s, int chat, const char *body, size_t len, int fd,
     else if (s->gc.temperature >= 0) q.sampling.temperature = s->gc.temperature;
     if (s->gc.top_p > 0) q.sampling.top_p = s->gc.top_p;
     if (s->gc.top_k >= 0) q.sampling.top_k = s->gc.top_k;
-    q.sampling.seed = s->seed ? s->seed : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)hr << 16);
+    q.sampling.seed = s->seeded ? s->seed
+                                : (uint64_t)time(NULL) ^ ((uint64_t)(uintptr_t)hr << 16);
     double d;
     long long ll;
     int b;

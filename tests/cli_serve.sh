@@ -165,7 +165,7 @@ wait "$PID"; rc=$?
 [ $rc -eq 0 ] && grep -q "SIGTERM" "$tmp/main.err"; check "SIGTERM: exit 0 (got $rc)" $?
 
 # ---- tp 2 x pp 2 (threads): the same text as one rank, batched, streamed ------------------------
-start tp2pp2 --checkpoint "$tmp/ck" --model-name tiny --parallel 4 --tp 2 --pp 2
+start tp2pp2 --checkpoint "$tmp/ck" --model-name tiny --parallel 4 --tp 2 --pp 2 --seed 7
 grep -q "^l3d serve: model tiny on tp 2 x pp 2: 4 slots" "$tmp/tp2pp2.err"
 check "tp 2 x pp 2: the start names the layout" $?
 req POST /v1/completions "$body" | head -n 1 | json '"The GNU General" + d["choices"][0]["text"]' >"$tmp/tp.txt"
@@ -190,6 +190,12 @@ for i in 1 2 3 4 5 6; do
   head -n 1 "$tmp/t$i" | json 'd["usage"]["completion_tokens"]' 2>/dev/null | grep -qx 16 && ok=$((ok + 1))
 done
 [ $ok -eq 6 ]; check "tp 2 x pp 2: 6 concurrent requests on 4 slots all answered ($ok)" $?
+# --seed 7: a sampled request that names no seed is sampled with seed 7, every time
+sampled() { req POST /v1/completions "{\"prompt\":\"The\",\"max_tokens\":24,\"temperature\":1.5$1}" | head -n 1 | json 'd["choices"][0]["text"]'; }
+a=$(sampled ''); b=$(sampled ''); c=$(sampled ',"seed":7'); d=$(sampled ',"seed":8')
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ]
+check "--seed 7: a request without a seed is sampled as with seed 7, every time" $?
+[ "$a" != "$d" ]; check "... and seed 8 gives another text (the sampling is not greedy)" $?
 kill -TERM "$PID"; wait "$PID"; check "tp 2 x pp 2: SIGTERM exits 0 (every rank stops)" $?
 
 # ---- a slower model: a dropped stream cancels, a full queue is 429, the API key ---------------

@@ -72,7 +72,7 @@ static void setup(void) {
         __builtin_trap();
     srv.ctx_size = 48;
     srv.slots = 2;
-    srv.seed = 1;
+    srv.seed = 1, srv.seeded = 1;
     l3d_generation_config_default(&srv.gc);
     for (int i = 0; i < sp.n_stop; i++) srv.stops.ids[srv.stops.n++] = sp.stop_ids[i];
     snprintf(srv.model_name, sizeof(srv.model_name), "fuzz");
