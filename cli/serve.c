@@ -420,8 +420,8 @@ int l3d_cmd_serve(int argc, char **argv) {
     serve_job_t job = {.ckpt = ckpt, .host = host, .key = key, .name = name, .device = device,
                        .tokp = tokp, .port = port, .slots = slots, .ctx_size = ctx_size,
                        .qmax = qmax, .tp = tp, .pp = pp, .nthreads = nthreads,
-                       .body_max = body_max, .pchunk = pchunk, .seed = seed, .tmo = tmo, .grace_s = grace_s,
-                       .weights = weights, .round16 = round16};
+                       .body_max = body_max, .pchunk = pchunk, .seed = seed, .tmo = tmo,
+                       .grace_s = grace_s, .weights = weights, .round16 = round16};
     signal(SIGPIPE, SIG_IGN);  // (a client gone mid-write must not kill the server)
     // The world: a launched job's (its size must be tp x pp), else tp x pp threads.
     int world = (int)(tp * pp);

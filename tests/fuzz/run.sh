@@ -162,8 +162,8 @@ for t in "${targets[@]}"; do
     extra=()
     [[ $t == fuzz_safetensors ]] && extra=(-dict="$dict")
     [[ $t == fuzz_serve ]] && extra=(-dict="$sdict")
-    "$bin/$t" -seed="${FUZZ_SEED:-1}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \
-        -print_final_stats=1 -artifact_prefix="$work/$t-" "${extra[@]}" \
+    "$bin/$t" -seed="${FUZZ_SEED:-1}" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+        -max_len=8192 -print_final_stats=1 -artifact_prefix="$work/$t-" "${extra[@]}" \
         "$work/corpus-$t" "$work/seeds-$t" 2>"$work/$t.log" &
     pids+=($!)
 done
