@@ -27,9 +27,10 @@ typedef struct srv {
     size_t body_max;      // bytes of a request body (413 above)
     int ctx_size, slots;
     double timeout_s;     // per request (0: none)
-    uint64_t seed;        // the sampler's seed where a request names none, if seeded (else
-    int seeded;           // the clock's): --seed; tests/fuzz/fuzz_serve.c fixes it so that a
-                          // failing input repeats
+    // --seed: the sampler's seed of a request that names none, if seeded (else the clock's);
+    // tests/fuzz/fuzz_serve.c fixes it so that a failing input repeats
+    uint64_t seed;
+    int seeded;
     long created;         // when the model was loaded (Unix seconds)
     volatile int ready;   // /health 200 (else 503: loading, or stopping)
     pthread_mutex_t mu;   // guards the counters below

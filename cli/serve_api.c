@@ -90,11 +90,10 @@ int l3d_serve_fail(char **out_p, int status, const char *param, const char *code
                        : status >= 500 ? "server_error"
                                        : "invalid_request_error";
     // (the message may quote the request's bytes, cut anywhere by its %.Ns: jstr keeps it
-    // valid UTF-8, which jansson requires; an answer must never be lost to that)
-    *out_p = l3d_serve_dump(json_pack("{s:{s:o, s:s, s:o?, s:o?}}", "error", "message",
-                                      jstr(msg, strlen(msg)), "type", type, "param",
-                                      param ? jstr(param, strlen(param)) : NULL, "code",
-                                      code ? jstr(code, strlen(code)) : NULL));
+    // valid UTF-8, which jansson requires; param and code are our own names)
+    *out_p = l3d_serve_dump(json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message",
+                                      jstr(msg, strlen(msg)), "type", type, "param", param,
+                                      "code", code));
     return status;
 }
 
